@@ -1,0 +1,51 @@
+# The two commands a new user needs: `make demo` and `make test`. Everything else is set-up.
+.DEFAULT_GOAL := help
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+SETUP := $(VENV)/.bootstrapped
+SETUP_INPUTS := pyproject.toml $(wildcard uv.lock) libs/pyproject.toml \
+	services/ingest/pyproject.toml services/decision/pyproject.toml services/actuator/pyproject.toml
+
+.PHONY: help setup demo test test-unit test-integration test-e2e lint typecheck fmt clean
+
+help:
+	@echo "make demo   - set up, start an embedded NATS and run the simulated cluster demo"
+	@echo "make test   - set up, start the servers the suite needs and run every test"
+	@echo "make lint   - ruff, mypy (strict) and import-linter"
+
+$(SETUP): $(SETUP_INPUTS) scripts/bootstrap.sh
+	PYTHON=$(PY) scripts/bootstrap.sh
+
+setup: $(SETUP)
+
+demo: $(SETUP)
+	$(BIN)/fracpilot demo
+
+lint: $(SETUP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+typecheck: $(SETUP)
+	$(BIN)/mypy
+
+fmt: $(SETUP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+test: $(SETUP) lint
+	$(BIN)/pytest
+
+test-unit: $(SETUP)
+	$(BIN)/pytest tests/unit
+
+test-integration: $(SETUP)
+	$(BIN)/pytest -m integration
+
+test-e2e: $(SETUP)
+	$(BIN)/pytest -m e2e
+
+clean:
+	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,492 @@
+"""The one adapter over nats-py that every service uses.
+
+It connects with reconnect and backoff, declares the streams, consumers and KV buckets
+idempotently, publishes JSON models with a ``Nats-Msg-Id`` for de-duplication and the current
+trace context in the headers, and runs durable pull consumers that decode each message into a
+wire model. A message that does not decode is dead-lettered with the reason and the raw
+payload and terminated; a handler that raises is retried with a delay, and dead-lettered once
+it has been delivered ``max_deliver`` times. Nothing is lost and the consumer keeps running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+import nats
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    KeyValueConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.js.kv import KeyValue
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from pydantic import BaseModel, ValidationError
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from fracpilot_libs import subjects
+from fracpilot_libs.config import ServiceSettings
+from fracpilot_libs.contracts import DeadLetter, utcnow
+from fracpilot_libs.telemetry import extract_trace, inject_trace
+
+log = logging.getLogger(__name__)
+M = TypeVar("M", bound=BaseModel)
+ErrorKind = Literal["decode", "validation", "processing", "max_deliveries"]
+
+
+class PermanentError(Exception):
+    """A handler raises this for a message that can never succeed: dead-letter it, no retry."""
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    name: str
+    subjects: tuple[str, ...]
+    max_age_s: float | None
+    description: str
+
+
+def default_streams(usage_max_age_s: float) -> tuple[StreamSpec, ...]:
+    """Usage is bounded in age; decisions, results and dead letters are kept for audit."""
+    return (
+        StreamSpec(
+            subjects.USAGE_STREAM,
+            (f"{subjects.USAGE_PREFIX}.>",),
+            usage_max_age_s,
+            "GPU usage samples per workload",
+        ),
+        StreamSpec(
+            subjects.DECISION_STREAM,
+            (f"{subjects.DECISION_PREFIX}.>",),
+            None,
+            "fraction decisions, replayable for audit",
+        ),
+        StreamSpec(
+            subjects.ACTUATION_STREAM,
+            (f"{subjects.ACTUATION_PREFIX}.>",),
+            None,
+            "actuation results, replayable for audit",
+        ),
+        StreamSpec(
+            subjects.DEADLETTER_STREAM,
+            (f"{subjects.DEADLETTER_PREFIX}.>",),
+            None,
+            "messages a service could not accept, with the reason",
+        ),
+    )
+
+
+class BusMetrics:
+    """Counters every service exposes about its traffic."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.published = Counter(
+            "fracpilot_bus_published_total",
+            "Messages published",
+            ["subject_prefix"],
+            registry=registry,
+        )
+        self.duplicates = Counter(
+            "fracpilot_bus_duplicates_total",
+            "Publishes the server recognised as duplicates (same Nats-Msg-Id)",
+            ["subject_prefix"],
+            registry=registry,
+        )
+        self.consumed = Counter(
+            "fracpilot_bus_consumed_total",
+            "Messages handled and acknowledged",
+            ["consumer"],
+            registry=registry,
+        )
+        self.retried = Counter(
+            "fracpilot_bus_retried_total",
+            "Messages negatively acknowledged for a retry",
+            ["consumer"],
+            registry=registry,
+        )
+        self.dead_letters = Counter(
+            "fracpilot_dead_letters_total",
+            "Messages dead-lettered, by reason kind",
+            ["subject_prefix", "kind"],
+            registry=registry,
+        )
+        self.handle_seconds = Histogram(
+            "fracpilot_bus_handle_seconds",
+            "Time to handle one message",
+            ["consumer"],
+            registry=registry,
+        )
+
+
+def _prefix(subject: str) -> str:
+    return ".".join(subject.split(".")[:3])
+
+
+def _raw_text(data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return repr(data)
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(x) for x in err["loc"]) or "<root>"
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def decode(model: type[M], data: bytes) -> M:
+    """Parse a JSON payload into a model; raises ValueError with a readable reason."""
+    try:
+        json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DecodeError("decode", f"not valid JSON: {exc}") from exc
+    try:
+        return model.model_validate_json(data)
+    except ValidationError as exc:
+        raise DecodeError("validation", describe_validation_error(exc)) from exc
+
+
+class DecodeError(ValueError):
+    def __init__(self, kind: ErrorKind, reason: str) -> None:
+        super().__init__(reason)
+        self.kind: ErrorKind = kind
+        self.reason = reason
+
+
+Handler = Callable[[M, Msg], Awaitable[None]]
+
+
+class Bus:
+    """A connected NATS client with JetStream, scoped to one service."""
+
+    def __init__(
+        self,
+        service: str,
+        settings: ServiceSettings,
+        registry: CollectorRegistry,
+        tracer_provider: trace.TracerProvider | None = None,
+    ) -> None:
+        self.service = service
+        self.settings = settings
+        self.metrics = BusMetrics(registry)
+        self.tracer = trace.get_tracer(f"fracpilot.{service}", tracer_provider=tracer_provider)
+        self._nc: NatsClient | None = None
+        self._js: JetStreamContext | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = asyncio.Event()
+
+    # --- connection -------------------------------------------------------------------------
+
+    @property
+    def nc(self) -> NatsClient:
+        if self._nc is None:
+            raise RuntimeError("bus is not connected")
+        return self._nc
+
+    @property
+    def js(self) -> JetStreamContext:
+        if self._js is None:
+            raise RuntimeError("bus is not connected")
+        return self._js
+
+    @property
+    def connected(self) -> bool:
+        return self._nc is not None and self._nc.is_connected
+
+    async def connect(self, retry_for_s: float = 60.0) -> None:
+        """Connect, retrying with exponential backoff; afterwards nats-py reconnects forever."""
+        s = self.settings
+        options: dict[str, Any] = {
+            "servers": [u.strip() for u in s.nats_url.split(",")],
+            "name": f"fracpilot-{self.service}",
+            "connect_timeout": s.nats_connect_timeout_s,
+            "max_reconnect_attempts": -1,
+            "reconnect_time_wait": 1,
+            "allow_reconnect": True,
+            "error_cb": self._on_error,
+            "disconnected_cb": self._on_disconnect,
+            "reconnected_cb": self._on_reconnect,
+        }
+        if s.nats_user:
+            options["user"], options["password"] = s.nats_user, s.nats_password
+        if s.nats_creds_file:
+            options["user_credentials"] = s.nats_creds_file
+        async for attempt in AsyncRetrying(
+            wait=wait_exponential(multiplier=0.2, max=5),
+            stop=stop_after_delay(retry_for_s),
+            retry=retry_if_exception_type((OSError, nats.errors.NoServersError, TimeoutError)),
+            reraise=True,
+        ):
+            with attempt:
+                self._nc = await nats.connect(**options)
+        self._js = self.nc.jetstream()
+        log.info(
+            "connected to NATS",
+            extra={"url": self.nc.connected_url.netloc if self.nc.connected_url else s.nats_url},
+        )
+
+    async def _on_error(self, exc: Exception) -> None:
+        log.warning("NATS error", extra={"error": str(exc)})
+
+    async def _on_disconnect(self) -> None:
+        log.warning("disconnected from NATS")
+
+    async def _on_reconnect(self) -> None:
+        log.info("reconnected to NATS")
+
+    async def close(self) -> None:
+        """Stop the consumers (each finishes the message in hand), then drain the connection."""
+        self._stopping.set()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(task, timeout=10)
+        if self._nc is not None and not self._nc.is_closed:
+            with contextlib.suppress(Exception):
+                await self._nc.drain()
+
+    # --- declarations -----------------------------------------------------------------------
+
+    async def ensure_streams(self, specs: tuple[StreamSpec, ...] | None = None) -> None:
+        for spec in specs or default_streams(self.settings.usage_max_age_s):
+            config = StreamConfig(
+                name=spec.name,
+                description=spec.description,
+                subjects=list(spec.subjects),
+                retention=RetentionPolicy.LIMITS,
+                storage=StorageType.FILE,
+                discard=DiscardPolicy.OLD,
+                max_age=spec.max_age_s,
+                duplicate_window=120.0,
+            )
+            try:
+                await self.js.stream_info(spec.name)
+                await self.js.update_stream(config)
+            except NotFoundError:
+                await self.js.add_stream(config)
+
+    async def kv(self, bucket: str, history: int = 1) -> KeyValue:
+        try:
+            return await self.js.key_value(bucket)
+        except BucketNotFoundError:
+            return await self.js.create_key_value(
+                KeyValueConfig(bucket=bucket, history=history, storage=StorageType.FILE)
+            )
+
+    async def watch_kv(
+        self,
+        bucket: str,
+        model: type[M],
+        on_update: Callable[[str, M | None], Awaitable[None]],
+    ) -> None:
+        """Follow a KV bucket in the background: every current value, then every change.
+
+        A deleted key is reported as ``None``; a value that does not decode is dead-lettered.
+        """
+        kv = await self.kv(bucket)
+        watcher = await kv.watchall()
+        subject = f"$KV.{bucket}"
+
+        async def follow() -> None:
+            while not self._stopping.is_set():
+                try:
+                    entry = await watcher.updates(timeout=0.5)  # type: ignore[no-untyped-call]
+                except NatsTimeoutError:
+                    continue
+                if entry is None:  # end of the initial values
+                    continue
+                if entry.operation in ("DEL", "PURGE") or not entry.value:
+                    await on_update(entry.key, None)
+                    continue
+                try:
+                    value = decode(model, entry.value)
+                except DecodeError as exc:
+                    await self.dead_letter(
+                        f"{subject}.{entry.key}", entry.value, None, exc.kind, exc.reason
+                    )
+                    continue
+                await on_update(entry.key, value)
+            with contextlib.suppress(Exception):
+                await watcher.stop()  # type: ignore[no-untyped-call]
+
+        self._tasks.append(asyncio.create_task(follow(), name=f"watch-{bucket}"))
+
+    # --- publishing -------------------------------------------------------------------------
+
+    async def publish(self, subject: str, message: BaseModel, msg_id: str | None = None) -> bool:
+        """Publish to JetStream and wait for the ack; returns False for a server-side duplicate."""
+        headers = inject_trace({})
+        if msg_id:
+            headers["Nats-Msg-Id"] = msg_id
+        async for attempt in AsyncRetrying(
+            wait=wait_exponential(multiplier=0.1, max=2),
+            stop=stop_after_delay(30),
+            retry=retry_if_exception_type(
+                (
+                    NatsTimeoutError,
+                    nats.errors.NoRespondersError,
+                    nats.errors.ConnectionReconnectingError,
+                )
+            ),
+            reraise=True,
+        ):
+            with attempt:
+                ack = await self.js.publish(
+                    subject, message.model_dump_json().encode(), headers=headers, timeout=5
+                )
+        prefix = _prefix(subject)
+        if ack.duplicate:
+            self.metrics.duplicates.labels(prefix).inc()
+            return False
+        self.metrics.published.labels(prefix).inc()
+        return True
+
+    async def dead_letter(
+        self,
+        subject: str,
+        data: bytes,
+        headers: Mapping[str, str] | None,
+        kind: ErrorKind,
+        reason: str,
+    ) -> None:
+        record = DeadLetter(
+            service=self.service,
+            subject=subject,
+            reason=reason[:8000],
+            error_kind=kind,
+            raw_payload=_raw_text(data),
+            headers=dict(headers or {}),
+            received_at=utcnow(),
+        )
+        self.metrics.dead_letters.labels(_prefix(subject), kind).inc()
+        log.warning(
+            "dead-lettered a message",
+            extra={"subject": subject, "kind": kind, "reason": reason[:500]},
+        )
+        await self.publish(subjects.deadletter_subject(self.service), record)
+
+    # --- consuming --------------------------------------------------------------------------
+
+    async def consume(
+        self,
+        *,
+        stream: str,
+        durable: str,
+        filter_subject: str,
+        model: type[M],
+        handler: Handler[M],
+        ack_wait_s: float = 30.0,
+        retry_delay_s: float = 1.0,
+    ) -> None:
+        """Start a durable pull consumer in the background; see the module docstring."""
+        config = ConsumerConfig(
+            durable_name=durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_wait=ack_wait_s,
+            max_deliver=self.settings.max_deliver + 1,  # one more so we can dead-letter it
+            filter_subject=filter_subject,
+            max_ack_pending=10_000,
+        )
+        sub = await self.js.pull_subscribe(
+            filter_subject, durable=durable, stream=stream, config=config
+        )
+        task = asyncio.create_task(
+            self._consume_loop(sub, durable, model, handler, retry_delay_s),
+            name=f"consume-{durable}",
+        )
+        self._tasks.append(task)
+
+    async def _consume_loop(
+        self,
+        sub: JetStreamContext.PullSubscription,
+        durable: str,
+        model: type[M],
+        handler: Handler[M],
+        retry_delay_s: float,
+    ) -> None:
+        while not self._stopping.is_set():
+            try:
+                messages = await sub.fetch(self.settings.fetch_batch, timeout=0.5)
+            except (NatsTimeoutError, TimeoutError):
+                continue
+            except Exception as exc:  # connection trouble: nats-py reconnects, we wait
+                if self._stopping.is_set():
+                    return
+                log.warning("fetch failed", extra={"consumer": durable, "error": str(exc)})
+                await asyncio.sleep(0.5)
+                continue
+            for msg in messages:
+                await self._handle_one(msg, durable, model, handler, retry_delay_s)
+
+    async def _handle_one(
+        self,
+        msg: Msg,
+        durable: str,
+        model: type[M],
+        handler: Handler[M],
+        retry_delay_s: float,
+    ) -> None:
+        headers = dict(msg.headers or {})
+        ctx = extract_trace(headers)
+        with (
+            self.metrics.handle_seconds.labels(durable).time(),
+            self.tracer.start_as_current_span(
+                f"consume {_prefix(msg.subject)}",
+                context=ctx,
+                kind=SpanKind.CONSUMER,
+                attributes={"messaging.system": "nats", "messaging.destination": msg.subject},
+            ),
+        ):
+            try:
+                decoded = decode(model, msg.data)
+            except DecodeError as exc:
+                await self.dead_letter(msg.subject, msg.data, headers, exc.kind, exc.reason)
+                await msg.term()
+                return
+            try:
+                await handler(decoded, msg)
+            except PermanentError as exc:
+                await self.dead_letter(msg.subject, msg.data, headers, "processing", str(exc))
+                await msg.term()
+                return
+            except Exception as exc:
+                delivered = msg.metadata.num_delivered if msg.metadata else 1
+                if delivered >= self.settings.max_deliver:
+                    await self.dead_letter(
+                        msg.subject,
+                        msg.data,
+                        headers,
+                        "max_deliveries",
+                        f"failed {delivered} times, last: {exc!r}",
+                    )
+                    await msg.term()
+                else:
+                    log.warning(
+                        "handler failed, will retry",
+                        extra={"consumer": durable, "error": repr(exc), "delivered": delivered},
+                    )
+                    self.metrics.retried.labels(durable).inc()
+                    await msg.nak(delay=retry_delay_s)
+                return
+            await msg.ack()
+            self.metrics.consumed.labels(durable).inc()

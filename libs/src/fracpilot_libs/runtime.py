@@ -1,0 +1,80 @@
+"""The process shell every service runs in: telemetry, bus, signals and graceful shutdown.
+
+A service supplies a ``start`` coroutine (declare, subscribe, spawn loops) and optionally a
+``stop`` coroutine. On SIGTERM or SIGINT the runtime marks itself not ready, stops the service,
+lets the consumers finish the message in hand, drains the NATS connection and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from prometheus_client import CollectorRegistry, Gauge
+
+from fracpilot_libs.bus import Bus
+from fracpilot_libs.config import ServiceSettings
+from fracpilot_libs.telemetry import HealthState, TelemetryServer, setup_tracing
+
+log = logging.getLogger(__name__)
+
+
+class ServiceRuntime:
+    """Owns what a service needs from the outside world, so its logic can stay free of it."""
+
+    def __init__(
+        self,
+        service: str,
+        settings: ServiceSettings,
+        span_processor: SpanProcessor | None = None,
+    ) -> None:
+        self.service = service
+        self.settings = settings
+        self.registry = CollectorRegistry()
+        self.health = HealthState()
+        self.tracer_provider: TracerProvider = setup_tracing(
+            service, settings.otlp_endpoint, span_processor
+        )
+        self.bus = Bus(service, settings, self.registry, self.tracer_provider)
+        self.http = TelemetryServer(self.registry, self.health)
+        self.stop_requested = asyncio.Event()
+        self._up = Gauge("fracpilot_up", "1 while the service is ready", registry=self.registry)
+
+    async def run(
+        self,
+        start: Callable[[], Awaitable[None]],
+        stop: Callable[[], Awaitable[None]] | None = None,
+        install_signals: bool = True,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        if install_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.stop_requested.set)
+        await self.http.start(self.settings.metrics_host, self.settings.metrics_port)
+        log.info(
+            "telemetry endpoint listening",
+            extra={"host": self.settings.metrics_host, "port": self.http.port},
+        )
+        try:
+            await self.bus.connect()
+            await self.bus.ensure_streams()
+            await start()
+            self.health.set_ready(True)
+            self._up.set(1)
+            log.info("service ready")
+            await self.stop_requested.wait()
+            log.info("shutting down: draining")
+        finally:
+            self.health.set_ready(False, "shutting down")
+            self._up.set(0)
+            if stop is not None:
+                with contextlib.suppress(Exception):
+                    await stop()
+            await self.bus.close()
+            await self.http.stop()
+            self.tracer_provider.shutdown()
+            log.info("stopped")

@@ -1,0 +1,3 @@
+from fracpilot_actuator.service import main
+
+main()

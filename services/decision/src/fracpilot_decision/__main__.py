@@ -1,0 +1,3 @@
+from fracpilot_decision.service import main
+
+main()

@@ -1,0 +1,3 @@
+from fracpilot_ingest.service import main
+
+main()
