@@ -136,7 +136,8 @@ class BusMetrics:
 
 
 def _prefix(subject: str) -> str:
-    return ".".join(subject.split(".")[:3])
+    """A low-cardinality label for a subject: ``fracpilot.usage.v1`` or ``$KV.<bucket>``."""
+    return ".".join(subject.split(".")[: 2 if subject.startswith("$KV.") else 3])
 
 
 def _raw_text(data: bytes) -> str:
@@ -255,14 +256,18 @@ class Bus:
         log.info("reconnected to NATS")
 
     async def close(self) -> None:
-        """Stop the consumers (each finishes the message in hand), then drain the connection."""
+        """Stop the consumers (each finishes the message in hand), flush acks, close."""
         self._stopping.set()
         for task in self._tasks:
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(task, timeout=10)
+        # The consumer loops have finished their messages; flush their acks and close.
+        # (nats-py's drain() waits out its timeout on pull subscriptions.)
         if self._nc is not None and not self._nc.is_closed:
             with contextlib.suppress(Exception):
-                await self._nc.drain()
+                await self._nc.flush(timeout=5)
+            with contextlib.suppress(Exception):
+                await self._nc.close()
 
     # --- declarations -----------------------------------------------------------------------
 

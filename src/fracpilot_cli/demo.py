@@ -1,0 +1,191 @@
+"""``fracpilot demo``: the three services over a real NATS on a simulated GPU cluster.
+
+It starts an embedded nats-server (unless ``FRACPILOT_NATS_URL`` names one), runs ingest with
+the workload simulator, decision, and the actuator with the simulated cluster as separate
+processes, follows the usage and actuation streams to draw a live table, and ends with a
+summary computed from those streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import nats
+from nats.aio.msg import Msg
+from nats.js.api import DeliverPolicy
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from fracpilot_cli.processes import ServiceProcess
+from fracpilot_cli.summary import RunSummary
+from fracpilot_ingest.simulator import demo_workloads
+from fracpilot_libs import subjects
+from fracpilot_libs.bus import DecodeError, decode
+from fracpilot_libs.contracts import ActuationResult, UsageSample
+from fracpilot_libs.embedded_nats import EmbeddedNats
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    workloads: int = 8
+    nodes: int = 2
+    gpus_per_node: int = 2
+    initial_fraction: float = 0.5
+    sim_hours: float = 24.0
+    speed: float = 720.0  # simulated seconds per real second: a day in two minutes
+    step_s: float = 60.0
+    namespace: str = "inference"
+    cluster: str = "demo"
+    log_dir: Path | None = None
+
+    @property
+    def expected_samples(self) -> int:
+        steps = int(self.sim_hours * 3600 // self.step_s)
+        return steps * self.workloads
+
+    def service_env(self, nats_url: str) -> dict[str, dict[str, str]]:
+        pods = ",".join(f"{w.workload.namespace}/{w.workload.owner_name}={self.initial_fraction}"
+                        for w in demo_workloads(self.namespace, self.cluster)[: self.workloads])
+        common = {"FRACPILOT_NATS_URL": nats_url, "FRACPILOT_METRICS_PORT": "0"}
+        return {
+            "actuator": {**common, "FRACPILOT_SIM_PODS": pods,
+                         "FRACPILOT_SIM_CLUSTER": self.cluster,
+                         "FRACPILOT_SIM_NODES": str(self.nodes),
+                         "FRACPILOT_SIM_GPUS_PER_NODE": str(self.gpus_per_node)},
+            "decision": dict(common),
+            "ingest": {**common, "FRACPILOT_SIM_WORKLOADS": str(self.workloads),
+                       "FRACPILOT_SIM_SPEED": str(self.speed),
+                       "FRACPILOT_SIM_STEP_S": str(self.step_s),
+                       "FRACPILOT_SIM_DURATION_S": str(self.sim_hours * 3600),
+                       "FRACPILOT_SIM_NAMESPACE": self.namespace,
+                       "FRACPILOT_SIM_CLUSTER": self.cluster},
+        }
+
+
+class StreamFollower:
+    """Follows the usage and actuation streams into a RunSummary."""
+
+    def __init__(self, summary: RunSummary) -> None:
+        self.summary = summary
+        self.nc: nats.NATS | None = None
+
+    async def start(self, url: str) -> None:
+        self.nc = await nats.connect(url, name="fracpilot-demo")
+        js = self.nc.jetstream()
+        await js.subscribe(f"{subjects.USAGE_PREFIX}.>", cb=self._on_usage, ordered_consumer=True,
+                           deliver_policy=DeliverPolicy.ALL)
+        await js.subscribe(f"{subjects.ACTUATION_PREFIX}.>", cb=self._on_result,
+                           ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
+
+    async def _on_usage(self, msg: Msg) -> None:
+        with contextlib.suppress(DecodeError):
+            self.summary.add_sample(decode(UsageSample, msg.data))
+
+    async def _on_result(self, msg: Msg) -> None:
+        with contextlib.suppress(DecodeError):
+            self.summary.add_result(decode(ActuationResult, msg.data))
+
+    async def pipeline_idle(self) -> bool:
+        """True when decision and actuator have acknowledged everything published so far."""
+        assert self.nc is not None
+        js = self.nc.jetstream()
+        for stream, durable in ((subjects.USAGE_STREAM, subjects.DECISION_CONSUMER),
+                                (subjects.DECISION_STREAM, subjects.ACTUATOR_CONSUMER)):
+            try:
+                info = await js.consumer_info(stream, durable)
+            except Exception:
+                return False
+            if info.num_pending or info.num_ack_pending:
+                return False
+        return True
+
+    async def close(self) -> None:
+        if self.nc is not None:
+            await self.nc.close()
+
+
+def live_table(summary: RunSummary, sim_hours_done: float, sim_hours: float) -> Group:
+    table = Table(title=f"fracpilot demo - simulated hour {sim_hours_done:4.1f} of {sim_hours:g}")
+    for col, justify in (("workload", "left"), ("compute", "right"), ("memory", "right"),
+                         ("fraction", "right"), ("node", "left"), ("last action", "left")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for view in sorted(summary.workloads.values(), key=lambda v: v.name):
+        frac = f"{view.fraction:.3f}" if view.fraction is not None else "-"
+        hot = view.fraction is not None and (view.compute > view.fraction
+                                             or view.memory_share > view.fraction)
+        style = "bold red" if hot else ""
+        table.add_row(view.name, f"{view.compute:.0%}", f"{view.memory_share:.0%}", frac,
+                      view.node, view.last_action, style=style)
+    footer = Table.grid(padding=(0, 2))
+    footer.add_row(f"samples {summary.samples}",
+                   f"GPU-hours {summary.allocated_gpu_hours:.1f} of {summary.whole_gpu_hours:.1f}",
+                   f"saved {summary.savings_pct:.1f}%",
+                   f"actions {sum(summary.actions.values())}")
+    return Group(table, footer)
+
+
+def summary_table(summary: RunSummary, elapsed_s: float) -> Table:
+    t = Table(title="fracpilot demo - summary", show_header=False)
+    t.add_column("what")
+    t.add_column("value", justify="right")
+    n = max(summary.samples, 1)
+    t.add_row("samples", str(summary.samples))
+    t.add_row("GPU-hours allocated", f"{summary.allocated_gpu_hours:.2f}")
+    t.add_row("GPU-hours as whole GPUs", f"{summary.whole_gpu_hours:.2f}")
+    t.add_row("savings", f"{summary.savings_pct:.1f}%")
+    t.add_row("compute overruns", f"{summary.compute_overruns} "
+                                  f"({100 * summary.compute_overruns / n:.2f}% of samples)")
+    t.add_row("memory overruns", f"{summary.memory_overruns} "
+                                 f"({100 * summary.memory_overruns / n:.2f}% of samples)")
+    for kind, count in sorted(summary.actions.items()):
+        t.add_row(f"actions {kind}", str(count))
+    t.add_row("wall time", f"{elapsed_s:.0f} s")
+    return t
+
+
+async def run_demo(config: DemoConfig, console: Console) -> RunSummary:
+    started = time.monotonic()
+    log_dir = config.log_dir or Path(tempfile.mkdtemp(prefix="fracpilot-demo-"))
+    external = os.environ.get("FRACPILOT_NATS_URL")
+    server = None if external else EmbeddedNats().start()
+    url = external or (server.url if server else "")
+    console.print(f"NATS: {url}{' (embedded)' if server else ''}; service logs in {log_dir}")
+    envs = config.service_env(url)
+    # The actuator seeds the cluster and the decision consumer exists before samples flow.
+    order = ("actuator", "decision", "ingest")
+    procs = [ServiceProcess(name, envs[name], log_dir) for name in order]
+    summary = RunSummary(step_s=config.step_s)
+    follower = StreamFollower(summary)
+    try:
+        for p in procs:
+            p.start().wait_for_log("service ready", timeout_s=60)
+        await follower.start(url)
+        deadline = time.monotonic() + config.sim_hours * 3600 / config.speed + 120
+        with Live(console=console, refresh_per_second=4, transient=False) as live:
+            while time.monotonic() < deadline:
+                per_workload = summary.samples / max(config.workloads, 1)
+                live.update(live_table(summary, per_workload * config.step_s / 3600,
+                                       config.sim_hours))
+                if summary.samples >= config.expected_samples and await follower.pipeline_idle():
+                    break
+                for p in procs:
+                    if not p.running:
+                        raise RuntimeError(f"{p.name} stopped unexpectedly; see {p.log_path}")
+                await asyncio.sleep(0.25)
+            else:
+                console.print("[yellow]demo timed out before the pipeline drained[/]")
+    finally:
+        await follower.close()
+        for p in reversed(procs):
+            p.stop()
+        if server is not None:
+            server.cleanup()
+    console.print(summary_table(summary, time.monotonic() - started))
+    return summary

@@ -1,0 +1,109 @@
+"""The three services as separate processes against a real nats-server.
+
+Simulated load becomes decisions, decisions reach the actuator, and the simulated cluster's
+allocation changes. Killing the decision process mid-run and starting it again loses no
+sample (the durable consumer's ack floor reaches the end of the usage stream) and no decision
+is applied twice (by decision id), even when a decision is delivered again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from pathlib import Path
+
+import nats
+import pytest
+
+from fracpilot_cli.demo import DemoConfig
+from fracpilot_cli.processes import ServiceProcess
+from fracpilot_libs import subjects
+from fracpilot_libs.contracts import ActuationResult, Allocation, FractionDecision, Outcome
+from helpers import read_stream, reset_nats
+
+pytestmark = pytest.mark.e2e
+
+
+async def consumer_caught_up(url: str, stream: str, durable: str) -> bool:
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    try:
+        info = await js.consumer_info(stream, durable)
+        last = (await js.stream_info(stream)).state.last_seq
+    finally:
+        await nc.close()
+    return (info.num_pending == 0 and info.num_ack_pending == 0
+            and info.ack_floor.stream_seq == last)
+
+
+async def wait_caught_up(url: str, stream: str, durable: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not await consumer_caught_up(url, stream, durable):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{durable} did not catch up on {stream}")
+        await asyncio.sleep(0.2)
+
+
+async def test_load_becomes_actions_and_a_decision_restart_loses_nothing(
+    nats_url: str, tmp_path: Path
+) -> None:
+    await reset_nats(nats_url)
+    config = DemoConfig(workloads=8, sim_hours=6, speed=2400, log_dir=tmp_path)
+    envs = config.service_env(nats_url)
+    procs = {name: ServiceProcess(name, envs[name], tmp_path)
+             for name in ("actuator", "decision", "ingest")}
+    try:
+        for p in procs.values():
+            p.start().wait_for_log("service ready", timeout_s=60)
+        # Let samples and decisions flow, then kill the decision service without warning.
+        await asyncio.sleep(2.0)
+        procs["decision"].kill()
+        killed_at_samples = len(await read_stream(nats_url, subjects.USAGE_STREAM))
+        await asyncio.sleep(2.0)  # ingest keeps publishing while decision is down
+        procs["decision"].start().wait_for_log("service ready", timeout_s=60)
+        procs["ingest"].wait_for_log("simulation finished", timeout_s=120)
+        await wait_caught_up(nats_url, subjects.USAGE_STREAM, subjects.DECISION_CONSUMER)
+        await wait_caught_up(nats_url, subjects.DECISION_STREAM, subjects.ACTUATOR_CONSUMER)
+
+        samples = await read_stream(nats_url, subjects.USAGE_STREAM)
+        decisions = [FractionDecision.model_validate_json(d)
+                     for _, d in await read_stream(nats_url, subjects.DECISION_STREAM)]
+        results = [ActuationResult.model_validate_json(d)
+                   for _, d in await read_stream(nats_url, subjects.ACTUATION_STREAM)]
+
+        # Deliver an already-applied decision again, as a republish after a crash would.
+        applied = next(r for r in results if r.outcome is Outcome.APPLIED)
+        again = next(d for d in decisions if d.decision_id == applied.decision_id)
+        nc = await nats.connect(nats_url)
+        await nc.jetstream().publish(subjects.decision_subject(again.workload), again.to_json())
+        await nc.close()
+        await wait_caught_up(nats_url, subjects.DECISION_STREAM, subjects.ACTUATOR_CONSUMER)
+        results_after = await read_stream(nats_url, subjects.ACTUATION_STREAM)
+        assert procs["actuator"].log_contains("decision already handled")
+
+        nc = await nats.connect(nats_url)
+        kv = await nc.jetstream().key_value(subjects.ALLOCATION_BUCKET)
+        allocations = [Allocation.model_validate_json((await kv.get(k)).value or b"")
+                       for k in await kv.keys()]
+        await nc.close()
+        exit_codes = {name: p.stop() for name, p in procs.items()}
+    finally:
+        for p in procs.values():
+            p.kill()
+
+    # Every sample the simulator produced is in the stream and was acknowledged by decision.
+    assert killed_at_samples < len(samples) == config.expected_samples
+    # Load became decisions and the decisions became applied actions.
+    assert decisions
+    applied_ids = Counter(r.decision_id for r in results if r.outcome is Outcome.APPLIED)
+    assert applied_ids
+    assert max(applied_ids.values()) == 1, "a decision was applied twice"
+    assert len(results_after) == len(results), "a redelivered decision produced another action"
+    # The simulated cluster's allocation moved away from the seed of 0.5 everywhere it acted.
+    assert len(allocations) == config.workloads
+    assert any(a.fraction != config.initial_fraction for a in allocations)
+    # SIGTERM drains and exits cleanly.
+    assert exit_codes == {"actuator": 0, "decision": 0, "ingest": 0}
+    for p in procs.values():
+        assert p.log_contains('"msg": "stopped"')

@@ -1,0 +1,378 @@
+"""Wire contracts: immutability, strictness, finite numbers, cross-field rules, JSON."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+from factories import GIB, T0, as_json_with, decision, sample, workload
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel, ValidationError
+
+from fracpilot_libs.contracts import (
+    ActuationResult,
+    Allocation,
+    AppSignals,
+    DeadLetter,
+    Direction,
+    FractionDecision,
+    Mode,
+    Outcome,
+    PlanKind,
+    Policy,
+    PolicyLevel,
+    PolicyScope,
+    UsageSample,
+    WorkloadRef,
+)
+
+NON_FINITE = [math.nan, math.inf, -math.inf]
+
+
+# --- frozen and extra=forbid ---------------------------------------------------------------
+
+
+def test_models_are_frozen() -> None:
+    s = sample()
+    with pytest.raises(ValidationError):
+        s.compute = 0.9  # type: ignore[misc]
+    assert s.compute == 0.1
+    p = Policy()
+    with pytest.raises(ValidationError):
+        p.grid_steps = 4  # type: ignore[misc]
+    assert p.grid_steps == 8
+
+
+def test_unknown_fields_are_rejected() -> None:
+    with pytest.raises(ValidationError, match="surprise"):
+        sample(surprise=True)
+    with pytest.raises(ValidationError):
+        UsageSample.model_validate_json(as_json_with(sample(), surprise=True))
+    with pytest.raises(ValidationError):
+        Policy(grid=8)  # type: ignore[call-arg]
+    with pytest.raises(ValidationError):
+        WorkloadRef(namespace="ns", owner_name="x", kind="Deployment")  # type: ignore[call-arg]
+
+
+def test_wrong_schema_version_is_rejected() -> None:
+    with pytest.raises(ValidationError):
+        UsageSample.model_validate_json(as_json_with(sample(), schema_version=2))
+
+
+# --- finite numbers ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", NON_FINITE)
+def test_usage_sample_rejects_non_finite_compute(bad: float) -> None:
+    with pytest.raises(ValidationError):
+        sample(compute=bad)
+
+
+@pytest.mark.parametrize("bad", NON_FINITE)
+def test_usage_sample_rejects_non_finite_allocated_fraction(bad: float) -> None:
+    with pytest.raises(ValidationError):
+        sample(allocated=bad)
+
+
+def test_nan_in_json_payload_is_rejected() -> None:
+    with pytest.raises(ValidationError):
+        UsageSample.model_validate_json(as_json_with(sample(), compute=float("nan")))
+    with pytest.raises(ValidationError):
+        FractionDecision.model_validate_json(as_json_with(decision(), new_fraction=float("inf")))
+
+
+@pytest.mark.parametrize("bad", NON_FINITE)
+@pytest.mark.parametrize("field", ["new_fraction", "current_fraction"])
+def test_decision_rejects_non_finite_fractions(field: str, bad: float) -> None:
+    with pytest.raises(ValidationError):
+        decision(**{field: bad})
+
+
+@pytest.mark.parametrize("bad", NON_FINITE)
+@pytest.mark.parametrize(
+    "field", ["target_utilization", "memory_margin", "window_s", "cooldown_s", "max_fraction"]
+)
+def test_policy_rejects_non_finite_numbers(field: str, bad: float) -> None:
+    with pytest.raises(ValidationError):
+        Policy(**{field: bad})
+
+
+@pytest.mark.parametrize("bad", NON_FINITE)
+def test_signals_reject_non_finite_kv_cache_usage(bad: float) -> None:
+    with pytest.raises(ValidationError):
+        AppSignals(kv_cache_usage=bad)
+
+
+# --- ranges and cross-field rules ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [-0.01, -1.0, 1.0000001, 1.5, 2.0])
+def test_compute_outside_unit_interval_is_rejected(bad: float) -> None:
+    with pytest.raises(ValidationError):
+        sample(compute=bad)
+
+
+@pytest.mark.parametrize("ok", [0.0, 0.5, 1.0])
+def test_compute_at_and_inside_bounds_is_accepted(ok: float) -> None:
+    assert sample(compute=ok).compute == ok
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.floats(allow_nan=True, allow_infinity=True))
+def test_compute_accepted_iff_finite_share(value: float) -> None:
+    valid = math.isfinite(value) and 0.0 <= value <= 1.0
+    if valid:
+        assert sample(compute=value).compute == value
+    else:
+        with pytest.raises(ValidationError):
+            sample(compute=value)
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.125, 1.125])
+def test_allocated_fraction_must_be_in_zero_exclusive_one_inclusive(bad: float) -> None:
+    with pytest.raises(ValidationError):
+        sample(allocated=bad)
+
+
+def test_memory_used_above_device_memory_is_rejected() -> None:
+    with pytest.raises(ValidationError, match="exceeds device memory"):
+        sample(memory_used_bytes=80 * GIB + 1)
+
+
+def test_memory_used_equal_to_device_memory_is_accepted() -> None:
+    s = sample(memory_used_bytes=80 * GIB)
+    assert s.memory_share == 1.0
+
+
+def test_memory_share_is_used_over_total() -> None:
+    s = sample(memory_used_bytes=20 * GIB)
+    assert s.memory_share == pytest.approx(0.25)
+
+
+def test_negative_memory_and_zero_device_memory_are_rejected() -> None:
+    with pytest.raises(ValidationError):
+        sample(memory_used_bytes=-1)
+    with pytest.raises(ValidationError):
+        sample(memory_used_bytes=0, memory_total_bytes=0)
+
+
+def test_naive_datetime_is_rejected() -> None:
+    with pytest.raises(ValidationError, match="timezone"):
+        sample(at=datetime(2026, 3, 2, 12, 0))
+    with pytest.raises(ValidationError, match="timezone"):
+        decision(decided_at=datetime(2026, 3, 2, 12, 0))
+    body = as_json_with(sample(), timestamp="2026-03-02T12:00:00")
+    with pytest.raises(ValidationError):
+        UsageSample.model_validate_json(body)
+
+
+def test_aware_datetime_is_normalised_to_utc() -> None:
+    plus_two = timezone(timedelta(hours=2))
+    s = sample(at=datetime(2026, 3, 2, 14, 0, tzinfo=plus_two))
+    assert s.timestamp.utcoffset() == timedelta(0)
+    assert s.timestamp == datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
+    assert s.timestamp.hour == 12
+
+
+def test_decision_direction_must_match_fractions() -> None:
+    assert decision(current=0.5, new=0.75).direction is Direction.UP
+    assert decision(current=0.75, new=0.5).direction is Direction.DOWN
+    with pytest.raises(ValidationError, match="contradicts"):
+        decision(current=0.5, new=0.75, direction=Direction.DOWN)
+    with pytest.raises(ValidationError, match="contradicts"):
+        decision(current=0.75, new=0.5, direction=Direction.UP)
+
+
+@pytest.mark.parametrize("direction", [Direction.UP, Direction.DOWN])
+def test_decision_that_changes_nothing_is_rejected(direction: Direction) -> None:
+    with pytest.raises(ValidationError, match="must change"):
+        decision(current=0.5, new=0.5, direction=direction)
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.5, 1.25])
+def test_decision_fraction_out_of_range_is_rejected(bad: float) -> None:
+    with pytest.raises(ValidationError):
+        decision(current=0.5, new=bad, direction=Direction.DOWN)
+
+
+@pytest.mark.parametrize(
+    ("level", "namespace", "wl", "key"),
+    [
+        (PolicyLevel.CLUSTER, None, None, "cluster"),
+        (PolicyLevel.NAMESPACE, "inference", None, "namespace.inference"),
+        (PolicyLevel.WORKLOAD, "inference", "chat", "workload.inference.chat"),
+    ],
+)
+def test_policy_scope_consistent_levels_are_accepted(
+    level: PolicyLevel, namespace: str | None, wl: str | None, key: str
+) -> None:
+    scope = PolicyScope(level=level, namespace=namespace, workload=wl)
+    assert scope.key == key
+
+
+@pytest.mark.parametrize(
+    ("level", "namespace", "wl"),
+    [
+        (PolicyLevel.CLUSTER, "inference", None),
+        (PolicyLevel.CLUSTER, None, "chat"),
+        (PolicyLevel.CLUSTER, "inference", "chat"),
+        (PolicyLevel.NAMESPACE, None, None),
+        (PolicyLevel.NAMESPACE, "inference", "chat"),
+        (PolicyLevel.NAMESPACE, None, "chat"),
+        (PolicyLevel.WORKLOAD, None, None),
+        (PolicyLevel.WORKLOAD, "inference", None),
+        (PolicyLevel.WORKLOAD, None, "chat"),
+    ],
+)
+def test_policy_scope_inconsistent_levels_are_rejected(
+    level: PolicyLevel, namespace: str | None, wl: str | None
+) -> None:
+    with pytest.raises(ValidationError, match="needs"):
+        PolicyScope(level=level, namespace=namespace, workload=wl)
+
+
+def test_policy_min_above_max_is_rejected() -> None:
+    with pytest.raises(ValidationError, match="above max_fraction"):
+        Policy(min_fraction=0.5, max_fraction=0.25)
+
+
+def test_policy_min_equal_to_max_is_accepted() -> None:
+    p = Policy(min_fraction=0.5, max_fraction=0.5)
+    assert (p.min_fraction, p.max_fraction) == (0.5, 0.5)
+
+
+def test_policy_defaults_are_the_documented_ones() -> None:
+    p = Policy()
+    assert p.grid_steps == 8
+    assert (p.min_fraction, p.max_fraction) == (0.125, 1.0)
+    assert p.compute_percentile == 98.0
+    assert p.target_utilization == 0.75
+    assert p.memory_margin == 0.15
+    assert p.scope.level is PolicyLevel.CLUSTER
+    assert p.mode is Mode.AUTO
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"grid_steps": 0},
+        {"grid_steps": 101},
+        {"target_utilization": 0.05},
+        {"target_utilization": 1.01},
+        {"compute_percentile": 0.0},
+        {"compute_percentile": 100.5},
+        {"window_s": 0.0},
+        {"memory_margin": -0.1},
+        {"cooldown_s": -1.0},
+        {"min_fraction": 0.0},
+    ],
+)
+def test_policy_out_of_range_settings_are_rejected(overrides: dict[str, float]) -> None:
+    with pytest.raises(ValidationError):
+        Policy(**overrides)
+
+
+def test_workload_key_and_display() -> None:
+    wl = workload("chat", "inference")
+    assert wl.key == "test/inference/Deployment/chat"
+    assert wl.display == "inference/chat"
+    assert workload("chat").key != workload("chat2").key
+
+
+# --- JSON round trip -----------------------------------------------------------------------
+
+
+def _allocation() -> Allocation:
+    return Allocation(
+        workload=workload(),
+        pod="chat-0",
+        node="node-a",
+        gpu_uuid="GPU-a-0",
+        fraction=0.375,
+        device_memory_bytes=80 * GIB,
+        updated_at=T0,
+    )
+
+
+ROUND_TRIP_MODELS: list[BaseModel] = [
+    workload(),
+    AppSignals(kv_cache_usage=0.42, waiting_requests=3, oom_event=True),
+    sample(signals=AppSignals(contention_event=True)),
+    sample(allocated=None, node="", gpu_uuid=""),
+    decision(),
+    decision(current=1.0, new=0.375, mode=Mode.RECOMMEND, trigger_sample_id="s-1"),
+    ActuationResult(
+        decision_id="d-1",
+        workload=workload(),
+        plan=PlanKind.RECREATE_ELSEWHERE,
+        outcome=Outcome.APPLIED,
+        fraction_before=0.25,
+        fraction_after=0.5,
+        node_before="a",
+        node_after="b",
+        gpu_before="GPU-a-0",
+        gpu_after="GPU-b-0",
+        detail="moved",
+        finished_at=T0,
+    ),
+    PolicyScope(level=PolicyLevel.WORKLOAD, namespace="inference", workload="chat"),
+    Policy(),
+    Policy(
+        scope=PolicyScope(level=PolicyLevel.NAMESPACE, namespace="inference"),
+        revision=7,
+        mode=Mode.RECOMMEND,
+        grid_steps=10,
+        min_fraction=0.1,
+        max_fraction=0.9,
+    ),
+    DeadLetter(
+        service="decision",
+        subject="fracpilot.usage.x",
+        reason="bad",
+        error_kind="validation",
+        raw_payload='{"x": 1}',
+        headers={"Nats-Msg-Id": "1"},
+        received_at=T0,
+    ),
+    _allocation(),
+]
+
+
+@pytest.mark.parametrize("model", ROUND_TRIP_MODELS, ids=lambda m: type(m).__name__)
+def test_json_round_trip(model: BaseModel) -> None:
+    raw = model.to_json()  # type: ignore[attr-defined]
+    assert isinstance(raw, bytes)
+    back = type(model).model_validate_json(raw)
+    assert back == model
+    assert back.to_json() == raw  # type: ignore[attr-defined]
+
+
+def test_round_trip_covers_every_wire_model() -> None:
+    covered = {type(m) for m in ROUND_TRIP_MODELS}
+    assert covered >= {
+        WorkloadRef,
+        AppSignals,
+        UsageSample,
+        FractionDecision,
+        ActuationResult,
+        PolicyScope,
+        Policy,
+        DeadLetter,
+        Allocation,
+    }
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    compute=st.floats(0.0, 1.0),
+    memory_share=st.floats(0.0, 1.0),
+    allocated=st.none() | st.floats(0.001, 1.0),
+    minute=st.integers(0, 10_000),
+)
+def test_usage_sample_round_trip_property(
+    compute: float, memory_share: float, allocated: float | None, minute: int
+) -> None:
+    s = sample(compute=compute, memory_share=memory_share, allocated=allocated, minute=minute)
+    assert UsageSample.model_validate_json(s.to_json()) == s
