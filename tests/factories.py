@@ -50,8 +50,13 @@ def sample(
     return UsageSample(**fields)
 
 
-def decision(current: float = 0.5, new: float = 0.75, name: str = "chat",
-             decision_id: str = "d-1", **overrides: Any) -> FractionDecision:
+def decision(
+    current: float = 0.5,
+    new: float = 0.75,
+    name: str = "chat",
+    decision_id: str = "d-1",
+    **overrides: Any,
+) -> FractionDecision:
     fields: dict[str, Any] = {
         "decision_id": decision_id,
         "workload": workload(name),
@@ -78,8 +83,9 @@ def as_json_with(model: UsageSample | FractionDecision, **changes: Any) -> bytes
     return json.dumps(body).encode()
 
 
-def malformed_payloads(valid: UsageSample | FractionDecision, number_field: str
-                       ) -> dict[str, bytes]:
+def malformed_payloads(
+    valid: UsageSample | FractionDecision, number_field: str
+) -> dict[str, bytes]:
     """The bad inputs every subject must survive, keyed by what is wrong with them."""
     return {
         "bad_json": b'{"schema_version": 1, "oops',

@@ -18,8 +18,12 @@ from fracpilot_libs.runtime import ServiceRuntime
 
 T = TypeVar("T")
 
-STREAMS = (subjects.USAGE_STREAM, subjects.DECISION_STREAM, subjects.ACTUATION_STREAM,
-           subjects.DEADLETTER_STREAM)
+STREAMS = (
+    subjects.USAGE_STREAM,
+    subjects.DECISION_STREAM,
+    subjects.ACTUATION_STREAM,
+    subjects.DEADLETTER_STREAM,
+)
 BUCKETS = (subjects.POLICY_BUCKET, subjects.ALLOCATION_BUCKET, subjects.ACTUATOR_STATE_BUCKET)
 
 
@@ -43,8 +47,9 @@ async def reset_nats(url: str) -> None:
 
 
 @contextlib.asynccontextmanager
-async def running(service: Any, stop: Callable[[], Awaitable[None]] | None = None
-                  ) -> AsyncIterator[Any]:
+async def running(
+    service: Any, stop: Callable[[], Awaitable[None]] | None = None
+) -> AsyncIterator[Any]:
     """Run a service's runtime as a task until the block ends; waits until it is ready."""
     runtime: ServiceRuntime = service.runtime
     task = asyncio.create_task(runtime.run(service.start, stop, install_signals=False))
@@ -58,8 +63,9 @@ async def running(service: Any, stop: Callable[[], Awaitable[None]] | None = Non
         await asyncio.wait_for(task, timeout=30)
 
 
-async def wait_for(predicate: Callable[[], bool], timeout: float = 10.0,
-                   interval: float = 0.05) -> None:
+async def wait_for(
+    predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.05
+) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
@@ -80,8 +86,10 @@ async def read_stream(url: str, stream: str, subject: str = ">") -> list[tuple[s
     total = info.state.messages
     if total:
         sub = await js.pull_subscribe(
-            subject, stream=stream,
-            config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL, inactive_threshold=30))
+            subject,
+            stream=stream,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL, inactive_threshold=30),
+        )
         while len(out) < total:
             try:
                 msgs = await sub.fetch(min(500, total - len(out)), timeout=2)

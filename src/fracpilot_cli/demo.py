@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import nats
+from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 from rich.console import Console, Group
@@ -51,21 +52,29 @@ class DemoConfig:
         return steps * self.workloads
 
     def service_env(self, nats_url: str) -> dict[str, dict[str, str]]:
-        pods = ",".join(f"{w.workload.namespace}/{w.workload.owner_name}={self.initial_fraction}"
-                        for w in demo_workloads(self.namespace, self.cluster)[: self.workloads])
+        pods = ",".join(
+            f"{w.workload.namespace}/{w.workload.owner_name}={self.initial_fraction}"
+            for w in demo_workloads(self.namespace, self.cluster)[: self.workloads]
+        )
         common = {"FRACPILOT_NATS_URL": nats_url, "FRACPILOT_METRICS_PORT": "0"}
         return {
-            "actuator": {**common, "FRACPILOT_SIM_PODS": pods,
-                         "FRACPILOT_SIM_CLUSTER": self.cluster,
-                         "FRACPILOT_SIM_NODES": str(self.nodes),
-                         "FRACPILOT_SIM_GPUS_PER_NODE": str(self.gpus_per_node)},
+            "actuator": {
+                **common,
+                "FRACPILOT_SIM_PODS": pods,
+                "FRACPILOT_SIM_CLUSTER": self.cluster,
+                "FRACPILOT_SIM_NODES": str(self.nodes),
+                "FRACPILOT_SIM_GPUS_PER_NODE": str(self.gpus_per_node),
+            },
             "decision": dict(common),
-            "ingest": {**common, "FRACPILOT_SIM_WORKLOADS": str(self.workloads),
-                       "FRACPILOT_SIM_SPEED": str(self.speed),
-                       "FRACPILOT_SIM_STEP_S": str(self.step_s),
-                       "FRACPILOT_SIM_DURATION_S": str(self.sim_hours * 3600),
-                       "FRACPILOT_SIM_NAMESPACE": self.namespace,
-                       "FRACPILOT_SIM_CLUSTER": self.cluster},
+            "ingest": {
+                **common,
+                "FRACPILOT_SIM_WORKLOADS": str(self.workloads),
+                "FRACPILOT_SIM_SPEED": str(self.speed),
+                "FRACPILOT_SIM_STEP_S": str(self.step_s),
+                "FRACPILOT_SIM_DURATION_S": str(self.sim_hours * 3600),
+                "FRACPILOT_SIM_NAMESPACE": self.namespace,
+                "FRACPILOT_SIM_CLUSTER": self.cluster,
+            },
         }
 
 
@@ -74,15 +83,23 @@ class StreamFollower:
 
     def __init__(self, summary: RunSummary) -> None:
         self.summary = summary
-        self.nc: nats.NATS | None = None
+        self.nc: NatsClient | None = None
 
     async def start(self, url: str) -> None:
         self.nc = await nats.connect(url, name="fracpilot-demo")
         js = self.nc.jetstream()
-        await js.subscribe(f"{subjects.USAGE_PREFIX}.>", cb=self._on_usage, ordered_consumer=True,
-                           deliver_policy=DeliverPolicy.ALL)
-        await js.subscribe(f"{subjects.ACTUATION_PREFIX}.>", cb=self._on_result,
-                           ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
+        await js.subscribe(
+            f"{subjects.USAGE_PREFIX}.>",
+            cb=self._on_usage,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.ALL,
+        )
+        await js.subscribe(
+            f"{subjects.ACTUATION_PREFIX}.>",
+            cb=self._on_result,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.ALL,
+        )
 
     async def _on_usage(self, msg: Msg) -> None:
         with contextlib.suppress(DecodeError):
@@ -96,8 +113,10 @@ class StreamFollower:
         """True when decision and actuator have acknowledged everything published so far."""
         assert self.nc is not None
         js = self.nc.jetstream()
-        for stream, durable in ((subjects.USAGE_STREAM, subjects.DECISION_CONSUMER),
-                                (subjects.DECISION_STREAM, subjects.ACTUATOR_CONSUMER)):
+        for stream, durable in (
+            (subjects.USAGE_STREAM, subjects.DECISION_CONSUMER),
+            (subjects.DECISION_STREAM, subjects.ACTUATOR_CONSUMER),
+        ):
             try:
                 info = await js.consumer_info(stream, durable)
             except Exception:
@@ -113,21 +132,37 @@ class StreamFollower:
 
 def live_table(summary: RunSummary, sim_hours_done: float, sim_hours: float) -> Group:
     table = Table(title=f"fracpilot demo - simulated hour {sim_hours_done:4.1f} of {sim_hours:g}")
-    for col, justify in (("workload", "left"), ("compute", "right"), ("memory", "right"),
-                         ("fraction", "right"), ("node", "left"), ("last action", "left")):
+    for col, justify in (
+        ("workload", "left"),
+        ("compute", "right"),
+        ("memory", "right"),
+        ("fraction", "right"),
+        ("node", "left"),
+        ("last action", "left"),
+    ):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for view in sorted(summary.workloads.values(), key=lambda v: v.name):
         frac = f"{view.fraction:.3f}" if view.fraction is not None else "-"
-        hot = view.fraction is not None and (view.compute > view.fraction
-                                             or view.memory_share > view.fraction)
+        hot = view.fraction is not None and (
+            view.compute > view.fraction or view.memory_share > view.fraction
+        )
         style = "bold red" if hot else ""
-        table.add_row(view.name, f"{view.compute:.0%}", f"{view.memory_share:.0%}", frac,
-                      view.node, view.last_action, style=style)
+        table.add_row(
+            view.name,
+            f"{view.compute:.0%}",
+            f"{view.memory_share:.0%}",
+            frac,
+            view.node,
+            view.last_action,
+            style=style,
+        )
     footer = Table.grid(padding=(0, 2))
-    footer.add_row(f"samples {summary.samples}",
-                   f"GPU-hours {summary.allocated_gpu_hours:.1f} of {summary.whole_gpu_hours:.1f}",
-                   f"saved {summary.savings_pct:.1f}%",
-                   f"actions {sum(summary.actions.values())}")
+    footer.add_row(
+        f"samples {summary.samples}",
+        f"GPU-hours {summary.allocated_gpu_hours:.1f} of {summary.whole_gpu_hours:.1f}",
+        f"saved {summary.savings_pct:.1f}%",
+        f"actions {sum(summary.actions.values())}",
+    )
     return Group(table, footer)
 
 
@@ -140,10 +175,14 @@ def summary_table(summary: RunSummary, elapsed_s: float) -> Table:
     t.add_row("GPU-hours allocated", f"{summary.allocated_gpu_hours:.2f}")
     t.add_row("GPU-hours as whole GPUs", f"{summary.whole_gpu_hours:.2f}")
     t.add_row("savings", f"{summary.savings_pct:.1f}%")
-    t.add_row("compute overruns", f"{summary.compute_overruns} "
-                                  f"({100 * summary.compute_overruns / n:.2f}% of samples)")
-    t.add_row("memory overruns", f"{summary.memory_overruns} "
-                                 f"({100 * summary.memory_overruns / n:.2f}% of samples)")
+    t.add_row(
+        "compute overruns",
+        f"{summary.compute_overruns} ({100 * summary.compute_overruns / n:.2f}% of samples)",
+    )
+    t.add_row(
+        "memory overruns",
+        f"{summary.memory_overruns} ({100 * summary.memory_overruns / n:.2f}% of samples)",
+    )
     for kind, count in sorted(summary.actions.items()):
         t.add_row(f"actions {kind}", str(count))
     t.add_row("wall time", f"{elapsed_s:.0f} s")
@@ -171,8 +210,9 @@ async def run_demo(config: DemoConfig, console: Console) -> RunSummary:
         with Live(console=console, refresh_per_second=4, transient=False) as live:
             while time.monotonic() < deadline:
                 per_workload = summary.samples / max(config.workloads, 1)
-                live.update(live_table(summary, per_workload * config.step_s / 3600,
-                                       config.sim_hours))
+                live.update(
+                    live_table(summary, per_workload * config.step_s / 3600, config.sim_hours)
+                )
                 if summary.samples >= config.expected_samples and await follower.pipeline_idle():
                     break
                 for p in procs:

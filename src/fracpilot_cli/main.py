@@ -11,8 +11,9 @@ from rich.console import Console
 
 from fracpilot_cli.demo import DemoConfig, run_demo
 
-app = typer.Typer(help="fracpilot: an autopilot for fractional GPUs on Kubernetes.",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="fracpilot: an autopilot for fractional GPUs on Kubernetes.", no_args_is_help=True
+)
 
 
 @app.callback()

@@ -36,7 +36,10 @@ class ServiceProcess:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", SERVICE_MODULES[self.name]],
-                env=env, stdout=log, stderr=subprocess.STDOUT)
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         return self
 
     @property

@@ -33,12 +33,11 @@ async def consumer_caught_up(url: str, stream: str, durable: str) -> bool:
         last = (await js.stream_info(stream)).state.last_seq
     finally:
         await nc.close()
-    return (info.num_pending == 0 and info.num_ack_pending == 0
-            and info.ack_floor.stream_seq == last)
+    return info.num_pending == 0 and info.num_ack_pending == 0 and info.ack_floor.stream_seq == last
 
 
-async def wait_caught_up(url: str, stream: str, durable: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
+async def wait_caught_up(url: str, stream: str, durable: str, within_s: float = 60) -> None:
+    deadline = time.monotonic() + within_s
     while not await consumer_caught_up(url, stream, durable):
         if time.monotonic() > deadline:
             raise TimeoutError(f"{durable} did not catch up on {stream}")
@@ -51,8 +50,10 @@ async def test_load_becomes_actions_and_a_decision_restart_loses_nothing(
     await reset_nats(nats_url)
     config = DemoConfig(workloads=8, sim_hours=6, speed=2400, log_dir=tmp_path)
     envs = config.service_env(nats_url)
-    procs = {name: ServiceProcess(name, envs[name], tmp_path)
-             for name in ("actuator", "decision", "ingest")}
+    procs = {
+        name: ServiceProcess(name, envs[name], tmp_path)
+        for name in ("actuator", "decision", "ingest")
+    }
     try:
         for p in procs.values():
             p.start().wait_for_log("service ready", timeout_s=60)
@@ -67,10 +68,14 @@ async def test_load_becomes_actions_and_a_decision_restart_loses_nothing(
         await wait_caught_up(nats_url, subjects.DECISION_STREAM, subjects.ACTUATOR_CONSUMER)
 
         samples = await read_stream(nats_url, subjects.USAGE_STREAM)
-        decisions = [FractionDecision.model_validate_json(d)
-                     for _, d in await read_stream(nats_url, subjects.DECISION_STREAM)]
-        results = [ActuationResult.model_validate_json(d)
-                   for _, d in await read_stream(nats_url, subjects.ACTUATION_STREAM)]
+        decisions = [
+            FractionDecision.model_validate_json(d)
+            for _, d in await read_stream(nats_url, subjects.DECISION_STREAM)
+        ]
+        results = [
+            ActuationResult.model_validate_json(d)
+            for _, d in await read_stream(nats_url, subjects.ACTUATION_STREAM)
+        ]
 
         # Deliver an already-applied decision again, as a republish after a crash would.
         applied = next(r for r in results if r.outcome is Outcome.APPLIED)
@@ -84,8 +89,9 @@ async def test_load_becomes_actions_and_a_decision_restart_loses_nothing(
 
         nc = await nats.connect(nats_url)
         kv = await nc.jetstream().key_value(subjects.ALLOCATION_BUCKET)
-        allocations = [Allocation.model_validate_json((await kv.get(k)).value or b"")
-                       for k in await kv.keys()]
+        allocations = [
+            Allocation.model_validate_json((await kv.get(k)).value or b"") for k in await kv.keys()
+        ]
         await nc.close()
         exit_codes = {name: p.stop() for name, p in procs.items()}
     finally:

@@ -20,8 +20,7 @@ pytestmark = pytest.mark.integration
 
 
 async def dead_letters(url: str, service: str) -> list[DeadLetter]:
-    msgs = await read_stream(url, subjects.DEADLETTER_STREAM,
-                             subjects.deadletter_subject(service))
+    msgs = await read_stream(url, subjects.DEADLETTER_STREAM, subjects.deadletter_subject(service))
     return [DeadLetter.model_validate_json(data) for _, data in msgs]
 
 
@@ -41,16 +40,20 @@ async def test_usage_subject_dead_letters_every_malformed_sample(nats_url: str) 
         await wait_for(lambda: service.samples._value.get() >= 1, timeout=15)
         letters = await dead_letters(nats_url, "decision")
         reg = service.runtime.registry
-        total = sum(counter(reg, "fracpilot_dead_letters_total",
-                            subject_prefix=subjects.USAGE_PREFIX, kind=k)
-                    for k in ("decode", "validation"))
+        total = sum(
+            counter(
+                reg, "fracpilot_dead_letters_total", subject_prefix=subjects.USAGE_PREFIX, kind=k
+            )
+            for k in ("decode", "validation")
+        )
     assert len(letters) == len(bad)
     assert total == len(bad)
     assert {d.raw_payload for d in letters} >= {bad["bad_json"].decode()}
     by_payload = {d.raw_payload: d for d in letters}
     nan_letter = by_payload[bad["nan"].decode()]
     assert nan_letter.error_kind == "validation"
-    assert "compute" in nan_letter.reason and "finite" in nan_letter.reason
+    assert "compute" in nan_letter.reason
+    assert "finite" in nan_letter.reason
     assert "less than or equal to 1" in by_payload[bad["above_one"].decode()].reason
     assert "greater than or equal to 0" in by_payload[bad["negative"].decode()].reason
     assert "surprise" in by_payload[bad["unknown_field"].decode()].reason
@@ -65,9 +68,11 @@ async def test_decision_subject_dead_letters_every_malformed_decision(nats_url: 
     valid = decision(current=0.5, new=0.75)
     bad = malformed_payloads(valid, "new_fraction")
     bad["direction_contradicts"] = json.dumps(
-        {**json.loads(valid.model_dump_json()), "direction": "down"}).encode()
-    service = ActuatorService(ActuatorSettings(nats_url=nats_url, sim_pods="inference/chat=0.5",
-                                               sim_cluster="test"))
+        {**json.loads(valid.model_dump_json()), "direction": "down"}
+    ).encode()
+    service = ActuatorService(
+        ActuatorSettings(nats_url=nats_url, sim_pods="inference/chat=0.5", sim_cluster="test")
+    )
     async with running(service):
         nc = await nats.connect(nats_url)
         js = nc.jetstream()
@@ -77,8 +82,13 @@ async def test_decision_subject_dead_letters_every_malformed_decision(nats_url: 
         await js.publish(subject, valid.to_json())
         await nc.close()
         reg = service.runtime.registry
-        await wait_for(lambda: counter(reg, "fracpilot_actuator_actions_total",
-                                       plan="in_place", outcome="applied") == 1, timeout=15)
+        await wait_for(
+            lambda: (
+                counter(reg, "fracpilot_actuator_actions_total", plan="in_place", outcome="applied")
+                == 1
+            ),
+            timeout=15,
+        )
         letters = await dead_letters(nats_url, "actuator")
     assert len(letters) == len(bad)
     reasons = {d.raw_payload: d.reason for d in letters}
@@ -91,17 +101,27 @@ async def test_decision_subject_dead_letters_every_malformed_decision(nats_url: 
 
 async def test_allocation_bucket_dead_letters_a_corrupt_entry(nats_url: str) -> None:
     await reset_nats(nats_url)
-    service = IngestService(IngestSettings(nats_url=nats_url, sim_duration_s=60,
-                                           sim_workloads=1, sim_speed=60))
+    service = IngestService(
+        IngestSettings(nats_url=nats_url, sim_duration_s=60, sim_workloads=1, sim_speed=60)
+    )
     async with running(service):
         nc = await nats.connect(nats_url)
         kv = await nc.jetstream().key_value(subjects.ALLOCATION_BUCKET)
         await kv.put("demo/inference/Deployment/x", b'{"fraction": "lots"}')
         await nc.close()
         reg = service.runtime.registry
-        await wait_for(lambda: counter(reg, "fracpilot_dead_letters_total",
-                                       subject_prefix="$KV.fracpilot_allocations",
-                                       kind="validation") >= 1, timeout=10)
+        await wait_for(
+            lambda: (
+                counter(
+                    reg,
+                    "fracpilot_dead_letters_total",
+                    subject_prefix="$KV.fracpilot_allocations",
+                    kind="validation",
+                )
+                >= 1
+            ),
+            timeout=10,
+        )
         letters = await dead_letters(nats_url, "ingest")
         await wait_for(service.finished.is_set, timeout=10)
     assert len(letters) == 1

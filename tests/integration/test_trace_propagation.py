@@ -27,27 +27,41 @@ async def test_one_trace_spans_the_three_services(nats_url: str) -> None:
     exporter = InMemorySpanExporter()
     processor = SimpleSpanProcessor(exporter)
     # One small workload seeded far too small, so its first samples cause an upsize.
-    actuator = ActuatorService(ActuatorSettings(nats_url=nats_url, sim_cluster="demo",
-                                                sim_pods="inference/chat-llama-8b=0.125"),
-                               processor)
+    actuator = ActuatorService(
+        ActuatorSettings(
+            nats_url=nats_url, sim_cluster="demo", sim_pods="inference/chat-llama-8b=0.125"
+        ),
+        processor,
+    )
     decision = DecisionService(DecisionSettings(nats_url=nats_url), processor)
-    ingest = IngestService(IngestSettings(nats_url=nats_url, sim_workloads=1, sim_speed=3600,
-                                          sim_duration_s=1800), processor)
+    ingest = IngestService(
+        IngestSettings(nats_url=nats_url, sim_workloads=1, sim_speed=3600, sim_duration_s=1800),
+        processor,
+    )
     async with running(actuator), running(decision), running(ingest):
         await wait_for(ingest.finished.is_set, timeout=30)
-        await wait_for(lambda: any(s.name.startswith("consume fracpilot.decision")
-                                   for s in exporter.get_finished_spans()), timeout=30)
-    results = [ActuationResult.model_validate_json(d)
-               for _, d in await read_stream(nats_url, subjects.ACTUATION_STREAM)]
+        await wait_for(
+            lambda: any(
+                s.name.startswith("consume fracpilot.decision")
+                for s in exporter.get_finished_spans()
+            ),
+            timeout=30,
+        )
+    results = [
+        ActuationResult.model_validate_json(d)
+        for _, d in await read_stream(nats_url, subjects.ACTUATION_STREAM)
+    ]
     assert any(r.outcome is Outcome.APPLIED for r in results)
 
     services_by_trace: dict[int, set[str]] = defaultdict(set)
     for span in exporter.get_finished_spans():
         assert span.context is not None
-        services_by_trace[span.context.trace_id].add(
-            str(span.resource.attributes["service.name"]))
-    full = [t for t, services in services_by_trace.items()
-            if services == {"ingest", "decision", "actuator"}]
+        services_by_trace[span.context.trace_id].add(str(span.resource.attributes["service.name"]))
+    full = [
+        t
+        for t, services in services_by_trace.items()
+        if services == {"ingest", "decision", "actuator"}
+    ]
     assert full, f"no trace crosses all three services: {dict(services_by_trace)}"
     # Samples that caused no action stay in two-service traces (ingest -> decision).
     assert len(full) < len(services_by_trace)

@@ -189,6 +189,7 @@ class Bus:
     ) -> None:
         self.service = service
         self.settings = settings
+        self.registry = registry
         self.metrics = BusMetrics(registry)
         self.tracer = trace.get_tracer(f"fracpilot.{service}", tracer_provider=tracer_provider)
         self._nc: NatsClient | None = None

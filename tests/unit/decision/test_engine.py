@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 
 import pytest
-from factories import T0, sample
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from factories import T0, sample
 from fracpilot_decision.engine import (
     Point,
     WorkloadHistory,
@@ -337,7 +338,7 @@ def test_every_decision_is_on_the_grid_within_bounds_and_covers_memory(
     allocated = start
     at = T0
     seen: list[tuple[float, float]] = []  # (seconds since T0, memory share)
-    first_change: float | None = None
+    last_change: float | None = None
     for compute, memory, gap in trace:
         s = sample(compute=compute, memory_share=memory, at=at, allocated=allocated)
         now = (at - T0).total_seconds()
@@ -355,9 +356,9 @@ def test_every_decision_is_on_the_grid_within_bounds_and_covers_memory(
                 first_in_window = min(t for t, _ in seen if t > now - policy.window_s)
                 assert now - first_in_window >= policy.min_history_s
                 assert d.new_fraction <= allocated - 1 / policy.grid_steps + 1e-9
-                if first_change is not None:
-                    assert now - first_change >= policy.cooldown_s
-            first_change = now
+                if last_change is not None:
+                    assert now - last_change >= policy.cooldown_s
+            last_change = now
             allocated = d.new_fraction
         at += timedelta(seconds=gap)
 
@@ -387,7 +388,7 @@ def test_stationary_trace_property(seed: int, low: float, width: float) -> None:
     # even when the p98 sits on a grid boundary; far from one it is a single change.
     assert len(decisions) <= 6
     downs = [m for m, d in decisions if d.direction is Direction.DOWN]
-    assert all(b - a >= 120 for a, b in zip(downs, downs[1:], strict=False))
+    assert all(b - a >= 120 for a, b in itertools.pairwise(downs))
 
 
 def test_decide_is_deterministic() -> None:
@@ -408,3 +409,17 @@ def test_decision_id_depends_on_sample_and_target_only() -> None:
     assert decision_id(s, 0.375) != decision_id(s, 0.5)
     assert decision_id(s, 0.375) != decision_id(sample(minute=4), 0.375)
     assert decision_id(s, 0.375) != decision_id(sample(minute=3, name="other"), 0.375)
+
+
+def test_need_rising_again_restarts_the_hold_even_when_the_request_is_suppressed() -> None:
+    policy = Policy(window_s=300, downsize_hold_s=1800, min_history_s=0, cooldown_s=900)
+
+    def usage(minute: int) -> Usage:
+        return (0.5 if minute in (0, 6) else 0.05), 0.05  # 0.5 / 0.75 -> 0.75
+
+    # The allocation lags at 0.5: the upsize at minute 6 repeats minute 0's and is
+    # suppressed, but the need was above the allocation, so the downsize hold restarts
+    # once the spike left the window (minute 11): 11 + 30 = 41, not 5 + 30 = 35.
+    _, decisions = run_closed_loop(usage, range(60), policy, allocated=0.5, follow=False)
+
+    assert [(m, d.new_fraction) for m, d in decisions] == [(0, 0.75), (41, 0.125)]

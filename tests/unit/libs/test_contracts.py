@@ -6,11 +6,11 @@ import math
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
-from factories import GIB, T0, as_json_with, decision, sample, workload
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
+from factories import GIB, T0, as_json_with, decision, sample, workload
 from fracpilot_libs.contracts import (
     ActuationResult,
     Allocation,

@@ -1,0 +1,124 @@
+"""The bus adapter against a real nats-server: declarations, de-duplication, retries,
+dead letters, and the telemetry endpoints of a running service."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.error
+import urllib.request
+
+import pytest
+from nats.aio.msg import Msg
+from prometheus_client import CollectorRegistry
+
+from factories import sample
+from fracpilot_decision.service import DecisionService, DecisionSettings
+from fracpilot_libs import subjects
+from fracpilot_libs.bus import Bus, PermanentError
+from fracpilot_libs.config import ServiceSettings
+from fracpilot_libs.contracts import DeadLetter, UsageSample
+from helpers import counter, read_stream, reset_nats, running, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+async def connected_bus(url: str, **settings: object) -> Bus:
+    bus = Bus("test", ServiceSettings(nats_url=url, **settings), CollectorRegistry())
+    await bus.connect(retry_for_s=5)
+    await bus.ensure_streams()
+    return bus
+
+
+async def test_declarations_are_idempotent_and_publishes_deduplicate(nats_url: str) -> None:
+    await reset_nats(nats_url)
+    bus = await connected_bus(nats_url)
+    await bus.ensure_streams()  # a second service starting must not fail or reset anything
+    kv1 = await bus.kv(subjects.POLICY_BUCKET)
+    kv2 = await bus.kv(subjects.POLICY_BUCKET)
+    assert kv1._name == kv2._name == subjects.POLICY_BUCKET
+    s = sample()
+    subject = subjects.usage_subject(s.workload)
+    assert await bus.publish(subject, s, s.sample_id) is True
+    assert await bus.publish(subject, s, s.sample_id) is False  # same Nats-Msg-Id
+    assert await bus.publish(subject, sample(minute=1), sample(minute=1).sample_id) is True
+    await bus.close()
+    assert len(await read_stream(nats_url, subjects.USAGE_STREAM)) == 2
+
+
+async def test_a_failing_handler_is_retried_then_dead_lettered(nats_url: str) -> None:
+    await reset_nats(nats_url)
+    bus = await connected_bus(nats_url, max_deliver=3)
+    attempts: dict[str, int] = {}
+
+    async def handler(s: UsageSample, _msg: Msg) -> None:
+        attempts[s.sample_id] = attempts.get(s.sample_id, 0) + 1
+        if s.compute == 0.5 and attempts[s.sample_id] < 2:
+            raise RuntimeError("transient")  # succeeds on the second delivery
+        if s.compute == 0.6:
+            raise RuntimeError("always broken")
+        if s.compute == 0.7:
+            raise PermanentError("cannot ever work")
+
+    await bus.consume(
+        stream=subjects.USAGE_STREAM,
+        durable="t",
+        model=UsageSample,
+        filter_subject=f"{subjects.USAGE_PREFIX}.>",
+        handler=handler,
+        retry_delay_s=0.05,
+    )
+    flaky, broken, hopeless = (
+        sample(compute=0.5, minute=1),
+        sample(compute=0.6, minute=2),
+        sample(compute=0.7, minute=3),
+    )
+    for s in (flaky, broken, hopeless):
+        await bus.publish(subjects.usage_subject(s.workload), s, s.sample_id)
+    await wait_for(
+        lambda: (
+            counter(
+                bus.registry,
+                "fracpilot_dead_letters_total",
+                subject_prefix=subjects.USAGE_PREFIX,
+                kind="max_deliveries",
+            )
+            == 1
+        ),
+        timeout=15,
+    )
+    await bus.close()
+    assert attempts[flaky.sample_id] == 2
+    assert attempts[broken.sample_id] == 3
+    assert attempts[hopeless.sample_id] == 1
+    letters = [
+        DeadLetter.model_validate_json(d)
+        for _, d in await read_stream(nats_url, subjects.DEADLETTER_STREAM)
+    ]
+    assert sorted(letter.error_kind for letter in letters) == ["max_deliveries", "processing"]
+    assert any("always broken" in letter.reason for letter in letters)
+
+
+def http_get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+async def test_service_serves_metrics_health_and_readiness(nats_url: str) -> None:
+    await reset_nats(nats_url)
+    service = DecisionService(DecisionSettings(nats_url=nats_url))
+    async with running(service):
+        base = f"http://127.0.0.1:{service.runtime.http.port}"
+        status, body = await asyncio.to_thread(http_get, f"{base}/readyz")
+        assert (status, body.strip()) == (200, "ok")
+        status, body = await asyncio.to_thread(http_get, f"{base}/metrics")
+        assert status == 200
+        assert "fracpilot_decision_samples_total" in body
+        assert "fracpilot_up 1.0" in body
+        assert (await asyncio.to_thread(http_get, f"{base}/healthz"))[0] == 200
+        assert (await asyncio.to_thread(http_get, f"{base}/nope"))[0] == 404
+        service.runtime.health.set_ready(False, "draining")
+        status, body = await asyncio.to_thread(http_get, f"{base}/readyz")
+        assert (status, body.strip()) == (503, "draining")
