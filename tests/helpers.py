@@ -24,7 +24,12 @@ STREAMS = (
     subjects.ACTUATION_STREAM,
     subjects.DEADLETTER_STREAM,
 )
-BUCKETS = (subjects.POLICY_BUCKET, subjects.ALLOCATION_BUCKET, subjects.ACTUATOR_STATE_BUCKET)
+BUCKETS = (
+    subjects.POLICY_BUCKET,
+    subjects.ALLOCATION_BUCKET,
+    subjects.ACTUATOR_STATE_BUCKET,
+    subjects.DECISION_STATE_BUCKET,
+)
 
 
 class RunsInRuntime(Protocol):
@@ -50,8 +55,13 @@ async def reset_nats(url: str) -> None:
 async def running(
     service: Any, stop: Callable[[], Awaitable[None]] | None = None
 ) -> AsyncIterator[Any]:
-    """Run a service's runtime as a task until the block ends; waits until it is ready."""
+    """Run a service's runtime as a task until the block ends; waits until it is ready.
+
+    Shutdown is graceful and calls the service's own ``stop`` (as ``service.run()`` does)
+    unless another ``stop`` is given.
+    """
     runtime: ServiceRuntime = service.runtime
+    stop = stop or getattr(service, "stop", None)
     task = asyncio.create_task(runtime.run(service.start, stop, install_signals=False))
     await wait_for(lambda: runtime.health.ready or task.done(), timeout=20)
     if task.done():

@@ -10,10 +10,15 @@ import typer
 from rich.console import Console
 
 from fracpilot_cli.demo import DemoConfig, run_demo
+from fracpilot_cli.policy import policy_app
+from fracpilot_cli.replay import replay_command
 
 app = typer.Typer(
     help="fracpilot: an autopilot for fractional GPUs on Kubernetes.", no_args_is_help=True
 )
+
+app.add_typer(policy_app, name="policy")
+app.command("replay")(replay_command)
 
 
 @app.callback()

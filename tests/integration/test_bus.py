@@ -4,9 +4,12 @@ dead letters, and the telemetry endpoints of a running service."""
 from __future__ import annotations
 
 import asyncio
+import json
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 
+import nats
 import pytest
 from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry
@@ -122,3 +125,38 @@ async def test_service_serves_metrics_health_and_readiness(nats_url: str) -> Non
         service.runtime.health.set_ready(False, "draining")
         status, body = await asyncio.to_thread(http_get, f"{base}/readyz")
         assert (status, body.strip()) == (503, "draining")
+
+
+async def test_serve_answers_in_a_queue_group_and_survives_a_failing_handler(
+    nats_url: str,
+) -> None:
+    await reset_nats(nats_url)
+    bus = await connected_bus(nats_url)
+
+    async def handler(data: bytes, _headers: Mapping[str, str]) -> bytes:
+        if data == b"boom":
+            raise RuntimeError("handler broke")
+        return b"echo:" + data
+
+    await bus.serve("test.echo", "test-queue", handler)
+    nc = await nats.connect(nats_url)
+    assert (await nc.request("test.echo", b"one", timeout=5)).data == b"echo:one"
+    failed = json.loads((await nc.request("test.echo", b"boom", timeout=5)).data)
+    assert failed["ok"] is False
+    assert "handler broke" in failed["error"]
+    assert (await nc.request("test.echo", b"two", timeout=5)).data == b"echo:two"
+    await bus.stop_consuming()  # no longer served: the requester hears it at once
+    with pytest.raises(nats.errors.NoRespondersError):
+        await nc.request("test.echo", b"three", timeout=5)
+    await nc.close()
+    await bus.close()
+    assert (
+        counter(
+            bus.registry, "fracpilot_bus_requests_total", subject="test.echo", outcome="replied"
+        )
+        == 2
+    )
+    assert (
+        counter(bus.registry, "fracpilot_bus_requests_total", subject="test.echo", outcome="failed")
+        == 1
+    )

@@ -6,6 +6,8 @@ trace context in the headers, and runs durable pull consumers that decode each m
 wire model. A message that does not decode is dead-lettered with the reason and the raw
 payload and terminated; a handler that raises is retried with a delay, and dead-lettered once
 it has been delivered ``max_deliver`` times. Nothing is lost and the consumer keeps running.
+It also serves core-NATS request/reply subjects in a queue group (:meth:`Bus.serve`): a handler
+that raises gets an error reply, and the subscription keeps serving.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any, Literal, TypeVar
 import nats
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import (
@@ -36,7 +39,7 @@ from nats.js.api import (
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, Status, StatusCode
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import BaseModel, ValidationError
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
@@ -127,6 +130,12 @@ class BusMetrics:
             ["subject_prefix", "kind"],
             registry=registry,
         )
+        self.requests = Counter(
+            "fracpilot_bus_requests_total",
+            "Requests served, by outcome (replied, or failed: the handler raised)",
+            ["subject", "outcome"],
+            registry=registry,
+        )
         self.handle_seconds = Histogram(
             "fracpilot_bus_handle_seconds",
             "Time to handle one message",
@@ -175,6 +184,13 @@ class DecodeError(ValueError):
 
 
 Handler = Callable[[M, Msg], Awaitable[None]]
+RequestHandler = Callable[[bytes, Mapping[str, str]], Awaitable[bytes]]
+"""Serves one request: the raw payload and headers in, the raw reply out."""
+
+
+def error_reply(reason: str) -> bytes:
+    """The reply to a request whose handler failed: ``{"ok": false, "error": reason}``."""
+    return json.dumps({"ok": False, "error": reason}).encode()
 
 
 class Bus:
@@ -195,6 +211,7 @@ class Bus:
         self._nc: NatsClient | None = None
         self._js: JetStreamContext | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._subscriptions: list[Subscription] = []
         self._stopping = asyncio.Event()
 
     # --- connection -------------------------------------------------------------------------
@@ -247,6 +264,16 @@ class Bus:
             extra={"url": self.nc.connected_url.netloc if self.nc.connected_url else s.nats_url},
         )
 
+    async def _sync_with_server(self) -> None:
+        """Return once the server has processed every command sent so far (SUB, UNSUB).
+
+        nats-py's ``flush()`` writes its PING straight to the socket, possibly ahead of
+        commands still in its write buffer, so one PONG does not prove a SUB arrived; by the
+        second PING the buffer has been written.
+        """
+        await self.nc.flush(timeout=5)
+        await self.nc.flush(timeout=5)
+
     async def _on_error(self, exc: Exception) -> None:
         log.warning("NATS error", extra={"error": str(exc)})
 
@@ -256,12 +283,25 @@ class Bus:
     async def _on_reconnect(self) -> None:
         log.info("reconnected to NATS")
 
-    async def close(self) -> None:
-        """Stop the consumers (each finishes the message in hand), flush acks, close."""
+    async def stop_consuming(self) -> None:
+        """Stop serving requests and stop the consumers and watchers; each consumer finishes
+        the message in hand. The connection stays open (for a last publish or KV write)."""
         self._stopping.set()
+        if self._subscriptions:
+            for sub in self._subscriptions:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+            self._subscriptions.clear()
+            with contextlib.suppress(Exception):  # new requests now go to other replicas
+                await self._sync_with_server()
         for task in self._tasks:
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(task, timeout=10)
+        self._tasks.clear()
+
+    async def close(self) -> None:
+        """Stop the consumers (each finishes the message in hand), flush acks, close."""
+        await self.stop_consuming()
         # The consumer loops have finished their messages; flush their acks and close.
         # (nats-py's drain() waits out its timeout on pull subscriptions.)
         if self._nc is not None and not self._nc.is_closed:
@@ -298,19 +338,35 @@ class Bus:
                 KeyValueConfig(bucket=bucket, history=history, storage=StorageType.FILE)
             )
 
+    async def kv_values(self, bucket: str) -> dict[str, bytes]:
+        """Every current value of a KV bucket, read in one pass (deleted keys left out)."""
+        kv = await self.kv(bucket)
+        watcher = await kv.watchall(ignore_deletes=True)
+        values: dict[str, bytes] = {}
+        try:
+            while (entry := await watcher.updates(timeout=5)) is not None:  # type: ignore[no-untyped-call]
+                if entry.operation not in ("DEL", "PURGE") and entry.value:
+                    values[entry.key] = entry.value
+        finally:
+            with contextlib.suppress(Exception):
+                await watcher.stop()  # type: ignore[no-untyped-call]
+        return values
+
     async def watch_kv(
         self,
         bucket: str,
         model: type[M],
         on_update: Callable[[str, M | None], Awaitable[None]],
-    ) -> None:
+    ) -> asyncio.Event:
         """Follow a KV bucket in the background: every current value, then every change.
 
         A deleted key is reported as ``None``; a value that does not decode is dead-lettered.
+        The returned event is set once every value present at the start has been reported.
         """
         kv = await self.kv(bucket)
         watcher = await kv.watchall()
         subject = f"$KV.{bucket}"
+        initial_done = asyncio.Event()
 
         async def follow() -> None:
             while not self._stopping.is_set():
@@ -319,6 +375,7 @@ class Bus:
                 except NatsTimeoutError:
                     continue
                 if entry is None:  # end of the initial values
+                    initial_done.set()
                     continue
                 if entry.operation in ("DEL", "PURGE") or not entry.value:
                     await on_update(entry.key, None)
@@ -335,6 +392,7 @@ class Bus:
                 await watcher.stop()  # type: ignore[no-untyped-call]
 
         self._tasks.append(asyncio.create_task(follow(), name=f"watch-{bucket}"))
+        return initial_done
 
     # --- publishing -------------------------------------------------------------------------
 
@@ -389,6 +447,49 @@ class Bus:
             extra={"subject": subject, "kind": kind, "reason": reason[:500]},
         )
         await self.publish(subjects.deadletter_subject(self.service), record)
+
+    # --- request/reply ----------------------------------------------------------------------
+
+    async def serve(
+        self,
+        subject: str,
+        queue: str,
+        handler: RequestHandler,
+        on_error: Callable[[str], bytes] = error_reply,
+    ) -> None:
+        """Answer requests on a core-NATS subject in a queue group (replicas share them).
+
+        Each request runs in a server span joined to the caller's trace. A handler that raises
+        is logged and answered with ``on_error(reason)``; the subscription keeps serving.
+        """
+
+        async def on_request(msg: Msg) -> None:
+            headers = dict(msg.headers or {})
+            with self.tracer.start_as_current_span(
+                f"serve {subject}",
+                context=extract_trace(headers),
+                kind=SpanKind.SERVER,
+                attributes={"messaging.system": "nats", "messaging.destination": subject},
+            ) as span:
+                try:
+                    reply = await handler(msg.data, headers)
+                    outcome = "replied"
+                except Exception as exc:
+                    log.exception("request handler failed", extra={"subject": subject})
+                    span.record_exception(exc)
+                    span.set_status(Status(StatusCode.ERROR, "handler failed"))
+                    reply = on_error(f"internal error: {exc!r}"[:2000])
+                    outcome = "failed"
+                self.metrics.requests.labels(subject, outcome).inc()
+                if not msg.reply:
+                    return
+                try:
+                    await msg.respond(reply)
+                except Exception as exc:  # the requester is gone, or the connection is
+                    log.warning("could not reply", extra={"subject": subject, "error": str(exc)})
+
+        self._subscriptions.append(await self.nc.subscribe(subject, queue=queue, cb=on_request))
+        await self._sync_with_server()  # served from now on: requesters will not hear "none"
 
     # --- consuming --------------------------------------------------------------------------
 

@@ -130,6 +130,7 @@ class ReasonCode(StrEnum):
     OOM_SIGNAL = "oom_signal"
     CONTENTION_SIGNAL = "contention_signal"
     UNDERUSED = "underused"
+    POLICY_BOUNDS = "policy_bounds"
 
 
 class Mode(StrEnum):
@@ -234,46 +235,101 @@ class PolicyScope(WireModel):
 
 
 class Policy(WireModel):
-    """How the decision engine sizes a workload. Every default is documented here."""
+    """How the decision engine sizes a workload. Every default is documented here.
+
+    Sizing: compute need = the ``compute_percentile`` of a decaying compute histogram
+    (half-life ``compute_half_life_s``) divided by ``target_utilization``; memory need = the
+    memory peak over ``memory_window_s`` plus the larger of ``memory_margin`` (relative) and
+    ``memory_min_headroom`` (share of the device). The fraction is the larger need rounded up
+    to ``1/grid_steps`` and clamped to ``[min_fraction, max_fraction]``.
+    Hysteresis: upsize once the need has exceeded the fraction for
+    ``memory_upsize_confirmations`` (memory) or ``compute_upsize_confirmations`` (compute)
+    consecutive samples; downsize only after the need stayed a full step lower for
+    ``downsize_hold_s``, with at least ``min_history_s`` of history and not within
+    ``cooldown_s`` of the last change. An OOM or contention signal bumps the fraction by
+    ``signal_multiplier`` (at least one step) and holds it for ``signal_hold_s``.
+    """
 
     schema_version: Literal[1] = SCHEMA_VERSION
     scope: PolicyScope = PolicyScope()
-    revision: Annotated[int, Field(ge=0)] = 0
-    mode: Mode = Mode.AUTO
+    revision: Annotated[int, Field(ge=0)] = Field(
+        default=0, description="set by the policy store on every change"
+    )
+    mode: Mode = Field(
+        default=Mode.AUTO, description="recommend: publish decisions only; auto: also apply them"
+    )
     grid_steps: Annotated[int, Field(ge=1, le=100)] = Field(
         default=8, description="fractions are multiples of 1/grid_steps (default 1/8)"
     )
-    min_fraction: Fraction = Field(default=0.125, description="never size below this")
-    max_fraction: Fraction = Field(default=1.0, description="never size above this")
+    min_fraction: Fraction = Field(default=0.125, description="never size below this (on grid)")
+    max_fraction: Fraction = Field(default=1.0, description="never size above this (on grid)")
     compute_percentile: Annotated[float, Field(gt=0.0, le=100.0)] = Field(
-        default=98.0, description="percentile of compute over the window that sizes compute"
+        default=95.0, description="percentile of the compute histogram that sizes compute"
     )
     target_utilization: Annotated[float, Field(gt=0.05, le=1.0)] = Field(
-        default=0.75, description="compute percentile / fraction the sizing aims at (headroom)"
+        default=0.85, description="compute percentile / fraction the sizing aims at (headroom)"
     )
-    window_s: Annotated[float, Field(gt=0)] = Field(
-        default=6 * 3600.0, description="history window for percentiles and peaks, seconds"
+    compute_half_life_s: Annotated[float, Field(gt=0)] = Field(
+        default=6 * 3600.0, description="half-life of a compute sample's weight, seconds"
+    )
+    compute_upsize_confirmations: Annotated[int, Field(ge=1, le=20)] = Field(
+        default=2,
+        description="consecutive samples of compute above the fraction before an "
+        "upsize: shorter bursts are tolerated",
+    )
+    memory_window_s: Annotated[float, Field(gt=0)] = Field(
+        default=24 * 3600.0, description="window of the memory peak, seconds"
     )
     memory_margin: Annotated[float, Field(ge=0.0, le=4.0)] = Field(
-        default=0.15, description="added on top of the memory peak (0.15 = 15%)"
+        default=0.15, description="relative margin on the memory peak (0.15 = 15%)"
+    )
+    memory_min_headroom: Annotated[float, Field(ge=0.0, le=1.0)] = Field(
+        default=0.1, description="least headroom above the memory peak, share of the device"
+    )
+    memory_upsize_confirmations: Annotated[int, Field(ge=1, le=20)] = Field(
+        default=1, description="samples of memory above the fraction before an upsize"
     )
     downsize_hold_s: Annotated[float, Field(ge=0)] = Field(
-        default=2 * 3600.0, description="need must stay a full step below this long to downsize"
+        default=3600.0, description="the need must stay a full step lower this long to downsize"
     )
     cooldown_s: Annotated[float, Field(ge=0)] = Field(
         default=1800.0, description="no downsize within this long after any change"
     )
     min_history_s: Annotated[float, Field(ge=0)] = Field(
-        default=1800.0, description="a shorter history blocks downsizing"
+        default=3600.0, description="a shorter history blocks downsizing"
+    )
+    signal_multiplier: Annotated[float, Field(ge=1.0, le=8.0)] = Field(
+        default=1.5, description="an OOM or contention signal multiplies the fraction by this"
+    )
+    signal_hold_s: Annotated[float, Field(ge=0)] = Field(
+        default=6 * 3600.0, description="no downsize this long after an OOM or contention signal"
     )
 
     @model_validator(mode="after")
-    def _bounds_ordered(self) -> Policy:
+    def _bounds_valid(self) -> Policy:
         if self.min_fraction > self.max_fraction:
             raise ValueError(
                 f"min_fraction {self.min_fraction} is above max_fraction {self.max_fraction}"
             )
+        for name in ("min_fraction", "max_fraction"):
+            value = getattr(self, name)
+            steps = value * self.grid_steps
+            if abs(steps - round(steps)) > 1e-9:
+                raise ValueError(f"{name} {value} is not on the grid of 1/{self.grid_steps}")
         return self
+
+    @property
+    def step(self) -> float:
+        return 1.0 / self.grid_steps
+
+
+class PolicyReply(WireModel):
+    """The answer to a policy request: the effective policy, a list, or why it was refused."""
+
+    ok: bool
+    policy: Policy | None = None
+    policies: list[Policy] = Field(default_factory=list)
+    error: str | None = None
 
 
 class DeadLetter(WireModel):

@@ -1,14 +1,15 @@
 """The process shell every service runs in: telemetry, bus, signals and graceful shutdown.
 
 A service supplies a ``start`` coroutine (declare, subscribe, spawn loops) and optionally a
-``stop`` coroutine. On SIGTERM or SIGINT the runtime marks itself not ready, stops the service,
-lets the consumers finish the message in hand, drains the NATS connection and exits.
+``stop`` coroutine. On SIGTERM or SIGINT the runtime marks itself not ready, stops serving
+requests and lets the consumers finish the message in hand, then calls ``stop`` (the
+connection is still open, so it may publish or write a last checkpoint), flushes and closes
+the NATS connection and exits.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 from collections.abc import Awaitable, Callable
@@ -71,9 +72,12 @@ class ServiceRuntime:
         finally:
             self.health.set_ready(False, "shutting down")
             self._up.set(0)
+            await self.bus.stop_consuming()
             if stop is not None:
-                with contextlib.suppress(Exception):
+                try:
                     await stop()
+                except Exception:
+                    log.exception("the service's stop failed")
             await self.bus.close()
             await self.http.stop()
             self.tracer_provider.shutdown()

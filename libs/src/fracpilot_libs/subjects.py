@@ -16,6 +16,8 @@ ACTUATION_PREFIX = "fracpilot.actuation.v1"
 DEADLETTER_PREFIX = "fracpilot.deadletter.v1"
 POLICY_SET = "fracpilot.policy.v1.set"
 POLICY_GET = "fracpilot.policy.v1.get"
+POLICY_LIST = "fracpilot.policy.v1.list"
+POLICY_QUEUE = "decision-policy"  # queue group: decision replicas share the policy requests
 
 USAGE_STREAM = "FRACPILOT_USAGE"
 DECISION_STREAM = "FRACPILOT_DECISIONS"
@@ -25,9 +27,10 @@ DEADLETTER_STREAM = "FRACPILOT_DEADLETTERS"
 DECISION_CONSUMER = "decision-engine"
 ACTUATOR_CONSUMER = "actuator"
 
-POLICY_BUCKET = "fracpilot_policies"
+POLICY_BUCKET = "fracpilot_policies"  # PolicyScope.key -> Policy
 ALLOCATION_BUCKET = "fracpilot_allocations"  # workload key -> where it runs and its fraction
 ACTUATOR_STATE_BUCKET = "fracpilot_actuator"  # applied decision ids, simulated cluster
+DECISION_STATE_BUCKET = "fracpilot_decision_state"  # workload key -> engine checkpoint
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from datetime import UTC, datetime, timedelta, timezone
 
@@ -23,7 +24,9 @@ from fracpilot_libs.contracts import (
     PlanKind,
     Policy,
     PolicyLevel,
+    PolicyReply,
     PolicyScope,
+    ReasonCode,
     UsageSample,
     WorkloadRef,
 )
@@ -92,7 +95,21 @@ def test_decision_rejects_non_finite_fractions(field: str, bad: float) -> None:
 
 @pytest.mark.parametrize("bad", NON_FINITE)
 @pytest.mark.parametrize(
-    "field", ["target_utilization", "memory_margin", "window_s", "cooldown_s", "max_fraction"]
+    "field",
+    [
+        "target_utilization",
+        "compute_percentile",
+        "compute_half_life_s",
+        "memory_window_s",
+        "memory_margin",
+        "memory_min_headroom",
+        "downsize_hold_s",
+        "cooldown_s",
+        "min_history_s",
+        "signal_multiplier",
+        "signal_hold_s",
+        "max_fraction",
+    ],
 )
 def test_policy_rejects_non_finite_numbers(field: str, bad: float) -> None:
     with pytest.raises(ValidationError):
@@ -246,12 +263,72 @@ def test_policy_min_equal_to_max_is_accepted() -> None:
 def test_policy_defaults_are_the_documented_ones() -> None:
     p = Policy()
     assert p.grid_steps == 8
+    assert p.step == 0.125
     assert (p.min_fraction, p.max_fraction) == (0.125, 1.0)
-    assert p.compute_percentile == 98.0
-    assert p.target_utilization == 0.75
+    assert p.compute_percentile == 95.0
+    assert p.target_utilization == 0.85
+    assert p.compute_half_life_s == 6 * 3600
+    assert p.compute_upsize_confirmations == 2
+    assert p.memory_window_s == 24 * 3600
     assert p.memory_margin == 0.15
+    assert p.memory_min_headroom == 0.1
+    assert p.memory_upsize_confirmations == 1
+    assert p.downsize_hold_s == 3600
+    assert p.cooldown_s == 1800
+    assert p.min_history_s == 3600
+    assert p.signal_multiplier == 1.5
+    assert p.signal_hold_s == 6 * 3600
     assert p.scope.level is PolicyLevel.CLUSTER
     assert p.mode is Mode.AUTO
+    assert p.revision == 0
+
+
+def test_policy_fields_are_all_documented() -> None:
+    for name, field in Policy.model_fields.items():
+        if name not in ("schema_version", "scope"):
+            assert field.description, name
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"min_fraction": 0.2}, "min_fraction 0.2 is not on the grid of 1/8"),
+        ({"max_fraction": 0.9}, "max_fraction 0.9 is not on the grid of 1/8"),
+        ({"min_fraction": 0.1, "max_fraction": 0.5}, "min_fraction 0.1 is not on the grid"),
+        ({"grid_steps": 4, "min_fraction": 0.25, "max_fraction": 0.875}, "max_fraction 0.875"),
+        # The default min_fraction 1/8 is on a grid of 1/8 only: a new grid needs a new min.
+        ({"grid_steps": 10}, "min_fraction 0.125 is not on the grid of 1/10"),
+        ({"grid_steps": 3, "min_fraction": 0.5}, "min_fraction 0.5 is not on the grid of 1/3"),
+    ],
+)
+def test_policy_bounds_off_the_grid_are_rejected(overrides: dict[str, float], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        Policy(**overrides)
+    body = json.loads(Policy().model_dump_json())
+    body.update(overrides)
+    with pytest.raises(ValidationError, match="not on the grid"):
+        Policy.model_validate_json(json.dumps(body))
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), steps=st.integers(1, 100))
+def test_policy_bounds_on_any_grid_are_accepted(data: st.DataObject, steps: int) -> None:
+    lo = data.draw(st.integers(1, steps))
+    hi = data.draw(st.integers(lo, steps))
+    p = Policy(grid_steps=steps, min_fraction=lo / steps, max_fraction=hi / steps)
+    assert p.step == 1 / steps
+    assert Policy.model_validate_json(p.to_json()) == p
+
+
+def test_policy_bounds_tolerate_float_noise() -> None:
+    p = Policy(grid_steps=10, min_fraction=0.1 + 0.2, max_fraction=0.7)  # 0.30000000000000004
+    assert p.min_fraction == pytest.approx(0.3)
+
+
+def test_policy_bounds_is_a_reason() -> None:
+    assert ReasonCode.POLICY_BOUNDS.value == "policy_bounds"
+    d = decision(current=1.0, new=0.5, reason=ReasonCode.POLICY_BOUNDS)
+    assert FractionDecision.model_validate_json(d.to_json()).reason is ReasonCode.POLICY_BOUNDS
 
 
 @pytest.mark.parametrize(
@@ -263,10 +340,24 @@ def test_policy_defaults_are_the_documented_ones() -> None:
         {"target_utilization": 1.01},
         {"compute_percentile": 0.0},
         {"compute_percentile": 100.5},
-        {"window_s": 0.0},
+        {"compute_half_life_s": 0.0},
+        {"compute_upsize_confirmations": 0},
+        {"compute_upsize_confirmations": 21},
+        {"memory_window_s": 0.0},
         {"memory_margin": -0.1},
+        {"memory_margin": 4.5},
+        {"memory_min_headroom": -0.01},
+        {"memory_min_headroom": 1.5},
+        {"memory_upsize_confirmations": 0},
+        {"downsize_hold_s": -1.0},
         {"cooldown_s": -1.0},
+        {"min_history_s": -1.0},
+        {"signal_multiplier": 0.9},
+        {"signal_multiplier": 8.5},
+        {"signal_hold_s": -1.0},
         {"min_fraction": 0.0},
+        {"max_fraction": 1.125},
+        {"window_s": 3600.0},  # the old name is an unknown field now
     ],
 )
 def test_policy_out_of_range_settings_are_rejected(overrides: dict[str, float]) -> None:
@@ -327,6 +418,22 @@ ROUND_TRIP_MODELS: list[BaseModel] = [
         min_fraction=0.1,
         max_fraction=0.9,
     ),
+    PolicyReply(ok=True, policy=Policy(revision=3, mode=Mode.RECOMMEND)),
+    PolicyReply(
+        ok=True,
+        policies=[
+            Policy(),
+            Policy(
+                scope=PolicyScope(level=PolicyLevel.WORKLOAD, namespace="ns", workload="w"),
+                grid_steps=4,
+                min_fraction=0.25,
+                max_fraction=0.75,
+                compute_upsize_confirmations=3,
+                signal_hold_s=0.0,
+            ),
+        ],
+    ),
+    PolicyReply(ok=False, error="min_fraction 0.2 is not on the grid of 1/8"),
     DeadLetter(
         service="decision",
         subject="fracpilot.usage.x",
@@ -359,6 +466,7 @@ def test_round_trip_covers_every_wire_model() -> None:
         ActuationResult,
         PolicyScope,
         Policy,
+        PolicyReply,
         DeadLetter,
         Allocation,
     }
@@ -376,3 +484,49 @@ def test_usage_sample_round_trip_property(
 ) -> None:
     s = sample(compute=compute, memory_share=memory_share, allocated=allocated, minute=minute)
     assert UsageSample.model_validate_json(s.to_json()) == s
+
+
+def test_policy_reply_defaults_and_strictness() -> None:
+    reply = PolicyReply(ok=True)
+    assert (reply.policy, reply.policies, reply.error) == (None, [], None)
+    with pytest.raises(ValidationError):
+        PolicyReply(ok=True, surprise=1)  # type: ignore[call-arg]
+    with pytest.raises(ValidationError):
+        PolicyReply.model_validate_json(b'{"policy": null}')  # ok is required
+
+
+def test_policy_reply_rejects_an_invalid_policy_inside() -> None:
+    body = json.loads(PolicyReply(ok=True, policy=Policy()).to_json())
+    body["policy"]["min_fraction"] = 0.2
+    with pytest.raises(ValidationError, match="not on the grid"):
+        PolicyReply.model_validate_json(json.dumps(body))
+    body = json.loads(PolicyReply(ok=True, policies=[Policy()]).to_json())
+    body["policies"][0]["target_utilization"] = 2.0
+    with pytest.raises(ValidationError):
+        PolicyReply.model_validate_json(json.dumps(body))
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    steps=st.sampled_from([1, 2, 4, 8, 10, 16, 100]),
+    revision=st.integers(0, 10**6),
+    confirmations=st.integers(1, 20),
+    hold=st.floats(0.0, 1e7),
+    error=st.none() | st.text(max_size=50),
+)
+def test_policy_reply_round_trip_property(
+    steps: int, revision: int, confirmations: int, hold: float, error: str | None
+) -> None:
+    policy = Policy(
+        revision=revision,
+        grid_steps=steps,
+        min_fraction=1 / steps,
+        max_fraction=1.0,
+        compute_upsize_confirmations=confirmations,
+        signal_hold_s=hold,
+    )
+    reply = PolicyReply(ok=error is None, policy=policy, policies=[policy, Policy()], error=error)
+    raw = reply.to_json()
+    back = PolicyReply.model_validate_json(raw)
+    assert back == reply
+    assert back.to_json() == raw

@@ -1,18 +1,27 @@
-"""The decision engine: pure functions from usage history and a policy to a fraction decision.
+"""The decision engine: pure functions from a workload's usage history and a policy to a decision.
 
-No I/O and no clock: time is the sample's timestamp. The same code runs in the service, in
-replay and in the tests. This is the walking skeleton's first policy: a percentile of compute
-over the window divided by the target utilization, the memory peak plus a margin, the larger
-of the two rounded up to the grid; upsize at once, downsize only after the need stayed a full
-step lower for the hold, and never within the cooldown after a change.
+No I/O and no clock: time is the sample's timestamp, so the same code runs in the service, in
+``fracpilot replay`` and in the tests. See :class:`fracpilot_libs.contracts.Policy` for the
+rules; in short, memory first (an overrun is an out-of-memory error), compute second (an
+overrun is contention), upsize fast, downsize slowly, and every decision says why.
+
+History per workload is bounded: compute lives in a decaying histogram of 1% buckets (as the
+VPA recommender keeps CPU), memory in per-slot peaks over the memory window, plus the last few
+samples for upsize confirmation. :func:`dump_state` and :func:`load_state` checkpoint it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
-from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from array import array
+from bisect import bisect_left
+from dataclasses import dataclass, field
+from itertools import accumulate
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fracpilot_libs.contracts import (
     MIB,
@@ -23,72 +32,151 @@ from fracpilot_libs.contracts import (
     UsageSample,
 )
 
+BUCKETS = 101  # compute histogram: bucket i holds samples in ((i-1)%, i%]
+MEMORY_SLOTS = 24  # the memory window is kept as this many per-slot peaks
+_MAX_EXPONENT = 40.0  # rescale decaying weights before they grow past 2**40
+_EPS = 1e-9
+
+
+def _empty_histogram() -> array[float]:
+    return array("d", bytes(8 * BUCKETS))
+
 
 @dataclass(frozen=True, slots=True)
-class Point:
-    at: datetime
-    compute: float
-    memory_share: float
+class WorkloadState:
+    """What the engine remembers of one workload. Times are unix seconds."""
 
-
-@dataclass(frozen=True, slots=True)
-class WorkloadHistory:
-    """What the engine remembers of one workload, bounded by the policy window."""
-
-    points: tuple[Point, ...] = ()
+    compute_weights: array[float] = field(default_factory=_empty_histogram)
+    compute_total: float = 0.0
+    compute_ref: float = 0.0  # reference time of the decaying weights
+    memory_peaks: tuple[tuple[float, float], ...] = ()  # (slot start, peak), oldest first
+    recent_compute: tuple[float, ...] = ()  # the last few compute samples, newest last
+    memory_over: int = 0  # consecutive samples with memory need above the fraction
+    first_seen: float | None = None
+    samples: int = 0
     current_fraction: float | None = None  # as last observed or decided
     decided_fraction: float | None = None  # the last fraction this engine asked for
-    decided_at: datetime | None = None
-    last_change_at: datetime | None = None
-    below_since: datetime | None = None  # when the need first fell a full step below
+    decided_at: float | None = None
+    last_change_at: float | None = None
+    below_since: float | None = None  # when the need first fell a full step below
+    hold_until: float | None = None  # no downsize before this (after a signal)
 
 
 @dataclass(frozen=True, slots=True)
 class Need:
-    compute_percentile: float
-    compute_need: float
-    memory_peak: float
-    memory_need: float
-    fraction: float  # on the grid, clamped
+    """The numbers behind a decision."""
+
+    compute_percentile: float  # the policy percentile of compute, share of a GPU
+    compute_need: float  # percentile / target utilization
+    recent_compute: float  # the lowest of the last confirmation samples
+    recent_need: float  # that / target utilization
+    memory_peak: float  # share of the device over the memory window
+    memory_need: float  # peak plus headroom
+    fraction: float  # the larger need on the grid, clamped
 
     @property
     def driver(self) -> ReasonCode:
-        return (
-            ReasonCode.MEMORY_HIGH
-            if self.memory_need >= self.compute_need
-            else ReasonCode.COMPUTE_HIGH
-        )
-
-
-def percentile(values: list[float], pct: float) -> float:
-    """Nearest-rank percentile (pct in 0..100) of a non-empty list."""
-    ordered = sorted(values)
-    rank = max(1, math.ceil(pct / 100.0 * len(ordered)))
-    return ordered[rank - 1]
+        if self.memory_need >= max(self.compute_need, self.recent_need):
+            return ReasonCode.MEMORY_HIGH
+        return ReasonCode.COMPUTE_HIGH
 
 
 def round_up_to_grid(value: float, steps: int) -> float:
-    # A small tolerance keeps 0.375000001 (float noise) on 0.375 instead of 0.5.
-    return math.ceil(value * steps - 1e-9) / steps
+    # The tolerance keeps 0.375000001 (float noise) on 0.375 instead of 0.5.
+    return math.ceil(value * steps - _EPS) / steps
 
 
-def compute_need(points: tuple[Point, ...], policy: Policy) -> Need:
-    compute_p = percentile([p.compute for p in points], policy.compute_percentile)
-    memory_peak = max(p.memory_share for p in points)
-    c_need = compute_p / policy.target_utilization
-    m_need = memory_peak * (1.0 + policy.memory_margin)
-    on_grid = round_up_to_grid(max(c_need, m_need), policy.grid_steps)
-    fraction = min(policy.max_fraction, max(policy.min_fraction, on_grid))
-    return Need(compute_p, c_need, memory_peak, m_need, fraction)
+def clamp_to_policy(value: float, policy: Policy) -> float:
+    on_grid = round_up_to_grid(value, policy.grid_steps)
+    return min(policy.max_fraction, max(policy.min_fraction, on_grid))
 
 
-def observe(history: WorkloadHistory, sample: UsageSample, policy: Policy) -> WorkloadHistory:
-    """Add a sample and forget what fell out of the window."""
-    horizon = sample.timestamp - timedelta(seconds=policy.window_s)
-    kept = tuple(p for p in history.points if p.at > horizon)
-    point = Point(sample.timestamp, sample.compute, sample.memory_share)
-    current = sample.allocated_fraction or history.current_fraction or policy.max_fraction
-    return replace(history, points=(*kept, point), current_fraction=current)
+def bucket_of(compute: float) -> int:
+    """The histogram bucket whose upper edge is the smallest whole percent >= compute."""
+    return min(BUCKETS - 1, max(0, math.ceil(compute * 100 - _EPS)))
+
+
+def histogram_percentile(weights: array[float], total: float, pct: float) -> float:
+    """The upper edge of the bucket holding the pct-th percentile (0 for an empty histogram)."""
+    if total <= 0:
+        return 0.0
+    index = bisect_left(list(accumulate(weights)), total * pct / 100.0 - total * _EPS)
+    return min(index, BUCKETS - 1) / 100.0
+
+
+def memory_need_of(peak: float, policy: Policy) -> float:
+    return peak + max(peak * policy.memory_margin, policy.memory_min_headroom)
+
+
+def observe(state: WorkloadState, sample: UsageSample, policy: Policy, now: float) -> WorkloadState:
+    """Add a sample to the history: decayed compute weight, memory slot peak, recent samples."""
+    weights = array("d", state.compute_weights)
+    ref, total = state.compute_ref, state.compute_total
+    if state.samples == 0:
+        ref = now
+    exponent = (now - ref) / policy.compute_half_life_s
+    if exponent > _MAX_EXPONENT:  # rescale so the weights stay in range
+        scale = 2.0**-exponent
+        weights = array("d", (w * scale for w in weights))
+        total *= scale
+        ref, exponent = now, 0.0
+    weight = 2.0**exponent
+    weights[bucket_of(sample.compute)] += weight
+    total += weight
+
+    # Memory peaks per slot, keyed by the slot's start time so that a change of window
+    # keeps its meaning; a late sample folds into the newest slot, so the history stays
+    # bounded whatever order samples arrive in.
+    slot_len = policy.memory_window_s / MEMORY_SLOTS
+    share = sample.memory_share
+    peaks = state.memory_peaks
+    if peaks and now < peaks[-1][0] + slot_len:
+        if share > peaks[-1][1]:
+            peaks = (*peaks[:-1], (peaks[-1][0], share))
+    else:
+        horizon = now - policy.memory_window_s
+        peaks = (*(p for p in peaks if p[0] + slot_len > horizon), (now, share))
+
+    keep = policy.compute_upsize_confirmations
+    recent = (*state.recent_compute, sample.compute)[-keep:]
+    current = sample.allocated_fraction or state.current_fraction or policy.max_fraction
+    return WorkloadState(
+        compute_weights=weights,
+        compute_total=total,
+        compute_ref=ref,
+        memory_peaks=peaks,
+        recent_compute=recent,
+        memory_over=state.memory_over,
+        first_seen=state.first_seen if state.first_seen is not None else now,
+        samples=state.samples + 1,
+        current_fraction=current,
+        decided_fraction=state.decided_fraction,
+        decided_at=state.decided_at,
+        last_change_at=state.last_change_at,
+        below_since=state.below_since,
+        hold_until=state.hold_until,
+    )
+
+
+def need_of(state: WorkloadState, policy: Policy) -> Need:
+    tu = policy.target_utilization
+    pct = histogram_percentile(
+        state.compute_weights, state.compute_total, policy.compute_percentile
+    )
+    full = len(state.recent_compute) >= policy.compute_upsize_confirmations
+    recent = min(state.recent_compute) if full and state.recent_compute else 0.0
+    peak = max((p[1] for p in state.memory_peaks), default=0.0)
+    m_need = memory_need_of(peak, policy)
+    fraction = clamp_to_policy(max(pct / tu, recent / tu, m_need), policy)
+    return Need(pct, pct / tu, recent, recent / tu, peak, m_need, fraction)
+
+
+_FIELDS = WorkloadState.__slots__
+
+
+def _evolve(state: WorkloadState, **changes: Any) -> WorkloadState:
+    """``dataclasses.replace`` without its generic overhead (this is the hot path)."""
+    return WorkloadState(*[changes[f] if f in changes else getattr(state, f) for f in _FIELDS])
 
 
 def decision_id(sample: UsageSample, new_fraction: float) -> str:
@@ -98,87 +186,151 @@ def decision_id(sample: UsageSample, new_fraction: float) -> str:
 
 
 def decide(
-    history: WorkloadHistory, sample: UsageSample, policy: Policy
-) -> tuple[WorkloadHistory, FractionDecision | None]:
+    state: WorkloadState, sample: UsageSample, policy: Policy
+) -> tuple[WorkloadState, FractionDecision | None]:
     """Observe the sample, then decide whether the workload's fraction should change."""
-    now = sample.timestamp
-    history = observe(history, sample, policy)
-    need = compute_need(history.points, policy)
-    current = history.current_fraction or policy.max_fraction
+    now = sample.timestamp.timestamp()
+    state = observe(state, sample, policy, now)
+    current = state.current_fraction or policy.max_fraction
+    signals = sample.signals
+    if signals is not None and (signals.oom_event or signals.contention_event):
+        return _on_signal(state, sample, policy, now, current)
+
+    need = need_of(state, policy)
+    memory_over = state.memory_over + 1 if need.memory_need > current + _EPS else 0
     target = need.fraction
-    step = 1.0 / policy.grid_steps
-
-    if target > current:
-        direction = Direction.UP
-        history = replace(history, below_since=None)
-    elif target <= current - step + 1e-9:
-        below_since = history.below_since or now
-        history = replace(history, below_since=below_since)
-        if not _may_downsize(history, policy, now, below_since):
-            return history, None
-        direction = Direction.DOWN
+    if not policy.min_fraction - _EPS <= current <= policy.max_fraction + _EPS:
+        rule = (
+            f"policy bounds: {current:g} is outside [{policy.min_fraction:g}, "
+            f"{policy.max_fraction:g}]"
+        )
+        direction = Direction.UP if target > current else Direction.DOWN
+        reason = ReasonCode.POLICY_BOUNDS
+        state = _evolve(state, memory_over=memory_over)
+    elif target > current + _EPS:
+        memory_confirmed = memory_over >= policy.memory_upsize_confirmations
+        compute_confirmed = max(need.compute_need, need.recent_need) > current + _EPS
+        if not (memory_confirmed or compute_confirmed):
+            return _evolve(state, memory_over=memory_over, below_since=None), None
+        if memory_confirmed:
+            rule = "upsize at once: memory need exceeds the fraction"
+        elif need.recent_need > current + _EPS:
+            rule = (
+                f"upsize: compute exceeded what the fraction holds for "
+                f"{policy.compute_upsize_confirmations} samples in a row"
+            )
+        else:
+            rule = "upsize: the compute percentile need exceeds the fraction"
+        direction, reason = Direction.UP, need.driver
+        state = _evolve(state, memory_over=memory_over, below_since=None)
+    elif target <= current - policy.step + _EPS:
+        below_since = state.below_since if state.below_since is not None else now
+        state = _evolve(state, memory_over=memory_over, below_since=below_since)
+        if not _may_downsize(state, policy, now, below_since):
+            return state, None
+        rule = (
+            f"downsize: need stayed a full step below for "
+            f"{(now - below_since) / 3600:.1f} h (hold {policy.downsize_hold_s / 3600:g} h)"
+        )
+        direction, reason = Direction.DOWN, ReasonCode.UNDERUSED
     else:
-        return replace(history, below_since=None), None
+        return _evolve(state, memory_over=memory_over, below_since=None), None
 
-    # The actuator may lag: do not repeat the same request until a cooldown has passed.
-    if (
-        history.decided_fraction == target
-        and history.decided_at is not None
-        and (now - history.decided_at).total_seconds() < policy.cooldown_s
-    ):
-        return history, None
+    if _repeats_pending_request(state, target, now, policy):
+        return state, None
+    decision = _make_decision(
+        sample,
+        policy,
+        current,
+        target,
+        direction,
+        reason,
+        f"{rule}. {_numbers(need, policy, current, target)}",
+    )
+    return _after_change(state, target, now), decision
 
-    decision = _make_decision(sample, policy, need, current, target, direction)
-    history = replace(
-        history,
+
+def _on_signal(
+    state: WorkloadState, sample: UsageSample, policy: Policy, now: float, current: float
+) -> tuple[WorkloadState, FractionDecision | None]:
+    signals = sample.signals
+    assert signals is not None
+    kind = ReasonCode.OOM_SIGNAL if signals.oom_event else ReasonCode.CONTENTION_SIGNAL
+    bump = max(current * policy.signal_multiplier, current + policy.step)
+    need = need_of(state, policy)
+    target = clamp_to_policy(max(bump, need.fraction), policy)
+    state = _evolve(state, hold_until=now + policy.signal_hold_s, below_since=None)
+    if target <= current + _EPS or _repeats_pending_request(state, target, now, policy):
+        return state, None
+    event = "out-of-memory" if kind is ReasonCode.OOM_SIGNAL else "contention"
+    explanation = (
+        f"upsize at once on an {event} event: {current:g} x {policy.signal_multiplier:g} "
+        f"or one step of 1/{policy.grid_steps}, whichever is larger, and at least the need "
+        f"({need.fraction:g}) = {target:g}; held for {policy.signal_hold_s / 3600:g} h before "
+        f"any downsize. {_numbers(need, policy, current, target)}"
+    )
+    decision = _make_decision(sample, policy, current, target, Direction.UP, kind, explanation)
+    return _after_change(state, target, now), decision
+
+
+def _after_change(state: WorkloadState, target: float, now: float) -> WorkloadState:
+    return _evolve(
+        state,
         decided_fraction=target,
         decided_at=now,
         last_change_at=now,
         current_fraction=target,
         below_since=None,
+        memory_over=0,
     )
-    return history, decision
 
 
-def _may_downsize(
-    history: WorkloadHistory, policy: Policy, now: datetime, below_since: datetime
+def _repeats_pending_request(
+    state: WorkloadState, target: float, now: float, policy: Policy
 ) -> bool:
-    span = (now - history.points[0].at).total_seconds()
-    if span < policy.min_history_s:
+    """The actuator may lag: do not repeat the same request within the cooldown."""
+    return (
+        state.decided_fraction == target
+        and state.decided_at is not None
+        and now - state.decided_at < policy.cooldown_s
+    )
+
+
+def _may_downsize(state: WorkloadState, policy: Policy, now: float, below_since: float) -> bool:
+    if state.first_seen is None or now - state.first_seen < policy.min_history_s:
         return False
-    if (now - below_since).total_seconds() < policy.downsize_hold_s:
+    if now - below_since < policy.downsize_hold_s:
         return False
-    return not (
-        history.last_change_at is not None
-        and (now - history.last_change_at).total_seconds() < policy.cooldown_s
+    if state.hold_until is not None and now < state.hold_until:
+        return False
+    return not (state.last_change_at is not None and now - state.last_change_at < policy.cooldown_s)
+
+
+def _numbers(need: Need, policy: Policy, current: float, target: float) -> str:
+    return (
+        f"compute p{policy.compute_percentile:g} (half-life "
+        f"{policy.compute_half_life_s / 3600:g} h) = {need.compute_percentile:.2f} GPU / target "
+        f"utilization {policy.target_utilization:g} = {need.compute_need:.3f}; last "
+        f"{policy.compute_upsize_confirmations} samples >= {need.recent_compute:.2f} -> "
+        f"{need.recent_need:.3f}; memory peak over {policy.memory_window_s / 3600:g} h = "
+        f"{need.memory_peak:.3f} of the device + max({policy.memory_margin:g} x peak, "
+        f"{policy.memory_min_headroom:g}) = {need.memory_need:.3f}; the larger need rounded up "
+        f"to 1/{policy.grid_steps} within [{policy.min_fraction:g}, {policy.max_fraction:g}] "
+        f"= {target:g} (was {current:g}); expected utilization after the change: compute "
+        f"{need.compute_percentile / target:.0%}, memory {need.memory_peak / target:.0%} of "
+        f"the fraction."
     )
 
 
 def _make_decision(
     sample: UsageSample,
     policy: Policy,
-    need: Need,
     current: float,
     target: float,
     direction: Direction,
+    reason: ReasonCode,
+    explanation: str,
 ) -> FractionDecision:
-    reason = need.driver if direction is Direction.UP else ReasonCode.UNDERUSED
-    window_h = policy.window_s / 3600
-    rule = (
-        "upsize at once: need exceeds the current fraction"
-        if direction is Direction.UP
-        else f"downsize: need stayed a full step below for {policy.downsize_hold_s / 3600:g} h"
-    )
-    explanation = (
-        f"{rule}. compute p{policy.compute_percentile:g} over {window_h:g} h = "
-        f"{need.compute_percentile:.3f} GPU / target utilization {policy.target_utilization:g} "
-        f"= {need.compute_need:.3f}; memory peak {need.memory_peak:.3f} x "
-        f"(1 + {policy.memory_margin:g}) = {need.memory_need:.3f}; larger need rounded up to "
-        f"1/{policy.grid_steps} and clamped to [{policy.min_fraction:g}, {policy.max_fraction:g}]"
-        f" = {target:g} (was {current:g}); expected compute utilization "
-        f"{need.compute_percentile / target:.0%} of the fraction, memory "
-        f"{need.memory_peak / target:.0%}."
-    )
     total = sample.memory_total_bytes
     return FractionDecision(
         decision_id=decision_id(sample, target),
@@ -193,8 +345,62 @@ def _make_decision(
         new_memory_mib=int(target * total) // MIB,
         direction=direction,
         reason=reason,
-        explanation=explanation,
+        explanation=explanation[:4000],
         policy_revision=policy.revision,
         mode=policy.mode,
         trigger_sample_id=sample.sample_id,
     )
+
+
+# --- checkpoints --------------------------------------------------------------------------
+
+_STATE_VERSION = 1
+
+
+def dump_state(state: WorkloadState) -> bytes:
+    """A compact JSON checkpoint of one workload's state (well under 4 KiB)."""
+    body = {name: getattr(state, name) for name in WorkloadState.__slots__}
+    # Exact floats (a rounded weight no longer sums to compute_total), trailing empties dropped.
+    weights = list(state.compute_weights)
+    while weights and weights[-1] == 0.0:
+        weights.pop()
+    body["compute_weights"] = weights
+    body["v"] = _STATE_VERSION
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+class _Checkpoint(BaseModel):
+    """The checkpoint's shape, checked on load: a field missing or of the wrong type fails."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    v: Literal[1]
+    compute_weights: list[float] = Field(max_length=BUCKETS)
+    compute_total: float = Field(ge=0)
+    compute_ref: float
+    memory_peaks: list[tuple[float, float]] = Field(max_length=4 * MEMORY_SLOTS)
+    recent_compute: list[float] = Field(max_length=20)
+    memory_over: int = Field(ge=0)
+    first_seen: float | None
+    samples: int = Field(ge=0)
+    current_fraction: float | None
+    decided_fraction: float | None
+    decided_at: float | None
+    last_change_at: float | None
+    below_since: float | None
+    hold_until: float | None
+
+
+def load_state(data: bytes) -> WorkloadState:
+    """Restore a checkpoint written by :func:`dump_state`; raises ValueError if it is not one."""
+    try:
+        body = _Checkpoint.model_validate_json(data).model_dump()
+    except ValidationError as exc:
+        raise ValueError(f"not a decision-engine checkpoint: {exc}") from exc
+    del body["v"]
+    weights = _empty_histogram()
+    for i, w in enumerate(body.pop("compute_weights")):
+        weights[i] = w
+    body["memory_peaks"] = tuple(tuple(p) for p in body["memory_peaks"])
+    body["recent_compute"] = tuple(body["recent_compute"])
+    return WorkloadState(compute_weights=weights, **body)

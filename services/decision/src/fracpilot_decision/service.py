@@ -3,24 +3,30 @@
 It consumes usage samples with a durable consumer, keeps each workload's history in memory,
 publishes a decision when the engine asks for a change, and only then acknowledges the sample,
 so a crash loses no sample; decision ids are deterministic, so a redelivered sample cannot
-cause a second, different action. The cluster-default policy is read from the policy KV
-bucket, falling back to the documented defaults.
+cause a second, different action.
+
+Each sample is decided with the effective policy for its workload (see
+:mod:`fracpilot_decision.policy_store`), followed live from the policy KV bucket; the service
+also answers the policy set/get/list requests. Workload states are checkpointed to KV and
+restored on start (see :mod:`fracpilot_decision.checkpoints`).
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
 
 from nats.aio.msg import Msg
 from opentelemetry.sdk.trace import SpanProcessor
 from prometheus_client import Counter, Gauge
-from pydantic import Field, ValidationError
+from pydantic import Field
 
-from fracpilot_decision.engine import WorkloadHistory, decide
+from fracpilot_decision.checkpoints import Checkpointer
+from fracpilot_decision.engine import WorkloadState, decide
+from fracpilot_decision.policy_store import LivePolicies, PolicyStore
 from fracpilot_libs import subjects
 from fracpilot_libs.config import ServiceSettings
-from fracpilot_libs.contracts import Policy, PolicyScope, UsageSample
+from fracpilot_libs.contracts import Policy, PolicyLevel, UsageSample
 from fracpilot_libs.runtime import ServiceRuntime
 
 log = logging.getLogger(__name__)
@@ -29,17 +35,34 @@ SERVICE = "decision"
 
 class DecisionSettings(ServiceSettings):
     policy_json: str | None = Field(
-        default=None, description="cluster-default policy as JSON, used when the KV has none"
+        default=None,
+        description="cluster-default policy as JSON, used when the policy bucket has no "
+        "cluster policy",
     )
+    checkpoint_interval_s: float = Field(
+        default=5.0, gt=0, description="how often changed workload states are checkpointed"
+    )
+
+
+def cluster_default(settings: DecisionSettings) -> Policy:
+    """The policy behind every stored one: FRACPILOT_POLICY_JSON, else the built-in defaults."""
+    if not settings.policy_json:
+        return Policy()
+    policy = Policy.model_validate_json(settings.policy_json)
+    if policy.scope.level is not PolicyLevel.CLUSTER:
+        raise ValueError("FRACPILOT_POLICY_JSON must be a cluster-scope policy")
+    return policy
 
 
 class DecisionService:
     def __init__(self, settings: DecisionSettings, span_processor: SpanProcessor | None = None):
         self.settings = settings
         self.runtime = ServiceRuntime(SERVICE, settings, span_processor)
-        self.histories: dict[str, WorkloadHistory] = {}
-        self.policy = Policy()
+        self.histories: dict[str, WorkloadState] = {}  # by subjects.kv_key(workload)
+        self.policies = LivePolicies(cluster_default(settings))
+        self.store: PolicyStore | None = None
         reg = self.runtime.registry
+        self.checkpoints = Checkpointer(self.runtime.bus, reg, settings.checkpoint_interval_s)
         self.samples = Counter(
             "fracpilot_decision_samples_total", "Samples decided on", registry=reg
         )
@@ -54,8 +77,19 @@ class DecisionService:
         )
 
     async def start(self) -> None:
-        self.policy = await self._load_policy()
-        await self.runtime.bus.consume(
+        bus = self.runtime.bus
+        # History and policies first, so the first sample is decided as before the restart.
+        self.histories.update(await self.checkpoints.restore())
+        self.workloads.set(len(self.histories))
+        self.checkpoints.start(self.histories)
+        policies_loaded = await bus.watch_kv(subjects.POLICY_BUCKET, Policy, self._on_policy_change)
+        try:
+            await asyncio.wait_for(policies_loaded.wait(), timeout=30)
+        except TimeoutError:
+            log.warning("stored policies not all loaded in time, starting anyway")
+        self.store = await PolicyStore.open(bus, self.policies.default, self.policies.apply)
+        await self.store.serve()
+        await bus.consume(
             stream=subjects.USAGE_STREAM,
             durable=subjects.DECISION_CONSUMER,
             filter_subject=f"{subjects.USAGE_PREFIX}.>",
@@ -63,23 +97,21 @@ class DecisionService:
             handler=self.on_sample,
         )
 
-    async def _load_policy(self) -> Policy:
-        if self.settings.policy_json:
-            return Policy.model_validate_json(self.settings.policy_json)
-        kv = await self.runtime.bus.kv(subjects.POLICY_BUCKET)
-        try:
-            entry = await kv.get(PolicyScope().key)
-        except Exception:  # no cluster policy stored yet
-            return Policy()
-        try:
-            return Policy.model_validate_json(entry.value or b"")
-        except (ValidationError, json.JSONDecodeError) as exc:
-            log.error("stored cluster policy is invalid, using defaults", extra={"error": str(exc)})
-            return Policy()
+    async def stop(self) -> None:
+        """Called after the consumers stopped: write the last checkpoint."""
+        await self.checkpoints.stop(self.histories)
+
+    async def _on_policy_change(self, key: str, policy: Policy | None) -> None:
+        self.policies.apply(key, policy)
+        log.info(
+            "policy changed" if policy is not None else "policy removed",
+            extra={"scope": key, "revision": policy.revision if policy else None},
+        )
 
     async def on_sample(self, sample: UsageSample, _msg: Msg) -> None:
-        key = sample.workload.key
-        history, decision = decide(self.histories.get(key, WorkloadHistory()), sample, self.policy)
+        key = subjects.kv_key(sample.workload)
+        policy = self.policies.for_workload(sample.workload)
+        history, decision = decide(self.histories.get(key, WorkloadState()), sample, policy)
         if decision is not None:
             # Publish before the new history is kept: if publishing fails, the sample is
             # redelivered and decided again from the old history, with the same decision id.
@@ -95,19 +127,20 @@ class DecisionService:
                     "to": decision.new_fraction,
                     "reason": decision.reason.value,
                     "decision_id": decision.decision_id,
+                    "policy_scope": policy.scope.key,
+                    "policy_revision": policy.revision,
                 },
             )
         self.histories[key] = history
+        self.checkpoints.mark(key)
         self.samples.inc()
         self.workloads.set(len(self.histories))
 
     async def run(self) -> None:
-        await self.runtime.run(self.start)
+        await self.runtime.run(self.start, self.stop)
 
 
 def main() -> None:
-    import asyncio
-
     from fracpilot_libs.telemetry import setup_logging
 
     settings = DecisionSettings()

@@ -1,0 +1,283 @@
+"""``fracpilot replay``: what a policy would have done on a recorded usage trace.
+
+CLI glue only: the trace is read, replayed and measured by :mod:`fracpilot_decision.replay`
+with the sizers of :mod:`fracpilot_decision.baselines`; this module parses the options, shows
+progress on stderr and prints the totals as a table or as one JSON object.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from pydantic import ValidationError
+from rich import box
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from fracpilot_decision.baselines import EngineSizer, Sizer, baseline_from_spec
+from fracpilot_decision.replay import (
+    Metrics,
+    ReplayReport,
+    TraceError,
+    TracePoint,
+    WorkloadReplay,
+    group_by_workload,
+    read_trace,
+    replay,
+)
+from fracpilot_decision.replay import Progress as ReplayProgress
+from fracpilot_libs.contracts import Policy
+
+EXIT_USAGE = 2
+LONG_TRACE = 20_000  # samples: from here on progress is shown even when stderr is no terminal
+_READ_CHUNK = 2_000  # rows per progress update while reading
+
+
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"fracpilot replay: error: {message}", err=True)
+    raise typer.Exit(code=EXIT_USAGE)
+
+
+def load_policy(path: Path) -> Policy:
+    """A Policy from a JSON file; exits with a readable message when it is not one."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        _fail(f"cannot read policy {path}: {exc.strerror or exc}")
+    try:
+        return Policy.model_validate_json(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'policy'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        _fail(f"invalid policy {path}: {problems}")
+
+
+def _progress(console: Console, enabled: bool) -> Progress:
+    return Progress(
+        TextColumn("{task.description:<18}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not enabled,
+    )
+
+
+def _counted(
+    points: Iterable[TracePoint], progress: Progress, task: TaskID
+) -> Iterator[TracePoint]:
+    n = 0
+    for n, point in enumerate(points, start=1):
+        if n % _READ_CHUNK == 0:
+            progress.update(task, completed=n)
+        yield point
+    progress.update(task, completed=n, total=n)
+
+
+def read_groups(trace: Path, err: Console) -> dict[str, list[TracePoint]]:
+    """The trace grouped by workload; exits with a readable message when it cannot be read."""
+    if not trace.is_file():
+        _fail(f"trace not found: {trace}")
+    try:
+        with _progress(err, err.is_terminal) as progress:
+            task = progress.add_task("reading trace", total=None)
+            groups = group_by_workload(_counted(read_trace(trace), progress, task))
+    except TraceError as exc:
+        _fail(str(exc))
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        _fail(f"cannot read trace {trace}: {exc}")
+    if not groups:
+        _fail(f"trace {trace} holds no samples")
+    return groups
+
+
+def run_replays(
+    groups: dict[str, list[TracePoint]],
+    sizers: list[Sizer],
+    err: Console,
+    keep_timeline: bool,
+) -> list[ReplayReport]:
+    """Each sizer replayed on the same parsed trace, with one progress bar per sizer."""
+    samples = sum(len(series) for series in groups.values())
+    show = err.is_terminal or samples >= LONG_TRACE
+    reports = []
+    with _progress(err, show) as progress:
+        for sizer in sizers:
+            task = progress.add_task(f"replay {sizer.name}", total=samples)
+            reports.append(
+                replay(
+                    groups,
+                    _factory(sizer),
+                    progress=_advancer(progress, task),
+                    keep_timeline=keep_timeline,
+                )
+            )
+    return reports
+
+
+def _factory(sizer: Sizer) -> Callable[[], Sizer]:
+    # Sizers keep no per-workload state of their own (start() makes it): one serves all.
+    return lambda: sizer
+
+
+def _advancer(progress: Progress, task: TaskID) -> ReplayProgress:
+    def advance(advance: int) -> None:
+        progress.advance(task, advance)
+
+    return advance
+
+
+def report_json(report: ReplayReport, baseline: ReplayReport | None) -> dict[str, Any]:
+    return {**report.as_dict(), "baseline": baseline.totals.as_dict() if baseline else None}
+
+
+def _total_rows(m: Metrics) -> list[tuple[str, str]]:
+    return [
+        ("samples", f"{m.samples:,}"),
+        ("workloads", f"{m.workloads:,}"),
+        ("GPU-hours allocated", f"{m.fraction_hours:,.1f}"),
+        ("GPU-hours as whole GPUs", f"{m.whole_gpu_hours:,.1f}"),
+        ("savings", f"{m.savings_pct:.1f}%"),
+        ("compute overruns", f"{m.compute_overrun_pct:.3f}% of samples"),
+        ("memory overruns", f"{m.memory_overrun_samples:,} ({m.memory_overrun_pct:.3f}%)"),
+        ("resizes", f"{m.resizes:,}"),
+        ("resizes per workload-day", f"{m.resizes_per_workload_day:.2f}"),
+        ("longest overrun", f"{m.longest_overrun_s:,.0f} s"),
+    ]
+
+
+def totals_table(
+    trace: Path, report: ReplayReport, name: str, baseline: ReplayReport | None, base_name: str
+) -> Table:
+    table = Table(title=f"replay of {trace.name}")
+    table.add_column("")
+    table.add_column(name, justify="right")
+    if baseline is not None:
+        table.add_column(f"baseline {base_name}", justify="right")
+    rows = _total_rows(report.totals)
+    base_rows = _total_rows(baseline.totals) if baseline is not None else None
+    for i, (label, value) in enumerate(rows):
+        table.add_row(label, value, *([base_rows[i][1]] if base_rows else []))
+    return table
+
+
+def workloads_table(top: list[WorkloadReplay], of: int) -> Table:
+    table = Table(
+        title=f"top {len(top)} of {of} workloads by GPU-hours allocated",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1, 0, 0),
+        show_edge=False,
+    )
+    longest = max((len(w.workload.display) for w in top), default=8)
+    table.add_column("workload", no_wrap=True, min_width=min(longest, 40))
+    for col in (
+        "GPU-h",
+        "whole\nGPU-h",
+        "saved",
+        "compute\nover",
+        "memory\nover",
+        "resizes",
+        "final",
+    ):
+        width = max(len(line) for line in col.splitlines())
+        table.add_column(col, justify="right", no_wrap=True, min_width=width)
+    for w in top:
+        m = w.metrics
+        table.add_row(
+            w.workload.display,
+            f"{m.fraction_hours:.1f}",
+            f"{m.whole_gpu_hours:.1f}",
+            f"{m.savings_pct:.1f}%",
+            f"{m.compute_overrun_pct:.2f}%",
+            str(m.memory_overrun_samples),
+            str(m.resizes),
+            f"{w.final_fraction:g}",
+        )
+    return table
+
+
+def replay_command(
+    trace: Annotated[
+        Path, typer.Argument(help="usage trace, CSV or CSV.gz (see the README for columns)")
+    ],
+    policy_file: Annotated[
+        Path | None,
+        typer.Option("--policy", help="a Policy as JSON; the default policy if omitted"),
+    ] = None,
+    baseline: Annotated[
+        str | None,
+        typer.Option(
+            metavar="whole|vpa|static:F",
+            help="also replay a baseline on the same trace: whole GPUs, a VPA-style "
+            "recommender on the policy's grid, or a static fraction F (0 < F <= 1)",
+        ),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print one JSON object to stdout, nothing else")
+    ] = False,
+    plot: Annotated[
+        Path | None,
+        typer.Option(metavar="PNG", help="draw usage against allocation for the top workloads"),
+    ] = None,
+    top: Annotated[
+        int, typer.Option(min=1, help="how many workloads to list and plot, by GPU-hours")
+    ] = 6,
+) -> None:
+    """Replay a usage trace through the decision engine and measure savings and overruns."""
+    err = Console(stderr=True)
+    policy = load_policy(policy_file) if policy_file is not None else Policy()
+    try:
+        base_sizer = baseline_from_spec(baseline, policy) if baseline is not None else None
+    except ValueError as exc:
+        _fail(f"--baseline: {exc}")
+    if plot is not None and not plot.parent.is_dir():
+        _fail(f"--plot: no such directory: {plot.parent}")
+
+    groups = read_groups(trace, err)
+    sizers: list[Sizer] = [EngineSizer(policy)]
+    if base_sizer is not None:
+        sizers.append(base_sizer)
+    reports = run_replays(groups, sizers, err, keep_timeline=plot is not None)
+    report = reports[0]
+    base_report = reports[1] if len(reports) > 1 else None
+
+    if plot is not None:
+        from fracpilot_cli.plots import plot_replay  # matplotlib only when asked for
+
+        try:
+            plot_replay(
+                report,
+                plot,
+                top=top,
+                baseline=base_report,
+                baseline_name=base_sizer.name if base_sizer is not None else "baseline",
+                title=trace.name,
+            )
+        except OSError as exc:
+            _fail(f"--plot: cannot write {plot}: {exc.strerror or exc}")
+        err.print(f"plot written to {plot}", markup=False, highlight=False)
+
+    if as_json:
+        typer.echo(json.dumps(report_json(report, base_report)))
+        return
+    out = Console()
+    base_name = base_sizer.name if base_sizer is not None else ""
+    out.print(totals_table(trace, report, sizers[0].name, base_report, base_name))
+    out.print(workloads_table(report.top(top), len(report.workloads)))

@@ -1,0 +1,128 @@
+"""Engine state checkpoints: a restarted decision service keeps each workload's history.
+
+The decision service runs in-process against a real nats-server; it is stopped gracefully
+(the last checkpoint is written after the consumers stop) and a new instance restores it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import nats
+import pytest
+
+from factories import sample
+from fracpilot_decision.engine import WorkloadState, decide, dump_state, load_state
+from fracpilot_decision.service import DecisionService, DecisionSettings
+from fracpilot_libs import subjects
+from fracpilot_libs.contracts import Policy, UsageSample
+from helpers import counter, reset_nats, running, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def assert_same_state(restored: WorkloadState, before: WorkloadState) -> None:
+    for f in dataclasses.fields(WorkloadState):
+        got, want = getattr(restored, f.name), getattr(before, f.name)
+        if f.name == "compute_weights":  # kept to 6 significant digits
+            assert list(got) == pytest.approx(list(want), rel=1e-5), f.name
+        else:
+            assert got == want, f.name
+
+
+async def publish(url: str, *samples: UsageSample) -> None:
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    for s in samples:
+        await js.publish(subjects.usage_subject(s.workload), s.to_json())
+    await nc.close()
+
+
+async def test_a_graceful_restart_keeps_each_workloads_history(nats_url: str) -> None:
+    await reset_nats(nats_url)
+    memory = [0.1, 0.3, 0.2, 0.25, 0.15]
+    feed = [
+        sample(compute=0.05 * (i + 1), memory_share=m, minute=i, allocated=1.0)
+        for i, m in enumerate(memory)
+    ]
+    key = subjects.kv_key(feed[0].workload)
+    # A long interval: only the checkpoint on shutdown is written.
+    settings = DecisionSettings(nats_url=nats_url, checkpoint_interval_s=3600)
+    first = DecisionService(settings)
+    async with running(first):
+        await publish(nats_url, *feed)
+        await wait_for(lambda: first.samples._value.get() >= len(feed))
+    before = first.histories[key]
+    assert before.samples == len(feed)
+    assert max(p for _, p in before.memory_peaks) == pytest.approx(0.3)
+    written = counter(first.runtime.registry, "fracpilot_decision_checkpoints_written_total")
+    assert written == 1
+
+    second = DecisionService(settings)
+    async with running(second):
+        reg = second.runtime.registry
+        assert counter(reg, "fracpilot_decision_checkpoints_restored_total") == 1
+        assert counter(reg, "fracpilot_decision_checkpoints_corrupt_total") == 0
+        assert_same_state(second.histories[key], before)
+        # History goes on from where it was.
+        await publish(nats_url, sample(compute=0.1, memory_share=0.1, minute=5, allocated=1.0))
+        await wait_for(lambda: second.samples._value.get() >= 1)
+        assert second.histories[key].samples == len(feed) + 1
+        assert second.histories[key].first_seen == before.first_seen
+
+
+async def test_changed_workloads_are_checkpointed_on_the_interval(nats_url: str) -> None:
+    await reset_nats(nats_url)
+    service = DecisionService(DecisionSettings(nats_url=nats_url, checkpoint_interval_s=0.1))
+    s = sample(compute=0.2, memory_share=0.2, allocated=0.5)
+    key = subjects.kv_key(s.workload)
+    nc = await nats.connect(nats_url)
+    async with running(service):
+        await publish(nats_url, s, sample(compute=0.2, memory_share=0.2, minute=1, allocated=0.5))
+        await wait_for(lambda: service.samples._value.get() >= 2)
+        kv = await nc.jetstream().key_value(subjects.DECISION_STATE_BUCKET)
+
+        async def checkpointed_samples() -> int:
+            try:
+                entry = await kv.get(key)
+            except nats.js.errors.KeyNotFoundError:
+                return 0
+            return load_state(entry.value or b"").samples
+
+        seen = 0
+        for _ in range(40):  # the service is still running: this is the interval's work
+            if (seen := await checkpointed_samples()) == 2:
+                break
+            await asyncio.sleep(0.05)
+        assert seen == 2
+        assert (
+            counter(service.runtime.registry, "fracpilot_decision_checkpoints_written_total") >= 1
+        )
+    await nc.close()
+
+
+async def test_a_corrupt_checkpoint_is_skipped_and_counted(nats_url: str) -> None:
+    await reset_nats(nats_url)
+    chat = sample(name="chat", memory_share=0.3)
+    state, _ = decide(WorkloadState(), chat, Policy())
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    kv = await js.create_key_value(bucket=subjects.DECISION_STATE_BUCKET)
+    llm_key = subjects.kv_key(sample(name="llm").workload)
+    await kv.put(subjects.kv_key(chat.workload), dump_state(state))
+    await kv.put(llm_key, b"\x00 not a checkpoint")
+    await kv.put(subjects.kv_key(sample(name="asr").workload), b'{"v": 99}')
+    await nc.close()
+
+    service = DecisionService(DecisionSettings(nats_url=nats_url))
+    async with running(service):
+        reg = service.runtime.registry
+        assert counter(reg, "fracpilot_decision_checkpoints_restored_total") == 1
+        assert counter(reg, "fracpilot_decision_checkpoints_corrupt_total") == 2
+        assert set(service.histories) == {subjects.kv_key(chat.workload)}
+        assert_same_state(service.histories[subjects.kv_key(chat.workload)], state)
+        # The workload whose checkpoint was corrupt starts afresh.
+        await publish(nats_url, sample(name="llm", minute=1))
+        await wait_for(lambda: service.samples._value.get() >= 1)
+        assert service.histories[llm_key].samples == 1
