@@ -7,12 +7,13 @@ SETUP := $(VENV)/.bootstrapped
 SETUP_INPUTS := pyproject.toml $(wildcard uv.lock) libs/pyproject.toml \
 	services/ingest/pyproject.toml services/decision/pyproject.toml services/actuator/pyproject.toml
 
-.PHONY: help setup demo test test-unit test-integration test-e2e lint typecheck fmt clean
+.PHONY: help setup demo test test-unit test-integration test-e2e lint typecheck fmt clean k8s-testbin
 
 help:
 	@echo "make demo   - set up, start an embedded NATS and run the simulated cluster demo"
 	@echo "make test   - set up, start the servers the suite needs and run every test"
 	@echo "make lint   - ruff, mypy (strict) and import-linter"
+	@echo "make k8s-testbin - build/cache kube-apiserver, etcd, helm (once per machine, needs Go)"
 
 $(SETUP): $(SETUP_INPUTS) scripts/bootstrap.sh
 	PYTHON=$(PY) scripts/bootstrap.sh
@@ -35,13 +36,26 @@ fmt: $(SETUP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-test: $(SETUP) lint
+# kube-apiserver, etcd and helm for tests/integration/k8s, built from their Go modules into
+# ~/.cache/fracpilot/k8s-testbin (FRACPILOT_K8S_TESTBIN overrides); about a second when cached.
+k8s-testbin:
+	bash scripts/k8s-testbin.sh >/dev/null
+
+# Servers the tests start themselves: Debian's prometheus package (tests/support/prometheus_server.py).
+# Installs only when missing (needs root/apt); about 0.05 s when already there.
+.PHONY: servers
+servers:
+	bash scripts/install-servers.sh
+
+test test-integration: servers
+
+test: $(SETUP) lint k8s-testbin
 	$(BIN)/pytest
 
 test-unit: $(SETUP)
 	$(BIN)/pytest tests/unit
 
-test-integration: $(SETUP)
+test-integration: $(SETUP) k8s-testbin
 	$(BIN)/pytest -m integration
 
 test-e2e: $(SETUP)

@@ -27,6 +27,7 @@ STREAMS = (
 BUCKETS = (
     subjects.POLICY_BUCKET,
     subjects.ALLOCATION_BUCKET,
+    subjects.INGEST_STATE_BUCKET,
     subjects.ACTUATOR_STATE_BUCKET,
     subjects.DECISION_STATE_BUCKET,
 )

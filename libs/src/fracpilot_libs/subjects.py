@@ -28,6 +28,7 @@ DECISION_CONSUMER = "decision-engine"
 ACTUATOR_CONSUMER = "actuator"
 
 POLICY_BUCKET = "fracpilot_policies"  # PolicyScope.key -> Policy
+INGEST_STATE_BUCKET = "fracpilot_ingest"  # source cursors (the last instant published)
 ALLOCATION_BUCKET = "fracpilot_allocations"  # workload key -> where it runs and its fraction
 ACTUATOR_STATE_BUCKET = "fracpilot_actuator"  # applied decision ids, simulated cluster
 DECISION_STATE_BUCKET = "fracpilot_decision_state"  # workload key -> engine checkpoint

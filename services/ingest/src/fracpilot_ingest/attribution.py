@@ -1,0 +1,305 @@
+"""From raw metric points to per-pod usage: pure functions, no I/O, time passed in.
+
+Per GPU, the most specific numbers win: a container's or a process's own numbers are exact;
+when only whole-device numbers exist, a GPU used by one pod gives that pod the device's numbers
+(exact), and a GPU shared by several pods is split between them by their allocated fractions
+(equal shares when unknown) and marked *estimated*. Every point that cannot be used is
+rejected with a reason, and one bad series never stops the others.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from fracpilot_ingest.mappings import Level, MappingTable, MetricMapping, Quantity
+from fracpilot_libs.contracts import WorkloadRef
+
+_EPS = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class MetricPoint:
+    """One value of one series at one time (unix seconds), as a source read it."""
+
+    metric: str
+    labels: Mapping[str, str]
+    value: float
+    timestamp: float
+
+
+@dataclass(frozen=True, slots=True)
+class PodKey:
+    namespace: str
+    pod: str
+    container: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    reason: str  # a short code for counters: nan, negative, above_100_percent, ...
+    detail: str  # what and where, for the log and the dead letter
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One pod's usage of one GPU at one time, before identity and validation."""
+
+    pod: PodKey
+    gpu_uuid: str
+    node: str
+    timestamp: float
+    compute: float
+    memory_used_bytes: int
+    memory_total_bytes: int
+    exact: bool
+    kv_cache_usage: float | None = None
+    waiting_requests: int | None = None
+
+
+@dataclass
+class GpuInventory:
+    """What the cluster says about GPUs: device memory and who holds which fraction."""
+
+    device_memory_bytes: dict[str, int] = field(default_factory=dict)
+    fractions: dict[str, dict[PodKey, float]] = field(default_factory=dict)  # gpu -> pod ->
+    default_device_memory_bytes: int | None = None
+
+
+@dataclass
+class _Gpu:
+    node: str = ""
+    device: dict[Quantity, tuple[int, float]] = field(default_factory=dict)  # (priority, v)
+    pods: dict[PodKey, dict[Quantity, float]] = field(default_factory=dict)  # exact numbers
+    seen_pods: set[PodKey] = field(default_factory=set)
+
+
+def _role(labels: Mapping[str, str], names: tuple[str, ...]) -> str:
+    for name in names:
+        value = labels.get(name)
+        if value:
+            return value
+    return ""
+
+
+def _describe(point: MetricPoint) -> str:
+    shown = ",".join(f'{k}="{v}"' for k, v in sorted(point.labels.items()))
+    return f"{point.metric}{{{shown}}}={point.value!r}@{point.timestamp:.0f}"
+
+
+def _target(point: MetricPoint) -> tuple[str, str]:
+    return point.labels.get("job", ""), point.labels.get("instance", "")
+
+
+def _renamed_instances(points: Iterable[MetricPoint]) -> set[tuple[str, str]]:
+    """Scrape targets whose exporter labels Prometheus renamed to ``exported_*``."""
+    return {
+        _target(p) for p in points if "exported_pod" in p.labels or "exported_namespace" in p.labels
+    }
+
+
+def _pod_of(
+    point: MetricPoint, mapping: MetricMapping, renamed: set[tuple[str, str]]
+) -> PodKey | None:
+    labels = point.labels
+    roles = mapping.roles
+    pod_label = next((name for name in roles.pod if labels.get(name)), "")
+    if not pod_label:
+        return None
+    pod = labels[pod_label]
+    if pod_label == "pod" and _target(point) in renamed:
+        return None  # this target's exporter labels were renamed: ``pod`` is the exporter's
+    if pod.startswith(roles.exporter_pod_prefixes):
+        return None  # the exporter's own pod (an idle GPU): nobody uses this GPU
+    namespace = _role(labels, roles.namespace)
+    if not namespace:
+        return None
+    return PodKey(namespace, pod, _role(labels, roles.container))
+
+
+def _checked_value(
+    point: MetricPoint, mapping: MetricMapping
+) -> tuple[float | None, Rejection | None]:
+    value = point.value * mapping.scale
+    if math.isnan(value) or math.isinf(value):
+        return None, Rejection("nan", f"not a finite number: {_describe(point)}")
+    if value < 0:
+        return None, Rejection("negative", f"negative value: {_describe(point)}")
+    if mapping.quantity in (Quantity.COMPUTE, Quantity.KV_CACHE) and value > 1 + _EPS:
+        return None, Rejection("above_100_percent", f"above 100%: {_describe(point)}")
+    return value, None
+
+
+def observe_points(
+    points: list[MetricPoint], table: MappingTable, inventory: GpuInventory
+) -> tuple[list[Observation], list[Rejection]]:
+    """Turn the points of one instant into per-pod observations (see the module docstring)."""
+    rejections: list[Rejection] = []
+    renamed = _renamed_instances(points)
+    gpus: dict[str, _Gpu] = defaultdict(_Gpu)
+    app: dict[tuple[str, str], dict[Quantity, float]] = defaultdict(dict)
+    timestamp = max((p.timestamp for p in points), default=0.0)
+    priority = {row: i for i, row in enumerate(table.rows)}
+
+    for point in points:
+        mapping = table.match(point.metric, dict(point.labels))
+        if mapping is None:
+            continue
+        value, rejection = _checked_value(point, mapping)
+        if rejection is not None:
+            rejections.append(rejection)
+            continue
+        assert value is not None
+        pod = _pod_of(point, mapping, renamed)
+        if mapping.level is Level.APP:
+            if pod is not None:
+                app[(pod.namespace, pod.pod)][mapping.quantity] = value
+            continue
+        uuid = _role(point.labels, mapping.roles.gpu_uuid)
+        if not uuid:
+            rejections.append(Rejection("no_gpu", f"no GPU UUID label: {_describe(point)}"))
+            continue
+        gpu = gpus[uuid]
+        gpu.node = gpu.node or _role(point.labels, mapping.roles.node)
+        if mapping.level is Level.DEVICE:
+            rank = priority[mapping]
+            held = gpu.device.get(mapping.quantity)
+            if held is None or rank < held[0]:  # earlier rows are preferred
+                gpu.device[mapping.quantity] = (rank, value)
+            if pod is not None:
+                gpu.seen_pods.add(pod)
+        elif pod is not None:
+            own = gpu.pods.setdefault(pod, {})
+            # Several processes of one pod add up; a container's numbers stand alone.
+            if mapping.level is Level.PROCESS:
+                own[mapping.quantity] = own.get(mapping.quantity, 0.0) + value
+            else:
+                own[mapping.quantity] = value
+            gpu.seen_pods.add(pod)
+
+    observations: list[Observation] = []
+    for uuid, gpu in sorted(gpus.items()):
+        observations.extend(_split_gpu(uuid, gpu, inventory, timestamp, rejections))
+    return [
+        _with_signals(obs, app.get((obs.pod.namespace, obs.pod.pod))) for obs in observations
+    ], rejections
+
+
+def _with_signals(obs: Observation, signals: dict[Quantity, float] | None) -> Observation:
+    if not signals:
+        return obs
+    waiting = signals.get(Quantity.WAITING)
+    return replace(
+        obs,
+        kv_cache_usage=signals.get(Quantity.KV_CACHE),
+        waiting_requests=int(waiting) if waiting is not None else None,
+    )
+
+
+def _device_total(uuid: str, gpu: _Gpu, inventory: GpuInventory) -> int | None:
+    used = gpu.device.get(Quantity.MEMORY_USED)
+    free = gpu.device.get(Quantity.MEMORY_FREE)
+    total = gpu.device.get(Quantity.MEMORY_TOTAL)
+    if total is not None:
+        return int(total[1])
+    if used is not None and free is not None:
+        return int(used[1] + free[1])
+    return inventory.device_memory_bytes.get(uuid) or inventory.default_device_memory_bytes
+
+
+def _split_gpu(
+    uuid: str, gpu: _Gpu, inventory: GpuInventory, timestamp: float, rejections: list[Rejection]
+) -> list[Observation]:
+    total = _device_total(uuid, gpu, inventory)
+    allocated = inventory.fractions.get(uuid, {})
+    # Pods seen in the series, plus pods the inventory places on this GPU that no series
+    # names (dcgm without virtual GPUs labels one sharing pod or none).
+    seen = {(p.namespace, p.pod) for p in gpu.seen_pods}
+    pods = sorted(
+        gpu.seen_pods | {p for p in allocated if (p.namespace, p.pod) not in seen},
+        key=lambda p: (p.namespace, p.pod, p.container),
+    )
+    if not pods:
+        return []
+    if total is None:
+        rejections.append(
+            Rejection(
+                "unknown_device_memory",
+                f"GPU {uuid}: device memory unknown (no FB_FREE, no inventory, no default)",
+            )
+        )
+        return []
+    values: dict[Quantity, dict[PodKey, tuple[float, bool]]] = {}
+    for quantity in (Quantity.COMPUTE, Quantity.MEMORY_USED):
+        values[quantity] = _per_pod(quantity, pods, gpu, allocated)
+    out = []
+    for pod in pods:
+        compute = values[Quantity.COMPUTE].get(pod)
+        memory = values[Quantity.MEMORY_USED].get(pod)
+        if compute is None or memory is None:
+            missing = "compute" if compute is None else "memory"
+            rejections.append(
+                Rejection(
+                    "incomplete",
+                    f"GPU {uuid} pod {pod.namespace}/{pod.pod}: no "
+                    f"{missing} number at {timestamp:.0f}",
+                )
+            )
+            continue
+        out.append(
+            Observation(
+                pod=pod,
+                gpu_uuid=uuid,
+                node=gpu.node,
+                timestamp=timestamp,
+                compute=min(compute[0], 1.0),
+                memory_used_bytes=int(memory[0]),
+                memory_total_bytes=total,
+                exact=compute[1] and memory[1],
+            )
+        )
+    return out
+
+
+def _per_pod(
+    quantity: Quantity, pods: list[PodKey], gpu: _Gpu, allocated: dict[PodKey, float]
+) -> dict[PodKey, tuple[float, bool]]:
+    """Each pod's value and whether it is exact: its own number when it has one; otherwise
+    its share (by allocated fraction, equal when unknown) of what the device number leaves
+    after the pods with their own numbers. A device number for a lone pod is exact."""
+    result: dict[PodKey, tuple[float, bool]] = {}
+    rest = []
+    for pod in pods:
+        own = gpu.pods.get(pod, {}).get(quantity)
+        if own is not None:
+            result[pod] = (own, True)
+        else:
+            rest.append(pod)
+    device = gpu.device.get(quantity)
+    if not rest or device is None:
+        return result
+    remainder = max(0.0, device[1] - sum(v for v, _ in result.values()))
+    weights = [_fraction_of(p, allocated) for p in rest]
+    if all(w is not None for w in weights) and sum(w or 0.0 for w in weights) > 0:
+        norm = sum(w or 0.0 for w in weights)
+        shares = [(w or 0.0) / norm for w in weights]
+    else:
+        shares = [1.0 / len(rest)] * len(rest)
+    lone = len(pods) == 1
+    for pod, share in zip(rest, shares, strict=True):
+        result[pod] = (remainder * share, lone)
+    return result
+
+
+def _fraction_of(pod: PodKey, allocated: dict[PodKey, float]) -> float | None:
+    if pod in allocated:
+        return allocated[pod]
+    for key, fraction in allocated.items():  # inventory keys may lack the container
+        if key.namespace == pod.namespace and key.pod == pod.pod:
+            return fraction
+    return None
+
+
+OwnerLookup = Callable[[str, str], WorkloadRef]

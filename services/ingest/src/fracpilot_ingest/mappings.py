@@ -1,0 +1,261 @@
+"""Declarative tables from real exporters' metric names to what a ``UsageSample`` needs.
+
+Each row says: this metric (with these labels present or absent) measures this quantity, in
+this unit, at this level (a whole device, one container, one process), and which labels name
+the pod and the GPU. Users extend or replace the tables in configuration (JSON, same shape).
+Facts behind the defaults: ``shared/reference/gpu-sharing-facts.md`` (dcgm-exporter, HAMi
+vGPUmonitor in the v2.9+ and legacy names, vLLM).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Quantity(StrEnum):
+    COMPUTE = "compute"  # share of the GPU's compute, 0..1 after scaling
+    MEMORY_USED = "memory_used"  # bytes after scaling
+    MEMORY_FREE = "memory_free"  # bytes after scaling (device total = used + free)
+    MEMORY_TOTAL = "memory_total"  # bytes after scaling
+    KV_CACHE = "kv_cache"  # application signal, 0..1
+    WAITING = "waiting"  # application signal, requests
+
+
+class Level(StrEnum):
+    DEVICE = "device"  # the whole GPU, whoever uses it
+    CONTAINER = "container"  # one container's own use (HAMi-core's accounting)
+    PROCESS = "process"  # one process's own use, mapped to its pod (dcgm per-process)
+    APP = "app"  # an application's own metrics (vLLM), no GPU label needed
+
+
+class LabelRoles(BaseModel):
+    """Label names that carry each role, tried in order (first non-empty wins).
+
+    Labels only an exporter writes come first: ``exported_*`` (with ``honor_labels: false``
+    Prometheus renames an exporter's ``pod``/``namespace``/``container`` to these when the
+    scrape target has its own), then the older spellings that Prometheus never renames
+    (dcgm's ``pod_name``, HAMi legacy's ``podname``). The plain ``pod``/``namespace`` come
+    last: they may be the scrape target's, that is, the exporter's own pod.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    namespace: tuple[str, ...] = (
+        "exported_namespace",
+        "pod_namespace",
+        "podnamespace",
+        "namespace",
+    )
+    pod: tuple[str, ...] = ("exported_pod", "pod_name", "podname", "pod")
+    container: tuple[str, ...] = ("exported_container", "container_name", "ctrname", "container")
+    gpu_uuid: tuple[str, ...] = ("UUID", "device_uuid", "deviceuuid")
+    node: tuple[str, ...] = ("Hostname", "hostname", "node", "nodeid")
+    model: tuple[str, ...] = ("modelName", "device_type", "devicetype")
+    # Pods of the exporters themselves: a series naming one of these names no GPU user (an
+    # idle GPU behind a renamed target whose own ``pod`` label is all that is left).
+    exporter_pod_prefixes: tuple[str, ...] = (
+        "dcgm-exporter",
+        "nvidia-dcgm-exporter",
+        "hami-device-plugin",
+        "hami-vgpu-monitor",
+        "hami-scheduler",
+    )
+
+
+class MetricMapping(BaseModel):
+    """One metric name, what it measures, and how to read it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    metric: str = Field(min_length=1)
+    quantity: Quantity
+    level: Level
+    scale: float = Field(default=1.0, gt=0, description="multiply the value by this")
+    requires_labels: tuple[str, ...] = Field(
+        default=(), description="the series must carry these labels (non-empty)"
+    )
+    excludes_labels: tuple[str, ...] = Field(
+        default=(), description="the series must not carry these labels"
+    )
+    family: str = Field(description="which exporter this row belongs to, for counters")
+    roles: LabelRoles = LabelRoles()
+
+    def selects(self, labels: dict[str, str]) -> bool:
+        return all(labels.get(name) for name in self.requires_labels) and not any(
+            labels.get(name) for name in self.excludes_labels
+        )
+
+
+MIB = 1024 * 1024
+PERCENT = 0.01
+
+# dcgm-exporter: device series (copied to every sharing pod with a ``vgpu`` label under
+# time-slicing), and since 4.5.3 per-process series for GPU_UTIL and FB_USED with ``pod_uid``.
+DCGM = (
+    MetricMapping(
+        metric="DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        quantity=Quantity.COMPUTE,
+        level=Level.DEVICE,
+        family="dcgm",
+        excludes_labels=("pod_uid",),
+    ),
+    MetricMapping(
+        metric="DCGM_FI_DEV_GPU_UTIL",
+        quantity=Quantity.COMPUTE,
+        level=Level.DEVICE,
+        scale=PERCENT,
+        family="dcgm",
+        excludes_labels=("pod_uid",),
+    ),
+    MetricMapping(
+        metric="DCGM_FI_DEV_FB_USED",
+        quantity=Quantity.MEMORY_USED,
+        level=Level.DEVICE,
+        scale=MIB,
+        family="dcgm",
+        excludes_labels=("pod_uid",),
+    ),
+    MetricMapping(
+        metric="DCGM_FI_DEV_FB_FREE",
+        quantity=Quantity.MEMORY_FREE,
+        level=Level.DEVICE,
+        scale=MIB,
+        family="dcgm",
+        excludes_labels=("pod_uid",),
+    ),
+)
+DCGM_PROCESS = (
+    MetricMapping(
+        metric="DCGM_FI_DEV_GPU_UTIL",
+        quantity=Quantity.COMPUTE,
+        level=Level.PROCESS,
+        scale=PERCENT,
+        family="dcgm-process",
+        requires_labels=("pod_uid",),
+    ),
+    MetricMapping(
+        metric="DCGM_FI_DEV_FB_USED",
+        quantity=Quantity.MEMORY_USED,
+        level=Level.PROCESS,
+        scale=MIB,
+        family="dcgm-process",
+        requires_labels=("pod_uid",),
+    ),
+)
+# HAMi vGPUmonitor, v2.9+ names: host (device) and per-container series.
+HAMI = (
+    MetricMapping(
+        metric="hami_host_gpu_utilization_ratio",
+        quantity=Quantity.COMPUTE,
+        level=Level.DEVICE,
+        scale=PERCENT,
+        family="hami",
+    ),
+    MetricMapping(
+        metric="hami_host_gpu_memory_used_bytes",
+        quantity=Quantity.MEMORY_USED,
+        level=Level.DEVICE,
+        family="hami",
+    ),
+    MetricMapping(
+        metric="hami_container_device_utilization_ratio",
+        quantity=Quantity.COMPUTE,
+        level=Level.CONTAINER,
+        scale=PERCENT,
+        family="hami",
+    ),
+    MetricMapping(
+        metric="hami_vgpu_memory_used_bytes",
+        quantity=Quantity.MEMORY_USED,
+        level=Level.CONTAINER,
+        family="hami",
+    ),
+)
+# HAMi up to v2.8 (and v2.9+ with --legacy-metrics): the same series under older names.
+HAMI_LEGACY = (
+    MetricMapping(
+        metric="HostCoreUtilization",
+        quantity=Quantity.COMPUTE,
+        level=Level.DEVICE,
+        scale=PERCENT,
+        family="hami-legacy",
+    ),
+    MetricMapping(
+        metric="HostGPUMemoryUsage",
+        quantity=Quantity.MEMORY_USED,
+        level=Level.DEVICE,
+        family="hami-legacy",
+    ),
+    MetricMapping(
+        metric="Device_utilization_desc_of_container",
+        quantity=Quantity.COMPUTE,
+        level=Level.CONTAINER,
+        scale=PERCENT,
+        family="hami-legacy",
+    ),
+    MetricMapping(
+        metric="vGPU_device_memory_usage_in_bytes",
+        quantity=Quantity.MEMORY_USED,
+        level=Level.CONTAINER,
+        family="hami-legacy",
+    ),
+)
+# vLLM's own metrics: application signals, per pod.
+VLLM = (
+    MetricMapping(
+        metric="vllm:kv_cache_usage_perc",
+        quantity=Quantity.KV_CACHE,
+        level=Level.APP,
+        family="vllm",
+    ),
+    MetricMapping(
+        metric="vllm:gpu_cache_usage_perc",
+        quantity=Quantity.KV_CACHE,
+        level=Level.APP,
+        family="vllm",
+    ),
+    MetricMapping(
+        metric="vllm:num_requests_waiting",
+        quantity=Quantity.WAITING,
+        level=Level.APP,
+        family="vllm",
+    ),
+)
+
+BUILT_IN: dict[str, tuple[MetricMapping, ...]] = {
+    "dcgm": DCGM,
+    "dcgm-process": DCGM_PROCESS,
+    "hami": HAMI,
+    "hami-legacy": HAMI_LEGACY,
+    "vllm": VLLM,
+}
+
+
+@dataclass(frozen=True)
+class MappingTable:
+    """Mappings indexed by metric name (one name may have rows for several levels)."""
+
+    rows: tuple[MetricMapping, ...]
+
+    @classmethod
+    def of(
+        cls, families: tuple[str, ...] = tuple(BUILT_IN), extra: tuple[MetricMapping, ...] = ()
+    ) -> MappingTable:
+        unknown = [f for f in families if f not in BUILT_IN]
+        if unknown:
+            raise ValueError(f"unknown mapping families {unknown}; known: {sorted(BUILT_IN)}")
+        rows = tuple(r for f in families for r in BUILT_IN[f]) + extra
+        return cls(rows)
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(r.metric for r in self.rows))
+
+    def match(self, metric: str, labels: dict[str, str]) -> MetricMapping | None:
+        for row in self.rows:
+            if row.metric == metric and row.selects(labels):
+                return row
+        return None

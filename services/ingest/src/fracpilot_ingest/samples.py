@@ -1,0 +1,86 @@
+"""Observations become validated ``UsageSample`` messages, or rejections with a reason.
+
+Pure: the caller passes the time and the record of what was already published (so a stale or
+repeated point is caught here and nowhere else).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from pydantic import ValidationError
+
+from fracpilot_ingest.attribution import Observation, Rejection
+from fracpilot_libs.bus import describe_validation_error
+from fracpilot_libs.contracts import AppSignals, Attribution, UsageSample, WorkloadRef
+
+
+@dataclass
+class PublishedSeries:
+    """The newest timestamp published per series, bounded by forgetting idle series."""
+
+    newest: dict[tuple[str, str, str, str], float] = field(default_factory=dict)
+
+    def forget_before(self, cutoff: float) -> None:
+        for key in [k for k, ts in self.newest.items() if ts < cutoff]:
+            del self.newest[key]
+
+
+def sample_id(source: str, workload: WorkloadRef, obs: Observation) -> str:
+    """Deterministic, so re-reading the same instant publishes a duplicate NATS drops."""
+    return (
+        f"{source}|{workload.key}|{obs.pod.pod}|{obs.pod.container}|{obs.gpu_uuid}|"
+        f"{int(obs.timestamp)}"
+    )
+
+
+def to_sample(
+    obs: Observation,
+    workload: WorkloadRef,
+    source: str,
+    now: float,
+    max_age_s: float,
+    published: PublishedSeries,
+    allocated_fraction: float | None = None,
+) -> UsageSample | Rejection:
+    where = f"{obs.pod.namespace}/{obs.pod.pod} on {obs.gpu_uuid or '?'} at {obs.timestamp:.0f}"
+    if now - obs.timestamp > max_age_s:
+        return Rejection("stale", f"{where}: {now - obs.timestamp:.0f} s old (max {max_age_s:g})")
+    if obs.timestamp > now + 60:
+        return Rejection("future", f"{where}: {obs.timestamp - now:.0f} s in the future")
+    key = (workload.key, obs.pod.pod, obs.pod.container, obs.gpu_uuid)
+    newest = published.newest.get(key)
+    if newest is not None and obs.timestamp <= newest:
+        return Rejection("duplicate", f"{where}: not newer than {newest:.0f}")
+    if obs.memory_used_bytes > obs.memory_total_bytes:
+        return Rejection(
+            "memory_above_device",
+            f"{where}: {obs.memory_used_bytes} B used of {obs.memory_total_bytes} B",
+        )
+    signals = None
+    if obs.kv_cache_usage is not None or obs.waiting_requests is not None:
+        signals = AppSignals(
+            kv_cache_usage=obs.kv_cache_usage, waiting_requests=obs.waiting_requests
+        )
+    try:
+        sample = UsageSample(
+            sample_id=sample_id(source, workload, obs),
+            workload=workload,
+            pod=obs.pod.pod,
+            container=obs.pod.container or "main",
+            node=obs.node,
+            gpu_uuid=obs.gpu_uuid,
+            timestamp=datetime.fromtimestamp(obs.timestamp, UTC),
+            compute=obs.compute,
+            memory_used_bytes=obs.memory_used_bytes,
+            memory_total_bytes=obs.memory_total_bytes,
+            allocated_fraction=allocated_fraction,
+            source=source,
+            attribution=Attribution.EXACT if obs.exact else Attribution.ESTIMATED,
+            signals=signals,
+        )
+    except ValidationError as exc:
+        return Rejection("invalid", f"{where}: {describe_validation_error(exc)}")
+    published.newest[key] = obs.timestamp
+    return sample
