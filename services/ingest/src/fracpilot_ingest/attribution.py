@@ -111,12 +111,17 @@ def _pod_of(
     pod = labels[pod_label]
     if pod_label == "pod" and _target(point) in renamed:
         return None  # this target's exporter labels were renamed: ``pod`` is the exporter's
-    if pod.startswith(roles.exporter_pod_prefixes):
+    if _is_exporter_pod(pod, roles.exporter_pod_prefixes):
         return None  # the exporter's own pod (an idle GPU): nobody uses this GPU
     namespace = _role(labels, roles.namespace)
     if not namespace:
         return None
     return PodKey(namespace, pod, _role(labels, roles.container))
+
+
+def _is_exporter_pod(pod: str, names: tuple[str, ...]) -> bool:
+    """``dcgm-exporter-x7k2p`` and a Helm release's ``gpu-mon-dcgm-exporter-x7k2p`` alike."""
+    return any(pod.startswith(f"{n}-") or f"-{n}-" in pod for n in names)
 
 
 def _checked_value(

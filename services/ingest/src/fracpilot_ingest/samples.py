@@ -6,6 +6,7 @@ repeated point is caught here and nowhere else).
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -28,11 +29,17 @@ class PublishedSeries:
 
 
 def sample_id(source: str, workload: WorkloadRef, obs: Observation) -> str:
-    """Deterministic, so re-reading the same instant publishes a duplicate NATS drops."""
-    return (
+    """Deterministic, so re-reading the same instant publishes a duplicate NATS drops.
+
+    Readable when it fits the contract's 200 characters; long Kubernetes names are hashed."""
+    readable = (
         f"{source}|{workload.key}|{obs.pod.pod}|{obs.pod.container}|{obs.gpu_uuid}|"
         f"{int(obs.timestamp)}"
     )
+    if len(readable) <= 200:
+        return readable
+    digest = hashlib.sha256(readable.encode()).hexdigest()[:40]
+    return f"{source}|{digest}|{int(obs.timestamp)}"
 
 
 def to_sample(
