@@ -29,6 +29,7 @@ BUCKETS = (
     subjects.ALLOCATION_BUCKET,
     subjects.INGEST_STATE_BUCKET,
     subjects.ACTUATOR_STATE_BUCKET,
+    subjects.TARGET_BUCKET,
     subjects.DECISION_STATE_BUCKET,
 )
 

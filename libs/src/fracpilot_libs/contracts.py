@@ -360,3 +360,23 @@ class Allocation(WireModel):
     fraction: Fraction
     device_memory_bytes: Annotated[int, Field(gt=0)]
     updated_at: UtcDatetime
+
+
+class GpuBackend(StrEnum):
+    """How a workload's pods hold their GPU share."""
+
+    KAI = "kai"  # annotation gpu-fraction (portion of one GPU) or gpu-memory (MiB)
+    HAMI = "hami"  # limits nvidia.com/gpumem(-percentage) and nvidia.com/gpucores
+
+
+class WorkloadTarget(WireModel):
+    """The fraction a workload's next pods get (the targets KV bucket; the admission webhook
+    writes it into every new pod of the workload, as the VPA admission controller does)."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    workload: WorkloadRef
+    fraction: Fraction
+    memory_mib: Annotated[int, Field(ge=0)]
+    backend: GpuBackend
+    decision_id: str = Field(min_length=1, max_length=200)
+    updated_at: UtcDatetime

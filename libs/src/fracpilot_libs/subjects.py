@@ -30,6 +30,7 @@ ACTUATOR_CONSUMER = "actuator"
 POLICY_BUCKET = "fracpilot_policies"  # PolicyScope.key -> Policy
 INGEST_STATE_BUCKET = "fracpilot_ingest"  # source cursors (the last instant published)
 ALLOCATION_BUCKET = "fracpilot_allocations"  # workload key -> where it runs and its fraction
+TARGET_BUCKET = "fracpilot_targets"  # workload key -> WorkloadTarget (read by the webhook)
 ACTUATOR_STATE_BUCKET = "fracpilot_actuator"  # applied decision ids, simulated cluster
 DECISION_STATE_BUCKET = "fracpilot_decision_state"  # workload key -> engine checkpoint
 
