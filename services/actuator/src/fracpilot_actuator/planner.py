@@ -4,6 +4,11 @@
 2. recreate elsewhere: it fits on another GPU (best fit: the fullest GPU that still fits, so
    large holes stay free for large requests);
 3. scale up: it fits nowhere, so capacity must be added first (make before break).
+
+:func:`plan_resize` plans for a workload with one placement (the simulated cluster);
+:func:`plan_workload` plans for each pod of a workload with several replicas, one after the
+other on the cluster as the earlier steps leave it, and can be told that the backend cannot
+change a running pod (HAMi), so that even a fit on the pod's own GPU is a recreate.
 No I/O: the backend that executes the plan (simulated cluster, Kubernetes) lives elsewhere.
 """
 
@@ -33,6 +38,11 @@ class Placement(_Frozen):
     gpu_uuid: str
     fraction: float = Field(gt=0, le=1)
 
+    @property
+    def pod_key(self) -> str:
+        """``namespace/pod``: pod names are unique only within a namespace."""
+        return f"{self.workload.namespace}/{self.pod}"
+
 
 class ClusterState(_Frozen):
     """Every GPU and which workload holds how much of it."""
@@ -46,14 +56,27 @@ class ClusterState(_Frozen):
     def gpu(self, uuid: str) -> Gpu | None:
         return next((g for g in self.gpus if g.uuid == uuid), None)
 
-    def used(self, gpu_uuid: str, excluding: WorkloadRef | None = None) -> float:
+    def used(
+        self,
+        gpu_uuid: str,
+        excluding: WorkloadRef | None = None,
+        excluding_pod: str | None = None,
+    ) -> float:
+        """The share of the GPU held, leaving out a whole workload or one pod (``pod_key``)."""
         skip = excluding.key if excluding else None
         return sum(
-            p.fraction for p in self.placements if p.gpu_uuid == gpu_uuid and p.workload.key != skip
+            p.fraction
+            for p in self.placements
+            if p.gpu_uuid == gpu_uuid and p.workload.key != skip and p.pod_key != excluding_pod
         )
 
-    def free(self, gpu_uuid: str, excluding: WorkloadRef | None = None) -> float:
-        return 1.0 - self.used(gpu_uuid, excluding)
+    def free(
+        self,
+        gpu_uuid: str,
+        excluding: WorkloadRef | None = None,
+        excluding_pod: str | None = None,
+    ) -> float:
+        return 1.0 - self.used(gpu_uuid, excluding, excluding_pod)
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -68,6 +91,7 @@ class ResizePlan(_Frozen):
     gpu_before: str = ""
     gpu_after: str = ""  # empty for a scale-up until the new capacity exists
     reason: str
+    pod: str = ""  # the pod this step is for (plan_workload); empty for a workload-level plan
 
 
 def fits(state: ClusterState, gpu_uuid: str, fraction: float, workload: WorkloadRef) -> bool:
@@ -146,3 +170,145 @@ def add_node(state: ClusterState, node: str, gpus: int, memory_bytes: int) -> Cl
         Gpu(uuid=f"GPU-{node}-{i}", node=node, memory_bytes=memory_bytes) for i in range(gpus)
     )
     return state.model_copy(update={"gpus": state.gpus + new})
+
+
+# --- per pod, for workloads with replicas ----------------------------------------------------
+
+# How disruptive a plan is: a workload's plan is as disruptive as its most disruptive step.
+SEVERITY = {
+    PlanKind.NONE: 0,
+    PlanKind.IN_PLACE: 1,
+    PlanKind.RECREATE_ELSEWHERE: 2,
+    PlanKind.SCALE_UP: 3,
+}
+
+
+class WorkloadPlan(_Frozen):
+    """One step per pod of the workload, and the workload's plan kind (the most disruptive)."""
+
+    kind: PlanKind
+    workload: WorkloadRef
+    steps: tuple[ResizePlan, ...]
+    reason: str
+
+    @property
+    def disruptive(self) -> bool:
+        """True when a pod is evicted (now, or once new capacity exists)."""
+        return self.kind in (PlanKind.RECREATE_ELSEWHERE, PlanKind.SCALE_UP)
+
+    def steps_of(self, *kinds: PlanKind) -> tuple[ResizePlan, ...]:
+        return tuple(s for s in self.steps if s.kind in kinds)
+
+
+def plan_pod(
+    state: ClusterState,
+    placement: Placement,
+    new_fraction: float,
+    *,
+    in_place: bool = True,
+) -> ResizePlan:
+    """The plan for one pod; ``in_place=False`` when the backend cannot change a running pod.
+
+    Without in-place changes a fit on the pod's own GPU is still a recreate (the scheduler
+    may put the new pod back on it), reported as ``recreate_elsewhere`` with that GPU.
+    """
+    wl, key, gpu = placement.workload, placement.pod_key, placement.gpu_uuid
+    base = {
+        "workload": wl,
+        "pod": placement.pod,
+        "fraction_before": placement.fraction,
+        "fraction_after": new_fraction,
+        "gpu_before": gpu,
+    }
+    if abs(placement.fraction - new_fraction) <= EPSILON:
+        return ResizePlan(
+            kind=PlanKind.NONE,
+            gpu_after=gpu,
+            **base,
+            reason=f"{placement.pod} already holds {new_fraction:g}",
+        )
+    here = state.free(gpu, excluding_pod=key)
+    if here + EPSILON >= new_fraction:
+        if in_place:
+            return ResizePlan(
+                kind=PlanKind.IN_PLACE,
+                gpu_after=gpu,
+                **base,
+                reason=f"{new_fraction:g} fits on its GPU {gpu} ({here:g} free without it)",
+            )
+        return ResizePlan(
+            kind=PlanKind.RECREATE_ELSEWHERE,
+            gpu_after=gpu,
+            **base,
+            reason=f"{new_fraction:g} fits on its GPU {gpu} ({here:g} free without it), but "
+            "the backend cannot change a running pod: recreate it",
+        )
+    candidates = [
+        g
+        for g in state.gpus
+        if g.uuid != gpu and state.free(g.uuid, excluding_pod=key) + EPSILON >= new_fraction
+    ]
+    if candidates:
+        best = min(candidates, key=lambda g: (state.free(g.uuid, excluding_pod=key), g.uuid))
+        return ResizePlan(
+            kind=PlanKind.RECREATE_ELSEWHERE,
+            gpu_after=best.uuid,
+            **base,
+            reason=f"{new_fraction:g} does not fit on {gpu} ({here:g} free without it); "
+            f"best fit is {best.uuid} on {best.node} "
+            f"({state.free(best.uuid, excluding_pod=key):g} free)",
+        )
+    largest = max((state.free(g.uuid, excluding_pod=key) for g in state.gpus), default=0.0)
+    return ResizePlan(
+        kind=PlanKind.SCALE_UP,
+        **base,
+        reason=f"{new_fraction:g} fits on no GPU (largest hole {largest:g}); "
+        "capacity must be added before the pod moves",
+    )
+
+
+def apply_pod_plan(state: ClusterState, step: ResizePlan) -> ClusterState:
+    """The cluster after one pod's step (a scale-up step changes nothing yet)."""
+    if step.kind in (PlanKind.NONE, PlanKind.SCALE_UP) or not step.gpu_after:
+        return state
+    key = f"{step.workload.namespace}/{step.pod}"
+    placements = tuple(
+        p.model_copy(update={"gpu_uuid": step.gpu_after, "fraction": step.fraction_after})
+        if p.pod_key == key
+        else p
+        for p in state.placements
+    )
+    return state.model_copy(update={"placements": placements})
+
+
+def plan_workload(
+    state: ClusterState,
+    workload: WorkloadRef,
+    pods: tuple[Placement, ...],
+    new_fraction: float,
+    *,
+    in_place: bool = True,
+) -> WorkloadPlan:
+    """Plan each pod in turn on the cluster as the earlier steps leave it.
+
+    Two scale-up steps each count on a GPU of their own (one whole-GPU placeholder each):
+    that may ask for more than a perfect packing would, never for less.
+    """
+    if not pods:
+        return WorkloadPlan(
+            kind=PlanKind.NONE,
+            workload=workload,
+            steps=(),
+            reason=f"{workload.display} has no pod holding a GPU share",
+        )
+    steps: list[ResizePlan] = []
+    for placement in pods:
+        step = plan_pod(state, placement, new_fraction, in_place=in_place)
+        steps.append(step)
+        state = apply_pod_plan(state, step)
+    kind = max((s.kind for s in steps), key=SEVERITY.__getitem__)
+    if len(steps) == 1:
+        reason = steps[0].reason
+    else:
+        reason = "; ".join(f"{s.pod}: {s.kind.value}: {s.reason}" for s in steps)
+    return WorkloadPlan(kind=kind, workload=workload, steps=tuple(steps), reason=reason)

@@ -1,15 +1,20 @@
 """The actuator service: a thin NATS adapter that turns decisions into cluster changes.
 
 For each decision it claims the decision id in KV before acting (so a redelivered or
-republished decision is applied at most once), plans with the pure planner, executes the plan
-on the backend, and publishes an ``ActuationResult`` saying what it did and why. Recommend-mode
-decisions and dry-run are recorded without changing anything.
+republished decision is applied at most once), hands it to the cluster backend (which plans
+with the pure planner and executes the plan), and publishes an ``ActuationResult`` saying
+what it did and why. Recommend-mode decisions and dry-run are recorded without changing
+anything. Backends (``FRACPILOT_BACKEND``): ``simulated`` (the demo's cluster in NATS KV) and
+``kubernetes`` (KAI Scheduler and HAMi pods through the API server, with guardrails:
+:mod:`fracpilot_actuator.kube.backend`). Decisions are handled one at a time; a scale-up that
+waits for capacity is carried on by a periodic check, which reports its end separately.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from nats.aio.msg import Msg
 from nats.js.errors import KeyWrongLastSequenceError
@@ -18,16 +23,16 @@ from opentelemetry.sdk.trace import SpanProcessor
 from prometheus_client import Counter
 from pydantic import Field
 
-from fracpilot_actuator.planner import ResizePlan, plan_resize
+from fracpilot_actuator.backends import Actuation, ClusterBackend, SimulatedBackend
+from fracpilot_actuator.guardrails import GuardrailSettings
 from fracpilot_actuator.simulated_cluster import SimulatedCluster, parse_seed_pods, seed_cluster
+from fracpilot_actuator.webhook import WebhookServer, start_webhook
 from fracpilot_libs import subjects
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import (
     ActuationResult,
     FractionDecision,
     Mode,
-    Outcome,
-    PlanKind,
     utcnow,
 )
 from fracpilot_libs.runtime import ServiceRuntime
@@ -37,9 +42,65 @@ SERVICE = "actuator"
 GIB = 1024**3
 
 
+BACKENDS = ("simulated", "kubernetes")
+
+
 class ActuatorSettings(ServiceSettings):
-    backend: str = Field(default="simulated", description="cluster backend: simulated")
+    backend: str = Field(
+        default="simulated", description="cluster backend: simulated (the demo) or kubernetes"
+    )
     dry_run: bool = Field(default=False, description="plan and log, change nothing")
+    # kubernetes backend
+    kubeconfig: str | None = Field(
+        default=None, description="kubeconfig file for backend=kubernetes; in-cluster if unset"
+    )
+    cluster: str = Field(default="default", description="cluster name in workload keys")
+    gpu_node_selector: str | None = Field(
+        default=None, description="label selector of the GPU nodes to plan on; unset: all"
+    )
+    max_disruptions: int = Field(
+        default=5, ge=0, description="disruptive actions (evictions) per window, cluster-wide"
+    )
+    max_disruptions_per_namespace: int = Field(
+        default=2, ge=0, description="disruptive actions per window and namespace"
+    )
+    disruption_window_s: float = Field(
+        default=600.0, gt=0, description="sliding window of the two limits above, seconds"
+    )
+    allow_single_replica: bool = Field(
+        default=False, description="whether a workload with one pod may be recreated"
+    )
+    eviction_attempts: int = Field(
+        default=8, ge=1, description="attempts of an eviction a PDB refuses (429) before failing"
+    )
+    eviction_backoff_s: float = Field(
+        default=1.0, gt=0, description="first wait between eviction attempts (doubles), seconds"
+    )
+    eviction_backoff_max_s: float = Field(
+        default=30.0, gt=0, description="longest wait between eviction attempts, seconds"
+    )
+    capacity_timeout_s: float = Field(
+        default=900.0, gt=0, description="a scale-up gives up when no capacity came this long"
+    )
+    capacity_poll_s: float = Field(
+        default=10.0, gt=0, description="how often waiting scale-ups look for capacity, seconds"
+    )
+    capacity_namespace: str | None = Field(
+        default=None, description="namespace of placeholder pods; unset: the workload's"
+    )
+    placeholder_image: str = "registry.k8s.io/pause:3.10"
+    default_gpu_memory_mib: int = Field(
+        default=81920, gt=0, description="GPU memory of nodes without nvidia.com/gpu.memory"
+    )
+    # admission webhook (every replica serves it, leader or not)
+    webhook_enabled: bool = Field(
+        default=False, description="serve the mutating admission webhook that sizes new pods"
+    )
+    webhook_host: str = "0.0.0.0"
+    webhook_port: int = Field(default=8443, ge=0, le=65535)
+    webhook_cert_file: str = "/etc/fracpilot/webhook/tls.crt"
+    webhook_key_file: str = "/etc/fracpilot/webhook/tls.key"
+    # simulated backend
     sim_cluster: str = "demo"
     sim_nodes: int = Field(default=2, ge=0)
     sim_gpus_per_node: int = Field(default=2, ge=1)
@@ -48,14 +109,24 @@ class ActuatorSettings(ServiceSettings):
 
 
 class ActuatorService:
-    def __init__(self, settings: ActuatorSettings, span_processor: SpanProcessor | None = None):
-        if settings.backend != "simulated":
-            raise ValueError(f"unknown backend {settings.backend!r}; this build has: simulated")
+    def __init__(
+        self,
+        settings: ActuatorSettings,
+        span_processor: SpanProcessor | None = None,
+        kube_api: Any = None,
+    ):
+        """``kube_api``: an authenticated kubernetes ``ApiClient`` (else from the settings)."""
+        if settings.backend not in BACKENDS:
+            raise ValueError(f"unknown backend {settings.backend!r}; known: {', '.join(BACKENDS)}")
         self.settings = settings
         self.runtime = ServiceRuntime(SERVICE, settings, span_processor)
+        self.backend: ClusterBackend | None = None
         self.cluster: SimulatedCluster | None = None
+        self._kube_api = kube_api
         self._claims: KeyValue | None = None
         self._lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.webhook: WebhookServer | None = None
         self.actions = Counter(
             "fracpilot_actuator_actions_total",
             "Decisions handled",
@@ -64,11 +135,39 @@ class ActuatorService:
         )
 
     async def start(self) -> None:
-        bus, s = self.runtime.bus, self.settings
+        bus = self.runtime.bus
+        s = self.settings
+        if s.webhook_enabled:
+            self.webhook, _ = await start_webhook(
+                bus,
+                self.runtime.registry,
+                cert_file=s.webhook_cert_file,
+                key_file=s.webhook_key_file,
+                cluster=s.cluster,
+                host=s.webhook_host,
+                port=s.webhook_port,
+            )
         self._claims = await bus.kv(subjects.ACTUATOR_STATE_BUCKET)
-        self.cluster = SimulatedCluster(
+        if self.settings.backend == "kubernetes":
+            self.backend = await self._kubernetes_backend()
+        else:
+            self.backend = await self._simulated_backend()
+        await self.backend.start()
+        self._tasks.append(asyncio.create_task(self._reconcile_loop(), name="reconcile"))
+        await bus.consume(
+            stream=subjects.DECISION_STREAM,
+            durable=subjects.ACTUATOR_CONSUMER,
+            filter_subject=f"{subjects.DECISION_PREFIX}.>",
+            model=FractionDecision,
+            handler=self.on_decision,
+        )
+
+    async def _simulated_backend(self) -> SimulatedBackend:
+        assert self._claims is not None
+        s = self.settings
+        cluster = self.cluster = SimulatedCluster(
             self._claims,
-            await bus.kv(subjects.ALLOCATION_BUCKET),
+            await self.runtime.bus.kv(subjects.ALLOCATION_BUCKET),
             s.sim_gpus_per_node,
             s.sim_gpu_memory_gib * GIB,
         )
@@ -78,17 +177,59 @@ class ActuatorService:
             s.sim_gpu_memory_gib * GIB,
             parse_seed_pods(s.sim_pods, s.sim_cluster),
         )
-        await self.cluster.load_or_seed(seed)
-        await bus.consume(
-            stream=subjects.DECISION_STREAM,
-            durable=subjects.ACTUATOR_CONSUMER,
-            filter_subject=f"{subjects.DECISION_PREFIX}.>",
-            model=FractionDecision,
-            handler=self.on_decision,
+        return SimulatedBackend(cluster, lambda: cluster.load_or_seed(seed))
+
+    async def _kubernetes_backend(self) -> ClusterBackend:
+        from fracpilot_actuator.kube.api import KubeApi, api_client
+        from fracpilot_actuator.kube.backend import KubeBackendSettings, KubernetesBackend
+
+        s = self.settings
+        settings = KubeBackendSettings(
+            cluster=s.cluster,
+            node_selector=s.gpu_node_selector,
+            default_gpu_memory_mib=s.default_gpu_memory_mib,
+            eviction_attempts=s.eviction_attempts,
+            eviction_backoff_s=s.eviction_backoff_s,
+            eviction_backoff_max_s=s.eviction_backoff_max_s,
+            capacity_timeout_s=s.capacity_timeout_s,
+            capacity_namespace=s.capacity_namespace,
+            placeholder_image=s.placeholder_image,
+            guardrails=GuardrailSettings(
+                max_disruptions=s.max_disruptions,
+                max_disruptions_per_namespace=s.max_disruptions_per_namespace,
+                window_s=s.disruption_window_s,
+                allow_single_replica=s.allow_single_replica,
+            ),
+        )
+        api = self._kube_api or await asyncio.to_thread(api_client, s.kubeconfig)
+        return KubernetesBackend(
+            KubeApi(api),
+            await self.runtime.bus.kv(subjects.TARGET_BUCKET),
+            settings,
+            report=lambda decision, actuation: self._report(decision, actuation, "finished"),
         )
 
+    async def stop(self) -> None:
+        if self.webhook is not None:
+            await self.webhook.stop()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    async def _reconcile_loop(self) -> None:
+        """Carry on with actions that wait (a scale-up waiting for capacity)."""
+        while True:
+            await asyncio.sleep(self.settings.capacity_poll_s)
+            assert self.backend is not None
+            try:
+                async with self._lock:
+                    await self.backend.reconcile(utcnow())
+            except Exception:
+                log.exception("reconcile failed")
+
     async def on_decision(self, decision: FractionDecision, _msg: Msg) -> None:
-        async with self._lock:  # never two actions in flight
+        async with self._lock:  # one decision at a time
             await self._handle(decision)
 
     async def _claim(self, decision: FractionDecision) -> str | None:
@@ -103,7 +244,7 @@ class ActuatorService:
             return (entry.value or b"").decode()
 
     async def _handle(self, decision: FractionDecision) -> None:
-        assert self.cluster is not None
+        assert self.backend is not None
         assert self._claims is not None
         earlier = await self._claim(decision)
         if earlier is not None and earlier.startswith("done"):
@@ -113,60 +254,55 @@ class ActuatorService:
             )
             self.actions.labels("none", "duplicate").inc()
             return
-        plan = plan_resize(self.cluster.state, decision)
-        if decision.mode is Mode.RECOMMEND or self.settings.dry_run:
-            why = "recommend mode" if decision.mode is Mode.RECOMMEND else "dry-run"
-            outcome, executed, detail = Outcome.DRY_RUN, plan, f"{why}: would {plan.reason}"
-        elif plan.kind is PlanKind.NONE:
-            outcome, executed, detail = Outcome.SKIPPED, plan, plan.reason
-        else:
-            executed = await self.cluster.execute(
-                plan, f"{decision.workload.owner_name}-{decision.decision_id[:5]}"
-            )
-            outcome, detail = Outcome.APPLIED, executed.reason
-        await self._claims.put(f"decision.{decision.decision_id}", f"done:{outcome}".encode())
-        await self._report(decision, executed, outcome, detail)
+        why = ""
+        if decision.mode is Mode.RECOMMEND:
+            why = "recommend mode"
+        elif self.settings.dry_run:
+            why = "dry-run"
+        actuation = await self.backend.actuate(decision, dry_run=why, now=utcnow())
+        await self._claims.put(
+            f"decision.{decision.decision_id}", f"done:{actuation.outcome}".encode()
+        )
+        await self._report(decision, actuation)
 
     async def _report(
-        self, decision: FractionDecision, plan: ResizePlan, outcome: Outcome, detail: str
+        self, decision: FractionDecision, actuation: Actuation, stage: str = ""
     ) -> None:
-        assert self.cluster is not None
-        state = self.cluster.state
-        before = state.gpu(plan.gpu_before) if plan.gpu_before else None
-        after = state.gpu(plan.gpu_after) if plan.gpu_after else None
+        """Publish the result; a later stage of the same decision (``stage``) is its own message."""
+        a = actuation
         result = ActuationResult(
             decision_id=decision.decision_id,
             workload=decision.workload,
-            plan=plan.kind,
-            outcome=outcome,
-            fraction_before=plan.fraction_before,
-            fraction_after=plan.fraction_after
-            if outcome is Outcome.APPLIED
-            else plan.fraction_before,
-            node_before=before.node if before else "",
-            node_after=after.node if after else "",
-            gpu_before=plan.gpu_before,
-            gpu_after=plan.gpu_after,
-            detail=detail,
+            plan=a.plan,
+            outcome=a.outcome,
+            fraction_before=a.fraction_before,
+            fraction_after=a.fraction_after,
+            node_before=a.node_before,
+            node_after=a.node_after,
+            gpu_before=a.gpu_before,
+            gpu_after=a.gpu_after,
+            detail=a.detail[:4000],
+            error=a.error[:4000] if a.error else None,
             finished_at=utcnow(),
         )
+        msg_id = f"{decision.decision_id}:result" + (f":{stage}" if stage else "")
         await self.runtime.bus.publish(
-            subjects.actuation_subject(decision.workload), result, f"{decision.decision_id}:result"
+            subjects.actuation_subject(decision.workload), result, msg_id
         )
-        self.actions.labels(plan.kind.value, outcome.value).inc()
+        self.actions.labels(a.plan.value, a.outcome.value).inc()
         log.info(
             "actuation",
             extra={
                 "workload": decision.workload.display,
-                "plan": plan.kind.value,
-                "outcome": outcome.value,
+                "plan": a.plan.value,
+                "outcome": a.outcome.value,
                 "decision_id": decision.decision_id,
-                "detail": detail,
+                "detail": a.detail,
             },
         )
 
     async def run(self) -> None:
-        await self.runtime.run(self.start)
+        await self.runtime.run(self.start, self.stop)
 
 
 def main() -> None:

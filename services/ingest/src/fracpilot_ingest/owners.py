@@ -14,6 +14,7 @@ import threading
 from typing import Any, Protocol
 
 from fracpilot_libs.contracts import WorkloadRef
+from fracpilot_libs.owners import INTERMEDIATE_KINDS, Controller, OwnerKey, top_owner
 
 log = logging.getLogger(__name__)
 
@@ -50,29 +51,6 @@ def owner_from_pod_name(cluster: str, namespace: str, pod: str) -> WorkloadRef:
 
 
 # --- the Kubernetes resolver ------------------------------------------------------------------
-
-OwnerKey = tuple[str, str, str]  # namespace, kind, name
-Controller = tuple[str, str]  # kind, name
-
-# Controllers whose own controller is the workload users think of.
-_INTERMEDIATE = {"ReplicaSet", "Job"}
-
-
-def top_owner(
-    namespace: str, direct: Controller | None, parents: dict[OwnerKey, Controller], pod: str
-) -> Controller:
-    """Walk ReplicaSet -> Deployment and Job -> CronJob; a pod with no controller is its own."""
-    if direct is None:
-        return ("Pod", pod)
-    kind, name = direct
-    seen = 0
-    while kind in _INTERMEDIATE and seen < 4:
-        parent = parents.get((namespace, kind, name))
-        if parent is None:
-            break
-        kind, name = parent
-        seen += 1
-    return kind, name
 
 
 def controller_of(metadata: Any) -> Controller | None:
@@ -134,7 +112,7 @@ class KubernetesOwners:
             except Exception:  # not there (any more) or API trouble: name conventions
                 return owner_from_pod_name(self.cluster, namespace, pod)
         kind, name = top_owner(namespace, self._pods[key], self._parents, pod)
-        if kind in _INTERMEDIATE and (namespace, kind, name) not in self._parents:
+        if kind in INTERMEDIATE_KINDS and (namespace, kind, name) not in self._parents:
             self._read_parent(namespace, kind, name)
             kind, name = top_owner(namespace, self._pods[key], self._parents, pod)
         return WorkloadRef(

@@ -1,0 +1,219 @@
+"""Every Kubernetes API call the actuator makes, as awaitables over the blocking client.
+
+Each method is one call (run in a worker thread), so this file is also the actuator's RBAC
+list (verb, resource, scope):
+
+| method | verb | resource | scope |
+| --- | --- | --- | --- |
+| list_nodes | list | nodes | cluster |
+| list_pods | list | pods | all namespaces |
+| list_owners | list | replicasets (apps), jobs (batch) | the decision's namespace |
+| read_owner | get | deployments, statefulsets, replicasets, daemonsets (apps); jobs, cronjobs (batch) | namespaced |
+| patch_pod_annotations | patch | pods | namespaced |
+| evict | create | pods/eviction (policy/v1 Eviction) | namespaced |
+| create_pod / delete_pod | create / delete | pods (placeholders only) | namespaced |
+| ensure_priority_class | get, create | priorityclasses (scheduling.k8s.io) | cluster |
+| create_event | create | events (core/v1) | namespaced |
+
+Lists ask for raw JSON (``_preload_content=False``): the inventory reads API dicts, and a
+large pod list is not turned into client models first.
+"""  # noqa: E501
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+T = TypeVar("T")
+MERGE_PATCH = "application/merge-patch+json"
+
+
+async def _run(call: Callable[[], T]) -> T:
+    return await asyncio.to_thread(call)
+
+
+def _items(response: Any) -> list[dict[str, Any]]:
+    body = json.loads(response.data)
+    items: list[dict[str, Any]] = body.get("items") or []
+    return items
+
+
+class KubeApi:
+    """The actuator's view of the API server; ``api`` is an authenticated ``ApiClient``."""
+
+    def __init__(self, api: client.ApiClient, timeout_s: float = 30.0) -> None:
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.apps = client.AppsV1Api(api)
+        self.batch = client.BatchV1Api(api)
+        self.scheduling = client.SchedulingV1Api(api)
+        self.timeout_s = timeout_s
+
+    # --- reads ------------------------------------------------------------------------------
+
+    async def list_nodes(self, label_selector: str | None = None) -> list[dict[str, Any]]:
+        return _items(
+            await _run(
+                lambda: self.core.list_node(
+                    label_selector=label_selector,
+                    _preload_content=False,
+                    _request_timeout=self.timeout_s,
+                )
+            )
+        )
+
+    async def list_pods(self, label_selector: str | None = None) -> list[dict[str, Any]]:
+        return _items(
+            await _run(
+                lambda: self.core.list_pod_for_all_namespaces(
+                    label_selector=label_selector,
+                    _preload_content=False,
+                    _request_timeout=self.timeout_s,
+                )
+            )
+        )
+
+    async def list_owners(
+        self, namespace: str
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The namespace's ReplicaSets and Jobs: the links from a pod to its workload."""
+        replica_sets, jobs = await asyncio.gather(
+            _run(
+                lambda: self.apps.list_namespaced_replica_set(
+                    namespace, _preload_content=False, _request_timeout=self.timeout_s
+                )
+            ),
+            _run(
+                lambda: self.batch.list_namespaced_job(
+                    namespace, _preload_content=False, _request_timeout=self.timeout_s
+                )
+            ),
+        )
+        return _items(replica_sets), _items(jobs)
+
+    async def read_owner(self, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
+        """The workload object (for its opt-out label); None when it is not there or unknown."""
+        readers: Mapping[str, Callable[..., Any]] = {
+            "Deployment": self.apps.read_namespaced_deployment,
+            "StatefulSet": self.apps.read_namespaced_stateful_set,
+            "ReplicaSet": self.apps.read_namespaced_replica_set,
+            "DaemonSet": self.apps.read_namespaced_daemon_set,
+            "Job": self.batch.read_namespaced_job,
+            "CronJob": self.batch.read_namespaced_cron_job,
+        }
+        reader = readers.get(kind)
+        if reader is None:
+            return None
+        try:
+            response = await _run(
+                lambda: reader(
+                    name, namespace, _preload_content=False, _request_timeout=self.timeout_s
+                )
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        body: dict[str, Any] = json.loads(response.data)
+        return body
+
+    # --- writes -----------------------------------------------------------------------------
+
+    async def patch_pod_annotations(
+        self, namespace: str, name: str, annotations: Mapping[str, str]
+    ) -> None:
+        await _run(
+            lambda: self.core.patch_namespaced_pod(
+                name,
+                namespace,
+                {"metadata": {"annotations": dict(annotations)}},
+                _content_type=MERGE_PATCH,
+                _request_timeout=self.timeout_s,
+            )
+        )
+
+    async def evict(self, namespace: str, name: str) -> None:
+        """POST pods/<name>/eviction (policy/v1); a PDB that forbids it answers 429."""
+        body = client.V1Eviction(
+            api_version="policy/v1",
+            kind="Eviction",
+            metadata=client.V1ObjectMeta(name=name, namespace=namespace),
+        )
+        await _run(
+            lambda: self.core.create_namespaced_pod_eviction(
+                name, namespace, body, _request_timeout=self.timeout_s
+            )
+        )
+
+    async def create_pod(self, namespace: str, body: Mapping[str, Any]) -> None:
+        pod = client.V1Pod.model_validate(body)
+        await _run(
+            lambda: self.core.create_namespaced_pod(namespace, pod, _request_timeout=self.timeout_s)
+        )
+
+    async def delete_pod(self, namespace: str, name: str) -> None:
+        """Delete a pod (only fracpilot's placeholders); one already gone is fine."""
+        try:
+            await _run(
+                lambda: self.core.delete_namespaced_pod(
+                    name, namespace, grace_period_seconds=0, _request_timeout=self.timeout_s
+                )
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    async def ensure_priority_class(self, name: str, value: int, description: str) -> None:
+        """Create the PriorityClass when it is missing (a concurrent create is fine)."""
+        try:
+            await _run(
+                lambda: self.scheduling.read_priority_class(name, _request_timeout=self.timeout_s)
+            )
+            return
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        body = client.V1PriorityClass(
+            metadata=client.V1ObjectMeta(
+                name=name, labels={"app.kubernetes.io/managed-by": "fracpilot"}
+            ),
+            value=value,
+            global_default=False,
+            preemption_policy="Never",
+            description=description,
+        )
+        try:
+            await _run(
+                lambda: self.scheduling.create_priority_class(body, _request_timeout=self.timeout_s)
+            )
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    async def create_event(self, namespace: str, body: Mapping[str, Any]) -> None:
+        event = client.CoreV1Event.model_validate(body)
+        await _run(
+            lambda: self.core.create_namespaced_event(
+                namespace, event, _request_timeout=self.timeout_s
+            )
+        )
+
+
+def api_client(kubeconfig: str | None) -> client.ApiClient:
+    """From a kubeconfig file, or in-cluster (the pod's ServiceAccount) when there is none."""
+    from kubernetes import config
+
+    if kubeconfig:
+        api: client.ApiClient = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+        return api
+    config.load_incluster_config()  # type: ignore[no-untyped-call]
+    return client.ApiClient()
+
+
+def status_of(exc: BaseException) -> int | None:
+    return int(exc.status) if isinstance(exc, ApiException) and exc.status else None

@@ -1,0 +1,673 @@
+"""The Kubernetes backend: one decision in, changes to the cluster out, never more than allowed.
+
+For each decision it reads the cluster (one list of nodes and of pods, the namespace's
+ReplicaSets and Jobs for owner references, and the workload object: read per decision, so
+the picture is never older than the decision; a watch-fed cache would save the lists on a
+large cluster), finds the workload's pods, plans each pod with the pure planner, checks the
+guardrails (:mod:`fracpilot_actuator.guardrails`) and then:
+
+- records the workload's target (``WorkloadTarget`` in the targets KV bucket) first, so any
+  pod created from now on gets the new fraction from the admission webhook;
+- in place (KAI only): patches the running pod's ``gpu-fraction`` (or ``gpu-memory``)
+  annotation, which KAI's scheduler re-reads, so the capacity is held at once; the new
+  limit reaches the container when the pod is next recreated;
+- recreate (KAI when it does not fit on the pod's GPU; HAMi always, as HAMi cannot change a
+  running pod's limits): evicts through the Eviction API (policy/v1), which honours
+  PodDisruptionBudgets; a 429 is retried with exponential backoff a bounded number of times,
+  then reported failed; a pod is never deleted directly;
+- scale up (fits on no GPU): creates a pending placeholder pod asking for a whole
+  ``nvidia.com/gpu`` with the low PriorityClass ``fracpilot-capacity`` (value -10, created if
+  missing), which the cluster-autoscaler sees, and evicts only once the capacity exists
+  (:meth:`KubernetesBackend.reconcile`: the pod now fits somewhere, or the placeholder was
+  scheduled); gives up after ``capacity_timeout_s``. The placeholder carries the decision, so
+  a restarted actuator carries on where it was.
+
+Every action leaves a Kubernetes Event on the pod (FractionResized,
+FractionEvictionRequested, CapacityRequested, and Warning events when it fails).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import socket
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from nats.js.kv import KeyValue
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from fracpilot_actuator.backends import Actuation, Report
+from fracpilot_actuator.guardrails import (
+    Action,
+    GuardrailSettings,
+    GuardState,
+    Subject,
+    check,
+    opt_out,
+)
+from fracpilot_actuator.kube.api import KubeApi, status_of
+from fracpilot_actuator.kube.inventory import (
+    CAPACITY_ROLE,
+    DECISION_ID,
+    GPU_RESOURCE,
+    KAI_FRACTION,
+    KAI_MEMORY,
+    RESIZED_AT,
+    ROLE,
+    Inventory,
+    PodInfo,
+    build_inventory,
+    is_opted_out,
+    last_change,
+    owner_parents,
+    parse_time,
+)
+from fracpilot_actuator.planner import (
+    ResizePlan,
+    WorkloadPlan,
+    apply_pod_plan,
+    plan_pod,
+    plan_workload,
+)
+from fracpilot_libs import subjects
+from fracpilot_libs.contracts import (
+    FractionDecision,
+    GpuBackend,
+    Outcome,
+    PlanKind,
+    WorkloadRef,
+    WorkloadTarget,
+)
+
+log = logging.getLogger(__name__)
+
+PRIORITY_CLASS = "fracpilot-capacity"
+PRIORITY_VALUE = -10
+COMPONENT = "fracpilot.io/actuator"
+MANAGED_BY = "app.kubernetes.io/managed-by"
+WORKLOAD = "fracpilot.io/workload"  # on a placeholder: the workload key it asks capacity for
+FOR_POD = "fracpilot.io/for-pod"  # on a placeholder: the pod that moves once capacity exists
+DECISION = "fracpilot.io/decision"  # on a placeholder: the decision, as JSON
+
+
+@dataclass(frozen=True)
+class KubeBackendSettings:
+    cluster: str = "default"
+    """The cluster name in the WorkloadRefs of pods that no decision names."""
+    node_selector: str | None = None
+    """A label selector for the GPU nodes fracpilot may place pods on; None: every node."""
+    default_gpu_memory_mib: int = 81920
+    """GPU memory of a node without the label nvidia.com/gpu.memory (reported as a problem)."""
+    eviction_attempts: int = 8
+    """Evictions refused with 429 (a PDB allows no disruption) are tried this often in all."""
+    eviction_backoff_s: float = 1.0
+    """First wait between eviction attempts, doubling each time."""
+    eviction_backoff_max_s: float = 30.0
+    """Longest wait between eviction attempts."""
+    capacity_timeout_s: float = 900.0
+    """A scale-up gives up when no capacity appeared this long (cluster-autoscaler's default
+    max-node-provision-time is 15 minutes)."""
+    capacity_namespace: str | None = None
+    """Where placeholder pods go; None: the workload's namespace."""
+    placeholder_image: str = "registry.k8s.io/pause:3.10"
+    guardrails: GuardrailSettings = field(default_factory=GuardrailSettings)
+
+
+@dataclass
+class PendingScaleUp:
+    """A scale-up waiting for capacity: placeholders by the pod each one is for."""
+
+    decision: FractionDecision
+    started_at: datetime
+    placeholders: dict[str, tuple[str, str]]  # pod name -> (namespace, placeholder name)
+    notes: list[str] = field(default_factory=list)
+
+
+def placeholder_name(namespace: str, pod: str) -> str:
+    digest = hashlib.sha256(f"{namespace}/{pod}".encode()).hexdigest()[:12]
+    return f"fracpilot-capacity-{digest}"
+
+
+def placeholder_pod(
+    *,
+    name: str,
+    namespace: str,
+    decision: FractionDecision,
+    pod: PodInfo,
+    image: str,
+) -> dict[str, Any]:
+    """A pod that asks for one whole GPU where the moving pod may run, and does nothing.
+
+    It copies the pod's node selector, affinity and tolerations (as KAI's node-scale-adjuster
+    does), so the autoscaler adds a node the pod can use; ``preemptionPolicy: Never`` and the
+    negative priority keep it from pushing any real pod aside.
+    """
+    spec = pod.raw.get("spec") or {}
+    copied = {k: spec[k] for k in ("nodeSelector", "affinity", "tolerations") if spec.get(k)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {ROLE: CAPACITY_ROLE, MANAGED_BY: "fracpilot"},
+            "annotations": {
+                WORKLOAD: decision.workload.key,
+                FOR_POD: pod.name,
+                DECISION: decision.model_dump_json(),
+                "cluster-autoscaler.kubernetes.io/safe-to-evict": "true",
+            },
+        },
+        "spec": {
+            **copied,
+            "priorityClassName": PRIORITY_CLASS,
+            "terminationGracePeriodSeconds": 0,
+            "automountServiceAccountToken": False,
+            "containers": [
+                {
+                    "name": "capacity",
+                    "image": image,
+                    "resources": {
+                        "requests": {GPU_RESOURCE: "1", "cpu": "10m", "memory": "16Mi"},
+                        "limits": {GPU_RESOURCE: "1", "memory": "16Mi"},
+                    },
+                }
+            ],
+        },
+    }
+
+
+def _too_many_requests(exc: BaseException) -> bool:
+    return status_of(exc) == 429
+
+
+def _api_message(exc: BaseException) -> str:
+    body = getattr(exc, "body", None)
+    try:
+        return str(json.loads(body).get("message", "")) if body else str(exc)
+    except (ValueError, AttributeError):
+        return str(body)[:300]
+
+
+@dataclass(frozen=True)
+class _View:
+    """The cluster as one decision sees it."""
+
+    inventory: Inventory
+    pods: tuple[PodInfo, ...]  # the workload's pods, terminating ones included
+
+    @property
+    def live(self) -> tuple[PodInfo, ...]:
+        return tuple(p for p in self.pods if not p.terminating)
+
+
+class KubernetesBackend:
+    def __init__(
+        self,
+        api: KubeApi,
+        targets: KeyValue,
+        settings: KubeBackendSettings,
+        report: Report,
+        instance: str | None = None,
+    ) -> None:
+        self.api = api
+        self.targets = targets
+        self.settings = settings
+        self.report = report
+        self.instance = instance or socket.gethostname()
+        self.guards = GuardState()
+        self.pending: dict[str, PendingScaleUp] = {}
+        self._logged_problems: set[str] = set()
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Pick up the scale-ups a previous run left waiting (their placeholders say which)."""
+        for raw in await self.api.list_pods(label_selector=f"{ROLE}={CAPACITY_ROLE}"):
+            meta = raw.get("metadata") or {}
+            annotations = meta.get("annotations") or {}
+            try:
+                decision = FractionDecision.model_validate_json(annotations[DECISION])
+                pod = annotations[FOR_POD]
+            except (KeyError, ValueError):
+                log.warning("placeholder without a decision", extra={"pod": meta.get("name")})
+                continue
+            key = decision.workload.key
+            created = parse_time(meta.get("creationTimestamp")) or datetime.now(UTC)
+            pending = self.pending.setdefault(
+                key, PendingScaleUp(decision=decision, started_at=created, placeholders={})
+            )
+            pending.placeholders[pod] = (str(meta["namespace"]), str(meta["name"]))
+            self.guards = self.guards.begin(key)
+        if self.pending:
+            log.info("resuming scale-ups", extra={"workloads": sorted(self.pending)})
+
+    # --- reading the cluster ----------------------------------------------------------------
+
+    async def _observe(self, workload: WorkloadRef) -> _View:
+        (nodes, pods), (replica_sets, jobs) = await asyncio.gather(
+            asyncio.gather(self.api.list_nodes(self.settings.node_selector), self.api.list_pods()),
+            self.api.list_owners(workload.namespace),
+        )
+        inventory = build_inventory(
+            nodes,
+            pods,
+            cluster=self.settings.cluster,
+            default_gpu_memory_mib=self.settings.default_gpu_memory_mib,
+        )
+        for problem in inventory.problems:
+            if (text := str(problem)) not in self._logged_problems:
+                self._logged_problems.add(text)
+                log.warning("cluster problem", extra={"problem": text})
+        parents = owner_parents(replica_sets, "ReplicaSet") | owner_parents(jobs, "Job")
+        return _View(inventory, inventory.pods_of(workload, parents))
+
+    # --- one decision -----------------------------------------------------------------------
+
+    async def actuate(
+        self, decision: FractionDecision, *, dry_run: str, now: datetime
+    ) -> Actuation:
+        wl = decision.workload
+        view = await self._observe(wl)
+        live = view.live
+        if not live:
+            return Actuation(
+                plan=PlanKind.NONE,
+                outcome=Outcome.SKIPPED,
+                detail=f"{wl.owner_kind} {wl.display} has no running pods",
+            )
+        owner = await self.api.read_owner(wl.namespace, wl.owner_kind, wl.owner_name)
+        opted_out_by = next((f"pod {p.key}" for p in live if is_opted_out(p.raw)), "")
+        if not opted_out_by and owner is not None and is_opted_out(owner):
+            opted_out_by = f"{wl.owner_kind} {wl.display}"
+        subject = Subject(
+            workload=wl.key,
+            namespace=wl.namespace,
+            decided_at=decision.decided_at,
+            last_change=last_change(view.pods),
+            replicas=len(live),
+            opted_out_by=opted_out_by,
+            busy=", ".join(f"pod {p.name} is terminating" for p in view.pods if p.terminating),
+        )
+        if not (verdict := opt_out(subject)).allowed:  # an opted-out workload is not looked at
+            return self._skipped(PlanKind.NONE, f"{verdict.guard}: {verdict.reason}")
+
+        problems = view.inventory.problems_of(live)
+        if problems:
+            text = "; ".join(map(str, problems))
+            if not dry_run:
+                for pod in live:
+                    if mine := [p.message for p in problems if p.subject == f"pod {pod.key}"]:
+                        await self._event(pod, "FractionInvalid", "; ".join(mine), warning=True)
+            return Actuation(
+                plan=PlanKind.NONE,
+                outcome=Outcome.SKIPPED,
+                detail=f"cannot plan {wl.display}: {text}",
+                error=text,
+            )
+        backends = {p.backend for p in live}
+        if None in backends or len(backends) != 1:
+            what = sorted(b.value if b else "none" for b in backends)
+            return self._skipped(
+                PlanKind.NONE,
+                f"{wl.display}'s pods do not all hold a fractional GPU share of one kind "
+                f"(KAI annotation or HAMi limits): {', '.join(what)}",
+            )
+        backend = next(b for b in backends if b is not None)
+        plan = plan_workload(
+            view.inventory.state,
+            wl,
+            view.inventory.placements_of(live),
+            decision.new_fraction,
+            in_place=backend is GpuBackend.KAI,
+        )
+        if backend is GpuBackend.HAMI and plan.kind is not PlanKind.NONE:
+            plan = plan.model_copy(
+                update={"reason": f"HAMi cannot change a running pod's limits: {plan.reason}"}
+            )
+        primary = self._primary(plan, decision)
+        verdict = check(
+            subject,
+            disruptive=plan.disruptive,
+            state=self.guards,
+            settings=self.settings.guardrails,
+            now=now,
+        )
+        if plan.kind is PlanKind.NONE:
+            return self._result(view.inventory, plan.kind, primary, Outcome.SKIPPED, plan.reason)
+        if dry_run:
+            would = f"{dry_run}: would {plan.kind.value} ({backend.value}): {plan.reason}"
+            if not verdict.allowed:
+                would += f"; but the guardrails would skip it: {verdict.guard}: {verdict.reason}"
+            return self._result(view.inventory, plan.kind, primary, Outcome.DRY_RUN, would)
+        if not verdict.allowed:
+            return self._result(
+                view.inventory,
+                plan.kind,
+                primary,
+                Outcome.SKIPPED,
+                f"{verdict.guard}: {verdict.reason} (plan was {plan.kind.value}: {plan.reason})",
+            )
+        return await self._execute(decision, view, plan, backend, primary, now)
+
+    @staticmethod
+    def _primary(plan: WorkloadPlan, decision: FractionDecision) -> ResizePlan | None:
+        """The step reported in the result: the decision's pod, else the first."""
+        return next(
+            (s for s in plan.steps if s.pod == decision.pod),
+            plan.steps[0] if plan.steps else None,
+        )
+
+    @staticmethod
+    def _skipped(plan: PlanKind, detail: str) -> Actuation:
+        return Actuation(plan=plan, outcome=Outcome.SKIPPED, detail=detail)
+
+    @staticmethod
+    def _result(
+        inventory: Inventory,
+        kind: PlanKind,
+        step: ResizePlan | None,
+        outcome: Outcome,
+        detail: str,
+        error: str | None = None,
+    ) -> Actuation:
+        if step is None:
+            return Actuation(plan=kind, outcome=outcome, detail=detail, error=error)
+        applied = outcome is Outcome.APPLIED
+        return Actuation(
+            plan=kind,
+            outcome=outcome,
+            detail=detail,
+            fraction_before=step.fraction_before,
+            fraction_after=step.fraction_after if applied else step.fraction_before,
+            node_before=inventory.gpu_node(step.gpu_before),
+            node_after=inventory.gpu_node(step.gpu_after),
+            gpu_before=step.gpu_before,
+            gpu_after=step.gpu_after,
+            error=error,
+        )
+
+    async def _execute(
+        self,
+        decision: FractionDecision,
+        view: _View,
+        plan: WorkloadPlan,
+        backend: GpuBackend,
+        primary: ResizePlan | None,
+        now: datetime,
+    ) -> Actuation:
+        wl, inventory = decision.workload, view.inventory
+        by_name = {p.name: p for p in view.live}
+        key = wl.key
+        self.guards = self.guards.begin(key)
+        try:
+            await self._record_target(decision, backend, view, now)
+            if plan.disruptive:
+                self.guards = self.guards.record(
+                    Action(key, wl.namespace, now), self.settings.guardrails.window_s
+                )
+            notes = ["target recorded"]
+            # In plan order: each step was planned on the cluster the earlier ones leave, so
+            # a resize that counts on a pod having moved out waits for that eviction.
+            for step in plan.steps:
+                if step.kind is PlanKind.IN_PLACE:
+                    await self._resize_in_place(decision, by_name[step.pod], step, view, now)
+                    notes.append(f"{step.pod} resized in place to {step.fraction_after:g}")
+                elif step.kind is PlanKind.RECREATE_ELSEWHERE:
+                    error = await self._evict(decision, by_name[step.pod], step)
+                    if error is not None:
+                        return self._result(
+                            inventory,
+                            plan.kind,
+                            primary,
+                            Outcome.FAILED,
+                            f"{plan.reason}; {'; '.join(notes)}; {error}",
+                            error,
+                        )
+                    notes.append(f"{step.pod} evicted")
+            scale_ups = plan.steps_of(PlanKind.SCALE_UP)
+            if scale_ups:
+                await self._request_capacity(decision, [by_name[s.pod] for s in scale_ups], now)
+                notes.append(
+                    "capacity requested for "
+                    + ", ".join(s.pod for s in scale_ups)
+                    + " (placeholder pods); they move once a GPU is free"
+                )
+                self.pending[key].notes = notes
+            return self._result(
+                inventory, plan.kind, primary, Outcome.APPLIED, f"{plan.reason}; {'; '.join(notes)}"
+            )
+        finally:
+            if key not in self.pending:
+                self.guards = self.guards.end(key)
+
+    # --- the actions ------------------------------------------------------------------------
+
+    async def _record_target(
+        self, decision: FractionDecision, backend: GpuBackend, view: _View, now: datetime
+    ) -> None:
+        target = WorkloadTarget(
+            workload=decision.workload,
+            fraction=decision.new_fraction,
+            memory_mib=self._memory_mib(decision, view),
+            backend=backend,
+            decision_id=decision.decision_id,
+            updated_at=now,
+        )
+        await self.targets.put(subjects.kv_key(decision.workload), target.to_json())
+
+    @staticmethod
+    def _memory_mib(decision: FractionDecision, view: _View) -> int:
+        """The new share in MiB of the workload's GPUs (KAI divides by the node's label)."""
+        for placement in view.inventory.placements_of(view.live):
+            gpu = view.inventory.state.gpu(placement.gpu_uuid)
+            if gpu is not None:
+                return round(decision.new_fraction * gpu.memory_bytes / 2**20)
+        return decision.new_memory_mib
+
+    async def _resize_in_place(
+        self,
+        decision: FractionDecision,
+        pod: PodInfo,
+        step: ResizePlan,
+        view: _View,
+        now: datetime,
+    ) -> None:
+        annotations = {RESIZED_AT: now.isoformat(), DECISION_ID: decision.decision_id}
+        if pod.share is not None and pod.share.kai_key == KAI_MEMORY:
+            annotations[KAI_MEMORY] = str(self._memory_mib(decision, view))
+        else:
+            annotations[KAI_FRACTION] = f"{step.fraction_after:g}"
+        await self.api.patch_pod_annotations(pod.namespace, pod.name, annotations)
+        await self._event(
+            pod,
+            "FractionResized",
+            f"GPU share {step.fraction_before:g} -> {step.fraction_after:g} in KAI's "
+            f"accounting now; the container gets it when the pod is next recreated. "
+            f"{decision.explanation} (decision {decision.decision_id}: {step.reason})",
+        )
+
+    async def _evict(
+        self, decision: FractionDecision, pod: PodInfo, step: ResizePlan
+    ) -> str | None:
+        """Evict, retrying 429s with backoff; the error after the last attempt, or None."""
+        await self._event(
+            pod,
+            "FractionEvictionRequested",
+            f"evicting to recreate at GPU share {step.fraction_after:g} "
+            f"(was {step.fraction_before:g}): {decision.explanation} "
+            f"(decision {decision.decision_id}: {step.reason})",
+        )
+        s = self.settings
+        attempts = 0
+        try:
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception(_too_many_requests),
+                stop=stop_after_attempt(s.eviction_attempts),
+                wait=wait_exponential(
+                    multiplier=s.eviction_backoff_s, max=s.eviction_backoff_max_s
+                ),
+                reraise=True,
+            ):
+                with attempt:
+                    attempts += 1
+                    await self.api.evict(pod.namespace, pod.name)
+        except Exception as exc:
+            status = status_of(exc)
+            if status == 404:
+                return None  # gone already: its replacement gets the target
+            if status == 429:
+                error = (
+                    f"eviction of {pod.key} refused {attempts} times "
+                    f"(429: {_api_message(exc)}); not forced"
+                )
+            else:
+                error = f"eviction of {pod.key} failed ({status}): {_api_message(exc)}"
+            await self._event(pod, "FractionEvictionFailed", error, warning=True)
+            log.warning("eviction failed", extra={"pod": pod.key, "error": error})
+            return error
+        log.info("evicted", extra={"pod": pod.key, "attempts": attempts})
+        return None
+
+    async def _request_capacity(
+        self, decision: FractionDecision, pods: list[PodInfo], now: datetime
+    ) -> None:
+        await self.api.ensure_priority_class(
+            PRIORITY_CLASS,
+            PRIORITY_VALUE,
+            "fracpilot placeholder pods: ask the autoscaler for a GPU before a pod moves",
+        )
+        pending = PendingScaleUp(decision=decision, started_at=now, placeholders={})
+        for pod in pods:
+            namespace = self.settings.capacity_namespace or pod.namespace
+            name = placeholder_name(pod.namespace, pod.name)
+            body = placeholder_pod(
+                name=name,
+                namespace=namespace,
+                decision=decision,
+                pod=pod,
+                image=self.settings.placeholder_image,
+            )
+            try:
+                await self.api.create_pod(namespace, body)
+            except Exception as exc:
+                if status_of(exc) != 409:  # 409: it is there from an earlier attempt
+                    raise
+            pending.placeholders[pod.name] = (namespace, name)
+            await self._event(
+                pod,
+                "CapacityRequested",
+                f"GPU share {decision.new_fraction:g} fits on no GPU: asked for a GPU with "
+                f"placeholder pod {namespace}/{name}; the pod is evicted once it exists. "
+                f"{decision.explanation} (decision {decision.decision_id})",
+            )
+        self.pending[decision.workload.key] = pending
+
+    async def _event(self, pod: PodInfo, reason: str, message: str, warning: bool = False) -> None:
+        """A core/v1 Event on the pod; failing to write one never fails the action."""
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        suffix = hashlib.sha256(f"{reason}{message}{now}".encode()).hexdigest()[:10]
+        body = {
+            "metadata": {"name": f"{pod.name}.{suffix}"[:253], "namespace": pod.namespace},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": pod.name,
+                "namespace": pod.namespace,
+                "uid": pod.uid,
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": "fracpilot-actuator"},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self.instance,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self.api.create_event(pod.namespace, body)
+        except Exception as exc:
+            log.warning(
+                "could not write an event",
+                extra={"pod": pod.key, "reason": reason, "error": str(exc)[:300]},
+            )
+
+    # --- scale-ups waiting for capacity -----------------------------------------------------
+
+    async def reconcile(self, now: datetime) -> None:
+        """Move the pods of each waiting scale-up whose capacity now exists; give up on time."""
+        for key, pending in list(self.pending.items()):
+            try:
+                await self._advance(pending, now)
+            except Exception:
+                log.exception("scale-up check failed; trying again", extra={"workload": key})
+
+    async def _advance(self, pending: PendingScaleUp, now: datetime) -> None:
+        decision = pending.decision
+        view = await self._observe(decision.workload)
+        inventory = view.inventory
+        live = {p.name: p for p in view.live}
+        placements = {p.pod: p for p in inventory.placements_of(view.live)}
+        bound = {(p.namespace, p.name): p.node for p in inventory.placeholders if p.node}
+        timed_out = now - pending.started_at > timedelta(seconds=self.settings.capacity_timeout_s)
+        state, last = inventory.state, None
+        for pod_name, (namespace, placeholder) in list(pending.placeholders.items()):
+            pod, placement = live.get(pod_name), placements.get(pod_name)
+            if pod is not None and placement is not None:
+                step = plan_pod(
+                    state, placement, decision.new_fraction, in_place=pod.backend is GpuBackend.KAI
+                )
+                node = bound.get((namespace, placeholder))
+                if step.kind is PlanKind.SCALE_UP and node is None:  # no capacity yet
+                    if not timed_out:
+                        continue
+                    error = (
+                        f"no GPU with {decision.new_fraction:g} free appeared within "
+                        f"{self.settings.capacity_timeout_s:g} s; placeholder removed"
+                    )
+                    await self._event(pod, "CapacityNotAvailable", error, warning=True)
+                    await self._finish(pending, Outcome.FAILED, inventory, step, error)
+                    return
+                state, last = apply_pod_plan(state, step), step
+            # Free the placeholder's GPU first: the recreated pod is to take it.
+            await self.api.delete_pod(namespace, placeholder)
+            pending.placeholders.pop(pod_name)
+            if pod is None or placement is None:
+                pending.notes.append(f"{pod_name} is gone; its replacement gets the target")
+            elif step.kind is PlanKind.IN_PLACE:
+                await self._resize_in_place(decision, pod, step, view, now)
+                pending.notes.append(f"{pod_name} now fits on its GPU: resized in place")
+            elif step.kind is not PlanKind.NONE:
+                where = node or inventory.gpu_node(step.gpu_after) or "a node the scheduler found"
+                failure = await self._evict(decision, pod, step)
+                if failure is not None:
+                    await self._finish(pending, Outcome.FAILED, inventory, step, failure)
+                    return
+                pending.notes.append(f"capacity appeared on {where}; {pod_name} evicted")
+        if not pending.placeholders:
+            await self._finish(pending, Outcome.APPLIED, inventory, last, None)
+
+    async def _finish(
+        self,
+        pending: PendingScaleUp,
+        outcome: Outcome,
+        inventory: Inventory,
+        step: ResizePlan | None,
+        error: str | None,
+    ) -> None:
+        for namespace, placeholder in pending.placeholders.values():
+            await self.api.delete_pod(namespace, placeholder)
+        key = pending.decision.workload.key
+        self.pending.pop(key, None)
+        self.guards = self.guards.end(key)
+        detail = "; ".join([*pending.notes, *([error] if error else [])])
+        await self.report(
+            pending.decision,
+            self._result(inventory, PlanKind.SCALE_UP, step, outcome, detail, error),
+        )

@@ -1,0 +1,530 @@
+"""The cluster's GPUs and who holds how much of each, derived from Node and Pod objects. Pure.
+
+Input is what the API returns (JSON dicts in the API's camelCase, or the client's models,
+which :func:`as_api_dict` turns into the same dicts); time is passed in, nothing is read.
+
+- A node's GPUs: ``status.allocatable["nvidia.com/gpu"]`` (or capacity, or the label
+  ``nvidia.com/gpu.count``); their memory: the label ``nvidia.com/gpu.memory`` (MiB), else a
+  default, reported as a problem.
+- KAI Scheduler pods hold a share through the annotation ``gpu-fraction`` (portion of one
+  GPU, 0 < f < 1) or ``gpu-memory`` (MiB, an integer). Which GPU: the reservation pod of the
+  pod's ``runai-gpu-group`` (namespace ``kai-resource-reservation``) names it in its
+  annotation ``run.ai/reserve_for_gpu_index``; until it does, the GPU is the synthetic
+  ``<node>/group/<group>`` (``<node>/unknown`` without a group).
+- HAMi pods hold a share through the limits ``nvidia.com/gpumem`` (MiB),
+  ``nvidia.com/gpumem-percentage`` or ``nvidia.com/gpucores``; once scheduled, the annotation
+  ``hami.io/vgpu-devices-allocated`` (``UUID,type,memMiB,cores:`` per device, ``;`` per
+  container) says which GPU and how much memory: fraction = memMiB / device memory.
+- Pods asking for whole ``nvidia.com/gpu`` (and no share) take whole GPUs of their node; the
+  node's GPUs nobody is known to hold are ``<node>/free-<i>``.
+- fracpilot's own capacity placeholders are left out: the capacity they stand for is what a
+  scale-up waits for.
+
+A value that cannot be right (``gpu-fraction: "abc"``, ``"1.5"``, ``"-1"``, a HAMi annotation
+that does not parse) is a :class:`Problem` naming the pod; that pod holds no placement, and
+the rest of the cluster is read as usual.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel
+
+from fracpilot_actuator.planner import ClusterState, Gpu, Placement
+from fracpilot_libs.contracts import MIB, GpuBackend, WorkloadRef
+from fracpilot_libs.owners import Controller, OwnerKey, top_owner
+
+# --- names the backends and fracpilot use -----------------------------------------------------
+
+GPU_RESOURCE = "nvidia.com/gpu"
+NODE_GPU_MEMORY = "nvidia.com/gpu.memory"
+NODE_GPU_COUNT = "nvidia.com/gpu.count"
+
+KAI_FRACTION = "gpu-fraction"
+KAI_MEMORY = "gpu-memory"
+KAI_GROUP = "runai-gpu-group"
+KAI_RESERVATION_NAMESPACE = "kai-resource-reservation"
+KAI_RESERVED_GPU = "run.ai/reserve_for_gpu_index"
+
+HAMI_ALLOCATED = "hami.io/vgpu-devices-allocated"
+HAMI_MEMORY = "nvidia.com/gpumem"
+HAMI_MEMORY_PERCENT = "nvidia.com/gpumem-percentage"
+HAMI_CORES = "nvidia.com/gpucores"
+
+OPT_OUT = "fracpilot.io/opt-out"
+RESIZED_AT = "fracpilot.io/resized-at"  # written on an in-place change, with the decision id
+DECISION_ID = "fracpilot.io/decision-id"
+ROLE = "fracpilot.io/role"  # label; "capacity" on a scale-up's placeholder pod
+CAPACITY_ROLE = "capacity"
+
+
+def as_api_dict(obj: Any) -> Mapping[str, Any]:
+    """An API object as the API's JSON: a dict as it is, a client model through its aliases."""
+    if isinstance(obj, Mapping):
+        return obj
+    if isinstance(obj, BaseModel):
+        dumped: dict[str, Any] = obj.model_dump(by_alias=True, exclude_none=True, mode="json")
+        return dumped
+    raise TypeError(f"not a Kubernetes object: {type(obj).__name__}")
+
+
+def _get(obj: Mapping[str, Any], *path: str) -> Any:
+    for key in path:
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(key)  # type: ignore[assignment]
+    return obj
+
+
+def _strings(value: Any) -> dict[str, str]:
+    return {str(k): str(v) for k, v in (value or {}).items()}
+
+
+def parse_time(value: Any) -> datetime | None:
+    """An API timestamp (``2026-03-02T10:00:00Z``) or a datetime, as aware UTC."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, datetime):
+        moment = value
+    else:
+        try:
+            moment = datetime.fromisoformat(str(value))
+        except ValueError:
+            return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC)
+
+
+# --- values on pods ---------------------------------------------------------------------------
+
+
+def parse_kai_fraction(value: str) -> float:
+    """A ``gpu-fraction`` annotation; KAI's own webhook accepts only 0 < f < 1."""
+    try:
+        fraction = float(value.strip())
+    except ValueError:
+        raise ValueError(f"{KAI_FRACTION} {value!r} is not a number") from None
+    if not math.isfinite(fraction) or not 0.0 < fraction < 1.0:
+        raise ValueError(f"{KAI_FRACTION} {value!r} is not a portion of a GPU (0 < f < 1)")
+    return fraction
+
+
+def parse_mib(value: str, what: str) -> int:
+    """A positive whole number of MiB without a suffix (``gpu-memory``, ``nvidia.com/gpumem``)."""
+    text = value.strip()
+    if not text.isdigit() or int(text) <= 0:
+        raise ValueError(f"{what} {value!r} is not a positive whole number of MiB")
+    return int(text)
+
+
+def parse_quantity_int(value: Any) -> int:
+    """An extended-resource quantity (``"2"``); they are whole numbers."""
+    text = str(value).strip()
+    if not text.isdigit():
+        raise ValueError(f"quantity {value!r} is not a whole number")
+    return int(text)
+
+
+@dataclass(frozen=True)
+class HamiDevice:
+    uuid: str
+    type: str
+    memory_mib: int
+    cores: int
+
+
+def parse_hami_devices(value: str) -> tuple[tuple[HamiDevice, ...], ...]:
+    """``hami.io/vgpu-devices-allocated``: per container (``;``), its devices (``:``)."""
+    containers: list[tuple[HamiDevice, ...]] = []
+    for chunk in value.strip().split(";"):
+        if not chunk.strip():
+            continue
+        devices = []
+        for item in chunk.split(":"):
+            if not item.strip():
+                continue
+            parts = [p.strip() for p in item.split(",")]
+            if len(parts) != 4 or not parts[0]:
+                raise ValueError(f"{HAMI_ALLOCATED} device {item!r} is not UUID,type,memMiB,cores")
+            try:
+                memory, cores = int(parts[2]), int(parts[3])
+            except ValueError:
+                raise ValueError(
+                    f"{HAMI_ALLOCATED} device {item!r} has a non-integer memory or cores"
+                ) from None
+            if memory < 0 or cores < 0:
+                raise ValueError(f"{HAMI_ALLOCATED} device {item!r} has a negative amount")
+            devices.append(HamiDevice(parts[0], parts[1], memory, cores))
+        containers.append(tuple(devices))
+    return tuple(containers)
+
+
+def is_opted_out(*objects: Mapping[str, Any]) -> bool:
+    """``fracpilot.io/opt-out: "true"`` as a label or annotation on any of the objects."""
+    for obj in objects:
+        meta = _get(obj, "metadata") or {}
+        for where in ("labels", "annotations"):
+            if str((meta.get(where) or {}).get(OPT_OUT, "")).strip().lower() == "true":
+                return True
+    return False
+
+
+# --- the model --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something in the cluster that cannot be right; ``subject`` is ``pod ns/name``/``node n``."""
+
+    subject: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.subject}: {self.message}"
+
+
+@dataclass(frozen=True)
+class GpuShare:
+    backend: GpuBackend
+    fraction: float
+    gpu_uuid: str  # real UUID, or a synthetic id when the pod's GPU is not known
+    memory_mib: int | None = None
+    kai_key: str | None = None  # the KAI annotation the pod uses: gpu-fraction or gpu-memory
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    phase: str
+    terminating: bool
+    created_at: datetime | None
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    controller: Controller | None
+    backend: GpuBackend | None  # what the pod uses, even when its value is bad
+    share: GpuShare | None  # None: no share, or a bad value (see problems)
+    whole_gpus: int
+    resource_version: str
+    raw: Mapping[str, Any] = field(repr=False, compare=False)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def resized_at(self) -> datetime | None:
+        return parse_time(self.annotations.get(RESIZED_AT))
+
+    @property
+    def last_change(self) -> datetime | None:
+        """When the pod last changed as far as sizing goes: created, or resized in place."""
+        times = [t for t in (self.created_at, self.resized_at) if t is not None]
+        return max(times) if times else None
+
+
+@dataclass(frozen=True)
+class Inventory:
+    state: ClusterState
+    pods: Mapping[str, PodInfo]  # by namespace/name, workload pods only
+    problems: tuple[Problem, ...]
+    placeholders: tuple[PodInfo, ...] = ()
+
+    def problems_of(self, pods: Iterable[PodInfo]) -> tuple[Problem, ...]:
+        subjects = {f"pod {p.key}" for p in pods}
+        return tuple(p for p in self.problems if p.subject in subjects)
+
+    def placements_of(self, pods: Iterable[PodInfo]) -> tuple[Placement, ...]:
+        keys = {p.key for p in pods}
+        return tuple(p for p in self.state.placements if p.pod_key in keys)
+
+    def gpu_node(self, gpu_uuid: str) -> str:
+        gpu = self.state.gpu(gpu_uuid)
+        return gpu.node if gpu else ""
+
+    def pods_of(
+        self, workload: WorkloadRef, parents: Mapping[OwnerKey, Controller]
+    ) -> tuple[PodInfo, ...]:
+        """The workload's pods (owner references through ReplicaSets and Jobs), by name."""
+        wanted = (workload.owner_kind, workload.owner_name)
+        return tuple(
+            sorted(
+                (
+                    p
+                    for p in self.pods.values()
+                    if p.namespace == workload.namespace
+                    and top_owner(p.namespace, p.controller, parents, p.name) == wanted
+                ),
+                key=lambda p: p.name,
+            )
+        )
+
+
+def controller_of(obj: Mapping[str, Any]) -> Controller | None:
+    for ref in _get(obj, "metadata", "ownerReferences") or ():
+        if ref.get("controller"):
+            return str(ref.get("kind")), str(ref.get("name"))
+    return None
+
+
+def owner_parents(objects: Iterable[Any], kind: str) -> dict[OwnerKey, Controller]:
+    """ReplicaSets or Jobs (``kind``) -> their own controller (Deployment, CronJob)."""
+    parents: dict[OwnerKey, Controller] = {}
+    for raw in objects:
+        obj = as_api_dict(raw)
+        parent = controller_of(obj)
+        if parent is not None:
+            meta = obj.get("metadata") or {}
+            parents[(str(meta.get("namespace")), kind, str(meta.get("name")))] = parent
+    return parents
+
+
+@dataclass(frozen=True)
+class _Node:
+    name: str
+    gpus: int
+    memory_mib: int
+
+
+def _node(obj: Mapping[str, Any], default_memory_mib: int, problems: list[Problem]) -> _Node:
+    name = str(_get(obj, "metadata", "name"))
+    labels = _strings(_get(obj, "metadata", "labels"))
+    count_text = (
+        (_get(obj, "status", "allocatable") or {}).get(GPU_RESOURCE)
+        or (_get(obj, "status", "capacity") or {}).get(GPU_RESOURCE)
+        or labels.get(NODE_GPU_COUNT)
+        or "0"
+    )
+    try:
+        count = parse_quantity_int(count_text)
+    except ValueError as exc:
+        problems.append(Problem(f"node {name}", f"GPU count: {exc}"))
+        count = 0
+    memory = default_memory_mib
+    if count:
+        if NODE_GPU_MEMORY in labels:
+            try:
+                memory = parse_mib(labels[NODE_GPU_MEMORY], f"label {NODE_GPU_MEMORY}")
+            except ValueError as exc:
+                problems.append(Problem(f"node {name}", f"{exc}; assuming {memory} MiB"))
+        else:
+            problems.append(
+                Problem(f"node {name}", f"no label {NODE_GPU_MEMORY}; assuming {memory} MiB")
+            )
+    return _Node(name, count, memory)
+
+
+def _limits(pod: Mapping[str, Any]) -> dict[str, str]:
+    """Extended resources of the pod's containers, summed (requests equal limits for them)."""
+    total: dict[str, str] = {}
+    for container in _get(pod, "spec", "containers") or ():
+        resources = container.get("resources") or {}
+        merged = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+        for name, value in merged.items():
+            if name.startswith("nvidia.com/"):
+                if name in total and name == GPU_RESOURCE:
+                    total[name] = str(parse_quantity_int(total[name]) + parse_quantity_int(value))
+                else:
+                    total.setdefault(name, str(value))
+    return total
+
+
+def _kai_share(
+    annotations: Mapping[str, str],
+    group: str | None,
+    node: _Node,
+    reserved: Mapping[str, str],
+) -> GpuShare:
+    if KAI_FRACTION in annotations and KAI_MEMORY in annotations:
+        raise ValueError(f"both {KAI_FRACTION} and {KAI_MEMORY} are set (KAI allows one)")
+    if KAI_FRACTION in annotations:
+        fraction, memory, key = parse_kai_fraction(annotations[KAI_FRACTION]), None, KAI_FRACTION
+    else:
+        memory = parse_mib(annotations[KAI_MEMORY], KAI_MEMORY)
+        if memory > node.memory_mib:
+            raise ValueError(
+                f"{KAI_MEMORY} {memory} MiB is more than the GPU's {node.memory_mib} MiB"
+            )
+        fraction, key = memory / node.memory_mib, KAI_MEMORY
+    if group and group in reserved:
+        uuid = reserved[group]
+    elif group:
+        uuid = f"{node.name}/group/{group}"
+    else:
+        uuid = f"{node.name}/unknown"
+    return GpuShare(GpuBackend.KAI, fraction, uuid, memory, key)
+
+
+def _hami_share(annotations: Mapping[str, str], limits: Mapping[str, str], node: _Node) -> GpuShare:
+    if HAMI_ALLOCATED in annotations:
+        devices = [d for c in parse_hami_devices(annotations[HAMI_ALLOCATED]) for d in c]
+        if len(devices) != 1:
+            raise ValueError(
+                f"{HAMI_ALLOCATED} lists {len(devices)} devices; a share of one GPU is resized"
+            )
+        device = devices[0]
+        memory = device.memory_mib
+        if not 0 < memory <= node.memory_mib:
+            raise ValueError(f"{HAMI_ALLOCATED} holds {memory} MiB of a {node.memory_mib} MiB GPU")
+        return GpuShare(GpuBackend.HAMI, memory / node.memory_mib, device.uuid, memory)
+    # Not scheduled by HAMi yet (or the annotation was removed): the limits say how much.
+    if HAMI_MEMORY in limits:
+        memory = parse_mib(limits[HAMI_MEMORY], HAMI_MEMORY)
+        if memory > node.memory_mib:
+            raise ValueError(f"{HAMI_MEMORY} {memory} MiB is more than the GPU's memory")
+        fraction = memory / node.memory_mib
+    elif HAMI_MEMORY_PERCENT in limits:
+        percent = parse_quantity_int(limits[HAMI_MEMORY_PERCENT])
+        if not 0 < percent <= 100:
+            raise ValueError(f"{HAMI_MEMORY_PERCENT} {percent} is not 1..100")
+        fraction, memory = percent / 100, round(percent / 100 * node.memory_mib)
+    else:
+        raise ValueError(f"{HAMI_CORES} without {HAMI_MEMORY}: no memory share to resize")
+    return GpuShare(GpuBackend.HAMI, fraction, f"{node.name}/unknown", memory)
+
+
+def backend_of(annotations: Mapping[str, str], limits: Mapping[str, str]) -> GpuBackend | None:
+    """KAI when a KAI annotation is there, HAMi when a HAMi limit or annotation is."""
+    if KAI_FRACTION in annotations or KAI_MEMORY in annotations:
+        return GpuBackend.KAI
+    if HAMI_ALLOCATED in annotations or any(
+        r in limits for r in (HAMI_MEMORY, HAMI_MEMORY_PERCENT, HAMI_CORES)
+    ):
+        return GpuBackend.HAMI
+    return None
+
+
+def build_inventory(
+    nodes: Sequence[Any],
+    pods: Sequence[Any],
+    *,
+    cluster: str,
+    default_gpu_memory_mib: int,
+) -> Inventory:
+    """Everything the planner and the guardrails need, from one listing of nodes and pods."""
+    problems: list[Problem] = []
+    node_by_name: dict[str, _Node] = {}
+    for raw in nodes:
+        parsed = _node(as_api_dict(raw), default_gpu_memory_mib, problems)
+        if parsed.gpus:
+            node_by_name[parsed.name] = parsed
+
+    live = [
+        p
+        for p in map(as_api_dict, pods)
+        if _get(p, "status", "phase") not in ("Succeeded", "Failed")
+    ]
+    reserved: dict[str, str] = {}  # KAI gpu group -> GPU UUID
+    for pod in live:
+        meta = pod.get("metadata") or {}
+        group = (meta.get("labels") or {}).get(KAI_GROUP)
+        uuid = (meta.get("annotations") or {}).get(KAI_RESERVED_GPU)
+        if meta.get("namespace") == KAI_RESERVATION_NAMESPACE and group and uuid:
+            reserved[str(group)] = str(uuid)
+
+    infos: dict[str, PodInfo] = {}
+    placeholders: list[PodInfo] = []
+    placements: list[Placement] = []
+    held: dict[str, set[str]] = {}  # node -> GPU ids with shares on them
+    whole: dict[str, int] = {}  # node -> whole GPUs held by pods without a share
+    for pod in live:
+        meta = pod.get("metadata") or {}
+        namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        labels, annotations = _strings(meta.get("labels")), _strings(meta.get("annotations"))
+        node_name = str(_get(pod, "spec", "nodeName") or "")
+        node = node_by_name.get(node_name)
+        subject = f"pod {namespace}/{name}"
+        try:
+            limits = _limits(pod)
+        except ValueError as exc:
+            problems.append(Problem(subject, str(exc)))
+            limits = {}
+        backend = backend_of(annotations, limits)
+        reservation = namespace == KAI_RESERVATION_NAMESPACE and KAI_GROUP in labels
+        share: GpuShare | None = None
+        whole_gpus = 0
+        try:
+            if backend is not None and node is not None:
+                if backend is GpuBackend.KAI:
+                    share = _kai_share(annotations, labels.get(KAI_GROUP), node, reserved)
+                else:
+                    share = _hami_share(annotations, limits, node)
+            elif backend is not None and node_name:
+                raise ValueError(f"it runs on node {node_name}, which reports no GPUs")
+            elif backend is None and not reservation and GPU_RESOURCE in limits:
+                whole_gpus = parse_quantity_int(limits[GPU_RESOURCE])
+        except ValueError as exc:
+            problems.append(Problem(subject, str(exc)))
+        info = PodInfo(
+            namespace=namespace,
+            name=name,
+            uid=str(meta.get("uid", "")),
+            node=node_name,
+            phase=str(_get(pod, "status", "phase") or "Pending"),
+            terminating=meta.get("deletionTimestamp") is not None,
+            created_at=parse_time(meta.get("creationTimestamp")),
+            labels=labels,
+            annotations=annotations,
+            controller=controller_of(pod),
+            backend=backend,
+            share=share,
+            whole_gpus=whole_gpus,
+            resource_version=str(meta.get("resourceVersion", "")),
+            raw=pod,
+        )
+        if labels.get(ROLE) == CAPACITY_ROLE:
+            placeholders.append(info)
+            continue
+        if reservation:
+            if node is not None and (group := labels.get(KAI_GROUP)):
+                held.setdefault(node.name, set()).add(
+                    reserved.get(group, f"{node.name}/group/{group}")
+                )
+            continue
+        infos[info.key] = info
+        if node is not None and whole_gpus:
+            whole[node.name] = whole.get(node.name, 0) + whole_gpus
+        if share is not None and node is not None:
+            held.setdefault(node.name, set()).add(share.gpu_uuid)
+            kind, owner = info.controller or ("Pod", name)
+            placements.append(
+                Placement(
+                    workload=WorkloadRef(
+                        cluster=cluster, namespace=namespace, owner_kind=kind, owner_name=owner
+                    ),
+                    pod=name,
+                    gpu_uuid=share.gpu_uuid,
+                    fraction=share.fraction,
+                )
+            )
+
+    gpus: list[Gpu] = []
+    for node in node_by_name.values():
+        ids = sorted(held.get(node.name, ()))
+        taken = len(ids) + whole.get(node.name, 0)
+        if taken > node.gpus:
+            problems.append(
+                Problem(f"node {node.name}", f"{taken} GPUs are in use but it has {node.gpus}")
+            )
+        ids += [f"{node.name}/free-{i}" for i in range(max(0, node.gpus - taken))]
+        gpus += [Gpu(uuid=u, node=node.name, memory_bytes=node.memory_mib * MIB) for u in ids]
+    return Inventory(
+        state=ClusterState(gpus=tuple(gpus), placements=tuple(placements)),
+        pods=infos,
+        problems=tuple(problems),
+        placeholders=tuple(placeholders),
+    )
+
+
+def last_change(pods: Iterable[PodInfo]) -> datetime | None:
+    """The workload's last change: its newest pod, or its latest in-place resize."""
+    times = [t for p in pods if (t := p.last_change) is not None]
+    return max(times) if times else None

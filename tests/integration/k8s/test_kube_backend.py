@@ -1,0 +1,648 @@
+"""The actuator's Kubernetes backend against a real kube-apiserver and a real NATS.
+
+Each test runs the actuator service (backend=kubernetes) in-process, publishes a decision on
+NATS and reads the ActuationResult back, then looks at what changed in the cluster: pod
+annotations, evictions, placeholder pods, PriorityClass, Events, and the target in NATS KV.
+
+No controllers, scheduler or kubelet run: the test writes what they would (a Deployment's
+ReplicaSet and pods with owner references, pods bound with spec.nodeName and made
+Running/Ready, node GPU capacity, PDB status). Creating a Node with GPU capacity stands for
+the autoscaler's new node. Every node of a test carries the label ``fracpilot.io/test=<ns>``
+and the actuator plans only on those, so tests sharing the control plane stay apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import nats
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from factories import decision
+from fracpilot_actuator.service import ActuatorService, ActuatorSettings
+from fracpilot_libs import subjects
+from fracpilot_libs.contracts import (
+    ActuationResult,
+    FractionDecision,
+    GpuBackend,
+    Outcome,
+    PlanKind,
+    WorkloadRef,
+    WorkloadTarget,
+    utcnow,
+)
+from helpers import read_stream, reset_nats, running, wait_for
+
+pytestmark = pytest.mark.integration
+
+MERGE_PATCH = "application/merge-patch+json"
+MEM_MIB = 81920
+RESERVATION_NS = "kai-resource-reservation"
+
+
+# --- the cluster as controllers would leave it ----------------------------------------------------
+
+
+class Cluster:
+    """Writes nodes, workloads and pods into one test's namespace."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.core = client.CoreV1Api(api)
+        self.apps = client.AppsV1Api(api)
+        self.policy = client.PolicyV1Api(api)
+        self.ns = namespace
+
+    @property
+    def selector(self) -> str:
+        return f"fracpilot.io/test={self.ns}"
+
+    def node(self, name: str, gpus: int) -> str:
+        name = f"{name}-{self.ns}"
+        self.core.create_node(
+            client.V1Node(
+                metadata=client.V1ObjectMeta(
+                    name=name,
+                    labels={"fracpilot.io/test": self.ns, "nvidia.com/gpu.memory": str(MEM_MIB)},
+                )
+            )
+        )
+        resources = {"cpu": "16", "memory": "64Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
+        self.core.patch_node_status(
+            name,
+            {"status": {"capacity": resources, "allocatable": resources}},
+            _content_type=MERGE_PATCH,
+        )
+        return name
+
+    def deployment(
+        self, name: str, labels: dict[str, str] | None = None
+    ) -> client.V1OwnerReference:
+        """A Deployment and its ReplicaSet; returns the owner reference for its pods."""
+        selector = client.V1LabelSelector(match_labels={"app": name})
+        template = client.V1PodTemplateSpec(
+            metadata=client.V1ObjectMeta(labels={"app": name}),
+            spec=client.V1PodSpec(containers=[client.V1Container(name="main", image="x")]),
+        )
+        deploy = self.apps.create_namespaced_deployment(
+            self.ns,
+            client.V1Deployment(
+                metadata=client.V1ObjectMeta(name=name, labels=labels),
+                spec=client.V1DeploymentSpec(selector=selector, template=template),
+            ),
+        )
+        rs = self.apps.create_namespaced_replica_set(
+            self.ns,
+            client.V1ReplicaSet(
+                metadata=client.V1ObjectMeta(
+                    name=f"{name}-6b7f9c",
+                    owner_references=[_owner("Deployment", deploy)],
+                ),
+                spec=client.V1ReplicaSetSpec(selector=selector, template=template),
+            ),
+        )
+        return _owner("ReplicaSet", rs)
+
+    def pod(
+        self,
+        name: str,
+        node: str,
+        owner: client.V1OwnerReference | None,
+        *,
+        annotations: dict[str, str] | None = None,
+        labels: dict[str, str] | None = None,
+        limits: dict[str, str] | None = None,
+        namespace: str | None = None,
+    ) -> None:
+        namespace = namespace or self.ns
+        self.core.create_namespaced_pod(
+            namespace,
+            client.V1Pod(
+                metadata=client.V1ObjectMeta(
+                    name=name,
+                    labels={
+                        "app": owner.name.rsplit("-", 1)[0] if owner else name,
+                        **(labels or {}),
+                    },
+                    annotations=annotations,
+                    owner_references=[owner] if owner else None,
+                ),
+                spec=client.V1PodSpec(
+                    node_name=node,
+                    termination_grace_period_seconds=30,
+                    containers=[
+                        client.V1Container(
+                            name="main",
+                            image="registry.invalid/inference:1",
+                            resources=client.V1ResourceRequirements(limits=limits),
+                        )
+                    ],
+                ),
+            ),
+        )
+        self.core.patch_namespaced_pod_status(
+            name,
+            namespace,
+            {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
+            _content_type=MERGE_PATCH,
+        )
+
+    def kai_pod(
+        self, name: str, node: str, owner: client.V1OwnerReference | None, fraction: str, group: str
+    ) -> None:
+        self.pod(
+            name,
+            node,
+            owner,
+            annotations={"gpu-fraction": fraction},
+            labels={"runai-gpu-group": f"{group}-{self.ns}"},
+        )
+
+    def reservation(self, group: str, node: str, gpu_uuid: str) -> None:
+        """KAI's reservation pod of a GPU group, with the UUID it reports."""
+        with contextlib.suppress(ApiException):
+            self.core.create_namespace(
+                client.V1Namespace(metadata=client.V1ObjectMeta(name=RESERVATION_NS))
+            )
+        group = f"{group}-{self.ns}"
+        self.pod(
+            f"gpu-reservation-{group}",
+            node,
+            None,
+            namespace=RESERVATION_NS,
+            labels={"runai-gpu-group": group, "app": "kai-resource-reservation"},
+            annotations={"run.ai/reserve_for_gpu_index": gpu_uuid},
+            limits={"nvidia.com/gpu": "1"},
+        )
+
+    def hami_pod(
+        self, name: str, node: str, owner: client.V1OwnerReference, memory_mib: int, gpu: str
+    ) -> None:
+        self.pod(
+            name,
+            node,
+            owner,
+            annotations={"hami.io/vgpu-devices-allocated": f"{gpu},NVIDIA,{memory_mib},0:;"},
+            limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem": str(memory_mib)},
+        )
+
+    def pdb(self, app: str, disruptions_allowed: int) -> None:
+        with contextlib.suppress(ApiException):
+            self.policy.create_namespaced_pod_disruption_budget(
+                self.ns,
+                client.V1PodDisruptionBudget(
+                    metadata=client.V1ObjectMeta(name=app),
+                    spec=client.V1PodDisruptionBudgetSpec(
+                        min_available=1,
+                        selector=client.V1LabelSelector(match_labels={"app": app}),
+                    ),
+                ),
+            )
+        generation = self.policy.read_namespaced_pod_disruption_budget(app, self.ns).metadata
+        status = {
+            "observedGeneration": generation.generation,
+            "disruptionsAllowed": disruptions_allowed,
+            "currentHealthy": 2,
+            "desiredHealthy": 2 - disruptions_allowed,
+            "expectedPods": 2,
+        }
+        self.policy.patch_namespaced_pod_disruption_budget_status(
+            app, self.ns, {"status": status}, _content_type=MERGE_PATCH
+        )
+
+    def read_pod(self, name: str) -> client.V1Pod | None:
+        try:
+            return self.core.read_namespaced_pod(name, self.ns)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def evicted(self, name: str) -> bool:
+        """Gone, or marked for deletion (no kubelet finishes a graceful deletion)."""
+        pod = self.read_pod(name)
+        return pod is None or pod.metadata.deletion_timestamp is not None
+
+    def events(self, pod: str) -> dict[str, client.CoreV1Event]:
+        listed = self.core.list_namespaced_event(
+            self.ns, field_selector=f"involvedObject.name={pod}"
+        )
+        return {e.reason: e for e in listed.items}
+
+
+def _owner(kind: str, obj: Any) -> client.V1OwnerReference:
+    return client.V1OwnerReference(
+        api_version="apps/v1",
+        kind=kind,
+        name=obj.metadata.name,
+        uid=obj.metadata.uid,
+        controller=True,
+    )
+
+
+# --- the actuator ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cluster(kube_admin: client.ApiClient, kube_namespace: str) -> Cluster:
+    return Cluster(kube_admin, kube_namespace)
+
+
+def settings_for(nats_url: str, cluster: Cluster, **changes: Any) -> ActuatorSettings:
+    fields: dict[str, Any] = {
+        "nats_url": nats_url,
+        "backend": "kubernetes",
+        "cluster": "test",
+        "gpu_node_selector": cluster.selector,
+        "allow_single_replica": True,
+        "eviction_attempts": 3,
+        "eviction_backoff_s": 0.05,
+        "eviction_backoff_max_s": 0.1,
+        "capacity_poll_s": 0.2,
+        "capacity_timeout_s": 60,
+    }
+    fields.update(changes)
+    return ActuatorSettings(**fields)
+
+
+@contextlib.asynccontextmanager
+async def actuator(
+    nats_url: str, kube_admin: client.ApiClient, cluster: Cluster, **changes: Any
+) -> AsyncIterator[ActuatorService]:
+    await reset_nats(nats_url)
+    service = ActuatorService(settings_for(nats_url, cluster, **changes), kube_api=kube_admin)
+    async with running(service):
+        yield service
+
+
+def workload(cluster: Cluster, name: str) -> WorkloadRef:
+    return WorkloadRef(cluster="test", namespace=cluster.ns, owner_name=name)
+
+
+def decide(cluster: Cluster, name: str, current: float, new: float, **changes: Any) -> Any:
+    fields: dict[str, Any] = {
+        "workload": workload(cluster, name),
+        "decision_id": f"d-{uuid.uuid4().hex[:12]}",
+        "decided_at": utcnow(),
+        "pod": f"{name}-0",
+        "explanation": f"test: {name} {current:g} -> {new:g}",
+    }
+    fields.update(changes)
+    return decision(current=current, new=new, name=name, **fields)
+
+
+async def results(nats_url: str, decision_id: str) -> list[ActuationResult]:
+    found = [
+        ActuationResult.model_validate_json(data)
+        for _, data in await read_stream(nats_url, subjects.ACTUATION_STREAM)
+    ]
+    return [r for r in found if r.decision_id == decision_id]
+
+
+async def apply(
+    nats_url: str, made: FractionDecision, count: int = 1, publish: bool = True
+) -> list[ActuationResult]:
+    """Publish the decision (unless told not to) and wait for ``count`` results of it."""
+    if publish:
+        nc = await nats.connect(nats_url)
+        await nc.jetstream().publish(subjects.decision_subject(made.workload), made.to_json())
+        await nc.close()
+    seen: list[ActuationResult] = []
+
+    async def arrived() -> bool:
+        seen[:] = await results(nats_url, made.decision_id)
+        return len(seen) >= count
+
+    deadline = asyncio.get_running_loop().time() + 30
+    while not await arrived():
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f"{len(seen)} of {count} results for {made.decision_id}")
+        await asyncio.sleep(0.1)
+    return seen
+
+
+async def target_of(nats_url: str, wl: WorkloadRef) -> WorkloadTarget | None:
+    nc = await nats.connect(nats_url)
+    try:
+        kv = await nc.jetstream().key_value(subjects.TARGET_BUCKET)
+        entry = await kv.get(subjects.kv_key(wl))
+        return WorkloadTarget.model_validate_json(entry.value or b"")
+    except Exception:
+        return None
+    finally:
+        await nc.close()
+
+
+# --- KAI in place --------------------------------------------------------------------------------
+
+
+async def test_kai_in_place_patches_the_annotation_records_the_target_and_an_event(
+    nats_url: str, kube_admin: client.ApiClient, cluster: Cluster
+) -> None:
+    node = cluster.node("gpu", gpus=1)
+    gpu = f"GPU-{uuid.uuid4()}"
+    cluster.reservation("g1", node, gpu)
+    owner = cluster.deployment("chat")
+    cluster.kai_pod("chat-0", node, owner, "0.25", "g1")
+    cluster.kai_pod("chat-1", node, owner, "0.25", "g1")
+    cluster.kai_pod("other-0", node, None, "0.25", "g1")
+
+    async with actuator(nats_url, kube_admin, cluster):
+        made = decide(cluster, "chat", 0.25, 0.375)
+        [result] = await apply(nats_url, made)
+
+    assert (result.plan, result.outcome) == (PlanKind.IN_PLACE, Outcome.APPLIED), result.detail
+    assert (result.gpu_before, result.gpu_after) == (gpu, gpu)
+    assert (result.node_before, result.fraction_after) == (node, 0.375)
+    for name in ("chat-0", "chat-1"):
+        pod = cluster.read_pod(name)
+        assert pod is not None
+        assert pod.metadata.annotations["gpu-fraction"] == "0.375"
+        assert pod.metadata.annotations["fracpilot.io/decision-id"] == made.decision_id
+        assert pod.metadata.deletion_timestamp is None
+        event = cluster.events(name)["FractionResized"]
+        assert event.type == "Normal"
+        assert "test: chat 0.25 -> 0.375" in event.message
+        assert event.reporting_component == "fracpilot.io/actuator"
+    other = cluster.read_pod("other-0")
+    assert other is not None
+    assert other.metadata.annotations["gpu-fraction"] == "0.25"
+    target = await target_of(nats_url, made.workload)
+    assert target is not None
+    assert (target.fraction, target.backend, target.decision_id) == (
+        0.375,
+        GpuBackend.KAI,
+        made.decision_id,
+    )
+    assert target.memory_mib == round(0.375 * MEM_MIB)
+
+
+# --- recreate elsewhere, PDB ----------------------------------------------------------------------
+
+
+async def test_recreate_elsewhere_honours_the_pdb_then_evicts_with_budget(
+    nats_url: str, kube_admin: client.ApiClient, cluster: Cluster
+) -> None:
+    full = cluster.node("full", gpus=1)
+    cluster.node("spare", gpus=1)
+    owner = cluster.deployment("chat")
+    cluster.kai_pod("chat-0", full, owner, "0.5", "g1")
+    cluster.kai_pod("chat-1", full, owner, "0.5", "g1")
+    cluster.pdb("chat", disruptions_allowed=0)
+
+    async with actuator(nats_url, kube_admin, cluster):
+        refused = decide(cluster, "chat", 0.5, 0.625, pod="chat-0")
+        [result] = await apply(nats_url, refused)
+        assert (result.plan, result.outcome) == (PlanKind.RECREATE_ELSEWHERE, Outcome.FAILED)
+        assert "refused 3 times" in (result.error or "")
+        assert "disruption budget" in (result.error or "")
+        assert result.node_after == f"spare-{cluster.ns}"
+        assert not cluster.evicted("chat-0")  # retried, never forced
+        # chat-1 grows in place only once chat-0 has moved out: not yet.
+        assert cluster.read_pod("chat-1").metadata.annotations["gpu-fraction"] == "0.5"  # type: ignore[union-attr]
+        assert {"FractionEvictionRequested", "FractionEvictionFailed"} <= set(
+            cluster.events("chat-0")
+        )
+        target = await target_of(nats_url, refused.workload)
+        assert target is not None
+        assert target.fraction == 0.625  # recorded before the eviction
+
+        cluster.pdb("chat", disruptions_allowed=1)
+        allowed = decide(cluster, "chat", 0.5, 0.625, pod="chat-0")
+        [result] = await apply(nats_url, allowed)
+    assert (result.plan, result.outcome) == (PlanKind.RECREATE_ELSEWHERE, Outcome.APPLIED)
+    assert cluster.evicted("chat-0")
+    assert cluster.read_pod("chat-1").metadata.annotations["gpu-fraction"] == "0.625"  # type: ignore[union-attr]
+
+
+# --- scale up -------------------------------------------------------------------------------------
+
+
+async def test_scale_up_asks_for_capacity_and_evicts_only_once_it_exists(
+    nats_url: str, kube_admin: client.ApiClient, cluster: Cluster
+) -> None:
+    node = cluster.node("gpu", gpus=1)
+    cluster.kai_pod("chat-0", node, cluster.deployment("chat"), "0.5", "g1")
+    cluster.kai_pod("big-0", node, None, "0.5", "g1")
+    scheduling = client.SchedulingV1Api(kube_admin)
+
+    async with actuator(nats_url, kube_admin, cluster) as service:
+        made = decide(cluster, "chat", 0.5, 0.75)
+        first = (await apply(nats_url, made))[0]
+        assert (first.plan, first.outcome) == (PlanKind.SCALE_UP, Outcome.APPLIED), first.detail
+        assert "capacity requested" in first.detail
+
+        placeholders = cluster.core.list_namespaced_pod(
+            cluster.ns, label_selector="fracpilot.io/role=capacity"
+        ).items
+        assert len(placeholders) == 1
+        placeholder = placeholders[0]
+        assert placeholder.spec.priority_class_name == "fracpilot-capacity"
+        assert placeholder.spec.priority == -10
+        assert placeholder.spec.containers[0].resources.limits == {
+            "nvidia.com/gpu": "1",
+            "memory": "16Mi",
+        }
+        assert placeholder.spec.node_name is None
+        assert scheduling.read_priority_class("fracpilot-capacity").value == -10
+        assert "CapacityRequested" in cluster.events("chat-0")
+        assert await target_of(nats_url, made.workload) is not None
+
+        await asyncio.sleep(1.0)  # several capacity checks: nothing may move yet
+        assert not cluster.evicted("chat-0")
+        assert await results(nats_url, made.decision_id) == [first]
+        assert made.workload.key in service.backend.guards.in_flight  # type: ignore[union-attr]
+
+        # In flight: another decision for the workload is turned away.
+        again = decide(cluster, "chat", 0.5, 0.875)
+        [busy] = await apply(nats_url, again)
+        assert busy.outcome is Outcome.SKIPPED
+        assert "in flight" in busy.detail
+
+        cluster.node("new", gpus=1)  # the autoscaler's new node
+        _, second = await apply(nats_url, made, count=2, publish=False)
+    assert (second.plan, second.outcome) == (PlanKind.SCALE_UP, Outcome.APPLIED), second.detail
+    assert "capacity appeared" in second.detail
+    assert second.node_after == f"new-{cluster.ns}"
+    assert cluster.evicted("chat-0")
+    assert cluster.read_pod(placeholder.metadata.name) is None
+    assert "FractionEvictionRequested" in cluster.events("chat-0")
+
+
+# --- HAMi -----------------------------------------------------------------------------------------
+
+
+async def test_hami_change_is_a_recreate_even_when_it_fits(
+    nats_url: str, kube_admin: client.ApiClient, cluster: Cluster
+) -> None:
+    node = cluster.node("gpu", gpus=1)
+    gpu = f"GPU-{uuid.uuid4()}"
+    owner = cluster.deployment("embed")
+    cluster.hami_pod("embed-0", node, owner, 20480, gpu)
+    cluster.hami_pod("embed-1", node, owner, 20480, gpu)
+
+    async with actuator(nats_url, kube_admin, cluster, max_disruptions_per_namespace=5):
+        made = decide(cluster, "embed", 0.25, 0.125, pod="embed-0")  # a downsize
+        [result] = await apply(nats_url, made)
+    assert (result.plan, result.outcome) == (PlanKind.RECREATE_ELSEWHERE, Outcome.APPLIED)
+    assert result.gpu_after == gpu
+    assert "HAMi cannot change a running pod" in result.detail
+    assert cluster.evicted("embed-0")
+    assert cluster.evicted("embed-1")
+    target = await target_of(nats_url, made.workload)
+    assert target is not None
+    assert (target.backend, target.memory_mib) == (GpuBackend.HAMI, 10240)
+
+
+# --- guardrails -----------------------------------------------------------------------------------
+
+
+async def test_dry_run_plans_and_changes_nothing(
+    nats_url: str, kube_admin: client.ApiClient, cluster: Cluster
+) -> None:
+    node = cluster.node("gpu", gpus=1)
+    owner = cluster.deployment("chat")
+    cluster.kai_pod("chat-0", node, owner, "0.5", "g1")
+    cluster.kai_pod("chat-1", node, owner, "0.5", "g1")
+
+    async with actuator(nats_url, kube_admin, cluster, dry_run=True):
+        made = decide(cluster, "chat", 0.5, 0.25)
+        [result] = await apply(nats_url, made)
+    assert (result.plan, result.outcome) == (PlanKind.IN_PLACE, Outcome.DRY_RUN)
+    assert result.detail.startswith("dry-run: would in_place")
+    assert result.fraction_after == 0.5
+    pod = cluster.read_pod("chat-0")
+    assert pod is not None
+    assert pod.metadata.annotations["gpu-fraction"] == "0.5"
+    assert cluster.events("chat-0") == {}
+    assert await target_of(nats_url, made.workload) is None
+
+
+async def test_rate_limit_denies_the_next_disruptive_action(
+    nats_url: str, kube_admin: client.ApiClient, cluster: Cluster
+) -> None:
+    node = cluster.node("gpu", gpus=3)
+    for i, name in enumerate(("a", "b", "c")):
+        owner = cluster.deployment(name)
+        cluster.hami_pod(f"{name}-0", node, owner, 20480, f"GPU-{cluster.ns}-{i}")
+
+    async with actuator(
+        nats_url, kube_admin, cluster, max_disruptions=2, max_disruptions_per_namespace=5
+    ):
+        outcomes = []
+        for name in ("a", "b", "c"):
+            [result] = await apply(nats_url, decide(cluster, name, 0.25, 0.5))
+            outcomes.append((result.outcome, result.detail))
+    assert [o for o, _ in outcomes] == [Outcome.APPLIED, Outcome.APPLIED, Outcome.SKIPPED]
+    assert "rate: 2 disruptive actions" in outcomes[2][1]
+    assert cluster.evicted("a-0")
+    assert cluster.evicted("b-0")
+    assert not cluster.evicted("c-0")
+
+
+async def test_single_replica_is_recreated_only_when_allowed(
+    nats_url: str, kube_admin: client.ApiClient, cluster: Cluster
+) -> None:
+    node = cluster.node("gpu", gpus=1)
+    cluster.hami_pod("solo-0", node, cluster.deployment("solo"), 20480, f"GPU-{cluster.ns}")
+    async with actuator(nats_url, kube_admin, cluster, allow_single_replica=False):
+        [result] = await apply(nats_url, decide(cluster, "solo", 0.25, 0.5))
+    assert result.outcome is Outcome.SKIPPED
+    assert result.detail.startswith("single_replica:")
+    assert not cluster.evicted("solo-0")
+
+
+async def test_opted_out_workloads_are_skipped(
+    nats_url: str, kube_admin: client.ApiClient, cluster: Cluster
+) -> None:
+    node = cluster.node("gpu", gpus=1)
+    by_owner = cluster.deployment("chat", labels={"fracpilot.io/opt-out": "true"})
+    cluster.kai_pod("chat-0", node, by_owner, "0.25", "g1")
+    by_pod = cluster.deployment("embed")
+    cluster.pod(
+        "embed-0",
+        node,
+        by_pod,
+        annotations={"gpu-fraction": "0.25", "fracpilot.io/opt-out": "true"},
+        labels={"runai-gpu-group": f"g1-{cluster.ns}"},
+    )
+    async with actuator(nats_url, kube_admin, cluster):
+        [chat] = await apply(nats_url, decide(cluster, "chat", 0.25, 0.5))
+        [embed] = await apply(nats_url, decide(cluster, "embed", 0.25, 0.5))
+    assert chat.outcome is Outcome.SKIPPED
+    assert f"Deployment {cluster.ns}/chat" in chat.detail
+    assert embed.outcome is Outcome.SKIPPED
+    assert f"pod {cluster.ns}/embed-0" in embed.detail
+    for name in ("chat-0", "embed-0"):
+        pod = cluster.read_pod(name)
+        assert pod is not None
+        assert pod.metadata.annotations["gpu-fraction"] == "0.25"
+        assert cluster.events(name) == {}
+    assert await target_of(nats_url, workload(cluster, "chat")) is None
+
+
+async def test_a_decision_older_than_the_pods_is_stale(
+    nats_url: str, kube_admin: client.ApiClient, cluster: Cluster
+) -> None:
+    node = cluster.node("gpu", gpus=1)
+    cluster.kai_pod("chat-0", node, cluster.deployment("chat"), "0.25", "g1")
+    async with actuator(nats_url, kube_admin, cluster):
+        old = decide(cluster, "chat", 0.25, 0.5, decided_at=utcnow() - timedelta(hours=1))
+        [result] = await apply(nats_url, old)
+    assert (result.plan, result.outcome) == (PlanKind.IN_PLACE, Outcome.SKIPPED)
+    assert result.detail.startswith("stale: decision made at")
+    pod = cluster.read_pod("chat-0")
+    assert pod is not None
+    assert pod.metadata.annotations["gpu-fraction"] == "0.25"
+
+
+async def test_a_bad_annotation_is_reported_and_the_actuator_carries_on(
+    nats_url: str, kube_admin: client.ApiClient, cluster: Cluster
+) -> None:
+    node = cluster.node("gpu", gpus=1)
+    cluster.pod("chat-0", node, cluster.deployment("chat"), annotations={"gpu-fraction": "abc"})
+    cluster.kai_pod("embed-0", node, cluster.deployment("embed"), "0.25", "g1")
+    async with actuator(nats_url, kube_admin, cluster):
+        [bad] = await apply(nats_url, decide(cluster, "chat", 0.25, 0.5))
+        [good] = await apply(nats_url, decide(cluster, "embed", 0.25, 0.5))
+    assert (bad.plan, bad.outcome) == (PlanKind.NONE, Outcome.SKIPPED)
+    assert f"pod {cluster.ns}/chat-0: gpu-fraction 'abc' is not a number" in (bad.error or "")
+    warning = cluster.events("chat-0")["FractionInvalid"]
+    assert warning.type == "Warning"
+    assert (good.plan, good.outcome) == (PlanKind.IN_PLACE, Outcome.APPLIED)
+
+
+async def test_scale_up_resumes_after_a_restart_and_gives_up_without_capacity(
+    nats_url: str, kube_admin: client.ApiClient, cluster: Cluster
+) -> None:
+    node = cluster.node("gpu", gpus=1)
+    owner = cluster.deployment("chat")
+    cluster.kai_pod("chat-0", node, owner, "0.5", "g1")
+    cluster.kai_pod("big-0", node, None, "0.5", "g1")
+    made = decide(cluster, "chat", 0.5, 0.75)
+    async with actuator(nats_url, kube_admin, cluster, capacity_poll_s=30):
+        [first] = await apply(nats_url, made)
+        assert first.plan is PlanKind.SCALE_UP
+    # A new actuator finds the placeholder, carries the scale-up on and times it out.
+    service = ActuatorService(
+        settings_for(nats_url, cluster, capacity_timeout_s=0.5), kube_api=kube_admin
+    )
+    async with running(service):
+        await wait_for(lambda: not service.backend.pending, timeout=20)  # type: ignore[union-attr]
+        _, last = await apply(nats_url, made, count=2, publish=False)
+    assert (last.plan, last.outcome) == (PlanKind.SCALE_UP, Outcome.FAILED)
+    assert "no GPU with 0.75 free appeared" in (last.error or "")
+    assert not cluster.evicted("chat-0")
+    assert (
+        cluster.core.list_namespaced_pod(
+            cluster.ns, label_selector="fracpilot.io/role=capacity"
+        ).items
+        == []
+    )
+    assert "CapacityNotAvailable" in cluster.events("chat-0")
