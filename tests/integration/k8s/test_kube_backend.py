@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -38,7 +39,7 @@ from fracpilot_libs.contracts import (
     WorkloadTarget,
     utcnow,
 )
-from helpers import read_stream, reset_nats, running, wait_for
+from helpers import counter, read_stream, reset_nats, running, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -266,6 +267,7 @@ def settings_for(nats_url: str, cluster: Cluster, **changes: Any) -> ActuatorSet
         "eviction_backoff_max_s": 0.1,
         "capacity_poll_s": 0.2,
         "capacity_timeout_s": 60,
+        "namespace": cluster.ns,  # the Lease lives in the test's namespace
     }
     fields.update(changes)
     return ActuatorSettings(**fields)
@@ -646,3 +648,71 @@ async def test_scale_up_resumes_after_a_restart_and_gives_up_without_capacity(
         == []
     )
     assert "CapacityNotAvailable" in cluster.events("chat-0")
+
+
+# --- two replicas: only the Lease holder acts ---------------------------------------------
+
+
+async def test_two_actuators_only_the_leader_acts_and_the_standby_takes_over(
+    nats_url: str, kube_admin: client.ApiClient, cluster: Cluster
+) -> None:
+    node = cluster.node("gpu", gpus=1)
+    cluster.reservation("g1", node, f"GPU-{uuid.uuid4()}")
+    owner = cluster.deployment("chat")
+    cluster.kai_pod("chat-0", node, owner, "0.25", "g1")
+    await reset_nats(nats_url)
+    lease = {
+        "lease_duration_s": 2,
+        "lease_renew_deadline_s": 1.5,
+        "lease_renew_period_s": 0.5,
+        "lease_retry_period_s": 0.25,
+    }
+    first = ActuatorService(
+        settings_for(nats_url, cluster, identity="replica-a", **lease), kube_api=kube_admin
+    )
+    second = ActuatorService(
+        settings_for(nats_url, cluster, identity="replica-b", **lease), kube_api=kube_admin
+    )
+    async with running(first), running(second):
+        electors = (first.elector, second.elector)
+        assert None not in electors
+        await wait_for(lambda: any(e.is_leader for e in electors if e), timeout=10)
+        leader, standby = (
+            (first, second) if first.elector and first.elector.is_leader else (second, first)
+        )
+        assert standby.elector is not None
+        assert not standby.elector.is_leader
+        [result] = await apply(nats_url, decide(cluster, "chat", 0.25, 0.375))
+        assert result.outcome is Outcome.APPLIED
+        handled = {
+            svc: counter(
+                svc.runtime.registry,
+                "fracpilot_actuator_actions_total",
+                plan="in_place",
+                outcome="applied",
+            )
+            for svc in (first, second)
+        }
+        assert handled[leader] == 1
+        assert handled[standby] == 0  # the standby does not even consume
+
+        # The leader dies without handing the Lease back: it stops renewing.
+        assert leader.elector is not None
+        await leader.elector.stop(release=False)
+        died = time.monotonic()
+        await wait_for(
+            lambda: standby.elector is not None and standby.elector.is_leader, timeout=10
+        )
+        takeover_s = time.monotonic() - died
+        [result] = await apply(nats_url, decide(cluster, "chat", 0.375, 0.5))
+        assert result.outcome is Outcome.APPLIED
+        assert (
+            counter(
+                standby.runtime.registry,
+                "fracpilot_actuator_actions_total",
+                plan="in_place",
+                outcome="applied",
+            )
+            == 1
+        )
+    assert takeover_s <= lease["lease_duration_s"] + lease["lease_retry_period_s"] + 0.5

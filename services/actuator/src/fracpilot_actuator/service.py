@@ -25,6 +25,7 @@ from pydantic import Field
 
 from fracpilot_actuator.backends import Actuation, ClusterBackend, SimulatedBackend
 from fracpilot_actuator.guardrails import GuardrailSettings
+from fracpilot_actuator.leader import ElectionTiming, KubernetesLeaseStore, LeaderElector
 from fracpilot_actuator.simulated_cluster import SimulatedCluster, parse_seed_pods, seed_cluster
 from fracpilot_actuator.webhook import WebhookServer, start_webhook
 from fracpilot_libs import subjects
@@ -86,8 +87,21 @@ class ActuatorSettings(ServiceSettings):
         default=10.0, gt=0, description="how often waiting scale-ups look for capacity, seconds"
     )
     capacity_namespace: str | None = Field(
-        default=None, description="namespace of placeholder pods; unset: the workload's"
+        default=None,
+        description="namespace of placeholder pods; unset: the actuator's own (the RBAC in "
+        "deploy/rbac/actuator.yaml allows creating pods only there)",
     )
+    namespace: str = Field(
+        default="fracpilot", description="the actuator's own namespace (its Lease, placeholders)"
+    )
+    leader_election: bool = Field(
+        default=True, description="backend=kubernetes: only the Lease holder acts"
+    )
+    identity: str | None = Field(default=None, description="leader identity; the hostname")
+    lease_duration_s: int = Field(default=15, ge=1)
+    lease_renew_deadline_s: float = Field(default=10.0, gt=0)
+    lease_renew_period_s: float = Field(default=5.0, gt=0)
+    lease_retry_period_s: float = Field(default=2.0, gt=0)
     placeholder_image: str = "registry.k8s.io/pause:3.10"
     default_gpu_memory_mib: int = Field(
         default=81920, gt=0, description="GPU memory of nodes without nvidia.com/gpu.memory"
@@ -106,6 +120,10 @@ class ActuatorSettings(ServiceSettings):
     sim_gpus_per_node: int = Field(default=2, ge=1)
     sim_gpu_memory_gib: int = Field(default=80, ge=1)
     sim_pods: str = Field(default="", description="seed pods: ns/name=fraction,...")
+
+
+class NotLeaderError(RuntimeError):
+    """Raised for a decision fetched just before the lease was lost: it is redelivered."""
 
 
 class ActuatorService:
@@ -127,6 +145,7 @@ class ActuatorService:
         self._lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self.webhook: WebhookServer | None = None
+        self.elector: LeaderElector | None = None
         self.actions = Counter(
             "fracpilot_actuator_actions_total",
             "Decisions handled",
@@ -153,8 +172,40 @@ class ActuatorService:
         else:
             self.backend = await self._simulated_backend()
         await self.backend.start()
+        if s.backend == "kubernetes" and s.leader_election:
+            self.elector = LeaderElector(
+                KubernetesLeaseStore(self._kube_api, s.namespace),
+                s.identity,
+                ElectionTiming(
+                    lease_duration_s=s.lease_duration_s,
+                    renew_deadline_s=s.lease_renew_deadline_s,
+                    renew_period_s=s.lease_renew_period_s,
+                    retry_period_s=s.lease_retry_period_s,
+                ),
+                registry=self.runtime.registry,
+                on_stopped_leading=self._lost_leadership,
+            )
+            await self.elector.start()
+            self._tasks.append(asyncio.create_task(self._act_once_leading(), name="standby"))
+        else:
+            await self._begin_acting()
+
+    async def _act_once_leading(self) -> None:
+        assert self.elector is not None
+        log.info("standing by for the lease", extra={"identity": self.elector.identity})
+        await self.elector.wait_for_leadership()
+        await self._begin_acting()
+
+    def _lost_leadership(self) -> None:
+        # As controller-runtime does: a replica that lost the lease exits, and comes back
+        # (restarted by its Deployment) as a standby. Nothing acts after this point: every
+        # action checks is_leader under the action lock.
+        log.error("lost the lease: stopping so that only the new leader acts")
+        self.runtime.stop_requested.set()
+
+    async def _begin_acting(self) -> None:
         self._tasks.append(asyncio.create_task(self._reconcile_loop(), name="reconcile"))
-        await bus.consume(
+        await self.runtime.bus.consume(
             stream=subjects.DECISION_STREAM,
             durable=subjects.ACTUATOR_CONSUMER,
             filter_subject=f"{subjects.DECISION_PREFIX}.>",
@@ -192,7 +243,7 @@ class ActuatorService:
             eviction_backoff_s=s.eviction_backoff_s,
             eviction_backoff_max_s=s.eviction_backoff_max_s,
             capacity_timeout_s=s.capacity_timeout_s,
-            capacity_namespace=s.capacity_namespace,
+            capacity_namespace=s.capacity_namespace or s.namespace,
             placeholder_image=s.placeholder_image,
             guardrails=GuardrailSettings(
                 max_disruptions=s.max_disruptions,
@@ -201,9 +252,10 @@ class ActuatorService:
                 allow_single_replica=s.allow_single_replica,
             ),
         )
-        api = self._kube_api or await asyncio.to_thread(api_client, s.kubeconfig)
+        if self._kube_api is None:
+            self._kube_api = await asyncio.to_thread(api_client, s.kubeconfig)
         return KubernetesBackend(
-            KubeApi(api),
+            KubeApi(self._kube_api),
             await self.runtime.bus.kv(subjects.TARGET_BUCKET),
             settings,
             report=lambda decision, actuation: self._report(decision, actuation, "finished"),
@@ -216,6 +268,9 @@ class ActuatorService:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        if self.elector is not None:
+            async with self._lock:  # the action in hand finishes before the lease is released
+                await self.elector.stop(release=True)
 
     async def _reconcile_loop(self) -> None:
         """Carry on with actions that wait (a scale-up waiting for capacity)."""
@@ -230,6 +285,8 @@ class ActuatorService:
 
     async def on_decision(self, decision: FractionDecision, _msg: Msg) -> None:
         async with self._lock:  # one decision at a time
+            if self.elector is not None and not self.elector.is_leader:
+                raise NotLeaderError("not the leader any more: the new leader will act")
             await self._handle(decision)
 
     async def _claim(self, decision: FractionDecision) -> str | None:

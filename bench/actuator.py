@@ -1,0 +1,523 @@
+"""Actuator throughput and latency: decisions on NATS to pod patches on a real kube-apiserver.
+
+Usage: python bench/actuator.py [--pods 200] [--decisions 200] [--rate 20]
+                                [--executor in-place|backend|all]
+
+Starts an embedded nats-server and a real etcd + kube-apiserver (tests/k8s_control_plane.py;
+the binaries must be built once: ``make k8s-testbin``), writes a KAI cluster as controllers
+would leave it (GPU nodes, KAI's reservation pods naming each GPU, Deployments with one pod
+each holding ``gpu-fraction: 0.5``), then times:
+
+1. raw: the same number of merge patches of a pod's annotations, straight from the client in a
+   loop, no NATS: the floor of any actuator;
+2. backlog: every decision published first, then consumed by a durable pull consumer (the
+   service's ``Bus.consume``) and applied one at a time, as the service does: decisions/s;
+3. paced: decisions published at ``--rate`` per second (at most half of what the backlog run
+   sustained, so that no queue builds up) while they are applied: the time from the decision
+   going onto NATS to the patch accepted by the apiserver, p50 and p99.
+
+What applies one decision is an :class:`Executor`, chosen with ``--executor``:
+
+- ``in-place``: :func:`apply_in_place`, the two calls of the in-place plan: a merge patch of the
+  pod's ``gpu-fraction`` annotation (with ``fracpilot.io/resized-at`` and the decision id) and
+  a core/v1 Event on the pod;
+- ``backend``: ``fracpilot_actuator.kube.backend.KubernetesBackend.actuate``, the actuator's
+  whole path per decision: list nodes and pods, read the owners, plan, check the guardrails,
+  record the target in NATS KV, then the same patch and Event (the patch is accepted when
+  ``actuate`` returns, one Event later). Listed when that module imports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from kubernetes import client
+from nats.aio.msg import Msg
+from prometheus_client import CollectorRegistry
+
+from fracpilot_libs import subjects
+from fracpilot_libs.bus import Bus
+from fracpilot_libs.config import ServiceSettings
+from fracpilot_libs.contracts import (
+    Direction,
+    FractionDecision,
+    ReasonCode,
+    WorkloadRef,
+    utcnow,
+)
+from fracpilot_libs.embedded_nats import EmbeddedNats
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from k8s_control_plane import ControlPlane, k8s_version
+
+MERGE_PATCH = "application/merge-patch+json"
+CLUSTER = "bench"
+GPU_MEMORY_MIB = 81920
+GPUS_PER_NODE = 8
+RESERVATION_NS = "kai-resource-reservation"
+HIGH, LOW = 0.5, 0.25  # each decision flips a workload between these
+
+
+# --- what applies one decision -------------------------------------------------------------------
+
+
+def apply_in_place(core: client.CoreV1Api, decision: FractionDecision, instance: str) -> float:
+    """The in-place plan's calls for one KAI pod; returns when (monotonic) the patch was accepted.
+
+    The same two calls as ``KubernetesBackend._resize_in_place``: a merge patch of the pod's
+    annotations, then a core/v1 Event saying what changed and why.
+    """
+    ns, pod, now = decision.workload.namespace, decision.pod, utcnow()
+    annotations = {
+        "gpu-fraction": f"{decision.new_fraction:g}",
+        "fracpilot.io/resized-at": now.isoformat(),
+        "fracpilot.io/decision-id": decision.decision_id,
+    }
+    patched = core.patch_namespaced_pod(
+        pod, ns, {"metadata": {"annotations": annotations}}, _content_type=MERGE_PATCH
+    )
+    accepted = time.monotonic()
+    assert patched.metadata is not None
+    core.create_namespaced_event(
+        ns,
+        client.CoreV1Event(
+            metadata=client.V1ObjectMeta(name=f"{pod}.{uuid.uuid4().hex[:10]}", namespace=ns),
+            involved_object=client.V1ObjectReference(
+                api_version="v1", kind="Pod", name=pod, namespace=ns, uid=patched.metadata.uid
+            ),
+            reason="FractionResized",
+            message=(
+                f"GPU share {decision.current_fraction:g} -> {decision.new_fraction:g} "
+                f"(decision {decision.decision_id})"
+            ),
+            type="Normal",
+            source=client.V1EventSource(component="fracpilot-actuator"),
+            reporting_component="fracpilot.io/actuator",
+            reporting_instance=instance,
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+        ),
+    )
+    return accepted
+
+
+class Executor(Protocol):
+    name: str
+
+    async def apply(self, decision: FractionDecision) -> float:
+        """Apply one decision; the monotonic time its patch was accepted."""
+        ...
+
+
+class InPlaceExecutor:
+    name = "in-place"
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.core = client.CoreV1Api(api)
+
+    async def apply(self, decision: FractionDecision) -> float:
+        return await asyncio.to_thread(apply_in_place, self.core, decision, "bench")
+
+
+class BackendExecutor:
+    """The actuator's Kubernetes backend, as the service calls it for each decision."""
+
+    name = "backend"
+
+    def __init__(self, api: client.ApiClient, bus: Bus, selector: str) -> None:
+        self.api, self.bus, self.selector = api, bus, selector
+        self.outcomes: dict[str, int] = {}
+        self._backend: Any = None
+
+    async def start(self) -> None:
+        from fracpilot_actuator.guardrails import GuardrailSettings
+        from fracpilot_actuator.kube.api import KubeApi
+        from fracpilot_actuator.kube.backend import KubeBackendSettings, KubernetesBackend
+
+        async def report(*_: object) -> None:
+            return None
+
+        self._backend = KubernetesBackend(
+            KubeApi(self.api),
+            await self.bus.kv(subjects.TARGET_BUCKET),
+            KubeBackendSettings(
+                cluster=CLUSTER,
+                node_selector=self.selector,
+                guardrails=GuardrailSettings(allow_single_replica=True),
+            ),
+            report,
+            instance="bench",
+        )
+        await self._backend.start()
+
+    async def apply(self, decision: FractionDecision) -> float:
+        actuation = await self._backend.actuate(decision, dry_run="", now=utcnow())
+        accepted = time.monotonic()
+        outcome = str(actuation.outcome.value)
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+        return accepted
+
+
+def backend_available() -> str | None:
+    """None when the actuator's Kubernetes backend imports, else why not."""
+    try:
+        import fracpilot_actuator.kube.backend  # noqa: F401
+    except ImportError as exc:
+        return str(exc)
+    return None
+
+
+# --- the cluster ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Cluster:
+    api: client.ApiClient
+    namespace: str
+    pods: list[str] = field(default_factory=list)
+    fraction: dict[str, float] = field(default_factory=dict)  # workload name -> current
+
+    @property
+    def selector(self) -> str:
+        return f"fracpilot.io/bench={self.namespace}"
+
+    def write(self, workloads: int) -> None:
+        """GPU nodes, a reservation pod per GPU and a one-pod Deployment per GPU, as KAI and
+        the controllers would leave them (nothing runs them: no kubelet, no scheduler)."""
+        core, apps = client.CoreV1Api(self.api), client.AppsV1Api(self.api)
+        for ns in (self.namespace, RESERVATION_NS):
+            core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+        nodes = (workloads + GPUS_PER_NODE - 1) // GPUS_PER_NODE
+        gpus = str(GPUS_PER_NODE)
+        for n in range(nodes):
+            core.create_node(
+                client.V1Node(
+                    metadata=client.V1ObjectMeta(
+                        name=f"gpu-{n}",
+                        labels={
+                            "fracpilot.io/bench": self.namespace,
+                            "nvidia.com/gpu.memory": str(GPU_MEMORY_MIB),
+                        },
+                    )
+                )
+            )
+            resources = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": gpus}
+            core.patch_node_status(
+                f"gpu-{n}",
+                {"status": {"capacity": resources, "allocatable": resources}},
+                _content_type=MERGE_PATCH,
+            )
+        for i in range(workloads):
+            node, group, name = f"gpu-{i // GPUS_PER_NODE}", f"group-{i}", f"svc{i}"
+            self._running_pod(
+                core,
+                RESERVATION_NS,
+                f"gpu-reservation-{group}",
+                node,
+                labels={"runai-gpu-group": group, "app": "kai-resource-reservation"},
+                annotations={"run.ai/reserve_for_gpu_index": f"GPU-{i:08d}"},
+                limits={"nvidia.com/gpu": "1"},
+            )
+            owner = self._deployment(apps, name)
+            self._running_pod(
+                core,
+                self.namespace,
+                f"{name}-0",
+                node,
+                labels={"app": name, "runai-gpu-group": group},
+                annotations={"gpu-fraction": f"{HIGH:g}"},
+                owner=owner,
+            )
+            self.pods.append(f"{name}-0")
+            self.fraction[name] = HIGH
+
+    def _deployment(self, apps: client.AppsV1Api, name: str) -> client.V1OwnerReference:
+        selector = client.V1LabelSelector(match_labels={"app": name})
+        template = client.V1PodTemplateSpec(
+            metadata=client.V1ObjectMeta(labels={"app": name}),
+            spec=client.V1PodSpec(containers=[client.V1Container(name="main", image="x")]),
+        )
+        deploy = apps.create_namespaced_deployment(
+            self.namespace,
+            client.V1Deployment(
+                metadata=client.V1ObjectMeta(name=name),
+                spec=client.V1DeploymentSpec(selector=selector, template=template),
+            ),
+        )
+        rs = apps.create_namespaced_replica_set(
+            self.namespace,
+            client.V1ReplicaSet(
+                metadata=client.V1ObjectMeta(
+                    name=f"{name}-6b7f9c",
+                    owner_references=[_owner("Deployment", deploy)],
+                ),
+                spec=client.V1ReplicaSetSpec(selector=selector, template=template),
+            ),
+        )
+        return _owner("ReplicaSet", rs)
+
+    @staticmethod
+    def _running_pod(
+        core: client.CoreV1Api,
+        namespace: str,
+        name: str,
+        node: str,
+        *,
+        labels: dict[str, str],
+        annotations: dict[str, str],
+        limits: dict[str, str] | None = None,
+        owner: client.V1OwnerReference | None = None,
+    ) -> None:
+        core.create_namespaced_pod(
+            namespace,
+            client.V1Pod(
+                metadata=client.V1ObjectMeta(
+                    name=name,
+                    labels=labels,
+                    annotations=annotations,
+                    owner_references=[owner] if owner else None,
+                ),
+                spec=client.V1PodSpec(
+                    node_name=node,
+                    scheduler_name="kai-scheduler",
+                    containers=[
+                        client.V1Container(
+                            name="main",
+                            image="registry.invalid/inference:1",
+                            resources=client.V1ResourceRequirements(limits=limits),
+                        )
+                    ],
+                ),
+            ),
+        )
+        core.patch_namespaced_pod_status(
+            name,
+            namespace,
+            {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
+            _content_type=MERGE_PATCH,
+        )
+
+    def next_decision(self, i: int) -> FractionDecision:
+        """A decision flipping workload ``i % pods`` between 0.5 and 0.25."""
+        pod = self.pods[i % len(self.pods)]
+        name = pod.rsplit("-", 1)[0]
+        current = self.fraction[name]
+        new = LOW if current == HIGH else HIGH
+        self.fraction[name] = new
+        return FractionDecision(
+            decision_id=f"bench-{uuid.uuid4().hex[:16]}",
+            workload=WorkloadRef(cluster=CLUSTER, namespace=self.namespace, owner_name=name),
+            decided_at=utcnow(),
+            pod=pod,
+            current_fraction=current,
+            new_fraction=new,
+            device_memory_bytes=GPU_MEMORY_MIB * 2**20,
+            current_memory_mib=int(current * GPU_MEMORY_MIB),
+            new_memory_mib=int(new * GPU_MEMORY_MIB),
+            direction=Direction.UP if new > current else Direction.DOWN,
+            reason=ReasonCode.COMPUTE_HIGH if new > current else ReasonCode.UNDERUSED,
+            explanation="bench",
+            policy_revision=0,
+        )
+
+
+def _owner(kind: str, obj: Any) -> client.V1OwnerReference:
+    return client.V1OwnerReference(
+        api_version="apps/v1", kind=kind, name=obj.metadata.name, uid=obj.metadata.uid,
+        controller=True,
+    )  # fmt: skip
+
+
+# --- the measurements ----------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    path: str
+    n: int
+    seconds: float
+    latencies_s: list[float] = field(default_factory=list)  # empty: not meaningful here
+    note: str = ""
+
+    def cells(self) -> str:
+        def ms(q: float) -> str:
+            if not self.latencies_s:
+                return "-"
+            ordered = sorted(self.latencies_s)
+            return f"{ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000:.1f}"
+
+        return (
+            f"{self.path:<38}{self.n:>6}{self.seconds:>9.2f}{self.n / self.seconds:>9.0f}"
+            f"{ms(0.5):>9}{ms(0.99):>9}  {self.note}"
+        )
+
+
+def raw_patches(cluster: Cluster, n: int) -> Row:
+    """The floor: n annotation patches in a loop, no NATS, no thread hop."""
+    core = client.CoreV1Api(cluster.api)
+    latencies = []
+    start = time.perf_counter()
+    for i in range(n):
+        pod = cluster.pods[i % len(cluster.pods)]
+        t = time.perf_counter()
+        core.patch_namespaced_pod(
+            pod,
+            cluster.namespace,
+            {"metadata": {"annotations": {"fracpilot.io/bench": str(i)}}},
+            _content_type=MERGE_PATCH,
+        )
+        latencies.append(time.perf_counter() - t)
+    return Row("raw merge patch (no NATS)", n, time.perf_counter() - start, latencies)
+
+
+ExecutorFactory = Callable[[Bus], Awaitable[Executor]]
+"""Makes the executor once the consumer is connected (the backend keeps targets in its KV)."""
+
+
+async def through_nats(
+    nats_url: str, cluster: Cluster, make: ExecutorFactory, n: int, rate: float | None
+) -> tuple[Row, Executor]:
+    """Publish n decisions (all first, or at ``rate`` per second) and apply each as consumed."""
+    settings = ServiceSettings(nats_url=nats_url)
+    consumer = Bus("bench-actuator", settings, CollectorRegistry())
+    publisher = Bus("bench-decision", settings, CollectorRegistry())
+    await consumer.connect()
+    await publisher.connect()
+    await consumer.ensure_streams()
+    await publisher.js.purge_stream(subjects.DECISION_STREAM)
+    executor = await make(consumer)
+    sent: dict[str, float] = {}
+    latencies: list[float] = []
+    done = asyncio.Event()
+
+    async def on_decision(decision: FractionDecision, _msg: Msg) -> None:
+        accepted = await executor.apply(decision)
+        latencies.append(accepted - sent[decision.decision_id])
+        if len(latencies) >= n:
+            done.set()
+
+    async def publish(i: int) -> None:
+        decision = cluster.next_decision(i)
+        sent[decision.decision_id] = time.monotonic()
+        await publisher.publish(
+            subjects.decision_subject(decision.workload), decision, decision.decision_id
+        )
+
+    async def consume() -> None:
+        await consumer.consume(
+            stream=subjects.DECISION_STREAM,
+            durable=f"bench-{uuid.uuid4().hex[:8]}",
+            filter_subject=f"{subjects.DECISION_PREFIX}.>",
+            model=FractionDecision,
+            handler=on_decision,
+        )
+
+    if rate is None:  # backlog: everything on NATS first, then drain it
+        for i in range(n):
+            await publish(i)
+        start = time.perf_counter()
+        await consume()
+        await done.wait()
+        row = Row(
+            f"NATS -> {executor.name} (backlog)",
+            n,
+            time.perf_counter() - start,
+            note="published first (latency would be queueing)",
+        )
+    else:
+        await consume()
+        start = time.perf_counter()
+        for i in range(n):
+            await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
+            await publish(i)
+        await done.wait()
+        row = Row(
+            f"NATS -> {executor.name} (paced {rate:g}/s)",
+            n,
+            time.perf_counter() - start,
+            latencies,
+            "on NATS -> patch accepted",
+        )
+    await consumer.close()
+    await publisher.close()
+    return row, executor
+
+
+async def run(pods: int, decisions: int, rate: float, which: str) -> None:
+    with EmbeddedNats() as server, ControlPlane() as kube, kube.admin_client() as api:
+        cluster = Cluster(api, f"bench-{uuid.uuid4().hex[:6]}")
+        start = time.perf_counter()
+        cluster.write(pods)
+        setup_s = time.perf_counter() - start
+        rows = [raw_patches(cluster, decisions)]
+        notes = []
+
+        async def in_place(_bus: Bus) -> Executor:
+            return InPlaceExecutor(api)
+
+        async def backend(bus: Bus) -> Executor:
+            executor = BackendExecutor(api, bus, cluster.selector)
+            await executor.start()
+            return executor
+
+        factories: list[ExecutorFactory] = []
+        if which in ("in-place", "all"):
+            factories.append(in_place)
+        if which in ("backend", "all"):
+            if (missing := backend_available()) is None:
+                factories.append(backend)
+            else:
+                notes.append(f"backend executor not available: {missing}")
+        for make in factories:
+            backlog, executor = await through_nats(server.url, cluster, make, decisions, None)
+            # Paced below what the path sustains (half of it at most), or the latency measured
+            # would be the queue's.
+            capacity = decisions / backlog.seconds
+            paced, _ = await through_nats(
+                server.url, cluster, make, decisions, round(min(rate, capacity / 2), 1)
+            )
+            rows += [backlog, paced]
+            outcomes = getattr(executor, "outcomes", None)
+            if outcomes is not None and outcomes != {"applied": decisions}:
+                notes.append(f"{backlog.path}: outcomes {outcomes}")
+
+    print(
+        f"kube-apiserver {k8s_version()} + etcd on loopback, embedded nats-server; "
+        f"{pods} KAI pods on {(pods + GPUS_PER_NODE - 1) // GPUS_PER_NODE} nodes "
+        f"(written in {setup_s:.1f} s); decisions applied one at a time"
+    )
+    print(f"{'path':<38}{'n':>6}{'seconds':>9}{'per s':>9}{'p50 ms':>9}{'p99 ms':>9}")
+    for row in rows:
+        print(row.cells())
+    for note in notes:
+        print(note)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pods", type=int, default=200, help="KAI workloads (one pod each)")
+    parser.add_argument("--decisions", type=int, default=200, help="per measured path")
+    parser.add_argument("--rate", type=float, default=20.0, help="decisions/s when paced")
+    parser.add_argument("--executor", choices=("in-place", "backend", "all"), default="all")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("fracpilot_libs.bus").setLevel(logging.ERROR)  # "disconnected" at close
+    if args.executor in ("backend", "all") and args.decisions > args.pods:
+        # The backend's stale guard refuses a decision made before the workload's last
+        # change; published in a backlog, a second decision per workload would be.
+        parser.error("--decisions must not exceed --pods with the backend executor")
+    asyncio.run(run(args.pods, args.decisions, args.rate, args.executor))
+
+
+if __name__ == "__main__":
+    main()

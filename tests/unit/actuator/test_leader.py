@@ -1,0 +1,565 @@
+"""Leader election: the pure decision, one elector's rounds, a simulation of racing electors
+(never two leaders at any instant), and the asyncio elector on an in-memory Lease."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+
+from fracpilot_actuator.leader import (
+    Action,
+    Attempt,
+    ElectionCore,
+    ElectionTiming,
+    LeaderElector,
+    LeaseConflictError,
+    LeaseRecord,
+    MemoryLeaseStore,
+    Outcome,
+    Reason,
+    RoundResult,
+    decide,
+)
+
+T0 = datetime(2026, 3, 2, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def held(holder: str, renewed: float, duration: int = 15, transitions: int = 3) -> LeaseRecord:
+    return LeaseRecord(holder, at(renewed), duration, transitions, at(renewed - 100))
+
+
+# --- decide --------------------------------------------------------------------------------------
+
+
+def test_no_lease_is_created_with_me_as_holder() -> None:
+    d = decide(None, "a", at(0), 15)
+    assert (d.action, d.reason) == (Action.ACQUIRE, Reason.NO_LEASE)
+    assert d.record == LeaseRecord("a", at(0), 15, 0, at(0))
+
+
+def test_my_lease_is_renewed_keeping_acquire_time_and_transitions() -> None:
+    d = decide(held("a", renewed=0), "a", at(4), 15)
+    assert (d.action, d.reason) == (Action.RENEW, Reason.HELD_BY_ME)
+    assert d.record == LeaseRecord("a", at(4), 15, 3, at(-100))
+
+
+def test_my_lease_is_renewed_even_after_it_expired() -> None:
+    # Nobody took it over (that would have changed the holder): renewing is still safe.
+    assert decide(held("a", renewed=0), "a", at(60), 15).action is Action.RENEW
+
+
+def test_a_fresh_lease_of_another_means_standing_by_until_it_expires() -> None:
+    d = decide(held("b", renewed=0), "a", at(14.999), 15)
+    assert (d.action, d.reason, d.record) == (Action.STAND_BY, Reason.HELD_BY_OTHER, None)
+    assert (d.holder, d.expires_at) == ("b", at(15))
+    assert "held by b" in d.detail
+
+
+def test_an_expired_lease_is_taken_over_at_its_expiry_exactly() -> None:
+    d = decide(held("b", renewed=0), "a", at(15), 15)
+    assert (d.action, d.reason, d.holder) == (Action.ACQUIRE, Reason.EXPIRED, "b")
+    assert d.record == LeaseRecord("a", at(15), 15, 4, at(15))
+
+
+def test_the_holders_lease_duration_counts_not_mine() -> None:
+    lease = held("b", renewed=0, duration=30)
+    assert decide(lease, "a", at(20), 15).action is Action.STAND_BY
+    assert decide(lease, "a", at(30), 15).record == LeaseRecord("a", at(30), 15, 4, at(30))
+
+
+def test_a_released_lease_is_taken_over_at_once() -> None:
+    released = LeaseRecord("", at(10), 15, 3, at(0))
+    d = decide(released, "a", at(10), 15)
+    assert (d.action, d.reason) == (Action.ACQUIRE, Reason.RELEASED)
+    assert d.record == LeaseRecord("a", at(10), 15, 4, at(10))
+
+
+def test_a_holder_without_renew_time_has_expired() -> None:
+    d = decide(LeaseRecord("b", None, 15, 1), "a", at(0), 15)
+    assert (d.action, d.reason) == (Action.ACQUIRE, Reason.EXPIRED)
+
+
+def test_an_empty_identity_is_refused() -> None:
+    with pytest.raises(ValueError, match="identity"):
+        decide(None, "", at(0), 15)
+
+
+leases = st.one_of(
+    st.none(),
+    st.builds(
+        LeaseRecord,
+        holder=st.sampled_from(["", "a", "b"]),
+        renew_time=st.one_of(st.none(), st.integers(-100, 100).map(at)),
+        lease_duration_s=st.integers(0, 60),
+        transitions=st.integers(0, 1000),
+        acquire_time=st.one_of(st.none(), st.integers(-200, 0).map(at)),
+    ),
+)
+
+
+@given(leases, st.integers(-100, 200).map(at))
+def test_stand_by_exactly_while_another_holds_an_unexpired_lease(
+    lease: LeaseRecord | None, now: datetime
+) -> None:
+    d = decide(lease, "a", now, 15)
+    expires = lease.expires_at() if lease else None
+    other_holds = lease is not None and lease.holder not in ("", "a")
+    assert (d.action is Action.STAND_BY) == (other_holds and expires is not None and now < expires)
+    if d.record is not None:
+        assert (d.record.holder, d.record.renew_time, d.record.lease_duration_s) == ("a", now, 15)
+        before = lease.transitions if lease else 0
+        changes_hands = lease is not None and lease.holder != "a"
+        assert d.record.transitions == before + changes_hands
+
+
+def test_timing_defaults_and_validation() -> None:
+    t = ElectionTiming()
+    assert (t.lease_duration_s, t.renew_deadline_s, t.renew_period_s, t.retry_period_s) == (
+        15,
+        10.0,
+        5.0,
+        2.0,
+    )
+    for bad in (
+        {"renew_deadline_s": 16.0},  # would outlive the lease: two leaders
+        {"renew_period_s": 10.0},
+        {"retry_period_s": 0.0},
+        {"lease_duration_s": 0, "renew_deadline_s": 0.5, "renew_period_s": 0.1},
+    ):
+        with pytest.raises(ValueError, match=r"need|at least"):
+            ElectionTiming(**bad)  # type: ignore[arg-type]
+
+
+# --- ElectionCore on a store ---------------------------------------------------------------------
+
+FAST = ElectionTiming(lease_duration_s=15, renew_deadline_s=10, renew_period_s=5, retry_period_s=2)
+
+
+def test_rounds_acquire_renew_and_stand_by() -> None:
+    store = MemoryLeaseStore()
+    a, b = ElectionCore(store, "a", FAST), ElectionCore(store, "b", FAST)
+    first = a.round(at(0))
+    assert (first.outcome, first.leading_until) == (Outcome.ACQUIRED, at(10))
+    assert a.is_leader(at(9.999))
+    assert not a.is_leader(at(10))
+    assert b.round(at(1)).outcome is Outcome.STANDING_BY
+    assert a.round(at(5)).outcome is Outcome.RENEWED
+    assert a.is_leader(at(14))
+    # a stops renewing (dies): b takes over once the lease has run out, not before.
+    assert b.round(at(19.999)).outcome is Outcome.STANDING_BY
+    taken = b.round(at(20))
+    assert (taken.outcome, taken.decision.reason) == (Outcome.ACQUIRED, Reason.EXPIRED)
+    record = store.get()
+    assert record is not None
+    assert (record[0].holder, record[0].transitions) == ("b", 1)
+    # a comes back: it sees b's lease and gives up at once, before its own deadline would.
+    a.leading_until = at(100)  # as if a's clock had stalled
+    assert a.round(at(21)).outcome is Outcome.STANDING_BY
+    assert not a.is_leader(at(21))
+
+
+class RacingStore(MemoryLeaseStore):
+    """Lets a competitor write between an elector's read and its write, once."""
+
+    def __init__(self, competitor: str, at_time: datetime) -> None:
+        super().__init__()
+        self.competitor, self.at_time = competitor, at_time
+        self.raced = False
+
+    def _race(self) -> None:
+        if not self.raced:
+            self.raced = True
+            ElectionCore(MemoryLeaseStoreView(self), self.competitor, FAST).round(self.at_time)
+
+    def create(self, record: LeaseRecord) -> tuple[LeaseRecord, str]:
+        self._race()
+        return super().create(record)
+
+    def update(self, record: LeaseRecord, version: str) -> tuple[LeaseRecord, str]:
+        self._race()
+        return super().update(record, version)
+
+
+class MemoryLeaseStoreView:
+    """The racing store without its race (what the competitor writes through)."""
+
+    def __init__(self, store: MemoryLeaseStore) -> None:
+        self.store = store
+
+    def get(self) -> tuple[LeaseRecord, str] | None:
+        return self.store.get()
+
+    def create(self, record: LeaseRecord) -> tuple[LeaseRecord, str]:
+        return MemoryLeaseStore.create(self.store, record)
+
+    def update(self, record: LeaseRecord, version: str) -> tuple[LeaseRecord, str]:
+        return MemoryLeaseStore.update(self.store, record, version)
+
+
+def test_a_lost_race_to_create_rereads_and_stands_by() -> None:
+    store = RacingStore("b", at(0))
+    result = ElectionCore(store, "a", FAST).round(at(0))
+    assert result.outcome is Outcome.STANDING_BY
+    assert result.decision.holder == "b"
+
+
+def test_a_lost_race_for_an_expired_lease_rereads_and_stands_by() -> None:
+    store = RacingStore("b", at(30))
+    store.raced = True
+    ElectionCore(store, "c", FAST).round(at(0))  # c held it and died
+    store.raced = False
+    a = ElectionCore(store, "a", FAST)
+    result = a.round(at(30))
+    assert (result.outcome, result.decision.holder) == (Outcome.STANDING_BY, "b")
+    assert not a.is_leader(at(30))
+
+
+def test_a_conflict_while_leading_keeps_the_old_deadline_only() -> None:
+    class AlwaysConflicts(MemoryLeaseStore):
+        fail = False
+
+        def update(self, record: LeaseRecord, version: str) -> tuple[LeaseRecord, str]:
+            if self.fail:
+                raise LeaseConflictError("moved")
+            return super().update(record, version)
+
+    store = AlwaysConflicts()
+    a = ElectionCore(store, "a", FAST)
+    a.round(at(0))
+    store.fail = True
+    result = a.round(at(5))
+    assert (result.outcome, result.leading_until) == (Outcome.CONFLICT, at(10))
+
+
+def test_release_hands_the_lease_over_at_once() -> None:
+    store = MemoryLeaseStore()
+    a, b = ElectionCore(store, "a", FAST), ElectionCore(store, "b", FAST)
+    a.round(at(0))
+    assert a.release(at(1))
+    assert not a.is_leader(at(1))
+    record = store.get()
+    assert record is not None
+    assert (record[0].holder, record[0].renew_time) == ("", at(1))
+    taken = b.round(at(1.5))
+    assert (taken.outcome, taken.decision.reason) == (Outcome.ACQUIRED, Reason.RELEASED)
+    assert not a.release(at(2))  # b holds it now: nothing of a's to release
+
+
+def test_release_after_losing_the_lease_writes_nothing() -> None:
+    store = MemoryLeaseStore()
+    a, b = ElectionCore(store, "a", FAST), ElectionCore(store, "b", FAST)
+    a.round(at(0))
+    b.round(at(20))  # took the expired lease; a has not read it since
+    writes = store.writes
+    assert not a.release(at(21))
+    assert store.writes == writes
+    record = store.get()
+    assert record is not None
+    assert record[0].holder == "b"
+
+
+# --- a simulation: racing electors, one store, skewed clocks, arbitrary interleavings ------------
+
+
+@dataclass
+class SimElector:
+    core: ElectionCore
+    skew_ms: int  # its clock runs this far ahead of the real (store's) time
+    pending: Attempt | None = None
+    alive: bool = True
+    leader_since: list[int] = field(default_factory=list)
+
+    def local(self, t_ms: int) -> datetime:
+        return T0 + timedelta(milliseconds=t_ms + self.skew_ms)
+
+
+# Weighted by repetition: racing reads and writes often, deaths rarely (a dead elector is done).
+OPS = (
+    ("round",) * 4
+    + ("observe",) * 4
+    + ("commit",) * 4
+    + ("commit_lost", "drop", "crash", "release")
+)
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> tuple[ElectionTiming, list[int], list[tuple[int, str, int]]]:
+    lease_s = draw(st.integers(1, 4))
+    deadline_ms = draw(st.integers(2, lease_s * 1000))
+    timing = ElectionTiming(
+        lease_duration_s=lease_s,
+        renew_deadline_s=deadline_ms / 1000,
+        renew_period_s=deadline_ms / 2000,
+        retry_period_s=deadline_ms / 2000,
+    )
+    n = draw(st.integers(2, 3))
+    margin_ms = lease_s * 1000 - deadline_ms  # the clock skew the design tolerates
+    skews = draw(st.lists(st.integers(0, margin_ms), min_size=n, max_size=n))
+    # Mostly short gaps (requests racing), sometimes long ones (a lease running out).
+    gaps = st.one_of(st.integers(0, 50), st.integers(0, lease_s * 1500))
+    steps = draw(
+        st.lists(
+            st.tuples(st.integers(0, n - 1), st.sampled_from(OPS), gaps), min_size=20, max_size=100
+        )
+    )
+    return timing, skews, steps
+
+
+def leaders(electors: list[SimElector], t_ms: int) -> list[str]:
+    return [e.core.identity for e in electors if e.alive and e.core.is_leader(e.local(t_ms))]
+
+
+def check_instant(electors: list[SimElector], store: MemoryLeaseStore, t_ms: int) -> None:
+    now_leading = leaders(electors, t_ms)
+    assert len(now_leading) <= 1, f"two leaders at t={t_ms} ms: {now_leading}"
+    if now_leading:  # and the Lease agrees with the leader
+        record = store.get()
+        assert record is not None
+        assert record[0].holder == now_leading[0]
+
+
+def step(e: SimElector, op: str, t_ms: int) -> None:
+    now = e.local(t_ms)
+    if op == "round":
+        e.pending = None
+        e.core.round(now)
+    elif op == "observe":
+        observed = e.core.observe(now)
+        e.pending = observed if isinstance(observed, Attempt) else None
+    elif op in ("commit", "commit_lost") and e.pending is not None:
+        attempt, e.pending = e.pending, None
+        try:
+            if op == "commit":
+                e.core.commit(attempt)
+            else:  # the write lands but the reply is lost: the elector learns nothing
+                record = attempt.decision.record
+                assert record is not None
+                if attempt.version is None:
+                    e.core.store.create(record)
+                else:
+                    e.core.store.update(record, attempt.version)
+        except LeaseConflictError:
+            pass
+    elif op == "drop":  # the request never reached the apiserver
+        e.pending = None
+    elif op == "crash":
+        e.alive = False
+    elif op == "release":
+        e.core.release(now)
+        e.alive = False
+
+
+@settings(max_examples=400, deadline=None)
+@given(scenarios())
+def test_never_two_leaders_at_any_instant(
+    scenario: tuple[ElectionTiming, list[int], list[tuple[int, str, int]]],
+) -> None:
+    timing, skews, steps = scenario
+    store = MemoryLeaseStore()
+    electors = [
+        SimElector(ElectionCore(store, f"e{i}", timing), skew) for i, skew in enumerate(skews)
+    ]
+    t_ms = 0
+    for index, op, dt_ms in steps:
+        # Leadership only starts at a write and only ends with time, so checking right before
+        # and after every step checks every instant.
+        t_ms += dt_ms
+        check_instant(electors, store, t_ms)
+        if electors[index].alive:
+            step(electors[index], op, t_ms)
+        check_instant(electors, store, t_ms)
+
+    # Liveness: once the others are gone, a survivor leads after at most one lease duration.
+    survivors = [e for e in electors if e.alive]
+    if survivors:
+        for other in survivors[1:]:
+            other.alive = False
+        t_ms += timing.lease_duration_s * 1000 + max(skews)
+        survivors[0].core.round(survivors[0].local(t_ms))
+        assert leaders(electors, t_ms) == [survivors[0].core.identity]
+
+
+# --- LeaderElector (asyncio) on an in-memory Lease -----------------------------------------------
+
+QUICK = ElectionTiming(
+    lease_duration_s=1, renew_deadline_s=0.6, renew_period_s=0.2, retry_period_s=0.1
+)
+
+
+class FlakyStore(MemoryLeaseStore):
+    """Fails every call while ``down`` (an apiserver out of reach)."""
+
+    def __init__(self, shared: MemoryLeaseStore) -> None:
+        super().__init__()
+        self.shared = shared
+        self.down = False
+
+    def _check(self) -> None:
+        if self.down:
+            raise ConnectionError("apiserver unreachable")
+
+    def get(self) -> tuple[LeaseRecord, str] | None:
+        self._check()
+        return self.shared.get()
+
+    def create(self, record: LeaseRecord) -> tuple[LeaseRecord, str]:
+        self._check()
+        return self.shared.create(record)
+
+    def update(self, record: LeaseRecord, version: str) -> tuple[LeaseRecord, str]:
+        self._check()
+        return self.shared.update(record, version)
+
+
+async def watch_leaders(
+    electors: list[LeaderElector], until: asyncio.Event, overlaps: list[float]
+) -> None:
+    """Sample every elector's is_leader every millisecond and note any overlap."""
+    while not until.is_set():
+        if sum(e.is_leader for e in electors) > 1:
+            overlaps.append(time.monotonic())
+        await asyncio.sleep(0.001)
+
+
+async def wait_until(condition: Callable[[], bool], timeout: float) -> float:
+    """Seconds until ``condition()`` holds (polling every millisecond)."""
+    start = time.monotonic()
+    async with asyncio.timeout(timeout):
+        while True:
+            if condition():
+                return time.monotonic() - start
+            await asyncio.sleep(0.001)
+
+
+async def test_one_elector_leads_and_reports_it() -> None:
+    registry = CollectorRegistry()
+    events: list[str] = []
+    elector = LeaderElector(
+        MemoryLeaseStore(),
+        "a",
+        QUICK,
+        registry=registry,
+        on_started_leading=lambda: events.append("started"),
+        on_stopped_leading=lambda: events.append("stopped"),
+    )
+    assert not elector.is_leader
+    assert registry.get_sample_value("fracpilot_actuator_leader") == 0
+    await elector.start()
+    async with asyncio.timeout(2):
+        await elector.wait_for_leadership()
+    assert elector.is_leader
+    assert elector.leading.is_set()
+    assert registry.get_sample_value("fracpilot_actuator_leader") == 1
+    await asyncio.sleep(0.5)  # renewals keep it leading past the renew deadline
+    assert elector.is_leader
+    renewed = {"outcome": "renewed"}
+    assert (registry.get_sample_value("fracpilot_actuator_lease_rounds_total", renewed) or 0) >= 2
+    await elector.stop()
+    assert not elector.is_leader
+    assert events == ["started", "stopped"]
+    assert registry.get_sample_value("fracpilot_actuator_leader") == 0
+    for to in ("leader", "standby"):
+        labels = {"to": to}
+        assert registry.get_sample_value("fracpilot_actuator_leader_transitions_total", labels) == 1
+
+
+async def test_the_standby_takes_over_from_a_dead_leader_within_the_lease() -> None:
+    store = MemoryLeaseStore()
+    a = LeaderElector(store, "a", QUICK)
+    b = LeaderElector(store, "b", QUICK)
+    stop, overlaps = asyncio.Event(), list[float]()
+    watcher = asyncio.create_task(watch_leaders([a, b], stop, overlaps))
+    await a.start()
+    async with asyncio.timeout(2):
+        await a.wait_for_leadership()
+    await b.start()
+    await asyncio.sleep(0.5)
+    assert a.is_leader
+    assert not b.is_leader
+    await a.stop(release=False)  # dies: the lease is left to run out
+    took = await wait_until(lambda: b.is_leader, timeout=3)
+    assert took <= QUICK.lease_duration_s + QUICK.retry_period_s
+    stop.set()
+    await watcher
+    await b.stop()
+    assert overlaps == []
+
+
+async def test_a_graceful_stop_hands_over_within_a_retry_period() -> None:
+    store = MemoryLeaseStore()
+    a = LeaderElector(store, "a", QUICK)
+    b = LeaderElector(store, "b", QUICK)
+    await a.start()
+    async with asyncio.timeout(2):
+        await a.wait_for_leadership()
+    await b.start()
+    await asyncio.sleep(0.3)
+    await a.stop()
+    took = await wait_until(lambda: b.is_leader, timeout=3)
+    assert took <= QUICK.retry_period_s + 0.1
+    record = store.get()
+    assert record is not None
+    assert (record[0].holder, record[0].transitions) == ("b", 1)
+    await b.stop()
+
+
+async def test_a_leader_cut_off_from_the_apiserver_stops_before_the_other_starts() -> None:
+    shared = MemoryLeaseStore()
+    cut_off = FlakyStore(shared)
+    a = LeaderElector(cut_off, "a", QUICK)
+    b = LeaderElector(shared, "b", QUICK)
+    stop, overlaps = asyncio.Event(), list[float]()
+    watcher = asyncio.create_task(watch_leaders([a, b], stop, overlaps))
+    await a.start()
+    async with asyncio.timeout(2):
+        await a.wait_for_leadership()
+    await b.start()
+    await asyncio.sleep(0.3)
+    cut_off.down = True
+    cut = time.monotonic()
+    gave_up = await wait_until(lambda: not a.is_leader, timeout=2)
+    assert gave_up <= QUICK.renew_deadline_s
+    assert not a.leading.is_set()  # the watchdog fired, not only the property
+    await wait_until(lambda: b.is_leader, timeout=3)
+    assert time.monotonic() - cut <= QUICK.lease_duration_s + QUICK.retry_period_s
+    cut_off.down = False  # back: a sees b's lease and stands by
+    await asyncio.sleep(0.5)
+    assert b.is_leader
+    assert not a.is_leader
+    assert isinstance(a.last_result, RoundResult)
+    assert a.last_result.decision.holder == "b"
+    stop.set()
+    await watcher
+    await a.stop()
+    await b.stop()
+    assert overlaps == []
+
+
+async def test_a_failing_callback_does_not_stop_the_election() -> None:
+    def boom() -> None:
+        raise RuntimeError("callback failed")
+
+    elector = LeaderElector(MemoryLeaseStore(), "a", QUICK, on_started_leading=boom)
+    async with elector:
+        async with asyncio.timeout(2):
+            await elector.wait_for_leadership()
+        await asyncio.sleep(0.3)
+        assert elector.is_leader
+
+
+def test_identity_defaults_to_host_and_a_random_suffix() -> None:
+    a, b = LeaderElector(MemoryLeaseStore()), LeaderElector(MemoryLeaseStore())
+    assert a.identity != b.identity
+    assert a.identity.rsplit("_", 1)[0] == b.identity.rsplit("_", 1)[0]
