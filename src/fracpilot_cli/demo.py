@@ -227,5 +227,6 @@ async def run_demo(config: DemoConfig, console: Console) -> RunSummary:
             p.stop()
         if server is not None:
             server.cleanup()
+    console.print()
     console.print(summary_table(summary, time.monotonic() - started))
     return summary
