@@ -2,7 +2,8 @@
 
 Each test runs the actuator service (backend=kubernetes) in-process, publishes a decision on
 NATS and reads the ActuationResult back, then looks at what changed in the cluster: pod
-annotations, evictions, placeholder pods, PriorityClass, Events, and the target in NATS KV.
+annotations, evictions, placeholder pods, PriorityClass, Events, pod templates (without the
+webhook), and the target and the allocation in NATS KV.
 
 No controllers, scheduler or kubelet run: the test writes what they would (a Deployment's
 ReplicaSet and pods with owner references, pods bound with spec.nodeName and made
@@ -15,9 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -31,6 +33,7 @@ from fracpilot_actuator.service import ActuatorService, ActuatorSettings
 from fracpilot_libs import subjects
 from fracpilot_libs.contracts import (
     ActuationResult,
+    Allocation,
     FractionDecision,
     GpuBackend,
     Outcome,
@@ -82,15 +85,33 @@ class Cluster:
         )
         return name
 
+    @staticmethod
+    def template(
+        name: str, annotations: dict[str, str] | None, limits: dict[str, str] | None
+    ) -> client.V1PodTemplateSpec:
+        return client.V1PodTemplateSpec(
+            metadata=client.V1ObjectMeta(labels={"app": name}, annotations=annotations),
+            spec=client.V1PodSpec(
+                containers=[
+                    client.V1Container(
+                        name="main",
+                        image="x",
+                        resources=client.V1ResourceRequirements(limits=limits),
+                    )
+                ]
+            ),
+        )
+
     def deployment(
-        self, name: str, labels: dict[str, str] | None = None
+        self,
+        name: str,
+        labels: dict[str, str] | None = None,
+        *,
+        template_annotations: dict[str, str] | None = None,
     ) -> client.V1OwnerReference:
         """A Deployment and its ReplicaSet; returns the owner reference for its pods."""
         selector = client.V1LabelSelector(match_labels={"app": name})
-        template = client.V1PodTemplateSpec(
-            metadata=client.V1ObjectMeta(labels={"app": name}),
-            spec=client.V1PodSpec(containers=[client.V1Container(name="main", image="x")]),
-        )
+        template = self.template(name, template_annotations, None)
         deploy = self.apps.create_namespaced_deployment(
             self.ns,
             client.V1Deployment(
@@ -109,6 +130,21 @@ class Cluster:
             ),
         )
         return _owner("ReplicaSet", rs)
+
+    def statefulset(self, name: str, limits: dict[str, str]) -> client.V1OwnerReference:
+        """A StatefulSet whose pod template has these limits; the owner reference for its pods."""
+        sts = self.apps.create_namespaced_stateful_set(
+            self.ns,
+            client.V1StatefulSet(
+                metadata=client.V1ObjectMeta(name=name),
+                spec=client.V1StatefulSetSpec(
+                    selector=client.V1LabelSelector(match_labels={"app": name}),
+                    service_name=name,
+                    template=self.template(name, None, limits),
+                ),
+            ),
+        )
+        return _owner("StatefulSet", sts)
 
     def pod(
         self,
@@ -341,6 +377,33 @@ async def target_of(nats_url: str, wl: WorkloadRef) -> WorkloadTarget | None:
         await nc.close()
 
 
+async def allocation_of(nats_url: str, wl: WorkloadRef) -> Allocation | None:
+    nc = await nats.connect(nats_url)
+    try:
+        kv = await nc.jetstream().key_value(subjects.ALLOCATION_BUCKET)
+        entry = await kv.get(subjects.kv_key(wl))
+        return Allocation.model_validate_json(entry.value or b"")
+    except Exception:
+        return None
+    finally:
+        await nc.close()
+
+
+@contextlib.contextmanager
+def backend_logs() -> Iterator[list[logging.LogRecord]]:
+    """The Kubernetes backend's log records (the service replaces the root's handlers, so
+    caplog would see nothing)."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("fracpilot_actuator.kube.backend")
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+
+
 # --- KAI in place --------------------------------------------------------------------------------
 
 
@@ -383,6 +446,18 @@ async def test_kai_in_place_patches_the_annotation_records_the_target_and_an_eve
         made.decision_id,
     )
     assert target.memory_mib == round(0.375 * MEM_MIB)
+    allocation = await allocation_of(nats_url, made.workload)
+    assert allocation is not None
+    assert (allocation.pod, allocation.node, allocation.gpu_uuid, allocation.fraction) == (
+        "chat-0",
+        node,
+        gpu,
+        0.375,
+    )
+    assert allocation.device_memory_bytes == MEM_MIB * 2**20
+    # With the webhook (the default) the pod template is left alone: no rollout.
+    template = cluster.apps.read_namespaced_deployment("chat", cluster.ns).spec.template
+    assert template.metadata.annotations is None
 
 
 # --- recreate elsewhere, PDB ----------------------------------------------------------------------
@@ -473,6 +548,9 @@ async def test_scale_up_asks_for_capacity_and_evicts_only_once_it_exists(
     assert "capacity appeared" in second.detail
     assert second.node_after == f"new-{cluster.ns}"
     assert cluster.evicted("chat-0")
+    allocation = await allocation_of(nats_url, made.workload)
+    assert allocation is not None
+    assert (allocation.node, allocation.fraction) == (f"new-{cluster.ns}", 0.75)
     assert cluster.read_pod(placeholder.metadata.name) is None
     assert "FractionEvictionRequested" in cluster.events("chat-0")
 
@@ -500,6 +578,86 @@ async def test_hami_change_is_a_recreate_even_when_it_fits(
     target = await target_of(nats_url, made.workload)
     assert target is not None
     assert (target.backend, target.memory_mib) == (GpuBackend.HAMI, 10240)
+
+
+# --- without the webhook: pod template patches ----------------------------------------------------
+
+
+async def test_template_fallback_patches_the_kai_template_and_warns_of_a_rollout(
+    nats_url: str, kube_admin: client.ApiClient, cluster: Cluster
+) -> None:
+    node = cluster.node("gpu", gpus=1)
+    cluster.reservation("g1", node, f"GPU-{uuid.uuid4()}")
+    owner = cluster.deployment("chat", template_annotations={"gpu-fraction": "0.25"})
+    cluster.kai_pod("chat-0", node, owner, "0.25", "g1")
+    cluster.kai_pod("chat-1", node, owner, "0.25", "g1")
+
+    with backend_logs() as records:
+        async with actuator(nats_url, kube_admin, cluster, targets_via="template"):
+            made = decide(cluster, "chat", 0.25, 0.375)
+            [result] = await apply(nats_url, made)
+
+    assert (result.plan, result.outcome) == (PlanKind.IN_PLACE, Outcome.APPLIED), result.detail
+    assert "pod template patched (gpu-fraction 0.375)" in result.detail
+    assert "a rollout replaces every pod" in result.detail
+    template = cluster.apps.read_namespaced_deployment("chat", cluster.ns).spec.template
+    assert template.metadata.annotations == {
+        "gpu-fraction": "0.375",
+        "fracpilot.io/target": made.decision_id,
+    }
+    for name in ("chat-0", "chat-1"):  # the running pods are still resized in place
+        pod = cluster.read_pod(name)
+        assert pod is not None
+        assert pod.metadata.annotations["gpu-fraction"] == "0.375"
+    rollouts = [
+        r
+        for r in records
+        if r.levelno == logging.WARNING and "starts a rollout that replaces every pod" in r.msg
+    ]
+    assert len(rollouts) == 1
+    assert getattr(rollouts[0], "workload", None) == made.workload.key
+    target = await target_of(nats_url, made.workload)
+    assert target is not None
+    assert target.fraction == 0.375  # recorded as well, for pods the webhook would see
+
+
+async def test_template_fallback_sizes_a_hami_statefulset_and_publishes_the_allocation(
+    nats_url: str, kube_admin: client.ApiClient, cluster: Cluster
+) -> None:
+    node = cluster.node("gpu", gpus=1)
+    gpu = f"GPU-{uuid.uuid4()}"
+    owner = cluster.statefulset("embed", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "20480"})
+    cluster.hami_pod("embed-0", node, owner, 20480, gpu)
+    cluster.hami_pod("embed-1", node, owner, 20480, gpu)
+    wl = WorkloadRef(
+        cluster="test", namespace=cluster.ns, owner_kind="StatefulSet", owner_name="embed"
+    )
+
+    with backend_logs() as records:
+        async with actuator(
+            nats_url,
+            kube_admin,
+            cluster,
+            targets_via="template",
+            max_disruptions_per_namespace=5,
+        ):
+            made = decide(cluster, "embed", 0.25, 0.125, pod="embed-0", workload=wl)
+            [result] = await apply(nats_url, made)
+
+    assert (result.plan, result.outcome) == (PlanKind.RECREATE_ELSEWHERE, Outcome.APPLIED)
+    assert "a rollout replaces every pod" in result.detail
+    template = cluster.apps.read_namespaced_stateful_set("embed", cluster.ns).spec.template
+    limits = template.spec.containers[0].resources.limits
+    assert limits["nvidia.com/gpumem"] == "10240"
+    assert limits["nvidia.com/gpu"] == "1"
+    assert template.metadata.annotations["fracpilot.io/target"] == made.decision_id
+    assert any("rollout" in r.msg for r in records if r.levelno == logging.WARNING)
+    assert cluster.evicted("embed-0")
+    assert cluster.evicted("embed-1")
+    allocation = await allocation_of(nats_url, wl)
+    assert allocation is not None
+    assert (allocation.workload, allocation.pod, allocation.node) == (wl, "embed-0", node)
+    assert (allocation.gpu_uuid, allocation.fraction) == (gpu, 0.125)
 
 
 # --- guardrails -----------------------------------------------------------------------------------

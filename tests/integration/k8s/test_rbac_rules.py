@@ -100,6 +100,8 @@ ACTUATOR_CALLS: tuple[Call, ...] = (
     Call("get", "batch", "cronjobs", why="the workload object (its opt-out label)"),
     *_reads("policy", "poddisruptionbudgets", "may this pod be moved now"),
     Call("patch", "", "pods", why="in place: rewrite the gpu-fraction / gpu-memory annotation"),
+    Call("patch", "apps", "deployments", why="targets_via=template: size the pod template"),
+    Call("patch", "apps", "statefulsets", why="targets_via=template: size the pod template"),
     Call("create", "", "pods", "eviction", why="recreate elsewhere, within the PDBs"),
     Call("create", "", "events", why="what was changed and why, on the pod"),
     Call("create", "events.k8s.io", "events", why="the same, events.k8s.io/v1"),
@@ -141,7 +143,9 @@ ACTUATOR_FORBIDDEN: tuple[Call, ...] = (
     Call("get", "", "secrets", scope="own"),
     Call("get", "", "configmaps"),
     Call("delete", "apps", "deployments"),
-    Call("patch", "apps", "deployments"),
+    Call("update", "apps", "deployments"),
+    Call("patch", "apps", "daemonsets"),
+    Call("patch", "apps", "replicasets"),
     Call("update", "apps", "deployments", "scale"),
     Call("delete", "", "pods"),  # in a workload's namespace: evictions only
     Call("create", "", "pods"),  # placeholders only in its own namespace

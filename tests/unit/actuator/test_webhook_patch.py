@@ -40,6 +40,7 @@ from fracpilot_actuator.admission import (
     parse_review,
     percent,
     pointer,
+    template_patch,
     webhook_configuration,
     workload_candidates,
 )
@@ -795,3 +796,34 @@ def test_the_patch_applies_and_gives_the_pod_its_target(
     assert ops_again == []
     assert again == stored
     assert outcome_again is AdmissionOutcome.UNCHANGED
+
+
+# --- targets_via=template: the same sizing on a workload's pod template --------------------------
+
+
+def deployment_of(pod: dict[str, Any]) -> dict[str, Any]:
+    template = {"metadata": {"labels": {"app": "chat"}}, "spec": pod["spec"]}
+    if annotations := pod["metadata"].get("annotations"):
+        template["metadata"]["annotations"] = annotations
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "spec": {"template": template}}
+
+
+def test_template_patch_sizes_the_pod_template_with_paths_from_the_workload() -> None:
+    kai = deployment_of(kai_pod("0.5"))
+    sizing, ops = template_patch(kai, target(0.375))
+    assert (sizing.applies, sizing.reason) == (True, "gpu-fraction 0.375")
+    assert all(op["path"].startswith("/spec/template/") for op in ops)
+    annotations = apply_patch(kai, ops)["spec"]["template"]["metadata"]["annotations"]
+    assert annotations == {KAI_FRACTION: "0.375", TARGET_ANNOTATION: "d-42"}
+
+    hami = deployment_of(hami_pod({HAMI_MEMORY: "20480"}, {HAMI_MEMORY: "20480"}))
+    _, ops = template_patch(hami, target(0.125, GpuBackend.HAMI, memory_mib=10240))
+    resources = apply_patch(hami, ops)["spec"]["template"]["spec"]["containers"][1]["resources"]
+    assert resources["limits"][HAMI_MEMORY] == resources["requests"][HAMI_MEMORY] == "10240"
+
+
+def test_template_patch_changes_nothing_at_target_or_without_a_gpu_share() -> None:
+    sizing, ops = template_patch(deployment_of(kai_pod("0.375")), target(0.375))
+    assert (sizing.applies, ops) == (True, [])  # no patch, so no rollout
+    sizing, ops = template_patch(deployment_of(kai_pod(None)), target(0.375))
+    assert (sizing.applies, sizing.reason, ops) == (False, "the pod requests no GPU", [])

@@ -423,6 +423,25 @@ def sizing_patch(pod: Mapping[str, Any], target: WorkloadTarget) -> Sizing:
     return Sizing(applies=applies, reason=reason, builder=builder, changed=bool(builder.ops))
 
 
+def template_patch(
+    workload: Mapping[str, Any], target: WorkloadTarget
+) -> tuple[Sizing, list[dict[str, Any]]]:
+    """The sizing of a Deployment's or StatefulSet's pod template, as ops on the workload.
+
+    ``spec.template`` is shaped like a pod, so :func:`sizing_patch` sizes it as it sizes a pod
+    (the same forms, the same refusals); the template also gets ``fracpilot.io/target`` when
+    anything changes. The ops' paths start at the workload object (``/spec/template/...``);
+    no ops when the template holds the target already or cannot take it.
+    """
+    template = _mapping(_mapping(workload.get("spec")).get("template"))
+    sizing = sizing_patch(template, target)
+    if not (sizing.applies and sizing.changed):
+        return sizing, []
+    sizing.builder.set(("metadata", "annotations", TARGET_ANNOTATION), target.decision_id)
+    prefix = pointer(("spec", "template"))
+    return sizing, [{**op, "path": prefix + op["path"]} for op in sizing.builder.ops]
+
+
 # --- the review -----------------------------------------------------------------------------------
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Literal
 
 from nats.aio.msg import Msg
 from nats.js.errors import KeyWrongLastSequenceError
@@ -105,6 +105,12 @@ class ActuatorSettings(ServiceSettings):
     placeholder_image: str = "registry.k8s.io/pause:3.10"
     default_gpu_memory_mib: int = Field(
         default=81920, gt=0, description="GPU memory of nodes without nvidia.com/gpu.memory"
+    )
+    targets_via: Literal["webhook", "template"] = Field(
+        default="webhook",
+        description="backend=kubernetes: how new pods get a workload's target: the admission "
+        "webhook, or (without it) a patch of the Deployment's / StatefulSet's pod template, "
+        "which starts a rollout replacing every pod",
     )
     # admission webhook (every replica serves it, leader or not)
     webhook_enabled: bool = Field(
@@ -245,6 +251,7 @@ class ActuatorService:
             capacity_timeout_s=s.capacity_timeout_s,
             capacity_namespace=s.capacity_namespace or s.namespace,
             placeholder_image=s.placeholder_image,
+            targets_via=s.targets_via,
             guardrails=GuardrailSettings(
                 max_disruptions=s.max_disruptions,
                 max_disruptions_per_namespace=s.max_disruptions_per_namespace,
@@ -259,6 +266,7 @@ class ActuatorService:
             await self.runtime.bus.kv(subjects.TARGET_BUCKET),
             settings,
             report=lambda decision, actuation: self._report(decision, actuation, "finished"),
+            allocations=await self.runtime.bus.kv(subjects.ALLOCATION_BUCKET),
         )
 
     async def stop(self) -> None:

@@ -10,6 +10,7 @@ list (verb, resource, scope):
 | list_owners | list | replicasets (apps), jobs (batch) | the decision's namespace |
 | read_owner | get | deployments, statefulsets, replicasets, daemonsets (apps); jobs, cronjobs (batch) | namespaced |
 | patch_pod_annotations | patch | pods | namespaced |
+| patch_pod_template | patch | deployments, statefulsets (apps) | namespaced (targets_via=template) |
 | evict | create | pods/eviction (policy/v1 Eviction) | namespaced |
 | create_pod / delete_pod | create / delete | pods (placeholders only) | namespaced |
 | ensure_priority_class | get, create | priorityclasses (scheduling.k8s.io) | cluster |
@@ -31,6 +32,7 @@ from kubernetes.client.exceptions import ApiException
 
 T = TypeVar("T")
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 
 
 async def _run(call: Callable[[], T]) -> T:
@@ -134,6 +136,21 @@ class KubeApi:
                 {"metadata": {"annotations": dict(annotations)}},
                 _content_type=MERGE_PATCH,
                 _request_timeout=self.timeout_s,
+            )
+        )
+
+    async def patch_pod_template(
+        self, namespace: str, kind: str, name: str, ops: list[dict[str, Any]]
+    ) -> None:
+        """Apply a JSON patch (paths under ``/spec/template``) to a Deployment or StatefulSet."""
+        patchers: Mapping[str, Callable[..., Any]] = {
+            "Deployment": self.apps.patch_namespaced_deployment,
+            "StatefulSet": self.apps.patch_namespaced_stateful_set,
+        }
+        patch = patchers[kind]
+        await _run(
+            lambda: patch(
+                name, namespace, ops, _content_type=JSON_PATCH, _request_timeout=self.timeout_s
             )
         )
 

@@ -24,6 +24,19 @@ guardrails (:mod:`fracpilot_actuator.guardrails`) and then:
 
 Every action leaves a Kubernetes Event on the pod (FractionResized,
 FractionEvictionRequested, CapacityRequested, and Warning events when it fails).
+
+Without the admission webhook (``targets_via="template"``), the target reaches new pods
+through the workload's pod template instead: right after the target is recorded, a
+Deployment's or StatefulSet's ``spec.template`` is patched the way the webhook would patch a
+pod (:func:`fracpilot_actuator.admission.template_patch`: KAI's ``gpu-fraction`` /
+``gpu-memory`` annotation, HAMi's limits), with a WARNING log each time, as each such patch
+starts a rollout that replaces every pod. The plan's steps (in place, evictions, scale-ups)
+run as they do with the webhook.
+
+After an action is done (at once, or when a scale-up finishes) the workload's ``Allocation``
+goes to the allocations KV bucket under ``subjects.kv_key(workload)``, as the simulated
+cluster does, so that ingest knows the fractions: one record per workload, for one of its
+pods (see :meth:`KubernetesBackend._publish_allocation`).
 """
 
 from __future__ import annotations
@@ -35,11 +48,12 @@ import logging
 import socket
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from nats.js.kv import KeyValue
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
+from fracpilot_actuator.admission import template_patch
 from fracpilot_actuator.backends import Actuation, Report
 from fracpilot_actuator.guardrails import (
     Action,
@@ -75,12 +89,14 @@ from fracpilot_actuator.planner import (
 )
 from fracpilot_libs import subjects
 from fracpilot_libs.contracts import (
+    Allocation,
     FractionDecision,
     GpuBackend,
     Outcome,
     PlanKind,
     WorkloadRef,
     WorkloadTarget,
+    utcnow,
 )
 
 log = logging.getLogger(__name__)
@@ -92,6 +108,7 @@ MANAGED_BY = "app.kubernetes.io/managed-by"
 WORKLOAD = "fracpilot.io/workload"  # on a placeholder: the workload key it asks capacity for
 FOR_POD = "fracpilot.io/for-pod"  # on a placeholder: the pod that moves once capacity exists
 DECISION = "fracpilot.io/decision"  # on a placeholder: the decision, as JSON
+TEMPLATE_KINDS = ("Deployment", "StatefulSet")  # whose pod template targets_via=template patches
 
 
 @dataclass(frozen=True)
@@ -114,6 +131,9 @@ class KubeBackendSettings:
     capacity_namespace: str | None = None
     """Where placeholder pods go; None: the workload's namespace."""
     placeholder_image: str = "registry.k8s.io/pause:3.10"
+    targets_via: Literal["webhook", "template"] = "webhook"
+    """How new pods get the target: the admission webhook, or (without it) a patch of the
+    workload's pod template, which starts a rollout replacing every pod."""
     guardrails: GuardrailSettings = field(default_factory=GuardrailSettings)
 
 
@@ -213,9 +233,11 @@ class KubernetesBackend:
         settings: KubeBackendSettings,
         report: Report,
         instance: str | None = None,
+        allocations: KeyValue | None = None,
     ) -> None:
         self.api = api
         self.targets = targets
+        self.allocations = allocations
         self.settings = settings
         self.report = report
         self.instance = instance or socket.gethostname()
@@ -352,7 +374,7 @@ class KubernetesBackend:
                 Outcome.SKIPPED,
                 f"{verdict.guard}: {verdict.reason} (plan was {plan.kind.value}: {plan.reason})",
             )
-        return await self._execute(decision, view, plan, backend, primary, now)
+        return await self._execute(decision, view, plan, backend, primary, owner, now)
 
     @staticmethod
     def _primary(plan: WorkloadPlan, decision: FractionDecision) -> ResizePlan | None:
@@ -398,6 +420,7 @@ class KubernetesBackend:
         plan: WorkloadPlan,
         backend: GpuBackend,
         primary: ResizePlan | None,
+        owner: dict[str, Any] | None,
         now: datetime,
     ) -> Actuation:
         wl, inventory = decision.workload, view.inventory
@@ -405,12 +428,24 @@ class KubernetesBackend:
         key = wl.key
         self.guards = self.guards.begin(key)
         try:
-            await self._record_target(decision, backend, view, now)
+            target = await self._record_target(decision, backend, view, now)
             if plan.disruptive:
                 self.guards = self.guards.record(
                     Action(key, wl.namespace, now), self.settings.guardrails.window_s
                 )
             notes = ["target recorded"]
+            if self.settings.targets_via == "template":
+                note, error = await self._patch_template(target, owner)
+                notes.append(note)
+                if error is not None:
+                    return self._result(
+                        inventory,
+                        plan.kind,
+                        primary,
+                        Outcome.FAILED,
+                        f"{plan.reason}; {'; '.join(notes)}",
+                        error,
+                    )
             # In plan order: each step was planned on the cluster the earlier ones leave, so
             # a resize that counts on a pod having moved out waits for that eviction.
             for step in plan.steps:
@@ -438,6 +473,8 @@ class KubernetesBackend:
                     + " (placeholder pods); they move once a GPU is free"
                 )
                 self.pending[key].notes = notes
+            else:
+                await self._publish_allocation(wl, inventory, plan.steps)
             return self._result(
                 inventory, plan.kind, primary, Outcome.APPLIED, f"{plan.reason}; {'; '.join(notes)}"
             )
@@ -449,7 +486,7 @@ class KubernetesBackend:
 
     async def _record_target(
         self, decision: FractionDecision, backend: GpuBackend, view: _View, now: datetime
-    ) -> None:
+    ) -> WorkloadTarget:
         target = WorkloadTarget(
             workload=decision.workload,
             fraction=decision.new_fraction,
@@ -459,6 +496,83 @@ class KubernetesBackend:
             updated_at=now,
         )
         await self.targets.put(subjects.kv_key(decision.workload), target.to_json())
+        return target
+
+    async def _patch_template(
+        self, target: WorkloadTarget, owner: dict[str, Any] | None
+    ) -> tuple[str, str | None]:
+        """targets_via=template: size the workload's pod template; (a note, an error or None).
+
+        Every patch that changes the template starts a rollout, and the log says so."""
+        wl = target.workload
+        what = f"{wl.owner_kind} {wl.display}"
+        if wl.owner_kind not in TEMPLATE_KINDS or owner is None:
+            log.warning(
+                "no pod template to patch: without the webhook new pods keep the old share",
+                extra={"workload": wl.key, "kind": wl.owner_kind},
+            )
+            return f"{what}'s pod template not patched (only a Deployment's or StatefulSet's)", None
+        sizing, ops = template_patch(owner, target)
+        if not sizing.applies:
+            log.warning(
+                "pod template cannot take the target",
+                extra={"workload": wl.key, "reason": sizing.reason},
+            )
+            return f"{what}'s pod template not patched: {sizing.reason}", None
+        if not ops:
+            return f"{what}'s pod template holds the target already", None
+        log.warning(
+            "patching the pod template: this starts a rollout that replaces every pod of the "
+            "workload",
+            extra={
+                "workload": wl.key,
+                "change": sizing.reason,
+                "decision_id": target.decision_id,
+            },
+        )
+        try:
+            await self.api.patch_pod_template(wl.namespace, wl.owner_kind, wl.owner_name, ops)
+        except Exception as exc:
+            error = f"pod template patch of {what} failed ({status_of(exc)}): {_api_message(exc)}"
+            log.warning("pod template patch failed", extra={"workload": wl.key, "error": error})
+            return "pod template not patched", error
+        return f"pod template patched ({sizing.reason}): a rollout replaces every pod", None
+
+    async def _publish_allocation(
+        self, workload: WorkloadRef, inventory: Inventory, steps: tuple[ResizePlan, ...]
+    ) -> None:
+        """The workload's Allocation, where its pods are once the steps are done.
+
+        One record per workload under ``subjects.kv_key(workload)`` (the key the simulated
+        cluster uses and ingest reads), for the first pod by name among those that keep their
+        name (in place or unchanged), else the first evicted one (its replacement's name is not
+        known yet). A pod whose GPU is not known yet (a scale-up's) has no record; failing to
+        write one never fails the action.
+        """
+        if self.allocations is None:
+            return
+        known = [s for s in steps if s.gpu_after and inventory.state.gpu(s.gpu_after)]
+        kept = [s for s in known if s.kind in (PlanKind.IN_PLACE, PlanKind.NONE)]
+        step = min(kept or known, key=lambda s: s.pod, default=None)
+        gpu = inventory.state.gpu(step.gpu_after) if step is not None else None
+        if step is None or gpu is None:
+            return
+        allocation = Allocation(
+            workload=workload,
+            pod=step.pod,
+            node=gpu.node,
+            gpu_uuid=gpu.uuid,
+            fraction=step.fraction_after,
+            device_memory_bytes=gpu.memory_bytes,
+            updated_at=utcnow(),
+        )
+        try:
+            await self.allocations.put(subjects.kv_key(workload), allocation.to_json())
+        except Exception as exc:
+            log.warning(
+                "could not publish the allocation",
+                extra={"workload": workload.key, "error": str(exc)[:300]},
+            )
 
     @staticmethod
     def _memory_mib(decision: FractionDecision, view: _View) -> int:
@@ -617,6 +731,7 @@ class KubernetesBackend:
         bound = {(p.namespace, p.name): p.node for p in inventory.placeholders if p.node}
         timed_out = now - pending.started_at > timedelta(seconds=self.settings.capacity_timeout_s)
         state, last = inventory.state, None
+        done: list[ResizePlan] = []
         for pod_name, (namespace, placeholder) in list(pending.placeholders.items()):
             pod, placement = live.get(pod_name), placements.get(pod_name)
             if pod is not None and placement is not None:
@@ -635,6 +750,7 @@ class KubernetesBackend:
                     await self._finish(pending, Outcome.FAILED, inventory, step, error)
                     return
                 state, last = apply_pod_plan(state, step), step
+                done.append(step)
             # Free the placeholder's GPU first: the recreated pod is to take it.
             await self.api.delete_pod(namespace, placeholder)
             pending.placeholders.pop(pod_name)
@@ -651,6 +767,7 @@ class KubernetesBackend:
                     return
                 pending.notes.append(f"capacity appeared on {where}; {pod_name} evicted")
         if not pending.placeholders:
+            await self._publish_allocation(decision.workload, inventory, tuple(done))
             await self._finish(pending, Outcome.APPLIED, inventory, last, None)
 
     async def _finish(
