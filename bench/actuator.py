@@ -1,7 +1,7 @@
 """Actuator throughput and latency: decisions on NATS to pod patches on a real kube-apiserver.
 
 Usage: python bench/actuator.py [--pods 200] [--decisions 200] [--rate 20]
-                                [--executor in-place|backend|all]
+                                [--executor in-place|backend|all] [--no-inventory-cache]
 
 Starts an embedded nats-server and a real etcd + kube-apiserver (tests/k8s_control_plane.py;
 the binaries must be built once: ``make k8s-testbin``), writes a KAI cluster as controllers
@@ -22,7 +22,8 @@ What applies one decision is an :class:`Executor`, chosen with ``--executor``:
   pod's ``gpu-fraction`` annotation (with ``fracpilot.io/resized-at`` and the decision id) and
   a core/v1 Event on the pod;
 - ``backend``: ``fracpilot_actuator.kube.backend.KubernetesBackend.actuate``, the actuator's
-  whole path per decision: list nodes and pods, read the owners, plan, check the guardrails,
+  whole path per decision: nodes, pods and owners from its watch-fed inventory cache (listed
+  per decision with ``--no-inventory-cache``), read the workload, plan, check the guardrails,
   record the target in NATS KV, then the same patch and Event (the patch is accepted when
   ``actuate`` returns, one Event later). Listed when that module imports.
 """
@@ -134,8 +135,11 @@ class BackendExecutor:
 
     name = "backend"
 
-    def __init__(self, api: client.ApiClient, bus: Bus, selector: str) -> None:
+    def __init__(
+        self, api: client.ApiClient, bus: Bus, selector: str, inventory_cache: bool = True
+    ) -> None:
         self.api, self.bus, self.selector = api, bus, selector
+        self.inventory_cache = inventory_cache
         self.outcomes: dict[str, int] = {}
         self._backend: Any = None
 
@@ -154,11 +158,16 @@ class BackendExecutor:
                 cluster=CLUSTER,
                 node_selector=self.selector,
                 guardrails=GuardrailSettings(allow_single_replica=True),
+                inventory_cache=self.inventory_cache,
             ),
             report,
             instance="bench",
         )
         await self._backend.start()
+
+    def close(self) -> None:
+        if self._backend is not None:
+            self._backend.close()  # the inventory cache's watches
 
     async def apply(self, decision: FractionDecision) -> float:
         actuation = await self._backend.actuate(decision, dry_run="", now=utcnow())
@@ -453,7 +462,9 @@ async def through_nats(
     return row, executor
 
 
-async def run(pods: int, decisions: int, rate: float, which: str) -> None:
+async def run(
+    pods: int, decisions: int, rate: float, which: str, inventory_cache: bool = True
+) -> None:
     with EmbeddedNats() as server, ControlPlane() as kube, kube.admin_client() as api:
         cluster = Cluster(api, f"bench-{uuid.uuid4().hex[:6]}")
         start = time.perf_counter()
@@ -466,7 +477,7 @@ async def run(pods: int, decisions: int, rate: float, which: str) -> None:
             return InPlaceExecutor(api)
 
         async def backend(bus: Bus) -> Executor:
-            executor = BackendExecutor(api, bus, cluster.selector)
+            executor = BackendExecutor(api, bus, cluster.selector, inventory_cache)
             await executor.start()
             return executor
 
@@ -480,12 +491,14 @@ async def run(pods: int, decisions: int, rate: float, which: str) -> None:
                 notes.append(f"backend executor not available: {missing}")
         for make in factories:
             backlog, executor = await through_nats(server.url, cluster, make, decisions, None)
+            getattr(executor, "close", lambda: None)()
             # Paced below what the path sustains (half of it at most), or the latency measured
             # would be the queue's.
             capacity = decisions / backlog.seconds
-            paced, _ = await through_nats(
+            paced, paced_executor = await through_nats(
                 server.url, cluster, make, decisions, round(min(rate, capacity / 2), 1)
             )
+            getattr(paced_executor, "close", lambda: None)()
             rows += [backlog, paced]
             outcomes = getattr(executor, "outcomes", None)
             if outcomes is not None and outcomes != {"applied": decisions}:
@@ -509,6 +522,11 @@ def main() -> None:
     parser.add_argument("--decisions", type=int, default=200, help="per measured path")
     parser.add_argument("--rate", type=float, default=20.0, help="decisions/s when paced")
     parser.add_argument("--executor", choices=("in-place", "backend", "all"), default="all")
+    parser.add_argument(
+        "--no-inventory-cache",
+        action="store_true",
+        help="backend: list nodes, pods and owners per decision (inventory_cache=False)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("fracpilot_libs.bus").setLevel(logging.ERROR)  # "disconnected" at close
@@ -516,7 +534,9 @@ def main() -> None:
         # The backend's stale guard refuses a decision made before the workload's last
         # change; published in a backlog, a second decision per workload would be.
         parser.error("--decisions must not exceed --pods with the backend executor")
-    asyncio.run(run(args.pods, args.decisions, args.rate, args.executor))
+    asyncio.run(
+        run(args.pods, args.decisions, args.rate, args.executor, not args.no_inventory_cache)
+    )
 
 
 if __name__ == "__main__":

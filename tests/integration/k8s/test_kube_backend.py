@@ -874,3 +874,71 @@ async def test_two_actuators_only_the_leader_acts_and_the_standby_takes_over(
             == 1
         )
     assert takeover_s <= lease["lease_duration_s"] + lease["lease_retry_period_s"] + 0.5
+
+
+# --- the watch-fed inventory cache ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("inventory_cache", [True, False])
+async def test_the_inventory_cache_sees_new_pods_and_our_own_last_write(
+    nats_url: str, kube_admin: client.ApiClient, cluster: Cluster, inventory_cache: bool
+) -> None:
+    async with actuator(nats_url, kube_admin, cluster, inventory_cache=inventory_cache) as service:
+        from fracpilot_actuator.kube.backend import KubernetesBackend
+
+        backend = service.backend
+        assert isinstance(backend, KubernetesBackend)
+        assert (backend.cache is not None) is inventory_cache
+        lists: list[str] = []
+        for name in ("list_nodes", "list_pods", "list_owners"):
+            call = getattr(backend.api, name)
+
+            async def counted(*args: Any, _call: Any = call, _name: str = name) -> Any:
+                lists.append(_name)
+                return await _call(*args)
+
+            setattr(backend.api, name, counted)
+
+        # Everything the decisions need appears after the actuator (and its watches) started.
+        node = cluster.node("gpu", gpus=1)
+        gpu = f"GPU-{uuid.uuid4()}"
+        cluster.reservation("g1", node, gpu)
+        cluster.kai_pod("chat-0", node, cluster.deployment("chat"), "0.25", "g1")
+        if (cache := backend.cache) is not None:  # the watches deliver them, no list
+
+            def delivered() -> bool:
+                snap = cache.snapshot()
+                names = {
+                    (kind, i["metadata"]["name"])
+                    for kind, items in (("Node", snap.nodes), ("ReplicaSet", snap.replica_sets))
+                    for i in items
+                } | {
+                    ("Pod", p["metadata"]["name"])
+                    for p in snap.pods
+                    if (p.get("status") or {}).get("phase") == "Running"
+                }
+                return {("Node", node), ("ReplicaSet", "chat-6b7f9c"), ("Pod", "chat-0")} <= names
+
+            await wait_for(delivered)
+            relists = cache.relists
+
+        first = decide(cluster, "chat", 0.25, 0.375)
+        [one] = await apply(nats_url, first)
+        # At once: planned on the cache, which must hold the first decision's patch.
+        second = decide(cluster, "chat", 0.375, 0.5)
+        [two] = await apply(nats_url, second)
+
+    assert (one.plan, one.outcome, one.gpu_after) == (PlanKind.IN_PLACE, Outcome.APPLIED, gpu)
+    assert (one.fraction_before, one.fraction_after) == (0.25, 0.375), one.detail
+    assert (two.plan, two.outcome) == (PlanKind.IN_PLACE, Outcome.APPLIED), two.detail
+    assert (two.fraction_before, two.fraction_after) == (0.375, 0.5), two.detail
+    pod = cluster.read_pod("chat-0")
+    assert pod is not None
+    assert pod.metadata.annotations["gpu-fraction"] == "0.5"
+    if inventory_cache:
+        assert lists == []  # no list per decision
+        assert backend.fresh_lists == 0  # the watch caught up with the patch in time
+        assert cache is not None
+        assert cache.relists == relists  # picked up by watch events, not by a list
+    else:
+        assert sorted(set(lists)) == ["list_nodes", "list_owners", "list_pods"]

@@ -690,6 +690,7 @@ async def test_the_backend_runs_with_the_actuator_token(
     async def report(_decision: FractionDecision, actuation: Actuation) -> None:
         finished.append(actuation)
 
+    backend: KubernetesBackend | None = None
     try:
         backend = KubernetesBackend(
             KubeApi(as_actuator),
@@ -728,9 +729,24 @@ async def test_the_backend_runs_with_the_actuator_token(
         placeholders = core.list_namespaced_pod(own).items
         assert [p.spec.priority_class_name for p in placeholders] == [PRIORITY_CLASS]
         _gpu_node(core, f"gpu-b-{own}", own)  # the autoscaler's answer
+        if (cache := backend.cache) is not None:  # the node reaches the cache by its watch
+            wait_for(
+                lambda: (
+                    any(
+                        n["metadata"]["name"] == f"gpu-b-{own}"
+                        and "nvidia.com/gpu" in ((n.get("status") or {}).get("allocatable") or {})
+                        for n in cache.snapshot().nodes
+                    )
+                    or None
+                ),
+                timeout=10,
+                what="the new node in the inventory cache",
+            )
         await backend.reconcile(utcnow())
         assert [(a.outcome, a.error) for a in finished] == [(Outcome.APPLIED, None)]
     finally:
+        if backend is not None:
+            backend.close()
         await bus.close()
     assert http_status(lambda: core.read_namespaced_pod(placeholders[0].metadata.name, own)) in (
         404,

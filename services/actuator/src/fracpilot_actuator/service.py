@@ -112,6 +112,11 @@ class ActuatorSettings(ServiceSettings):
         "webhook, or (without it) a patch of the Deployment's / StatefulSet's pod template, "
         "which starts a rollout replacing every pod",
     )
+    inventory_cache: bool = Field(
+        default=True,
+        description="backend=kubernetes: read nodes, pods, ReplicaSets and Jobs from caches "
+        "kept current by watches; false: list them for every decision",
+    )
     # admission webhook (every replica serves it, leader or not)
     webhook_enabled: bool = Field(
         default=False, description="serve the mutating admission webhook that sizes new pods"
@@ -252,6 +257,7 @@ class ActuatorService:
             capacity_namespace=s.capacity_namespace or s.namespace,
             placeholder_image=s.placeholder_image,
             targets_via=s.targets_via,
+            inventory_cache=s.inventory_cache,
             guardrails=GuardrailSettings(
                 max_disruptions=s.max_disruptions,
                 max_disruptions_per_namespace=s.max_disruptions_per_namespace,
@@ -279,6 +285,9 @@ class ActuatorService:
         if self.elector is not None:
             async with self._lock:  # the action in hand finishes before the lease is released
                 await self.elector.stop(release=True)
+        close = getattr(self.backend, "close", None)
+        if close is not None:  # the Kubernetes backend's watches
+            close()
 
     async def _reconcile_loop(self) -> None:
         """Carry on with actions that wait (a scale-up waiting for capacity)."""

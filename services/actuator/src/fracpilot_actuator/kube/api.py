@@ -12,9 +12,13 @@ list (verb, resource, scope):
 | patch_pod_annotations | patch | pods | namespaced |
 | patch_pod_template | patch | deployments, statefulsets (apps) | namespaced (targets_via=template) |
 | evict | create | pods/eviction (policy/v1 Eviction) | namespaced |
+| read_pod_version | get | pods | namespaced (after an eviction: has the cache seen it) |
 | create_pod / delete_pod | create / delete | pods (placeholders only) | namespaced |
 | ensure_priority_class | get, create | priorityclasses (scheduling.k8s.io) | cluster |
 | create_event | create | events (core/v1) | namespaced |
+
+With ``inventory_cache`` on, :mod:`fracpilot_actuator.kube.cache` lists and watches nodes,
+pods, ReplicaSets and Jobs (all namespaces) instead of the per-decision lists.
 
 Lists ask for raw JSON (``_preload_content=False``): the inventory reads API dicts, and a
 large pod list is not turned into client models first.
@@ -37,6 +41,14 @@ JSON_PATCH = "application/json-patch+json"
 
 async def _run(call: Callable[[], T]) -> T:
     return await asyncio.to_thread(call)
+
+
+def version_of(obj: Any) -> int | None:
+    """The resourceVersion of a client object (what a write answered), as a number."""
+    try:
+        return int(obj.metadata.resource_version)
+    except (AttributeError, TypeError, ValueError):
+        return None
 
 
 def _items(response: Any) -> list[dict[str, Any]]:
@@ -128,14 +140,17 @@ class KubeApi:
 
     async def patch_pod_annotations(
         self, namespace: str, name: str, annotations: Mapping[str, str]
-    ) -> None:
-        await _run(
-            lambda: self.core.patch_namespaced_pod(
-                name,
-                namespace,
-                {"metadata": {"annotations": dict(annotations)}},
-                _content_type=MERGE_PATCH,
-                _request_timeout=self.timeout_s,
+    ) -> int | None:
+        """The patched pod's resourceVersion."""
+        return version_of(
+            await _run(
+                lambda: self.core.patch_namespaced_pod(
+                    name,
+                    namespace,
+                    {"metadata": {"annotations": dict(annotations)}},
+                    _content_type=MERGE_PATCH,
+                    _request_timeout=self.timeout_s,
+                )
             )
         )
 
@@ -167,10 +182,29 @@ class KubeApi:
             )
         )
 
-    async def create_pod(self, namespace: str, body: Mapping[str, Any]) -> None:
+    async def read_pod_version(self, namespace: str, name: str) -> int | None:
+        """A pod's resourceVersion now; None when it is gone."""
+        try:
+            pod = await _run(
+                lambda: self.core.read_namespaced_pod(
+                    name, namespace, _request_timeout=self.timeout_s
+                )
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return version_of(pod)
+
+    async def create_pod(self, namespace: str, body: Mapping[str, Any]) -> int | None:
+        """The new pod's resourceVersion."""
         pod = client.V1Pod.model_validate(body)
-        await _run(
-            lambda: self.core.create_namespaced_pod(namespace, pod, _request_timeout=self.timeout_s)
+        return version_of(
+            await _run(
+                lambda: self.core.create_namespaced_pod(
+                    namespace, pod, _request_timeout=self.timeout_s
+                )
+            )
         )
 
     async def delete_pod(self, namespace: str, name: str) -> None:

@@ -1,10 +1,9 @@
 """The Kubernetes backend: one decision in, changes to the cluster out, never more than allowed.
 
-For each decision it reads the cluster (one list of nodes and of pods, the namespace's
-ReplicaSets and Jobs for owner references, and the workload object: read per decision, so
-the picture is never older than the decision; a watch-fed cache would save the lists on a
-large cluster), finds the workload's pods, plans each pod with the pure planner, checks the
-guardrails (:mod:`fracpilot_actuator.guardrails`) and then:
+For each decision it reads the cluster (nodes, pods, the namespace's ReplicaSets and Jobs for
+owner references, and the workload object, read per decision), finds the workload's pods,
+plans each pod with the pure planner, checks the guardrails
+(:mod:`fracpilot_actuator.guardrails`) and then:
 
 - records the workload's target (``WorkloadTarget`` in the targets KV bucket) first, so any
   pod created from now on gets the new fraction from the admission webhook;
@@ -21,6 +20,13 @@ guardrails (:mod:`fracpilot_actuator.guardrails`) and then:
   (:meth:`KubernetesBackend.reconcile`: the pod now fits somewhere, or the placeholder was
   scheduled); gives up after ``capacity_timeout_s``. The placeholder carries the decision, so
   a restarted actuator carries on where it was.
+
+With ``inventory_cache`` (the default) nodes, pods, ReplicaSets and Jobs come from
+:class:`~fracpilot_actuator.kube.cache.InventoryCache`, kept current by watches, instead of
+being listed per decision. The cache is never older than the backend's own writes: each pod
+patch, create, eviction or delete leaves a fence (the write's resourceVersion, or the pod
+that must be gone), and a decision waits up to ``cache_fence_timeout_s`` for the watches to
+pass it, else lists afresh as without the cache.
 
 Every action leaves a Kubernetes Event on the pod (FractionResized,
 FractionEvictionRequested, CapacityRequested, and Warning events when it fails).
@@ -64,6 +70,7 @@ from fracpilot_actuator.guardrails import (
     opt_out,
 )
 from fracpilot_actuator.kube.api import KubeApi, status_of
+from fracpilot_actuator.kube.cache import Fence, InventoryCache
 from fracpilot_actuator.kube.inventory import (
     CAPACITY_ROLE,
     DECISION_ID,
@@ -135,6 +142,12 @@ class KubeBackendSettings:
     """How new pods get the target: the admission webhook, or (without it) a patch of the
     workload's pod template, which starts a rollout replacing every pod."""
     guardrails: GuardrailSettings = field(default_factory=GuardrailSettings)
+    inventory_cache: bool = True
+    """Read nodes, pods, ReplicaSets and Jobs from a watch-fed cache; False: list them for
+    every decision."""
+    cache_fence_timeout_s: float = 2.0
+    """How long a decision waits for the cache to catch up with the backend's last write
+    before it lists afresh."""
 
 
 @dataclass
@@ -244,11 +257,23 @@ class KubernetesBackend:
         self.guards = GuardState()
         self.pending: dict[str, PendingScaleUp] = {}
         self._logged_problems: set[str] = set()
+        self.cache = (
+            InventoryCache(api.api, settings.node_selector, timeout_s=api.timeout_s)
+            if settings.inventory_cache
+            else None
+        )
+        self._fences: list[Fence] = []
+        self.fresh_lists = 0  # decisions that listed because the cache was behind
 
     # --- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Pick up the scale-ups a previous run left waiting (their placeholders say which)."""
+        """Start the inventory cache; pick up the scale-ups a previous run left waiting (their
+        placeholders say which)."""
+        if self.cache is not None:
+            self.cache.start()
+            if not await self.cache.wait_synced():
+                log.warning("inventory cache not synced yet: listing until it is")
         for raw in await self.api.list_pods(label_selector=f"{ROLE}={CAPACITY_ROLE}"):
             meta = raw.get("metadata") or {}
             annotations = meta.get("annotations") or {}
@@ -268,13 +293,49 @@ class KubernetesBackend:
         if self.pending:
             log.info("resuming scale-ups", extra={"workloads": sorted(self.pending)})
 
+    def close(self) -> None:
+        """Stop the cache's watches."""
+        if self.cache is not None:
+            self.cache.stop()
+
     # --- reading the cluster ----------------------------------------------------------------
 
+    def _fence(self, fence: Fence) -> None:
+        if self.cache is not None:
+            self._fences.append(fence)
+
+    async def _from_cache(
+        self, namespace: str
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Any], list[Any]] | None:
+        """The inventory's inputs from the cache; None when it cannot be used (off, not
+        synced, or not caught up with our last write within the timeout)."""
+        cache = self.cache
+        if cache is None or not cache.synced.is_set():
+            return None
+        if self._fences:
+            if not await cache.wait_for(self._fences, self.settings.cache_fence_timeout_s):
+                self.fresh_lists += 1
+                log.info("inventory cache behind our last write: listing afresh")
+                return None
+            self._fences.clear()
+        snap = cache.snapshot()
+
+        def mine(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return [i for i in items if (i.get("metadata") or {}).get("namespace") == namespace]
+
+        return snap.nodes, snap.pods, mine(snap.replica_sets), mine(snap.jobs)
+
     async def _observe(self, workload: WorkloadRef) -> _View:
-        (nodes, pods), (replica_sets, jobs) = await asyncio.gather(
-            asyncio.gather(self.api.list_nodes(self.settings.node_selector), self.api.list_pods()),
-            self.api.list_owners(workload.namespace),
-        )
+        cached = await self._from_cache(workload.namespace)
+        if cached is not None:
+            nodes, pods, replica_sets, jobs = cached
+        else:
+            (nodes, pods), (replica_sets, jobs) = await asyncio.gather(
+                asyncio.gather(
+                    self.api.list_nodes(self.settings.node_selector), self.api.list_pods()
+                ),
+                self.api.list_owners(workload.namespace),
+            )
         inventory = build_inventory(
             nodes,
             pods,
@@ -596,7 +657,8 @@ class KubernetesBackend:
             annotations[KAI_MEMORY] = str(self._memory_mib(decision, view))
         else:
             annotations[KAI_FRACTION] = f"{step.fraction_after:g}"
-        await self.api.patch_pod_annotations(pod.namespace, pod.name, annotations)
+        version = await self.api.patch_pod_annotations(pod.namespace, pod.name, annotations)
+        self._fence(Fence("pods", version, None if version else (pod.namespace, pod.name)))
         await self._event(
             pod,
             "FractionResized",
@@ -631,6 +693,7 @@ class KubernetesBackend:
                     attempts += 1
                     await self.api.evict(pod.namespace, pod.name)
         except Exception as exc:
+            await self._fence_pod(pod.namespace, pod.name)
             status = status_of(exc)
             if status == 404:
                 return None  # gone already: its replacement gets the target
@@ -644,8 +707,20 @@ class KubernetesBackend:
             await self._event(pod, "FractionEvictionFailed", error, warning=True)
             log.warning("eviction failed", extra={"pod": pod.key, "error": error})
             return error
+        await self._fence_pod(pod.namespace, pod.name)
         log.info("evicted", extra={"pod": pod.key, "attempts": attempts})
         return None
+
+    async def _fence_pod(self, namespace: str, name: str) -> None:
+        """After an eviction (done or not): the cache must show the pod as it is now."""
+        if self.cache is None:
+            return
+        try:
+            version = await self.api.read_pod_version(namespace, name)
+        except Exception:  # cannot tell: the next decision lists afresh
+            self._fence(Fence("pods", 2**62))
+            return
+        self._fence(Fence("pods", version, gone=None if version else (namespace, name)))
 
     async def _request_capacity(
         self, decision: FractionDecision, pods: list[PodInfo], now: datetime
@@ -667,7 +742,8 @@ class KubernetesBackend:
                 image=self.settings.placeholder_image,
             )
             try:
-                await self.api.create_pod(namespace, body)
+                version = await self.api.create_pod(namespace, body)
+                self._fence(Fence("pods", version))
             except Exception as exc:
                 if status_of(exc) != 409:  # 409: it is there from an earlier attempt
                     raise
@@ -753,6 +829,7 @@ class KubernetesBackend:
                 done.append(step)
             # Free the placeholder's GPU first: the recreated pod is to take it.
             await self.api.delete_pod(namespace, placeholder)
+            self._fence(Fence("pods", gone=(namespace, placeholder)))
             pending.placeholders.pop(pod_name)
             if pod is None or placement is None:
                 pending.notes.append(f"{pod_name} is gone; its replacement gets the target")
@@ -780,6 +857,7 @@ class KubernetesBackend:
     ) -> None:
         for namespace, placeholder in pending.placeholders.values():
             await self.api.delete_pod(namespace, placeholder)
+            self._fence(Fence("pods", gone=(namespace, placeholder)))
         key = pending.decision.workload.key
         self.pending.pop(key, None)
         self.guards = self.guards.end(key)
