@@ -621,6 +621,27 @@ async def test_template_fallback_patches_the_kai_template_and_warns_of_a_rollout
     assert target.fraction == 0.375  # recorded as well, for pods the webhook would see
 
 
+async def test_template_rollouts_count_against_the_disruption_budget(
+    nats_url: str, kube_admin: client.ApiClient, cluster: Cluster
+) -> None:
+    # KAI in place is not disruptive by itself, but with template patches each action starts
+    # a rollout: the second one in the window is refused and its template left alone.
+    node = cluster.node("gpu", gpus=1)
+    cluster.reservation("g1", node, f"GPU-{uuid.uuid4()}")
+    for name in ("chat", "code"):
+        owner = cluster.deployment(name, template_annotations={"gpu-fraction": "0.25"})
+        cluster.kai_pod(f"{name}-0", node, owner, "0.25", "g1")
+
+    async with actuator(nats_url, kube_admin, cluster, targets_via="template", max_disruptions=1):
+        [first] = await apply(nats_url, decide(cluster, "chat", 0.25, 0.375))
+        [second] = await apply(nats_url, decide(cluster, "code", 0.25, 0.375))
+
+    assert first.outcome is Outcome.APPLIED, first.detail
+    assert (second.outcome, "rate" in second.detail) == (Outcome.SKIPPED, True), second.detail
+    code = cluster.apps.read_namespaced_deployment("code", cluster.ns).spec.template
+    assert code.metadata.annotations == {"gpu-fraction": "0.25"}
+
+
 async def test_template_fallback_sizes_a_hami_statefulset_and_publishes_the_allocation(
     nats_url: str, kube_admin: client.ApiClient, cluster: Cluster
 ) -> None:

@@ -415,7 +415,7 @@ class KubernetesBackend:
         primary = self._primary(plan, decision)
         verdict = check(
             subject,
-            disruptive=plan.disruptive,
+            disruptive=self._disruptive(plan),
             state=self.guards,
             settings=self.settings.guardrails,
             now=now,
@@ -490,7 +490,7 @@ class KubernetesBackend:
         self.guards = self.guards.begin(key)
         try:
             target = await self._record_target(decision, backend, view, now)
-            if plan.disruptive:
+            if self._disruptive(plan):
                 self.guards = self.guards.record(
                     Action(key, wl.namespace, now), self.settings.guardrails.window_s
                 )
@@ -558,6 +558,13 @@ class KubernetesBackend:
         )
         await self.targets.put(subjects.kv_key(decision.workload), target.to_json())
         return target
+
+    def _disruptive(self, plan: WorkloadPlan) -> bool:
+        """Evicting pods is disruptive; so is every template patch (a rollout replaces every
+        pod), counted before we know whether the template already holds the target."""
+        return plan.disruptive or (
+            self.settings.targets_via == "template" and plan.kind is not PlanKind.NONE
+        )
 
     async def _patch_template(
         self, target: WorkloadTarget, owner: dict[str, Any] | None
