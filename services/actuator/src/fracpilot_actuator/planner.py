@@ -14,9 +14,11 @@ No I/O: the backend that executes the plan (simulated cluster, Kubernetes) lives
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from pydantic import BaseModel, ConfigDict, Field
 
-from fracpilot_libs.contracts import FractionDecision, PlanKind, WorkloadRef
+from fracpilot_libs.contracts import Allocation, FractionDecision, PlanKind, WorkloadRef
 
 # Fractions are sums of grid steps; float sums need a tolerance when compared to 1.0.
 EPSILON = 1e-9
@@ -312,3 +314,18 @@ def plan_workload(
     else:
         reason = "; ".join(f"{s.pod}: {s.kind.value}: {s.reason}" for s in steps)
     return WorkloadPlan(kind=kind, workload=workload, steps=tuple(steps), reason=reason)
+
+
+def allocation_for(
+    workload: WorkloadRef, pod: str, gpu: Gpu, fraction: float, now: datetime
+) -> Allocation:
+    """What the allocations bucket says about a workload (ingest reads it for attribution)."""
+    return Allocation(
+        workload=workload,
+        pod=pod,
+        node=gpu.node,
+        gpu_uuid=gpu.uuid,
+        fraction=fraction,
+        device_memory_bytes=gpu.memory_bytes,
+        updated_at=now,
+    )

@@ -19,11 +19,12 @@ from fracpilot_actuator.planner import (
     Placement,
     ResizePlan,
     add_node,
+    allocation_for,
     apply_plan,
     fits,
 )
 from fracpilot_libs import subjects
-from fracpilot_libs.contracts import Allocation, PlanKind, WorkloadRef, utcnow
+from fracpilot_libs.contracts import PlanKind, WorkloadRef, utcnow
 
 log = logging.getLogger(__name__)
 STATE_KEY = "simulated-cluster"
@@ -123,13 +124,5 @@ class SimulatedCluster:
         gpu = self.state.gpu(placement.gpu_uuid) if placement else None
         if placement is None or gpu is None:
             return
-        allocation = Allocation(
-            workload=workload,
-            pod=placement.pod,
-            node=gpu.node,
-            gpu_uuid=gpu.uuid,
-            fraction=placement.fraction,
-            device_memory_bytes=gpu.memory_bytes,
-            updated_at=utcnow(),
-        )
+        allocation = allocation_for(workload, placement.pod, gpu, placement.fraction, utcnow())
         await self._allocation_kv.put(subjects.kv_key(workload), allocation.to_json())

@@ -90,13 +90,13 @@ from fracpilot_actuator.kube.inventory import (
 from fracpilot_actuator.planner import (
     ResizePlan,
     WorkloadPlan,
+    allocation_for,
     apply_pod_plan,
     plan_pod,
     plan_workload,
 )
 from fracpilot_libs import subjects
 from fracpilot_libs.contracts import (
-    Allocation,
     FractionDecision,
     GpuBackend,
     Outcome,
@@ -625,15 +625,7 @@ class KubernetesBackend:
         gpu = inventory.state.gpu(step.gpu_after) if step is not None else None
         if step is None or gpu is None:
             return
-        allocation = Allocation(
-            workload=workload,
-            pod=step.pod,
-            node=gpu.node,
-            gpu_uuid=gpu.uuid,
-            fraction=step.fraction_after,
-            device_memory_bytes=gpu.memory_bytes,
-            updated_at=utcnow(),
-        )
+        allocation = allocation_for(workload, step.pod, gpu, step.fraction_after, utcnow())
         try:
             await self.allocations.put(subjects.kv_key(workload), allocation.to_json())
         except Exception as exc:
