@@ -32,8 +32,7 @@ from kubernetes.client.exceptions import ApiException
 from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry
 
-from fracpilot_actuator.targets import TargetCache
-from fracpilot_actuator.webhook import (
+from fracpilot_actuator.admission import (
     GPU,
     HAMI_CORES,
     HAMI_MEMORY,
@@ -41,10 +40,10 @@ from fracpilot_actuator.webhook import (
     KAI_FRACTION,
     OPT_OUT,
     TARGET_ANNOTATION,
-    WebhookServer,
-    start_webhook,
     webhook_configuration,
 )
+from fracpilot_actuator.targets import TargetCache
+from fracpilot_actuator.webhook import WebhookServer, start_webhook
 from fracpilot_libs import subjects
 from fracpilot_libs.bus import Bus
 from fracpilot_libs.config import ServiceSettings

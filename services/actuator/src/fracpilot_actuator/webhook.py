@@ -9,8 +9,7 @@ rollout, an eviction, a crash) gets the current target.
 :class:`WebhookServer` is an asyncio HTTPS server (stdlib ``ssl`` + streams, HTTP/1.1 with
 keep-alive) serving ``POST /mutate``, ``GET /healthz`` and ``GET /readyz``; each admission is
 answered from memory by the pure :func:`~fracpilot_actuator.admission.admit`, which says what
-is written and how. A body that is not an AdmissionReview gets 400 with the reason. The names
-of :mod:`fracpilot_actuator.admission` are re-exported here.
+is written and how. A body that is not an AdmissionReview gets 400 with the reason.
 """
 
 from __future__ import annotations
@@ -29,80 +28,16 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from fracpilot_actuator.admission import (
-    ADMISSION_API_VERSION,
-    GPU,
-    HAMI_CORES,
-    HAMI_MEMORY,
-    HAMI_MEMORY_PERCENT,
-    KAI_CONTAINER,
-    KAI_FRACTION,
-    KAI_MEMORY,
-    KAI_MPS,
-    KAI_NUM_DEVICES,
-    KAI_SCHEDULER,
     MUTATE_PATH,
-    OPT_OUT,
-    TARGET_ANNOTATION,
-    WEBHOOK_CONFIGURATION_NAME,
-    WEBHOOK_NAME,
-    Admission,
     AdmissionOutcome,
     MalformedReviewError,
-    ServiceReference,
     admit,
-    escape_token,
-    format_fraction,
-    opted_out,
     parse_review,
-    percent,
     pod_name,
-    pointer,
-    review_response,
-    sizing_patch,
-    webhook_configuration,
-    workload_candidates,
 )
 from fracpilot_actuator.targets import TargetCache
 from fracpilot_libs.bus import Bus
 from fracpilot_libs.contracts import WorkloadTarget
-
-__all__ = [
-    "ADMISSION_API_VERSION",
-    "GPU",
-    "HAMI_CORES",
-    "HAMI_MEMORY",
-    "HAMI_MEMORY_PERCENT",
-    "KAI_CONTAINER",
-    "KAI_FRACTION",
-    "KAI_MEMORY",
-    "KAI_MPS",
-    "KAI_NUM_DEVICES",
-    "KAI_SCHEDULER",
-    "MUTATE_PATH",
-    "OPT_OUT",
-    "TARGET_ANNOTATION",
-    "WEBHOOK_CONFIGURATION_NAME",
-    "WEBHOOK_NAME",
-    "Admission",
-    "AdmissionOutcome",
-    "MalformedReviewError",
-    "ServiceReference",
-    "WebhookMetrics",
-    "WebhookServer",
-    "admit",
-    "escape_token",
-    "format_fraction",
-    "opted_out",
-    "parse_review",
-    "percent",
-    "pod_name",
-    "pointer",
-    "review_response",
-    "sizing_patch",
-    "start_webhook",
-    "webhook_configuration",
-    "workload_candidates",
-]
 
 log = logging.getLogger(__name__)
 
