@@ -25,6 +25,7 @@ from rich.live import Live
 from rich.table import Table
 
 from fracpilot_cli.processes import ServiceProcess
+from fracpilot_cli.settings import CliSettings
 from fracpilot_cli.summary import RunSummary
 from fracpilot_ingest.simulator import demo_workloads
 from fracpilot_libs import subjects
@@ -137,6 +138,7 @@ def live_table(summary: RunSummary, sim_hours_done: float, sim_hours: float) -> 
         ("compute", "right"),
         ("memory", "right"),
         ("fraction", "right"),
+        ("saved", "right"),
         ("node", "left"),
         ("last action", "left"),
     ):
@@ -152,6 +154,7 @@ def live_table(summary: RunSummary, sim_hours_done: float, sim_hours: float) -> 
             f"{view.compute:.0%}",
             f"{view.memory_share:.0%}",
             frac,
+            f"${view.cost_saved_usd:,.2f}",
             view.node,
             view.last_action,
             style=style,
@@ -160,7 +163,7 @@ def live_table(summary: RunSummary, sim_hours_done: float, sim_hours: float) -> 
     footer.add_row(
         f"samples {summary.samples}",
         f"GPU-hours {summary.allocated_gpu_hours:.1f} of {summary.whole_gpu_hours:.1f}",
-        f"saved {summary.savings_pct:.1f}%",
+        f"saved {summary.savings_pct:.1f}% (${summary.cost_saved_usd:,.2f})",
         f"actions {sum(summary.actions.values())}",
     )
     return Group(table, footer)
@@ -175,6 +178,10 @@ def summary_table(summary: RunSummary, elapsed_s: float) -> Table:
     t.add_row("GPU-hours allocated", f"{summary.allocated_gpu_hours:.2f}")
     t.add_row("GPU-hours as whole GPUs", f"{summary.whole_gpu_hours:.2f}")
     t.add_row("savings", f"{summary.savings_pct:.1f}%")
+    t.add_row(
+        "money saved",
+        f"${summary.cost_saved_usd:,.2f} of ${summary.whole_cost_usd:,.2f} as whole GPUs",
+    )
     t.add_row(
         "compute overruns",
         f"{summary.compute_overruns} ({100 * summary.compute_overruns / n:.2f}% of samples)",
@@ -200,7 +207,7 @@ async def run_demo(config: DemoConfig, console: Console) -> RunSummary:
     # The actuator seeds the cluster and the decision consumer exists before samples flow.
     order = ("actuator", "decision", "ingest")
     procs = [ServiceProcess(name, envs[name], log_dir) for name in order]
-    summary = RunSummary(step_s=config.step_s)
+    summary = RunSummary(step_s=config.step_s, prices=CliSettings().prices)
     follower = StreamFollower(summary)
     try:
         for p in procs:

@@ -28,6 +28,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from fracpilot_cli.settings import CliSettings
 from fracpilot_decision.baselines import EngineSizer, Sizer, baseline_from_spec
 from fracpilot_decision.replay import (
     Metrics,
@@ -41,6 +42,7 @@ from fracpilot_decision.replay import (
 )
 from fracpilot_decision.replay import Progress as ReplayProgress
 from fracpilot_libs.contracts import Policy
+from fracpilot_libs.pricing import GpuPrices
 
 EXIT_USAGE = 2
 LONG_TRACE = 20_000  # samples: from here on progress is shown even when stderr is no terminal
@@ -91,14 +93,15 @@ def _counted(
     progress.update(task, completed=n, total=n)
 
 
-def read_groups(trace: Path, err: Console) -> dict[str, list[TracePoint]]:
+def read_groups(trace: Path, err: Console, gpu_model: str = "") -> dict[str, list[TracePoint]]:
     """The trace grouped by workload; exits with a readable message when it cannot be read."""
     if not trace.is_file():
         _fail(f"trace not found: {trace}")
     try:
         with _progress(err, err.is_terminal) as progress:
             task = progress.add_task("reading trace", total=None)
-            groups = group_by_workload(_counted(read_trace(trace), progress, task))
+            points = read_trace(trace, gpu_model=gpu_model)
+            groups = group_by_workload(_counted(points, progress, task))
     except TraceError as exc:
         _fail(str(exc))
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
@@ -113,6 +116,7 @@ def run_replays(
     sizers: list[Sizer],
     err: Console,
     keep_timeline: bool,
+    prices: GpuPrices | None = None,
 ) -> list[ReplayReport]:
     """Each sizer replayed on the same parsed trace, with one progress bar per sizer."""
     samples = sum(len(series) for series in groups.values())
@@ -127,6 +131,7 @@ def run_replays(
                     _factory(sizer),
                     progress=_advancer(progress, task),
                     keep_timeline=keep_timeline,
+                    prices=prices,
                 )
             )
     return reports
@@ -155,6 +160,7 @@ def _total_rows(m: Metrics) -> list[tuple[str, str]]:
         ("GPU-hours allocated", f"{m.fraction_hours:,.1f}"),
         ("GPU-hours as whole GPUs", f"{m.whole_gpu_hours:,.1f}"),
         ("savings", f"{m.savings_pct:.1f}%"),
+        ("money saved", f"${m.cost_saved_usd:,.0f} of ${m.whole_cost_usd:,.0f}"),
         ("compute overruns", f"{m.compute_overrun_pct:.3f}% of samples"),
         ("memory overruns", f"{m.memory_overrun_samples:,} ({m.memory_overrun_pct:.3f}%)"),
         ("resizes", f"{m.resizes:,}"),
@@ -191,6 +197,7 @@ def workloads_table(top: list[WorkloadReplay], of: int) -> Table:
         "GPU-h",
         "whole\nGPU-h",
         "saved",
+        "saved\nUSD",
         "compute\nover",
         "memory\nover",
         "resizes",
@@ -205,6 +212,7 @@ def workloads_table(top: list[WorkloadReplay], of: int) -> Table:
             f"{m.fraction_hours:.1f}",
             f"{m.whole_gpu_hours:.1f}",
             f"{m.savings_pct:.1f}%",
+            f"{m.cost_saved_usd:,.0f}",
             f"{m.compute_overrun_pct:.2f}%",
             str(m.memory_overrun_samples),
             str(m.resizes),
@@ -239,6 +247,13 @@ def replay_command(
     top: Annotated[
         int, typer.Option(min=1, help="how many workloads to list and plot, by GPU-hours")
     ] = 6,
+    gpu_model: Annotated[
+        str,
+        typer.Option(
+            help="GPU model that prices rows without a gpu_model column "
+            "(prices: FRACPILOT_GPU_PRICES / FRACPILOT_GPU_DEFAULT_PRICE)"
+        ),
+    ] = "",
 ) -> None:
     """Replay a usage trace through the decision engine and measure savings and overruns."""
     err = Console(stderr=True)
@@ -250,11 +265,15 @@ def replay_command(
     if plot is not None and not plot.parent.is_dir():
         _fail(f"--plot: no such directory: {plot.parent}")
 
-    groups = read_groups(trace, err)
+    try:
+        prices = CliSettings().prices
+    except ValidationError as exc:
+        _fail(f"invalid price settings: {exc.errors(include_url=False)[0]['msg']}")
+    groups = read_groups(trace, err, gpu_model)
     sizers: list[Sizer] = [EngineSizer(policy)]
     if base_sizer is not None:
         sizers.append(base_sizer)
-    reports = run_replays(groups, sizers, err, keep_timeline=plot is not None)
+    reports = run_replays(groups, sizers, err, keep_timeline=plot is not None, prices=prices)
     report = reports[0]
     base_report = reports[1] if len(reports) > 1 else None
 

@@ -6,6 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from fracpilot_libs.contracts import ActuationResult, UsageSample
+from fracpilot_libs.pricing import GpuPrices
 
 
 @dataclass
@@ -19,6 +20,7 @@ class WorkloadView:
     node: str = ""
     last_action: str = ""
     samples: int = 0
+    cost_saved_usd: float = 0.0
 
 
 @dataclass
@@ -31,6 +33,13 @@ class RunSummary:
     memory_overruns: int = 0
     actions: Counter[str] = field(default_factory=Counter)
     workloads: dict[str, WorkloadView] = field(default_factory=dict)
+    prices: GpuPrices = field(default_factory=GpuPrices)
+    allocated_cost_usd: float = 0.0
+    whole_cost_usd: float = 0.0
+
+    @property
+    def cost_saved_usd(self) -> float:
+        return self.whole_cost_usd - self.allocated_cost_usd
 
     @property
     def savings_pct(self) -> float:
@@ -44,12 +53,17 @@ class RunSummary:
         view.node = s.node or view.node
         self.samples += 1
         hours = self.step_s / 3600
+        hourly = self.prices.hourly(s.gpu_model)
         self.whole_gpu_hours += hours
+        self.whole_cost_usd += hours * hourly
         if s.allocated_fraction is None:  # not placed yet: it holds a whole GPU
             self.allocated_gpu_hours += hours
+            self.allocated_cost_usd += hours * hourly
             return
         view.fraction = s.allocated_fraction
         self.allocated_gpu_hours += s.allocated_fraction * hours
+        self.allocated_cost_usd += s.allocated_fraction * hours * hourly
+        view.cost_saved_usd += (1 - s.allocated_fraction) * hours * hourly
         # Tolerance: a sample exactly at its fraction is not an overrun.
         if s.compute > s.allocated_fraction + 1e-9:
             self.compute_overruns += 1

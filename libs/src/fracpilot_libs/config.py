@@ -8,6 +8,8 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from fracpilot_libs.pricing import GpuPrices, UsdPerHour
+
 
 class ServiceSettings(BaseSettings):
     """What every service needs: where NATS is, how to be observed, how loud to log."""
@@ -17,9 +19,21 @@ class ServiceSettings(BaseSettings):
     nats_url: str = Field(
         default="nats://127.0.0.1:4222", description="NATS server URL(s), comma-separated"
     )
-    nats_user: str | None = None
+    nats_user: str | None = Field(default=None, description="user name (with nats_password)")
     nats_password: str | None = None
-    nats_creds_file: str | None = None
+    nats_creds_file: str | None = Field(
+        default=None, description="a .creds file (user JWT and nkey seed, NATS operator mode)"
+    )
+    nats_nkey_seed_file: str | None = Field(
+        default=None, description="a file holding a user's nkey seed (SU...)"
+    )
+    nats_tls_ca_file: str | None = Field(
+        default=None, description="PEM CA that signed the server's certificate: TLS"
+    )
+    nats_tls_cert_file: str | None = Field(
+        default=None, description="PEM client certificate (with nats_tls_key_file): mutual TLS"
+    )
+    nats_tls_key_file: str | None = None
     nats_connect_timeout_s: float = 5.0
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(default=0, description="0 picks a free port; it is logged at start")
@@ -32,3 +46,14 @@ class ServiceSettings(BaseSettings):
     max_deliver: int = Field(
         default=5, ge=1, description="deliveries before a message is dead-lettered"
     )
+    gpu_prices: dict[str, UsdPerHour] = Field(
+        default_factory=dict,
+        description="USD per whole GPU-hour by GPU model (JSON), added to the built-in table",
+    )
+    gpu_default_price: UsdPerHour | None = Field(
+        default=None, description="USD per GPU-hour for models not in the table"
+    )
+
+    @property
+    def prices(self) -> GpuPrices:
+        return GpuPrices.with_overrides(self.gpu_prices, self.gpu_default_price)

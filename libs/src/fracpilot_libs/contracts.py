@@ -94,6 +94,9 @@ class UsageSample(WireModel):
     container: str = Field(default="main", min_length=1, max_length=63)
     node: str = Field(default="", max_length=253)
     gpu_uuid: str = Field(default="", max_length=128)
+    gpu_model: str = Field(
+        default="", max_length=128, description="the GPU's model name, when the source says"
+    )
     timestamp: UtcDatetime
     compute: Share = Field(description="share of one whole GPU's compute in use, 0..1")
     memory_used_bytes: Bytes

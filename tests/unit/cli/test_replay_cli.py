@@ -42,6 +42,9 @@ METRIC_KEYS = {
     "resizes",
     "resizes_per_workload_day",
     "longest_overrun_s",
+    "allocated_cost_usd",
+    "whole_cost_usd",
+    "cost_saved_usd",
 }
 WORKLOAD_KEYS = METRIC_KEYS | {"namespace", "workload", "final_fraction"}
 
@@ -97,8 +100,8 @@ def trace(tmp_path: Path) -> Path:
     return write_trace(tmp_path / "trace.csv")
 
 
-def run(*args: str | Path) -> Any:
-    return CliRunner().invoke(app, ["replay", *map(str, args)])
+def run(*args: str | Path, env: dict[str, str] | None = None) -> Any:
+    return CliRunner().invoke(app, ["replay", *map(str, args)], env=env)
 
 
 def run_json(*args: str | Path) -> dict[str, Any]:
@@ -137,6 +140,33 @@ def test_totals_are_the_sum_over_workloads(trace: Path) -> None:
     assert totals["resizes"] >= 3
     grows = next(w for w in workloads if w["workload"] == "grows")
     assert grows["final_fraction"] >= 0.625  # memory 0.45 + 0.1 headroom, on the 1/8 grid
+
+
+def test_money_saved_prices_gpu_hours_by_model(
+    tmp_path: Path, trace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = run_json(trace, "--gpu-model", "NVIDIA H100 80GB HBM3")
+    totals = out["totals"]
+    assert totals["whole_cost_usd"] == pytest.approx(totals["whole_gpu_hours"] * 4.50, abs=0.01)
+    assert totals["cost_saved_usd"] == pytest.approx(
+        (totals["whole_gpu_hours"] - totals["fraction_hours"]) * 4.50, abs=0.02
+    )
+    static = run_json(trace, "--baseline", "static:0.5", "--gpu-model", "T4")["baseline"]
+    assert static["cost_saved_usd"] == pytest.approx(static["whole_gpu_hours"] * 0.55 / 2, abs=0.01)
+    # A trace column names the model per row; the user's own price table wins.
+    monkeypatch.setenv("FRACPILOT_GPU_PRICES", '{"B200": 8.0}')
+    monkeypatch.setenv("FRACPILOT_GPU_DEFAULT_PRICE", "1.0")
+    with_model = tmp_path / "with_model.csv"
+    rows = trace.read_text().splitlines()
+    models = ["gpu_model"] + ["NVIDIA B200" if "steady" in r else "" for r in rows[1:]]
+    with_model.write_text("\n".join(f"{r},{m}" for r, m in zip(rows, models, strict=True)))
+    out = run_json(with_model)
+    by_name = {w["workload"]: w for w in out["workloads"]}
+    assert by_name["steady"]["whole_cost_usd"] == pytest.approx(6.0 * 8.0)
+    assert by_name["bursty"]["whole_cost_usd"] == pytest.approx(6.0 * 1.0)
+    bad = run(trace, "--json", env={"FRACPILOT_GPU_PRICES": '{"B200": "lots"}'})
+    assert bad.exit_code == 2
+    assert "invalid price settings" in bad.stderr
 
 
 def test_whole_gpu_baseline_saves_nothing_and_never_resizes(trace: Path) -> None:

@@ -1,8 +1,9 @@
 """Replay a usage trace through a sizer and measure what would have happened.
 
 A trace is a CSV (or CSV.gz) with ``timestamp,namespace,workload,pod,gpu_util,
-gpu_mem_used_bytes,gpu_mem_total_bytes`` and an optional ``requested_fraction`` (the starting
-fraction; default 1.0; a static baseline holds its own fraction from the start). Each
+gpu_mem_used_bytes,gpu_mem_total_bytes`` and optional ``requested_fraction`` (the starting
+fraction; default 1.0; a static baseline holds its own fraction from the start) and
+``gpu_model`` (prices the GPU-hours; the caller's default model otherwise). Each
 workload is replayed on its own, in time order: a sample is judged against the allocation in
 force, then shown to the sizer, and a new fraction applies from the next sample on. The same
 engine as the service's runs here.
@@ -26,6 +27,7 @@ from pydantic import ValidationError
 
 from fracpilot_decision.baselines import Sizer
 from fracpilot_libs.contracts import UsageSample, WorkloadRef
+from fracpilot_libs.pricing import GpuPrices
 
 REQUIRED_COLUMNS = (
     "timestamp",
@@ -90,14 +92,17 @@ def _which_field(row: dict[str | Any, str | Any], exc: ValueError) -> str:
     return str(exc)
 
 
-def read_trace(path: Path, cluster: str = "replay") -> Iterator[TracePoint]:
-    """Rows of the trace as validated samples; a bad row raises TraceError naming its line."""
+def read_trace(path: Path, cluster: str = "replay", gpu_model: str = "") -> Iterator[TracePoint]:
+    """Rows of the trace as validated samples; a bad row raises TraceError naming its line.
+
+    ``gpu_model`` names the GPU of rows that have no ``gpu_model`` column of their own."""
     with _open_text(path) as handle:
         reader = csv.DictReader(handle)
         missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
         if missing:
             raise TraceError(f"{path}: missing column(s) {', '.join(missing)}")
         has_requested = "requested_fraction" in (reader.fieldnames or [])
+        has_model = "gpu_model" in (reader.fieldnames or [])
         refs: dict[tuple[str, str], WorkloadRef] = {}
         expected = len(reader.fieldnames or [])
         for row in reader:
@@ -120,6 +125,7 @@ def read_trace(path: Path, cluster: str = "replay") -> Iterator[TracePoint]:
                     compute=float(row["gpu_util"]),
                     memory_used_bytes=int(row["gpu_mem_used_bytes"]),
                     memory_total_bytes=int(row["gpu_mem_total_bytes"]),
+                    gpu_model=(row["gpu_model"] if has_model else "") or gpu_model,
                     source="replay",
                 )
                 requested = (
@@ -148,6 +154,12 @@ class Metrics:
     memory_overrun_samples: int = 0
     resizes: int = 0
     longest_overrun_s: float = 0.0
+    allocated_cost_usd: float = 0.0
+    whole_cost_usd: float = 0.0
+
+    @property
+    def cost_saved_usd(self) -> float:
+        return self.whole_cost_usd - self.allocated_cost_usd
 
     @property
     def savings_pct(self) -> float:
@@ -176,6 +188,8 @@ class Metrics:
         self.compute_overrun_samples += other.compute_overrun_samples
         self.memory_overrun_samples += other.memory_overrun_samples
         self.resizes += other.resizes
+        self.allocated_cost_usd += other.allocated_cost_usd
+        self.whole_cost_usd += other.whole_cost_usd
         self.longest_overrun_s = max(self.longest_overrun_s, other.longest_overrun_s)
 
     def as_dict(self) -> dict[str, Any]:
@@ -191,6 +205,9 @@ class Metrics:
             "resizes": self.resizes,
             "resizes_per_workload_day": round(self.resizes_per_workload_day, 3),
             "longest_overrun_s": round(self.longest_overrun_s, 1),
+            "allocated_cost_usd": round(self.allocated_cost_usd, 2),
+            "whole_cost_usd": round(self.whole_cost_usd, 2),
+            "cost_saved_usd": round(self.cost_saved_usd, 2),
         }
 
 
@@ -252,7 +269,10 @@ def _intervals(times: list[float]) -> list[float]:
 
 
 def replay_workload(
-    series: list[TracePoint], sizer: Sizer, keep_timeline: bool = False
+    series: list[TracePoint],
+    sizer: Sizer,
+    keep_timeline: bool = False,
+    usd_per_gpu_hour: float = 0.0,
 ) -> WorkloadReplay:
     times = [p.sample.timestamp.timestamp() for p in series]
     intervals = _intervals(times)
@@ -279,6 +299,8 @@ def replay_workload(
         if new is not None and not math.isclose(new, alloc):
             alloc = new
             m.resizes += 1
+    m.allocated_cost_usd = m.fraction_hours * usd_per_gpu_hour
+    m.whole_cost_usd = m.whole_gpu_hours * usd_per_gpu_hour
     return WorkloadReplay(series[0].sample.workload, m, alloc, timeline)
 
 
@@ -287,11 +309,15 @@ def replay(
     sizer_factory: Callable[[], Sizer],
     progress: Progress | None = None,
     keep_timeline: bool = False,
+    prices: GpuPrices | None = None,
 ) -> ReplayReport:
+    """Every workload replayed on its own; GPU-hours priced by each workload's GPU model."""
+    prices = prices or GpuPrices()
     totals = Metrics()
     results = []
     for key in sorted(groups):
-        result = replay_workload(groups[key], sizer_factory(), keep_timeline)
+        hourly = prices.hourly(groups[key][0].sample.gpu_model)
+        result = replay_workload(groups[key], sizer_factory(), keep_timeline, hourly)
         totals.add(result.metrics)
         results.append(result)
         if progress is not None:
