@@ -353,6 +353,7 @@ class IngestService:
             pod=alloc.pod if alloc else w.pod,
             node=alloc.node if alloc else "",
             gpu_uuid=alloc.gpu_uuid if alloc else "",
+            gpu_model=w.gpu_model,
             timestamp=at,
             compute=compute,
             memory_used_bytes=memory,

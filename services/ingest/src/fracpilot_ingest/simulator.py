@@ -27,6 +27,7 @@ class SimulatedWorkload:
     kv_cache_share: float  # KV cache at peak traffic as a share of device memory
     peak_hour: float = 15.0  # local hour of the daily peak
     device_memory_bytes: int = 80 * GIB
+    gpu_model: str = "NVIDIA A100-SXM4-80GB"  # as DCGM names it (modelName): prices the demo
 
     @property
     def pod(self) -> str:
