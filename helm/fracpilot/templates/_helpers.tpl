@@ -1,0 +1,293 @@
+{{/* Names ---------------------------------------------------------------------------------- */}}
+
+{{- define "fracpilot.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The prefix of every object's name: the release name when it says fracpilot already. */}}
+{{- define "fracpilot.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A component's name: (list $ "actuator") */}}
+{{- define "fracpilot.componentName" -}}
+{{- printf "%s-%s" (include "fracpilot.fullname" (index . 0)) (index . 1) -}}
+{{- end -}}
+
+{{- define "fracpilot.webhookSecretName" -}}
+{{- printf "%s-webhook-tls" (include "fracpilot.fullname" .) -}}
+{{- end -}}
+
+{{- define "fracpilot.natsAuthSecretName" -}}
+{{- .Values.nats.auth.existingSecret | default (printf "%s-nats-auth" (include "fracpilot.fullname" .)) -}}
+{{- end -}}
+
+{{/* Labels ---------------------------------------------------------------------------------- */}}
+
+{{- define "fracpilot.selectorLabels" -}}
+{{- $ := index . 0 -}}
+app.kubernetes.io/name: {{ include "fracpilot.name" $ }}
+app.kubernetes.io/instance: {{ $.Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end -}}
+
+{{/* (list $ "component") */}}
+{{- define "fracpilot.labels" -}}
+{{- $ := index . 0 -}}
+{{ include "fracpilot.selectorLabels" . }}
+app.kubernetes.io/part-of: fracpilot
+app.kubernetes.io/version: {{ $.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ $.Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" $.Chart.Name $.Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* Images ---------------------------------------------------------------------------------- */}}
+
+{{/* (list $ "actuator") */}}
+{{- define "fracpilot.image" -}}
+{{- $ := index . 0 -}}
+{{- $component := index . 1 -}}
+{{- $values := index $.Values $component -}}
+{{- $repository := $values.image.repository | default (printf "%s/fracpilot-%s" $.Values.image.registry $component) -}}
+{{- $tag := $values.image.tag | default $.Values.image.tag | default $.Chart.AppVersion -}}
+{{- printf "%s:%s" $repository $tag -}}
+{{- end -}}
+
+{{/* Capabilities ---------------------------------------------------------------------------- */}}
+
+{{/* "true" when cert-manager issues the webhook certificate (asked for, and its API is there). */}}
+{{- define "fracpilot.useCertManager" -}}
+{{- if and .Values.webhook.enabled .Values.webhook.certManager.enabled (.Capabilities.APIVersions.Has "cert-manager.io/v1/Certificate") -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* The NATS URL the services use. */}}
+{{- define "fracpilot.natsUrl" -}}
+{{- if .Values.nats.deploy -}}
+{{- printf "nats://%s.%s.svc:4222" (include "fracpilot.componentName" (list . "nats")) .Release.Namespace -}}
+{{- else -}}
+{{- required "nats.url is required when nats.deploy is false" .Values.nats.url -}}
+{{- end -}}
+{{- end -}}
+
+{{/* RBAC rules ------------------------------------------------------------------------------ */}}
+
+{{/* The rules of one kind (ClusterRole or Role) in deploy/rbac/<file>, read through the
+     files/rbac symlink: the chart grants exactly what that file (tested against a real
+     apiserver) grants. (list $ "actuator.yaml" "ClusterRole") */}}
+{{- define "fracpilot.rbacRules" -}}
+{{- $ := index . 0 -}}
+{{- $path := printf "files/rbac/%s" (index . 1) -}}
+{{- $kind := index . 2 -}}
+{{- $content := $.Files.Get $path -}}
+{{- if not $content -}}
+{{- fail (printf "%s is missing from the chart (a link to deploy/rbac/)" $path) -}}
+{{- end -}}
+{{- $found := list -}}
+{{- range regexSplit "(?m)^---[ \\t]*$" $content -1 -}}
+{{- $doc := fromYaml . -}}
+{{- if and $doc (eq (get $doc "kind" | toString) $kind) -}}
+{{- $found = append $found $doc.rules -}}
+{{- end -}}
+{{- end -}}
+{{- if ne (len $found) 1 -}}
+{{- fail (printf "%s has %d %s objects, expected 1" $path (len $found) $kind) -}}
+{{- end -}}
+{{- toYaml (first $found) -}}
+{{- end -}}
+
+{{/* Pods ------------------------------------------------------------------------------------ */}}
+
+{{/* The environment every service shares: NATS, telemetry, cost model. */}}
+{{- define "fracpilot.commonEnv" -}}
+- name: FRACPILOT_NATS_URL
+  value: {{ include "fracpilot.natsUrl" . | quote }}
+{{- $auth := .Values.nats.auth }}
+{{- if eq $auth.type "userPassword" }}
+- name: FRACPILOT_NATS_USER
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "fracpilot.natsAuthSecretName" . }}
+      key: {{ $auth.userKey }}
+- name: FRACPILOT_NATS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "fracpilot.natsAuthSecretName" . }}
+      key: {{ $auth.passwordKey }}
+{{- else if eq $auth.type "nkey" }}
+- name: FRACPILOT_NATS_NKEY_SEED_FILE
+  value: /etc/fracpilot/nats/auth/nkey.seed
+{{- else if eq $auth.type "creds" }}
+- name: FRACPILOT_NATS_CREDS_FILE
+  value: /etc/fracpilot/nats/auth/nats.creds
+{{- end }}
+{{- if and (not .Values.nats.deploy) .Values.nats.tls.enabled }}
+{{- if .Values.nats.tls.caKey }}
+- name: FRACPILOT_NATS_TLS_CA_FILE
+  value: /etc/fracpilot/nats/tls/ca.crt
+{{- end }}
+{{- if .Values.nats.tls.clientCert }}
+- name: FRACPILOT_NATS_TLS_CERT_FILE
+  value: /etc/fracpilot/nats/tls/tls.crt
+- name: FRACPILOT_NATS_TLS_KEY_FILE
+  value: /etc/fracpilot/nats/tls/tls.key
+{{- end }}
+{{- end }}
+- name: FRACPILOT_METRICS_HOST
+  value: "0.0.0.0"
+- name: FRACPILOT_METRICS_PORT
+  value: {{ .Values.metricsPort | quote }}
+- name: FRACPILOT_LOG_LEVEL
+  value: {{ .Values.logLevel | quote }}
+{{- with .Values.otlpEndpoint }}
+- name: FRACPILOT_OTLP_ENDPOINT
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.pricing.gpuPrices }}
+- name: FRACPILOT_GPU_PRICES
+  value: {{ toJson . | quote }}
+{{- end }}
+{{- if not (kindIs "invalid" .Values.pricing.defaultPrice) }}
+- name: FRACPILOT_GPU_DEFAULT_PRICE
+  value: {{ .Values.pricing.defaultPrice | toString | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* Volumes for NATS credentials and TLS files, and /tmp (the root filesystem is read-only). */}}
+{{- define "fracpilot.commonVolumes" -}}
+- name: tmp
+  emptyDir:
+    medium: Memory
+    sizeLimit: 64Mi
+{{- $auth := .Values.nats.auth }}
+{{- if has $auth.type (list "nkey" "creds") }}
+- name: nats-auth
+  secret:
+    secretName: {{ $auth.existingSecret }}
+    defaultMode: 0440
+    items:
+      {{- if eq $auth.type "nkey" }}
+      - key: {{ $auth.nkeySeedKey }}
+        path: nkey.seed
+      {{- else }}
+      - key: {{ $auth.credsKey }}
+        path: nats.creds
+      {{- end }}
+{{- end }}
+{{- $tls := .Values.nats.tls }}
+{{- if and (not .Values.nats.deploy) $tls.enabled }}
+- name: nats-tls
+  secret:
+    secretName: {{ $tls.existingSecret }}
+    defaultMode: 0440
+    items:
+      {{- if $tls.caKey }}
+      - key: {{ $tls.caKey }}
+        path: ca.crt
+      {{- end }}
+      {{- if $tls.clientCert }}
+      - key: {{ $tls.certKey }}
+        path: tls.crt
+      - key: {{ $tls.keyKey }}
+        path: tls.key
+      {{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "fracpilot.commonVolumeMounts" -}}
+- name: tmp
+  mountPath: /tmp
+{{- if has .Values.nats.auth.type (list "nkey" "creds") }}
+- name: nats-auth
+  mountPath: /etc/fracpilot/nats/auth
+  readOnly: true
+{{- end }}
+{{- if and (not .Values.nats.deploy) .Values.nats.tls.enabled }}
+- name: nats-tls
+  mountPath: /etc/fracpilot/nats/tls
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/* Probes on the telemetry port. */}}
+{{- define "fracpilot.probes" -}}
+startupProbe:
+  httpGet:
+    path: /healthz
+    port: metrics
+  periodSeconds: 2
+  failureThreshold: 60
+livenessProbe:
+  httpGet:
+    path: /healthz
+    port: metrics
+  periodSeconds: 10
+  timeoutSeconds: 3
+  failureThreshold: 3
+readinessProbe:
+  httpGet:
+    path: /readyz
+    port: metrics
+  periodSeconds: 5
+  timeoutSeconds: 3
+  failureThreshold: 2
+{{- end -}}
+
+{{/* What every fracpilot pod spec shares. (list $ "component") */}}
+{{- define "fracpilot.podCommon" -}}
+{{- $ := index . 0 -}}
+{{- $values := index $.Values (index . 1) -}}
+serviceAccountName: {{ include "fracpilot.componentName" . }}
+{{- with $.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+# Service links would put variables such as FRACPILOT_WEBHOOK_PORT=tcp://... into the
+# environment, where the FRACPILOT_ settings are read from.
+enableServiceLinks: false
+securityContext:
+  {{- toYaml $.Values.podSecurityContext | nindent 2 }}
+{{- with $values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with $values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* The built-in NATS server's configuration. */}}
+{{- define "fracpilot.natsConfig" -}}
+server_name: $POD_NAME
+port: 4222
+http_port: 8222
+pid_file: /var/run/nats/nats.pid
+lame_duck_duration: 30s
+lame_duck_grace_period: 10s
+jetstream {
+  store_dir: /data
+  max_memory_store: {{ .Values.nats.jetstream.maxMemoryStore }}
+  max_file_store: {{ .Values.nats.jetstream.maxFileStore }}
+}
+{{- if eq .Values.nats.auth.type "userPassword" }}
+# $NATS_USER and $NATS_PASSWORD come from the Secret, through the environment.
+authorization {
+  user: $NATS_USER
+  password: $NATS_PASSWORD
+}
+{{- end }}
+{{- end -}}

@@ -1,0 +1,26 @@
+{{/* What values.schema.json cannot say (relations between values), checked before anything is
+     rendered: the decision service would refuse such a policy at start and crash-loop. */}}
+{{- define "fracpilot.validate" -}}
+{{- $p := .Values.policy -}}
+{{- $steps := $p.grid_steps | default 8 | float64 -}}
+{{- $min := (hasKey $p "min_fraction") | ternary $p.min_fraction 0.125 | float64 -}}
+{{- $max := (hasKey $p "max_fraction") | ternary $p.max_fraction 1.0 | float64 -}}
+{{- if gt $min $max -}}
+{{- fail (printf "policy.min_fraction %v is above policy.max_fraction %v" $min $max) -}}
+{{- end -}}
+{{- range $name, $value := dict "min_fraction" $min "max_fraction" $max -}}
+{{- $off := subf (mulf $value $steps) (round (mulf $value $steps) 0) -}}
+{{- if or (gt $off 0.000000001) (lt $off -0.000000001) -}}
+{{- fail (printf "policy.%s %v is not on the grid of 1/%v (policy.grid_steps)" $name $value $steps) -}}
+{{- end -}}
+{{- end -}}
+{{- $e := .Values.actuator.leaderElection -}}
+{{- if and .Values.actuator.enabled $e.enabled -}}
+{{- if gt (float64 $e.renewDeadlineSeconds) (float64 $e.leaseDurationSeconds) -}}
+{{- fail (printf "actuator.leaderElection.renewDeadlineSeconds %v must not exceed leaseDurationSeconds %v: two leaders could overlap" $e.renewDeadlineSeconds $e.leaseDurationSeconds) -}}
+{{- end -}}
+{{- if ge (float64 $e.renewPeriodSeconds) (float64 $e.renewDeadlineSeconds) -}}
+{{- fail (printf "actuator.leaderElection.renewPeriodSeconds %v must be below renewDeadlineSeconds %v" $e.renewPeriodSeconds $e.renewDeadlineSeconds) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}

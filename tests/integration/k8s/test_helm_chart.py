@@ -1,0 +1,489 @@
+"""helm/fracpilot with the real helm (the cached build) and the real kube-apiserver.
+
+For the default values and each of helm/fracpilot/ci/*.yaml (all-on-values.yaml turns every
+option on):
+
+- ``helm lint --strict`` passes;
+- ``helm template`` (with the Prometheus Operator and cert-manager APIs announced) renders, and
+  every built-in kind validates offline against the Kubernetes OpenAPI schemas of this
+  Kubernetes version (kubernetes-validate, strict: unknown fields fail); the custom resources
+  (ServiceMonitor, PodMonitor, Certificate, Issuer) are validated by the apiserver instead,
+  against their CRDs vendored in tests/integration/k8s/crds/;
+- the apiserver accepts every object: a server-side apply with ``dryRun=All``.
+
+Also: values.schema.json refuses wrong values with a message that names the value, the
+chart's RBAC is deploy/rbac/*.yaml's rules, every FRACPILOT_ variable the chart sets is a
+real setting of that service and parses, and a real ``helm install`` + ``upgrade`` keeps the
+generated webhook certificate and NATS password (``lookup``), with a caBundle that verifies the
+serving certificate for the webhook Service's name.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+from kubernetes import client
+from kubernetes.dynamic import DynamicClient
+
+from fracpilot_actuator.service import ActuatorSettings
+from fracpilot_decision.service import DecisionSettings, cluster_default
+from fracpilot_ingest.service import IngestSettings
+from fracpilot_libs.config import ServiceSettings
+from fracpilot_libs.contracts import Policy
+from k8s_control_plane import REPO_ROOT, ControlPlane, k8s_version, wait_for
+
+pytestmark = pytest.mark.integration
+
+CHART = REPO_ROOT / "helm" / "fracpilot"
+RBAC_DIR = REPO_ROOT / "deploy" / "rbac"
+CRD_DIR = Path(__file__).resolve().parent / "crds"
+CASES: dict[str, Path | None] = {"default": None} | {
+    p.stem: p for p in sorted((CHART / "ci").glob("*.yaml"))
+}
+CRD_APIS = (
+    "monitoring.coreos.com/v1/ServiceMonitor",
+    "monitoring.coreos.com/v1/PodMonitor",
+    "cert-manager.io/v1/Certificate",
+    "cert-manager.io/v1/Issuer",
+)
+CUSTOM_KINDS = {api.rsplit("/", 1)[1] for api in CRD_APIS}
+SETTINGS: dict[str, type[ServiceSettings]] = {
+    "ingest": IngestSettings,
+    "decision": DecisionSettings,
+    "actuator": ActuatorSettings,
+}
+
+
+# --- helm --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Helm:
+    binary: Path
+    kubeconfig: Path
+
+    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [str(self.binary), *args, "--kubeconfig", str(self.kubeconfig)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed:\n{proc.stderr}")
+        return proc
+
+    def template(self, case: str, namespace: str, *extra: str) -> list[dict[str, Any]]:
+        values = CASES[case]
+        args = ["template", "fracpilot", str(CHART), "--namespace", namespace]
+        args += [f"--api-versions={api}" for api in CRD_APIS]
+        if values is not None:
+            args += ["--values", str(values)]
+        proc = self.run(*args, *extra)
+        return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+@pytest.fixture(scope="module")
+def helm(kube: ControlPlane) -> Helm:
+    return Helm(kube.helm, kube.write_kubeconfig())
+
+
+@pytest.fixture(scope="module")
+def rendered(helm: Helm) -> dict[str, list[dict[str, Any]]]:
+    """Each case rendered once, in the namespace ``fracpilot`` (the apiserver test re-renders)."""
+    return {case: helm.template(case, "fracpilot") for case in CASES}
+
+
+def values_args(case: str) -> list[str]:
+    path = CASES[case]
+    return [] if path is None else ["--values", str(path)]
+
+
+def kinds(docs: list[dict[str, Any]]) -> set[str]:
+    return {d["kind"] for d in docs}
+
+
+def find(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    matches = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(matches) == 1, f"{len(matches)} {kind} {name}"
+    return matches[0]
+
+
+# --- lint and render ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_helm_lint_passes(helm: Helm, case: str) -> None:
+    proc = helm.run("lint", "--strict", str(CHART), *values_args(case))
+    assert "1 chart(s) linted, 0 chart(s) failed" in proc.stdout, proc.stdout
+
+
+def test_the_renders_cover_every_option(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """What each values file is for is really in its render."""
+    base = {"Deployment", "Service", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+    base |= {"Role", "RoleBinding"}
+    default = kinds(rendered["default"])
+    assert default >= base | {"StatefulSet", "ConfigMap", "NetworkPolicy"}
+    assert default >= {"MutatingWebhookConfiguration", "PodDisruptionBudget", "PriorityClass"}
+    # cert-manager's API is announced: it issues the certificate, no Secret is generated.
+    assert default >= {"Certificate", "Issuer", "ServiceMonitor"}
+    assert "Secret" not in kinds(rendered["all-on-values"])
+    all_on = kinds(rendered["all-on-values"])
+    assert all_on >= base | {"PodMonitor", "ServiceMonitor", "Certificate", "Issuer"}
+    assert all_on >= {"NetworkPolicy", "PodDisruptionBudget", "MutatingWebhookConfiguration"}
+    assert "StatefulSet" not in all_on  # an external NATS
+    pdbs = [d for d in rendered["all-on-values"] if d["kind"] == "PodDisruptionBudget"]
+    assert len(pdbs) == 3
+    minimal = kinds(rendered["minimal-values"])
+    assert not minimal & {"MutatingWebhookConfiguration", "NetworkPolicy", "PriorityClass"}
+    assert not minimal & {"Certificate", "ServiceMonitor", "PodDisruptionBudget"}
+
+
+def test_custom_resources_only_when_their_apis_exist(helm: Helm) -> None:
+    args = ["template", "fracpilot", str(CHART), "--values", str(CASES["all-on-values"])]
+    docs = [d for d in yaml.safe_load_all(helm.run(*args).stdout) if d]
+    assert not kinds(docs) & CUSTOM_KINDS
+    # Without cert-manager helm generates the webhook's CA and certificate.
+    secret = find(docs, "Secret", "fracpilot-webhook-tls")
+    webhook = find(docs, "MutatingWebhookConfiguration", "fracpilot-targets")
+    ca_bundle = webhook["webhooks"][0]["clientConfig"]["caBundle"]
+    assert ca_bundle == secret["data"]["ca.crt"]
+    assert "cert-manager.io/inject-ca-from" not in webhook["metadata"].get("annotations", {})
+    assert validate_offline(docs) == len(docs)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_rendered_objects_validate_offline(
+    rendered: dict[str, list[dict[str, Any]]], case: str
+) -> None:
+    assert validate_offline(rendered[case]) >= 15
+
+
+def validate_offline(docs: list[dict[str, Any]]) -> int:
+    """Validate the built-in kinds strictly against this Kubernetes version's OpenAPI schemas;
+    how many were checked."""
+    major, minor = k8s_version().lstrip("v").split(".")[:2]
+    version = f"{major}.{minor}.0"
+    checked = 0
+    for doc in docs:
+        if doc["kind"] in CUSTOM_KINDS:
+            continue  # no schema offline: the apiserver validates them against their CRDs
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            raise AssertionError(f"{doc['kind']} {doc['metadata']['name']}: {exc}") from exc
+        checked += 1
+    return checked
+
+
+# --- the apiserver accepts every object --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def crds_installed(kube_admin: client.ApiClient) -> None:
+    """The Prometheus Operator's and cert-manager's CRDs the chart's custom resources need."""
+    api = client.ApiextensionsV1Api(kube_admin)
+    names = []
+    for path in sorted(CRD_DIR.glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        names.append(crd["metadata"]["name"])
+        try:
+            api.create_custom_resource_definition(crd)
+        except client.ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    def established() -> bool | None:
+        for name in names:
+            status = api.read_custom_resource_definition(name).status
+            conditions = {c.type: c.status for c in (status.conditions or [])}
+            if conditions.get("Established") != "True":
+                return None
+        return True
+
+    wait_for(established, timeout=30, what="CRDs established")
+
+
+@pytest.mark.usefixtures("crds_installed")
+@pytest.mark.parametrize("case", CASES)
+def test_the_apiserver_accepts_every_object(
+    helm: Helm, kube_admin: client.ApiClient, kube_namespace: str, case: str
+) -> None:
+    dynamic = DynamicClient(kube_admin)
+    docs = helm.template(case, kube_namespace)
+    for doc in docs:
+        resource = dynamic.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+        namespace = doc["metadata"].get("namespace")
+        assert (namespace is not None) == resource.namespaced, doc["metadata"]["name"]
+        try:
+            applied = dynamic.server_side_apply(
+                resource,
+                body=doc,
+                name=doc["metadata"]["name"],
+                namespace=namespace,
+                field_manager="fracpilot-chart-test",
+                force_conflicts=True,
+                dry_run="All",
+            )
+        except client.ApiException as exc:
+            raise AssertionError(f"{doc['kind']} {doc['metadata']['name']}: {exc.body}") from exc
+        assert applied.metadata.name == doc["metadata"]["name"]
+    assert len(docs) >= 15
+
+
+# --- values.schema.json and the chart's own checks ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--set", "actuator.replicas=two"], "at '/actuator/replicas': got string, want integer"),
+        (
+            ["--set", "policy.mode=sideways"],
+            "at '/policy/mode': value must be one of 'recommend', 'auto'",
+        ),
+        (["--set", "actuator.replica=3"], "at '/actuator': additional properties 'replica'"),
+        (["--set", "nats.deploy=false"], "at '/nats/url': minLength: got 0, want 1"),
+        (
+            ["--set", "nats.auth.type=nkey"],
+            "at '/nats/auth/type': value must be one of 'none', 'userPassword'",
+        ),
+        (["--set", "ingest.owners=guess"], "at '/ingest/owners': value must be one of"),
+        (
+            ["--set", "actuator.leaderElection.enabled=false"],
+            "at '/actuator/replicas': maximum: got 2, want 1",
+        ),
+        (
+            ["--set-json", 'policy={"min_fraction": 0.1}'],
+            "policy.min_fraction 0.1 is not on the grid of 1/8 (policy.grid_steps)",
+        ),
+        (
+            ["--set-json", 'policy={"min_fraction": 0.5, "max_fraction": 0.25}'],
+            "policy.min_fraction 0.5 is above policy.max_fraction 0.25",
+        ),
+        (
+            ["--set", "actuator.leaderElection.renewDeadlineSeconds=20"],
+            "renewDeadlineSeconds 20 must not exceed leaseDurationSeconds 15",
+        ),
+    ],
+    ids=lambda v: v[1] if isinstance(v, list) else None,
+)
+def test_wrong_values_are_refused_with_a_clear_message(
+    helm: Helm, args: list[str], message: str
+) -> None:
+    proc = helm.run("template", "fracpilot", str(CHART), *args, check=False)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr
+
+
+# --- what the objects say ----------------------------------------------------------------------
+
+
+def rules_in(path: Path, kind: str) -> list[dict[str, Any]]:
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == kind]
+    assert len(docs) == 1
+    rules: list[dict[str, Any]] = docs[0]["rules"]
+    return rules
+
+
+def test_rbac_is_deploy_rbac_rules(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    for case in ("default", "all-on-values"):
+        docs = rendered[case]
+        actuator = RBAC_DIR / "actuator.yaml"
+        assert find(docs, "ClusterRole", "fracpilot-actuator")["rules"] == rules_in(
+            actuator, "ClusterRole"
+        )
+        assert find(docs, "Role", "fracpilot-actuator")["rules"] == rules_in(actuator, "Role")
+        ingest = find(docs, "ClusterRole", "fracpilot-ingest")["rules"]
+        assert ingest == rules_in(RBAC_DIR / "ingest.yaml", "ClusterRole")
+        for kind in ("ClusterRoleBinding", "RoleBinding"):
+            binding = find(docs, kind, "fracpilot-actuator")
+            assert binding["subjects"] == [
+                {"kind": "ServiceAccount", "name": "fracpilot-actuator", "namespace": "fracpilot"}
+            ]
+        roles = {(d["kind"], d["metadata"]["name"]) for d in docs if "rules" in d}
+        assert roles == {
+            ("ClusterRole", "fracpilot-actuator"),
+            ("Role", "fracpilot-actuator"),
+            ("ClusterRole", "fracpilot-ingest"),
+        }
+    # Ingest by pod names makes no API call: no grant, no token.
+    docs = rendered["builtin-nats-values"]
+    assert ("ClusterRole", "fracpilot-ingest") not in {
+        (d["kind"], d["metadata"]["name"]) for d in docs
+    }
+    assert find(docs, "ServiceAccount", "fracpilot-ingest")["automountServiceAccountToken"] is False
+    assert (
+        find(docs, "ServiceAccount", "fracpilot-decision")["automountServiceAccountToken"] is False
+    )
+
+
+def container_env(docs: list[dict[str, Any]], component: str) -> dict[str, str]:
+    """The container's environment, with stand-ins for values from Secrets and fields."""
+    deployment = find(docs, "Deployment", f"fracpilot-{component}")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    env: dict[str, str] = {}
+    for var in container["env"]:
+        env[var["name"]] = var["value"] if "value" in var else f"from-{var['name'].lower()}"
+    return env
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_variable_is_a_real_setting_that_parses(
+    rendered: dict[str, list[dict[str, Any]]], case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for component, settings_class in SETTINGS.items():
+        env = container_env(rendered[case], component)
+        fields = set(settings_class.model_fields)
+        unknown = {n for n in env if n.removeprefix("FRACPILOT_").lower() not in fields}
+        assert not unknown, f"{component}: {sorted(unknown)} are no settings of {settings_class}"
+        with monkeypatch.context() as patch:
+            for name, value in env.items():
+                patch.setenv(name, value)
+            settings = settings_class()
+        assert settings.metrics_host == "0.0.0.0"
+        if component == "decision":
+            assert isinstance(settings, DecisionSettings)
+            policy = cluster_default(settings)
+            path = CASES[case]
+            values = yaml.safe_load(path.read_text()) if path else {}
+            expected = Policy.model_validate(values.get("policy", {}))
+            assert policy == expected
+
+
+def test_values_reach_the_services(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["all-on-values"]
+    actuator = container_env(docs, "actuator")
+    assert actuator["FRACPILOT_DRY_RUN"] == "true"
+    assert actuator["FRACPILOT_WEBHOOK_PORT"] == "9443"
+    assert actuator["FRACPILOT_TARGETS_VIA"] == "webhook"
+    ingest = container_env(docs, "ingest")
+    assert ingest["FRACPILOT_SOURCES"] == "prometheus,scrape"
+    assert json.loads(ingest["FRACPILOT_GPU_PRICES"]) == {"H100": 4.2, "A100 80GB": 3.1}
+    for component in SETTINGS:
+        env = container_env(docs, component)
+        assert env["FRACPILOT_NATS_CREDS_FILE"] == "/etc/fracpilot/nats/auth/nats.creds"
+        assert env["FRACPILOT_NATS_TLS_CA_FILE"] == "/etc/fracpilot/nats/tls/ca.crt"
+        assert env["FRACPILOT_METRICS_PORT"] == "9191"
+        assert env.get("FRACPILOT_CLUSTER") == (None if component == "decision" else "prod-eu-1")
+    assert container_env(rendered["minimal-values"], "actuator")["FRACPILOT_TARGETS_VIA"] == (
+        "template"
+    )
+    default = container_env(rendered["default"], "decision")
+    assert default["FRACPILOT_NATS_URL"] == "nats://fracpilot-nats.fracpilot.svc:4222"
+
+
+def test_pods_are_locked_down(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    for case, docs in rendered.items():
+        for doc in docs:
+            if doc["kind"] not in ("Deployment", "StatefulSet"):
+                continue
+            pod = doc["spec"]["template"]["spec"]
+            assert pod["securityContext"]["runAsNonRoot"] is True, (case, doc["metadata"])
+            assert pod["enableServiceLinks"] is False
+            for container in pod["containers"]:
+                sc = container["securityContext"]
+                assert sc["allowPrivilegeEscalation"] is False
+                assert sc["readOnlyRootFilesystem"] is True
+                assert sc["capabilities"]["drop"] == ["ALL"]
+                assert container["resources"]["requests"]["cpu"]
+                assert container["resources"]["requests"]["memory"]
+                assert container["readinessProbe"]["httpGet"]["path"].startswith("/healthz") or (
+                    container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+                )
+
+
+# --- a real install and upgrade ----------------------------------------------------------------
+
+
+def secret_data(api: client.CoreV1Api, namespace: str, name: str) -> dict[str, str]:
+    data = api.read_namespaced_secret(name, namespace).data
+    assert data
+    return dict(data)
+
+
+def verify_signed_by(cert: x509.Certificate, ca: x509.Certificate) -> None:
+    key = ca.public_key()
+    assert cert.signature_hash_algorithm is not None
+    if isinstance(key, rsa.RSAPublicKey):
+        key.verify(
+            cert.signature,
+            cert.tbs_certificate_bytes,
+            padding.PKCS1v15(),
+            cert.signature_hash_algorithm,
+        )
+    elif isinstance(key, ec.EllipticCurvePublicKey):
+        key.verify(
+            cert.signature, cert.tbs_certificate_bytes, ec.ECDSA(cert.signature_hash_algorithm)
+        )
+    else:
+        raise AssertionError(f"unexpected CA key {type(key)}")
+
+
+@pytest.fixture
+def release(helm: Helm, kube_namespace: str) -> Iterator[tuple[str, list[str]]]:
+    """A release name and the values it is installed with; uninstalled afterwards."""
+    name = f"fp-{uuid.uuid4().hex[:6]}"
+    values = [
+        # cert-manager's CRDs may be installed by another test, but no cert-manager runs here.
+        "--set=webhook.certManager.enabled=false",
+        # One PriorityClass per cluster, made by other tests of this session.
+        "--set=priorityClass.create=false",
+        "--set=nats.auth.type=userPassword",
+    ]
+    yield name, values
+    helm.run("uninstall", name, "--namespace", kube_namespace, check=False)
+
+
+def test_install_and_upgrade_keep_the_generated_secrets(
+    helm: Helm,
+    kube_admin: client.ApiClient,
+    kube_namespace: str,
+    release: tuple[str, list[str]],
+) -> None:
+    name, values = release
+    core = client.CoreV1Api(kube_admin)
+    install = helm.run("install", name, str(CHART), "--namespace", kube_namespace, *values)
+    # NOTES.txt tells what to check, for this release.
+    assert f"kubectl -n {kube_namespace} get lease fracpilot-actuator" in install.stdout
+    assert f"get mutatingwebhookconfiguration {name}-fracpilot-targets" in install.stdout
+    assert "fracpilot policy get" in install.stdout
+
+    tls_before = secret_data(core, kube_namespace, f"{name}-fracpilot-webhook-tls")
+    nats_before = secret_data(core, kube_namespace, f"{name}-fracpilot-nats-auth")
+    helm.run(
+        "upgrade", name, str(CHART), "--namespace", kube_namespace, *values, "--set=logLevel=DEBUG"
+    )
+    assert secret_data(core, kube_namespace, f"{name}-fracpilot-webhook-tls") == tls_before
+    assert secret_data(core, kube_namespace, f"{name}-fracpilot-nats-auth") == nats_before
+    assert len(base64.b64decode(nats_before["password"])) == 32
+
+    admission = client.AdmissionregistrationV1Api(kube_admin)
+    config = admission.read_mutating_webhook_configuration(f"{name}-fracpilot-targets")
+    (webhook,) = config.webhooks
+    assert webhook.client_config.ca_bundle == tls_before["ca.crt"]
+    assert webhook.client_config.service.name == f"{name}-fracpilot-webhook"
+    ca = x509.load_pem_x509_certificate(base64.b64decode(tls_before["ca.crt"]))
+    serving = x509.load_pem_x509_certificate(base64.b64decode(tls_before["tls.crt"]))
+    verify_signed_by(serving, ca)
+    sans = serving.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert f"{name}-fracpilot-webhook.{kube_namespace}.svc" in sans.get_values_for_type(
+        x509.DNSName
+    )
+    deployment = client.AppsV1Api(kube_admin).read_namespaced_deployment(
+        f"{name}-fracpilot-actuator", kube_namespace
+    )
+    assert deployment.spec.replicas == 2
