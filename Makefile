@@ -61,5 +61,12 @@ test-integration: $(SETUP) k8s-testbin
 test-e2e: $(SETUP)
 	$(BIN)/pytest -m e2e
 
+# Fuzzing: `make test` runs a short pass (300 generated inputs per subject, hypothesis profile
+# "fuzz"); this runs the long one, at least 10,000 per subject ("fuzz-long", tests/conftest.py).
+.PHONY: fuzz
+fuzz: $(SETUP)
+	FRACPILOT_FUZZ_LONG=1 $(BIN)/pytest tests/unit/fuzz tests/integration/test_fuzz_subjects.py -s \
+		-W ignore::hypothesis.errors.HypothesisWarning --timeout 3600
+
 clean:
 	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache .hypothesis

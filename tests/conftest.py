@@ -11,8 +11,15 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from fracpilot_libs.embedded_nats import EmbeddedNats
+
+# Fuzzing (tests/unit/fuzz, tests/integration/test_fuzz_*.py): inputs per subject. `make test`
+# runs "fuzz"; `make fuzz` (FRACPILOT_FUZZ_LONG=1) runs "fuzz-long", at least 10,000 each.
+_FUZZ = dict(deadline=None, database=None, suppress_health_check=list(HealthCheck))
+settings.register_profile("fuzz", max_examples=300, **_FUZZ)
+settings.register_profile("fuzz-long", max_examples=10_000, **_FUZZ)
 
 
 def _docker_engine_answers() -> bool:

@@ -17,7 +17,9 @@ import typer
 
 from fracpilot_libs import subjects
 from fracpilot_libs.bus import DecodeError, decode
+from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import PolicyLevel, PolicyReply, PolicyScope
+from fracpilot_libs.nats_connect import NatsSecurityError, open_connection
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
@@ -48,8 +50,9 @@ async def _request(url: str, subject: str, payload: bytes, wait_s: float) -> Pol
     async def remember(exc: Exception) -> None:  # instead of nats-py's logged tracebacks
         errors.append(exc)
 
-    try:
-        nc = await nats.connect(
+    try:  # with the services' FRACPILOT_NATS_* identity and TLS settings
+        nc = await open_connection(
+            ServiceSettings(nats_url=url),
             servers=[u.strip() for u in url.split(",")],
             connect_timeout=min(wait_s, 5.0),
             allow_reconnect=False,
@@ -57,6 +60,8 @@ async def _request(url: str, subject: str, payload: bytes, wait_s: float) -> Pol
             reconnect_time_wait=0.1,
             error_cb=remember,
         )
+    except NatsSecurityError as exc:
+        raise RequestFailedError(f"cannot connect to NATS at {url}: {exc}") from exc
     except Exception as exc:
         cause = errors[-1] if errors else exc
         raise RequestFailedError(f"cannot connect to NATS at {url}: {cause}") from exc
@@ -67,6 +72,12 @@ async def _request(url: str, subject: str, payload: bytes, wait_s: float) -> Pol
             f"no decision service answers on {subject}: is it running?"
         ) from exc
     except (nats.errors.TimeoutError, TimeoutError) as exc:
+        # A publish the server's permissions refuse is dropped: say so rather than "no reply".
+        denied = [e for e in errors if "permissions violation" in str(e).lower()]
+        if denied:
+            raise RequestFailedError(
+                f"not allowed: the NATS server refused this identity ({denied[-1]})"
+            ) from exc
         raise RequestFailedError(f"no reply on {subject} within {wait_s:g} s") from exc
     finally:
         await nc.close()

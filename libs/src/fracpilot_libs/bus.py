@@ -6,6 +6,8 @@ trace context in the headers, and runs durable pull consumers that decode each m
 wire model. A message that does not decode is dead-lettered with the reason and the raw
 payload and terminated; a handler that raises is retried with a delay, and dead-lettered once
 it has been delivered ``max_deliver`` times. Nothing is lost and the consumer keeps running.
+Each consumer's lag (``num_pending``, ``num_ack_pending`` of its consumer info) is exported as
+a gauge per stream and consumer name, read every :data:`LAG_INTERVAL_S`.
 It also serves core-NATS request/reply subjects in a queue group (:meth:`Bus.serve`): a handler
 that raises gets an error reply, and the subscription keeps serving.
 """
@@ -35,23 +37,40 @@ from nats.js.api import (
     RetentionPolicy,
     StorageType,
     StreamConfig,
+    SubjectTransform,
 )
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from pydantic import BaseModel, ValidationError
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from fracpilot_libs import subjects
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import DeadLetter, utcnow
+from fracpilot_libs.nats_connect import connect_options, open_connection
 from fracpilot_libs.telemetry import extract_trace, inject_trace
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
 ErrorKind = Literal["decode", "validation", "processing", "max_deliveries"]
+
+
+# A publish that fails with one of these is retried (with backoff, for 30 s): the server is
+# restarting or JetStream is not up yet (nats-py turns "no responders" into NoStreamResponse).
+RETRYABLE_PUBLISH_ERRORS: tuple[type[Exception], ...] = (
+    NatsTimeoutError,
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.OutboundBufferLimitError,
+    nats.js.errors.NoStreamResponseError,
+    nats.js.errors.ServiceUnavailableError,
+)
+
+
+LAG_INTERVAL_S = 5.0  # how often each consumer's lag is read from the server
 
 
 class PermanentError(Exception):
@@ -64,16 +83,20 @@ class StreamSpec:
     subjects: tuple[str, ...]
     max_age_s: float | None
     description: str
+    subject_transform: tuple[str, str] | None = None  # (source, destination) as stored
 
 
-def default_streams(usage_max_age_s: float) -> tuple[StreamSpec, ...]:
-    """Usage is bounded in age; decisions, results and dead letters are kept for audit."""
+def default_streams(usage_max_age_s: float, usage_partitions: int = 16) -> tuple[StreamSpec, ...]:
+    """Usage is bounded in age and stored partitioned by workload (see
+    :func:`fracpilot_libs.subjects.usage_partition_transform`); decisions, results and dead
+    letters are kept for audit."""
     return (
         StreamSpec(
             subjects.USAGE_STREAM,
             (f"{subjects.USAGE_PREFIX}.>",),
             usage_max_age_s,
             "GPU usage samples per workload",
+            subjects.usage_partition_transform(usage_partitions),
         ),
         StreamSpec(
             subjects.DECISION_STREAM,
@@ -136,6 +159,18 @@ class BusMetrics:
             ["subject", "outcome"],
             registry=registry,
         )
+        self.consumer_pending = Gauge(
+            "fracpilot_consumer_pending_messages",
+            "Messages in the stream not yet delivered to this consumer (its lag)",
+            ["stream", "consumer"],
+            registry=registry,
+        )
+        self.consumer_ack_pending = Gauge(
+            "fracpilot_consumer_ack_pending_messages",
+            "Messages delivered to this consumer and not yet acknowledged",
+            ["stream", "consumer"],
+            registry=registry,
+        )
         self.handle_seconds = Histogram(
             "fracpilot_bus_handle_seconds",
             "Time to handle one message",
@@ -165,14 +200,18 @@ def describe_validation_error(exc: ValidationError) -> str:
 
 
 def decode(model: type[M], data: bytes) -> M:
-    """Parse a JSON payload into a model; raises ValueError with a readable reason."""
-    try:
-        json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DecodeError("decode", f"not valid JSON: {exc}") from exc
+    """Parse a JSON payload into a model; raises ValueError with a readable reason.
+
+    The payload is parsed once (pydantic's JSON parser); a payload that is not JSON at all is
+    told apart by the error's type, so it is reported as ``decode``, anything else as
+    ``validation``.
+    """
     try:
         return model.model_validate_json(data)
     except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        if errors and errors[0]["type"] == "json_invalid":
+            raise DecodeError("decode", f"not valid JSON: {errors[0]['msg']}") from exc
         raise DecodeError("validation", describe_validation_error(exc)) from exc
 
 
@@ -213,6 +252,7 @@ class Bus:
         self._tasks: list[asyncio.Task[None]] = []
         self._subscriptions: list[Subscription] = []
         self._stopping = asyncio.Event()
+        self.reconnects = 0  # KV watchers start again after each reconnect (see watch_kv)
 
     # --- connection -------------------------------------------------------------------------
 
@@ -246,10 +286,7 @@ class Bus:
             "disconnected_cb": self._on_disconnect,
             "reconnected_cb": self._on_reconnect,
         }
-        if s.nats_user:
-            options["user"], options["password"] = s.nats_user, s.nats_password
-        if s.nats_creds_file:
-            options["user_credentials"] = s.nats_creds_file
+        connect_options(s)  # identity and TLS settings checked once, before any retry
         async for attempt in AsyncRetrying(
             wait=wait_exponential(multiplier=0.2, max=5),
             stop=stop_after_delay(retry_for_s),
@@ -257,7 +294,7 @@ class Bus:
             reraise=True,
         ):
             with attempt:
-                self._nc = await nats.connect(**options)
+                self._nc = await open_connection(s, **options)
         self._js = self.nc.jetstream()
         log.info(
             "connected to NATS",
@@ -281,6 +318,7 @@ class Bus:
         log.warning("disconnected from NATS")
 
     async def _on_reconnect(self) -> None:
+        self.reconnects += 1
         log.info("reconnected to NATS")
 
     async def stop_consuming(self) -> None:
@@ -312,8 +350,19 @@ class Bus:
 
     # --- declarations -----------------------------------------------------------------------
 
-    async def ensure_streams(self, specs: tuple[StreamSpec, ...] | None = None) -> None:
-        for spec in specs or default_streams(self.settings.usage_max_age_s):
+    async def ensure_streams(
+        self, specs: tuple[StreamSpec, ...] | None = None, *, update_transforms: bool = False
+    ) -> None:
+        """Create the streams, or update them to the specs. A stream that exists keeps its
+        subject transform (the usage partitions) unless ``update_transforms``: only the
+        decision service, which consumes the partitions, changes their number."""
+        s = self.settings
+        for spec in specs or default_streams(s.usage_max_age_s, s.decision_partitions):
+            transform = (
+                SubjectTransform(src=spec.subject_transform[0], dest=spec.subject_transform[1])
+                if spec.subject_transform
+                else None
+            )
             config = StreamConfig(
                 name=spec.name,
                 description=spec.description,
@@ -323,12 +372,22 @@ class Bus:
                 discard=DiscardPolicy.OLD,
                 max_age=spec.max_age_s,
                 duplicate_window=120.0,
+                subject_transform=transform,
             )
             try:
-                await self.js.stream_info(spec.name)
-                await self.js.update_stream(config)
+                info = await self.js.stream_info(spec.name)
             except NotFoundError:
                 await self.js.add_stream(config)
+                continue
+            existing = info.config.subject_transform
+            if not update_transforms:
+                config.subject_transform = existing
+            elif existing != transform:
+                log.warning(
+                    "changing the stream's subject transform",
+                    extra={"stream": spec.name, "from": str(existing), "to": str(transform)},
+                )
+            await self.js.update_stream(config)
 
     async def kv(self, bucket: str, history: int = 1) -> KeyValue:
         try:
@@ -369,10 +428,31 @@ class Bus:
         initial_done = asyncio.Event()
 
         async def follow() -> None:
+            nonlocal watcher
+            generation = self.reconnects
             while not self._stopping.is_set():
+                if generation != self.reconnects:
+                    # A watcher is an ephemeral consumer: a restarted server has forgotten it
+                    # and nats-py does not notice, so start again from every current value.
+                    with contextlib.suppress(Exception):
+                        await watcher.stop()  # type: ignore[no-untyped-call]
+                    try:
+                        watcher = await kv.watchall()
+                    except Exception as exc:
+                        log.warning("KV watch not restarted yet", extra={"error": str(exc)})
+                        await asyncio.sleep(0.5)
+                        continue
+                    generation = self.reconnects
+                    log.info("KV watch restarted after a reconnect", extra={"bucket": bucket})
                 try:
                     entry = await watcher.updates(timeout=0.5)  # type: ignore[no-untyped-call]
                 except NatsTimeoutError:
+                    continue
+                except Exception as exc:  # connection trouble: wait for the reconnect
+                    if self._stopping.is_set():
+                        break
+                    log.warning("KV watch failed", extra={"bucket": bucket, "error": str(exc)})
+                    await asyncio.sleep(0.5)
                     continue
                 if entry is None:  # end of the initial values
                     initial_done.set()
@@ -404,13 +484,7 @@ class Bus:
         async for attempt in AsyncRetrying(
             wait=wait_exponential(multiplier=0.1, max=2),
             stop=stop_after_delay(30),
-            retry=retry_if_exception_type(
-                (
-                    NatsTimeoutError,
-                    nats.errors.NoRespondersError,
-                    nats.errors.ConnectionReconnectingError,
-                )
-            ),
+            retry=retry_if_exception_type(RETRYABLE_PUBLISH_ERRORS),
             reraise=True,
         ):
             with attempt:
@@ -501,15 +575,18 @@ class Bus:
         filter_subject: str,
         model: type[M],
         handler: Handler[M],
-        ack_wait_s: float = 30.0,
+        ack_wait_s: float | None = None,
         retry_delay_s: float = 1.0,
     ) -> None:
-        """Start a durable pull consumer in the background; see the module docstring."""
+        """Start a durable pull consumer in the background; see the module docstring.
+
+        ``ack_wait_s`` (default: the ``ack_wait_s`` setting) is how soon a message whose
+        consumer died unacknowledged is delivered again."""
         config = ConsumerConfig(
             durable_name=durable,
             ack_policy=AckPolicy.EXPLICIT,
             deliver_policy=DeliverPolicy.ALL,
-            ack_wait=ack_wait_s,
+            ack_wait=ack_wait_s or self.settings.ack_wait_s,
             max_deliver=self.settings.max_deliver + 1,  # one more so we can dead-letter it
             filter_subject=filter_subject,
             max_ack_pending=10_000,
@@ -522,6 +599,37 @@ class Bus:
             name=f"consume-{durable}",
         )
         self._tasks.append(task)
+        self.watch_consumer_lag(stream, durable)
+
+    def watch_consumer_lag(self, stream: str, durable: str) -> asyncio.Task[None]:
+        """Export a durable consumer's lag until the bus stops or the returned task is
+        cancelled (its series are then removed: another replica may own the consumer now).
+        :meth:`consume` calls it; a service that runs its own consumers calls it for each."""
+        self._tasks = [t for t in self._tasks if not t.done()]
+        task = asyncio.create_task(self._watch_lag(stream, durable), name=f"lag-{durable}")
+        self._tasks.append(task)
+        return task
+
+    async def _watch_lag(self, stream: str, durable: str) -> None:
+        gauges = (self.metrics.consumer_pending, self.metrics.consumer_ack_pending)
+        try:
+            while not self._stopping.is_set():
+                try:
+                    info = await self.js.consumer_info(stream, durable, timeout=2)
+                except Exception as exc:  # reconnecting, or the consumer is being recreated
+                    log.debug(
+                        "consumer info failed", extra={"consumer": durable, "error": str(exc)}
+                    )
+                else:
+                    gauges[0].labels(stream, durable).set(info.num_pending or 0)
+                    gauges[1].labels(stream, durable).set(info.num_ack_pending or 0)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), timeout=LAG_INTERVAL_S)
+        except asyncio.CancelledError:
+            for gauge in gauges:
+                with contextlib.suppress(KeyError):
+                    gauge.remove(stream, durable)
+            raise
 
     async def _consume_loop(
         self,
@@ -544,6 +652,25 @@ class Bus:
                 continue
             for msg in messages:
                 await self._handle_one(msg, durable, model, handler, retry_delay_s)
+
+    async def _while_in_progress(self, msg: Msg, work: Awaitable[None]) -> None:
+        """Run a handler, telling the server it is still at work every half ack wait, so that
+        a slow action (retried evictions) is not delivered again while it runs."""
+        every = max(0.5, self.settings.ack_wait_s / 2)
+
+        async def keep_alive() -> None:
+            while True:
+                await asyncio.sleep(every)
+                with contextlib.suppress(Exception):
+                    await msg.in_progress()
+
+        keeper = asyncio.create_task(keep_alive())
+        try:
+            await work
+        finally:
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
 
     async def _handle_one(
         self,
@@ -571,7 +698,7 @@ class Bus:
                 await msg.term()
                 return
             try:
-                await handler(decoded, msg)
+                await self._while_in_progress(msg, handler(decoded, msg))
             except PermanentError as exc:
                 await self.dead_letter(msg.subject, msg.data, headers, "processing", str(exc))
                 await msg.term()

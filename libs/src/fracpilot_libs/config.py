@@ -42,9 +42,23 @@ class ServiceSettings(BaseSettings):
     )
     log_level: str = "INFO"
     usage_max_age_s: float = Field(default=24 * 3600.0, description="retention of usage samples")
+    decision_partitions: int = Field(
+        default=16,
+        ge=1,
+        le=1024,
+        description="partitions of the usage stream (by workload), shared by the decision "
+        "replicas; set the same on every service. Change it only with the decision service "
+        "caught up (docs/performance.md)",
+    )
     fetch_batch: int = Field(default=64, ge=1, le=10_000)
     max_deliver: int = Field(
         default=5, ge=1, description="deliveries before a message is dead-lettered"
+    )
+    ack_wait_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="a consumed message not acknowledged this long (its consumer died) is "
+        "delivered again; a handler still working keeps it with progress acks",
     )
     gpu_prices: dict[str, UsdPerHour] = Field(
         default_factory=dict,

@@ -56,6 +56,7 @@ class EmbeddedNats:
         return f"nats://127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 15.0) -> EmbeddedNats:
+        Path(self.store_dir).mkdir(parents=True, exist_ok=True)
         args = [
             nats_server_binary(),
             "-js",

@@ -1,10 +1,10 @@
 """The process shell every service runs in: telemetry, bus, signals and graceful shutdown.
 
 A service supplies a ``start`` coroutine (declare, subscribe, spawn loops) and optionally a
-``stop`` coroutine. On SIGTERM or SIGINT the runtime marks itself not ready, stops serving
-requests and lets the consumers finish the message in hand, then calls ``stop`` (the
-connection is still open, so it may publish or write a last checkpoint), flushes and closes
-the NATS connection and exits.
+``stop`` coroutine. Once started, ``/readyz`` follows the NATS connection. On SIGTERM or
+SIGINT the runtime marks itself not ready, stops serving requests and lets the consumers
+finish the message in hand, then calls ``stop`` (the connection is still open, so it may
+publish or write a last checkpoint), flushes and closes the NATS connection and exits.
 """
 
 from __future__ import annotations
@@ -67,7 +67,9 @@ class ServiceRuntime:
             self.health.set_ready(True)
             self._up.set(1)
             log.info("service ready")
+            follower = asyncio.create_task(self._follow_connection())
             await self.stop_requested.wait()
+            follower.cancel()
             log.info("shutting down: draining")
         finally:
             self.health.set_ready(False, "shutting down")
@@ -82,3 +84,19 @@ class ServiceRuntime:
             await self.http.stop()
             self.tracer_provider.shutdown()
             log.info("stopped")
+
+    async def _follow_connection(self, every_s: float = 0.2) -> None:
+        """Once started, the service is ready exactly while its NATS connection is up (nats-py
+        reconnects on its own; the consumers and watchers carry on after it)."""
+        was_connected = True
+        while True:
+            await asyncio.sleep(every_s)
+            connected = self.bus.connected
+            if connected != was_connected:
+                was_connected = connected
+                self.health.set_ready(connected, "" if connected else "NATS connection lost")
+                self._up.set(1 if connected else 0)
+                log.log(
+                    logging.INFO if connected else logging.WARNING,
+                    "ready again" if connected else "not ready: NATS connection lost",
+                )

@@ -40,9 +40,12 @@ class ClusterBackend(Protocol):
     async def start(self) -> None: ...
 
     async def actuate(
-        self, decision: FractionDecision, *, dry_run: str, now: datetime
+        self, decision: FractionDecision, *, dry_run: str, now: datetime, resumed: bool = False
     ) -> Actuation:
-        """Plan and act; with ``dry_run`` (why: "dry-run", "recommend mode") change nothing."""
+        """Plan and act; with ``dry_run`` (why: "dry-run", "recommend mode") change nothing.
+
+        ``resumed``: an earlier attempt at this decision started and never finished (the
+        actuator stopped in the middle): finish what is left, never repeat what was done."""
 
     async def reconcile(self, now: datetime) -> None:
         """Carry on with actions that wait for something (capacity); called periodically."""
@@ -62,15 +65,29 @@ class SimulatedBackend:
         return None
 
     async def actuate(
-        self, decision: FractionDecision, *, dry_run: str, now: datetime
+        self, decision: FractionDecision, *, dry_run: str, now: datetime, resumed: bool = False
     ) -> Actuation:
+        if resumed and self.cluster.has_applied(decision.decision_id):
+            placement = self.cluster.state.placement(decision.workload)
+            gpu = self.cluster.state.gpu(placement.gpu_uuid) if placement else None
+            return Actuation(
+                plan=PlanKind.NONE,
+                outcome=Outcome.APPLIED,
+                detail="applied by an earlier attempt that stopped before recording it; "
+                "not executed again",
+                fraction_after=placement.fraction if placement else None,
+                node_after=gpu.node if gpu else "",
+                gpu_after=placement.gpu_uuid if placement else "",
+            )
         plan = plan_resize(self.cluster.state, decision)
         if dry_run:
             return self._actuation(plan, Outcome.DRY_RUN, f"{dry_run}: would {plan.reason}")
         if plan.kind is PlanKind.NONE:
             return self._actuation(plan, Outcome.SKIPPED, plan.reason)
         executed = await self.cluster.execute(
-            plan, f"{decision.workload.owner_name}-{decision.decision_id[:5]}"
+            plan,
+            f"{decision.workload.owner_name}-{decision.decision_id[:5]}",
+            decision.decision_id,
         )
         return self._actuation(executed, Outcome.APPLIED, executed.reason)
 

@@ -80,6 +80,20 @@ class ActuatorSettings(ServiceSettings):
     eviction_backoff_max_s: float = Field(
         default=30.0, gt=0, description="longest wait between eviction attempts, seconds"
     )
+    kube_timeout_s: float = Field(
+        default=30.0, gt=0, description="backend=kubernetes: how long one API call may take"
+    )
+    kube_retry_attempts: int = Field(
+        default=5,
+        ge=1,
+        description="tries of an API call answered 429 or 5xx or not answered, first included",
+    )
+    kube_retry_backoff_s: float = Field(
+        default=0.2, gt=0, description="first wait before an API call is tried again (doubles)"
+    )
+    kube_retry_backoff_max_s: float = Field(
+        default=5.0, gt=0, description="longest wait before an API call is tried again"
+    )
     capacity_timeout_s: float = Field(
         default=900.0, gt=0, description="a scale-up gives up when no capacity came this long"
     )
@@ -163,6 +177,11 @@ class ActuatorService:
             ["plan", "outcome"],
             registry=self.runtime.registry,
         )
+        self.resumed = Counter(
+            "fracpilot_actuator_resumed_total",
+            "Decisions taken up again after an attempt that stopped before it finished",
+            registry=self.runtime.registry,
+        )
 
     async def start(self) -> None:
         bus = self.runtime.bus
@@ -242,7 +261,7 @@ class ActuatorService:
         return SimulatedBackend(cluster, lambda: cluster.load_or_seed(seed))
 
     async def _kubernetes_backend(self) -> ClusterBackend:
-        from fracpilot_actuator.kube.api import KubeApi, api_client
+        from fracpilot_actuator.kube.api import ApiRetry, KubeApi, api_client
         from fracpilot_actuator.kube.backend import KubeBackendSettings, KubernetesBackend
 
         s = self.settings
@@ -267,12 +286,27 @@ class ActuatorService:
         )
         if self._kube_api is None:
             self._kube_api = await asyncio.to_thread(api_client, s.kubeconfig)
+        retries = Counter(
+            "fracpilot_actuator_kube_retries_total",
+            "Kubernetes API calls tried again (429, 5xx, no answer, 409 on a patch)",
+            ["call", "reason"],
+            registry=self.runtime.registry,
+        )
+        api = KubeApi(
+            self._kube_api,
+            timeout_s=s.kube_timeout_s,
+            retry=ApiRetry(
+                s.kube_retry_attempts, s.kube_retry_backoff_s, s.kube_retry_backoff_max_s
+            ),
+            on_retry=lambda call, reason: retries.labels(call, reason).inc(),
+        )
         return KubernetesBackend(
-            KubeApi(self._kube_api),
+            api,
             await self.runtime.bus.kv(subjects.TARGET_BUCKET),
             settings,
             report=lambda decision, actuation: self._report(decision, actuation, "finished"),
             allocations=await self.runtime.bus.kv(subjects.ALLOCATION_BUCKET),
+            state=self._claims,
         )
 
     async def stop(self) -> None:
@@ -328,12 +362,19 @@ class ActuatorService:
             )
             self.actions.labels("none", "duplicate").inc()
             return
+        resumed = earlier is not None  # "started": an attempt stopped before it finished
+        if resumed:
+            log.warning(
+                "resuming a decision whose earlier attempt did not finish",
+                extra={"decision_id": decision.decision_id, "workload": decision.workload.key},
+            )
+            self.resumed.inc()
         why = ""
         if decision.mode is Mode.RECOMMEND:
             why = "recommend mode"
         elif self.settings.dry_run:
             why = "dry-run"
-        actuation = await self.backend.actuate(decision, dry_run=why, now=utcnow())
+        actuation = await self.backend.actuate(decision, dry_run=why, now=utcnow(), resumed=resumed)
         await self._claims.put(
             f"decision.{decision.decision_id}", f"done:{actuation.outcome}".encode()
         )

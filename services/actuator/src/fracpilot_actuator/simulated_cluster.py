@@ -5,10 +5,16 @@ pod's fraction on its GPU, a recreate moves the pod (with a new name) to another
 scale-up adds a node first and then moves the pod onto it. It also publishes each workload's
 ``Allocation`` to the allocations bucket, which ingest and the CLI read. The Kubernetes
 backend arrives with its own issue; this one stays for the demo.
+
+The state is one KV value holding the cluster and the ids of the decisions executed on it
+(the last :data:`APPLIED_KEPT`), written together: an actuator that crashed after executing a
+decision but before recording it done sees on its next attempt that the cluster already
+carries it, and does not execute it again.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 
 from nats.js.errors import KeyNotFoundError
@@ -29,6 +35,7 @@ from fracpilot_libs.contracts import PlanKind, WorkloadRef, utcnow
 log = logging.getLogger(__name__)
 STATE_KEY = "simulated-cluster"
 GIB = 1024**3
+APPLIED_KEPT = 10_000  # decision ids remembered in the state (far beyond any redelivery)
 
 
 def seed_cluster(
@@ -78,11 +85,20 @@ class SimulatedCluster:
         self._gpus_per_node = gpus_per_node
         self._gpu_memory = gpu_memory_bytes
         self.state = ClusterState()
+        self.applied: list[str] = []  # decision ids executed, oldest first
+
+    def has_applied(self, decision_id: str) -> bool:
+        return decision_id in self.applied
 
     async def load_or_seed(self, seed: ClusterState) -> None:
         try:
             entry = await self._state_kv.get(STATE_KEY)
-            self.state = ClusterState.model_validate_json(entry.value or b"")
+            body = json.loads(entry.value or b"{}")
+            if "cluster" in body:
+                self.state = ClusterState.model_validate(body["cluster"])
+                self.applied = [str(i) for i in body.get("applied", [])]
+            else:  # written before the state carried the executed decisions
+                self.state = ClusterState.model_validate(body)
             log.info("simulated cluster restored", extra={"gpus": len(self.state.gpus)})
         except KeyNotFoundError:
             self.state = seed
@@ -94,8 +110,10 @@ class SimulatedCluster:
         for placement in self.state.placements:
             await self._publish_allocation(placement.workload)
 
-    async def execute(self, plan: ResizePlan, new_pod: str) -> ResizePlan:
-        """Carry out the plan; a scale-up returns the plan as executed, with its target GPU."""
+    async def execute(self, plan: ResizePlan, new_pod: str, decision_id: str = "") -> ResizePlan:
+        """Carry out the plan; a scale-up returns the plan as executed, with its target GPU.
+
+        ``decision_id`` is recorded in the same write as the change."""
         if plan.kind is PlanKind.NONE:
             return plan
         executed = plan
@@ -111,11 +129,14 @@ class SimulatedCluster:
             )
         pod = None if executed.kind is PlanKind.IN_PLACE else new_pod
         self.state = apply_plan(self.state, executed, pod)
+        if decision_id:
+            self.applied = [*self.applied[-(APPLIED_KEPT - 1) :], decision_id]
         await self._save(executed.workload)
         return executed
 
     async def _save(self, changed: WorkloadRef | None) -> None:
-        await self._state_kv.put(STATE_KEY, self.state.model_dump_json().encode())
+        body = {"cluster": self.state.model_dump(mode="json"), "applied": self.applied}
+        await self._state_kv.put(STATE_KEY, json.dumps(body).encode())
         if changed is not None:
             await self._publish_allocation(changed)
 

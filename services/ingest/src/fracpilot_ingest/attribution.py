@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from fracpilot_ingest.mappings import Level, MappingTable, MetricMapping, Quantity
+from fracpilot_ingest.mappings import Level, MappingTable, MetricMapping, Quantity, gpu_model_name
 from fracpilot_libs.contracts import WorkloadRef
 
 _EPS = 1e-9
@@ -57,20 +57,24 @@ class Observation:
     exact: bool
     kv_cache_usage: float | None = None
     waiting_requests: int | None = None
+    gpu_model: str = ""  # as the exporter names the card (prices the GPU-hours)
 
 
 @dataclass
 class GpuInventory:
-    """What the cluster says about GPUs: device memory and who holds which fraction."""
+    """What the cluster says about GPUs: device memory, who holds which fraction, and the
+    workload each of those pods belongs to (as the actuator recorded it)."""
 
     device_memory_bytes: dict[str, int] = field(default_factory=dict)
     fractions: dict[str, dict[PodKey, float]] = field(default_factory=dict)  # gpu -> pod ->
     default_device_memory_bytes: int | None = None
+    workloads: dict[PodKey, WorkloadRef] = field(default_factory=dict)  # (ns, pod) -> owner
 
 
 @dataclass
 class _Gpu:
     node: str = ""
+    model: str = ""
     device: dict[Quantity, tuple[int, float]] = field(default_factory=dict)  # (priority, v)
     pods: dict[PodKey, dict[Quantity, float]] = field(default_factory=dict)  # exact numbers
     seen_pods: set[PodKey] = field(default_factory=set)
@@ -168,6 +172,7 @@ def observe_points(
             continue
         gpu = gpus[uuid]
         gpu.node = gpu.node or _role(point.labels, mapping.roles.node)
+        gpu.model = gpu.model or gpu_model_name(_role(point.labels, mapping.roles.model))
         if mapping.level is Level.DEVICE:
             rank = priority[mapping]
             held = gpu.device.get(mapping.quantity)
@@ -210,7 +215,8 @@ def _device_total(uuid: str, gpu: _Gpu, inventory: GpuInventory) -> int | None:
     if total is not None:
         return int(total[1])
     if used is not None and free is not None:
-        return int(used[1] + free[1])
+        both = used[1] + free[1]
+        return int(both) if math.isfinite(both) else None  # two huge numbers: no total
     return inventory.device_memory_bytes.get(uuid) or inventory.default_device_memory_bytes
 
 
@@ -263,6 +269,7 @@ def _split_gpu(
                 memory_used_bytes=int(memory[0]),
                 memory_total_bytes=total,
                 exact=compute[1] and memory[1],
+                gpu_model=gpu.model,
             )
         )
     return out

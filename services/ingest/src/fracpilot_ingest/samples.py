@@ -7,6 +7,7 @@ repeated point is caught here and nowhere else).
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -51,6 +52,12 @@ def to_sample(
     published: PublishedSeries,
     allocated_fraction: float | None = None,
 ) -> UsageSample | Rejection:
+    if not math.isfinite(obs.timestamp):  # a source's garbage: no instant to place it at
+        return Rejection(
+            "bad_timestamp",
+            f"{obs.pod.namespace}/{obs.pod.pod} on {obs.gpu_uuid or '?'}: "
+            f"time {obs.timestamp!r} is not a finite number",
+        )
     where = f"{obs.pod.namespace}/{obs.pod.pod} on {obs.gpu_uuid or '?'} at {obs.timestamp:.0f}"
     if now - obs.timestamp > max_age_s:
         return Rejection("stale", f"{where}: {now - obs.timestamp:.0f} s old (max {max_age_s:g})")
@@ -78,6 +85,7 @@ def to_sample(
             container=obs.pod.container or "main",
             node=obs.node,
             gpu_uuid=obs.gpu_uuid,
+            gpu_model=obs.gpu_model,
             timestamp=datetime.fromtimestamp(obs.timestamp, UTC),
             compute=obs.compute,
             memory_used_bytes=obs.memory_used_bytes,

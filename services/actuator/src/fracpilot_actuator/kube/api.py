@@ -22,17 +22,32 @@ pods, ReplicaSets and Jobs (all namespaces) instead of the per-decision lists.
 
 Lists ask for raw JSON (``_preload_content=False``): the inventory reads API dicts, and a
 large pod list is not turned into client models first.
+
+Faults (:class:`ApiRetry`): a call the server answers 429 (overloaded, ``Retry-After``
+honoured) or 5xx, or does not answer in ``timeout_s`` (or at all), is tried again after a
+jittered, doubling wait, a bounded number of times, then the error is raised. A patch answered
+409 (conflict) reads the object again and retries. Every method but :meth:`KubeApi.evict` is
+safe to repeat (patches set values, creates answer 409 when the object exists, deletes and
+reads are idempotent); an eviction is retried by the backend, which first checks whether an
+unanswered one took effect (:meth:`KubeApi.pod_is_going`), so a pod is never evicted twice.
 """  # noqa: E501
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Mapping
+import logging
+import random
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 MERGE_PATCH = "application/merge-patch+json"
@@ -51,6 +66,57 @@ def version_of(obj: Any) -> int | None:
         return None
 
 
+TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+def status_of(exc: BaseException | None) -> int | None:
+    return int(exc.status) if isinstance(exc, ApiException) and exc.status else None
+
+
+def unanswered(exc: BaseException) -> bool:
+    """The call got no HTTP answer (timeout, refused, reset): it may or may not have happened."""
+    if isinstance(exc, ApiException):
+        return not exc.status
+    return isinstance(exc, (urllib3.exceptions.HTTPError, OSError, TimeoutError))
+
+
+def transient(exc: BaseException) -> bool:
+    """Worth trying again: no answer, overloaded (429) or a server error (5xx)."""
+    return unanswered(exc) or status_of(exc) in TRANSIENT_STATUSES
+
+
+def retry_after_s(exc: BaseException | None) -> float:
+    """The server's ``Retry-After`` (seconds) on a 429 or 503; 0 when it gave none."""
+    headers = getattr(exc, "headers", None) or {}
+    try:
+        return max(0.0, float(headers.get("Retry-After", 0)))
+    except (TypeError, ValueError):
+        return 0.0
+
+
+@dataclass(frozen=True)
+class ApiRetry:
+    """How often and how patiently a failed call is tried again (see the module docstring)."""
+
+    attempts: int = 5
+    """Tries in all, the first included."""
+    backoff_s: float = 0.2
+    """The wait after the first failure, doubling after each further one..."""
+    backoff_max_s: float = 5.0
+    """...up to this; each wait is drawn between half of it and all of it (jitter), and is
+    at least the server's Retry-After when that is not longer than this."""
+
+    def wait(self, state: RetryCallState) -> float:
+        ceiling = min(self.backoff_max_s, self.backoff_s * 2 ** (state.attempt_number - 1))
+        jittered = random.uniform(ceiling / 2, ceiling)
+        failure = state.outcome.exception() if state.outcome else None
+        return max(jittered, min(retry_after_s(failure), self.backoff_max_s))
+
+
+OnRetry = Callable[[str, str], None]
+"""Told (call, reason) before each retry: for a metric."""
+
+
 def _items(response: Any) -> list[dict[str, Any]]:
     body = json.loads(response.data)
     items: list[dict[str, Any]] = body.get("items") or []
@@ -60,35 +126,85 @@ def _items(response: Any) -> list[dict[str, Any]]:
 class KubeApi:
     """The actuator's view of the API server; ``api`` is an authenticated ``ApiClient``."""
 
-    def __init__(self, api: client.ApiClient, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        timeout_s: float = 30.0,
+        retry: ApiRetry | None = None,
+        on_retry: OnRetry | None = None,
+    ) -> None:
         self.api = api
         self.core = client.CoreV1Api(api)
         self.apps = client.AppsV1Api(api)
         self.batch = client.BatchV1Api(api)
         self.scheduling = client.SchedulingV1Api(api)
         self.timeout_s = timeout_s
+        self.retry = retry or ApiRetry()
+        self._on_retry = on_retry
+
+    async def _call(
+        self,
+        what: str,
+        call: Callable[[], T],
+        reread: Callable[[], Awaitable[object]] | None = None,
+    ) -> T:
+        """One API call, tried again on transient failures; with ``reread``, a 409 conflict
+        reads the object again (``reread``) and retries as well."""
+        conflicted = False
+
+        def retryable(exc: BaseException) -> bool:
+            return transient(exc) or (reread is not None and status_of(exc) == 409)
+
+        def before_sleep(state: RetryCallState) -> None:
+            failure = state.outcome.exception() if state.outcome else None
+            reason = str(status_of(failure) or type(failure).__name__)
+            log.warning(
+                "API call failed, retrying",
+                extra={"call": what, "reason": reason, "attempt": state.attempt_number},
+            )
+            if self._on_retry is not None:
+                self._on_retry(what, reason)
+
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception(retryable),
+            stop=stop_after_attempt(self.retry.attempts),
+            wait=self.retry.wait,
+            before_sleep=before_sleep,
+            reraise=True,
+        ):
+            with attempt:
+                if conflicted and reread is not None:
+                    await reread()
+                try:
+                    return await _run(call)
+                except ApiException as exc:
+                    conflicted = exc.status == 409
+                    raise
+        raise AssertionError("unreachable: tenacity re-raises the last failure")
 
     # --- reads ------------------------------------------------------------------------------
 
     async def list_nodes(self, label_selector: str | None = None) -> list[dict[str, Any]]:
         return _items(
-            await _run(
+            await self._call(
+                "list_nodes",
                 lambda: self.core.list_node(
                     label_selector=label_selector,
                     _preload_content=False,
                     _request_timeout=self.timeout_s,
-                )
+                ),
             )
         )
 
     async def list_pods(self, label_selector: str | None = None) -> list[dict[str, Any]]:
         return _items(
-            await _run(
+            await self._call(
+                "list_pods",
                 lambda: self.core.list_pod_for_all_namespaces(
                     label_selector=label_selector,
                     _preload_content=False,
                     _request_timeout=self.timeout_s,
-                )
+                ),
             )
         )
 
@@ -97,15 +213,17 @@ class KubeApi:
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """The namespace's ReplicaSets and Jobs: the links from a pod to its workload."""
         replica_sets, jobs = await asyncio.gather(
-            _run(
+            self._call(
+                "list_replica_sets",
                 lambda: self.apps.list_namespaced_replica_set(
                     namespace, _preload_content=False, _request_timeout=self.timeout_s
-                )
+                ),
             ),
-            _run(
+            self._call(
+                "list_jobs",
                 lambda: self.batch.list_namespaced_job(
                     namespace, _preload_content=False, _request_timeout=self.timeout_s
-                )
+                ),
             ),
         )
         return _items(replica_sets), _items(jobs)
@@ -124,10 +242,11 @@ class KubeApi:
         if reader is None:
             return None
         try:
-            response = await _run(
+            response = await self._call(
+                "read_owner",
                 lambda: reader(
                     name, namespace, _preload_content=False, _request_timeout=self.timeout_s
-                )
+                ),
             )
         except ApiException as exc:
             if exc.status == 404:
@@ -143,14 +262,16 @@ class KubeApi:
     ) -> int | None:
         """The patched pod's resourceVersion."""
         return version_of(
-            await _run(
+            await self._call(
+                "patch_pod_annotations",
                 lambda: self.core.patch_namespaced_pod(
                     name,
                     namespace,
                     {"metadata": {"annotations": dict(annotations)}},
                     _content_type=MERGE_PATCH,
                     _request_timeout=self.timeout_s,
-                )
+                ),
+                reread=lambda: self.read_pod_version(namespace, name),
             )
         )
 
@@ -163,14 +284,18 @@ class KubeApi:
             "StatefulSet": self.apps.patch_namespaced_stateful_set,
         }
         patch = patchers[kind]
-        await _run(
+        await self._call(
+            "patch_pod_template",
             lambda: patch(
                 name, namespace, ops, _content_type=JSON_PATCH, _request_timeout=self.timeout_s
-            )
+            ),
+            reread=lambda: self.read_owner(namespace, kind, name),
         )
 
     async def evict(self, namespace: str, name: str) -> None:
-        """POST pods/<name>/eviction (policy/v1); a PDB that forbids it answers 429."""
+        """POST pods/<name>/eviction (policy/v1); a PDB that forbids it answers 429.
+
+        Tried once: the backend decides about another try (:meth:`pod_is_going` first)."""
         body = client.V1Eviction(
             api_version="policy/v1",
             kind="Eviction",
@@ -184,36 +309,50 @@ class KubeApi:
 
     async def read_pod_version(self, namespace: str, name: str) -> int | None:
         """A pod's resourceVersion now; None when it is gone."""
+        pod = await self._read_pod(namespace, name)
+        return version_of(pod) if pod is not None else None
+
+    async def pod_is_going(self, namespace: str, name: str, uid: str) -> bool:
+        """Whether the pod (this very one: ``uid``) is gone or being deleted, as it is once an
+        eviction took effect."""
+        pod = await self._read_pod(namespace, name)
+        if pod is None or (uid and pod.metadata.uid != uid):
+            return True
+        return pod.metadata.deletion_timestamp is not None
+
+    async def _read_pod(self, namespace: str, name: str) -> Any:
         try:
-            pod = await _run(
+            return await self._call(
+                "read_pod",
                 lambda: self.core.read_namespaced_pod(
                     name, namespace, _request_timeout=self.timeout_s
-                )
+                ),
             )
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
-        return version_of(pod)
 
     async def create_pod(self, namespace: str, body: Mapping[str, Any]) -> int | None:
         """The new pod's resourceVersion."""
         pod = client.V1Pod.model_validate(body)
         return version_of(
-            await _run(
+            await self._call(
+                "create_pod",
                 lambda: self.core.create_namespaced_pod(
                     namespace, pod, _request_timeout=self.timeout_s
-                )
+                ),
             )
         )
 
     async def delete_pod(self, namespace: str, name: str) -> None:
         """Delete a pod (only fracpilot's placeholders); one already gone is fine."""
         try:
-            await _run(
+            await self._call(
+                "delete_pod",
                 lambda: self.core.delete_namespaced_pod(
                     name, namespace, grace_period_seconds=0, _request_timeout=self.timeout_s
-                )
+                ),
             )
         except ApiException as exc:
             if exc.status != 404:
@@ -222,8 +361,9 @@ class KubeApi:
     async def ensure_priority_class(self, name: str, value: int, description: str) -> None:
         """Create the PriorityClass when it is missing (a concurrent create is fine)."""
         try:
-            await _run(
-                lambda: self.scheduling.read_priority_class(name, _request_timeout=self.timeout_s)
+            await self._call(
+                "read_priority_class",
+                lambda: self.scheduling.read_priority_class(name, _request_timeout=self.timeout_s),
             )
             return
         except ApiException as exc:
@@ -239,8 +379,11 @@ class KubeApi:
             description=description,
         )
         try:
-            await _run(
-                lambda: self.scheduling.create_priority_class(body, _request_timeout=self.timeout_s)
+            await self._call(
+                "create_priority_class",
+                lambda: self.scheduling.create_priority_class(
+                    body, _request_timeout=self.timeout_s
+                ),
             )
         except ApiException as exc:
             if exc.status != 409:
@@ -248,10 +391,11 @@ class KubeApi:
 
     async def create_event(self, namespace: str, body: Mapping[str, Any]) -> None:
         event = client.CoreV1Event.model_validate(body)
-        await _run(
+        await self._call(
+            "create_event",
             lambda: self.core.create_namespaced_event(
                 namespace, event, _request_timeout=self.timeout_s
-            )
+            ),
         )
 
 
@@ -264,7 +408,3 @@ def api_client(kubeconfig: str | None) -> client.ApiClient:
         return api
     config.load_incluster_config()  # type: ignore[no-untyped-call]
     return client.ApiClient()
-
-
-def status_of(exc: BaseException) -> int | None:
-    return int(exc.status) if isinstance(exc, ApiException) and exc.status else None

@@ -39,6 +39,16 @@ pod (:func:`fracpilot_actuator.admission.template_patch`: KAI's ``gpu-fraction``
 starts a rollout that replaces every pod. The plan's steps (in place, evictions, scale-ups)
 run as they do with the webhook.
 
+Crashes and faults. Before it acts, the backend records the target and, for a disruptive plan,
+the disruption itself (in the actuator's KV bucket, so the disruption budget holds across
+restarts and leader changes). A decision whose earlier attempt stopped half-way (the service
+passes ``resumed``) and whose target was recorded is finished, not re-judged: the guardrails
+it passed are not checked again, and only what the cluster shows as still to do is done
+(evicted pods are terminating or gone, resized ones carry the new share), so no pod is evicted
+twice. An eviction that got no answer (timeout, connection lost, 5xx) is checked before it is
+sent again (:meth:`KubeApi.pod_is_going`); refusals (429 from a PDB or an overloaded server,
+409) are retried with jittered backoff, a bounded number of times.
+
 After an action is done (at once, or when a scale-up finishes) the workload's ``Allocation``
 goes to the allocations KV bucket under ``subjects.kv_key(workload)``, as the simulated
 cluster does, so that ingest knows the fractions: one record per workload, for one of its
@@ -52,12 +62,19 @@ import hashlib
 import json
 import logging
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
+from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+    wait_random,
+)
 
 from fracpilot_actuator.admission import template_patch
 from fracpilot_actuator.backends import Actuation, Report
@@ -66,10 +83,11 @@ from fracpilot_actuator.guardrails import (
     GuardrailSettings,
     GuardState,
     Subject,
+    Verdict,
     check,
     opt_out,
 )
-from fracpilot_actuator.kube.api import KubeApi, status_of
+from fracpilot_actuator.kube.api import KubeApi, status_of, transient, unanswered
 from fracpilot_actuator.kube.cache import Fence, InventoryCache
 from fracpilot_actuator.kube.inventory import (
     CAPACITY_ROLE,
@@ -116,6 +134,7 @@ WORKLOAD = "fracpilot.io/workload"  # on a placeholder: the workload key it asks
 FOR_POD = "fracpilot.io/for-pod"  # on a placeholder: the pod that moves once capacity exists
 DECISION = "fracpilot.io/decision"  # on a placeholder: the decision, as JSON
 TEMPLATE_KINDS = ("Deployment", "StatefulSet")  # whose pod template targets_via=template patches
+DISRUPTIONS_KEY = "guardrails.disruptions"  # in the state bucket: recent disruptive actions
 
 
 @dataclass(frozen=True)
@@ -214,8 +233,10 @@ def placeholder_pod(
     }
 
 
-def _too_many_requests(exc: BaseException) -> bool:
-    return status_of(exc) == 429
+def _retry_eviction(exc: BaseException) -> bool:
+    """Refused for now (429: a PDB allows no disruption, or the server is overloaded; 409), or
+    failed in a way worth another try (5xx, no answer)."""
+    return status_of(exc) in (409, 429) or transient(exc)
 
 
 def _api_message(exc: BaseException) -> str:
@@ -247,10 +268,14 @@ class KubernetesBackend:
         report: Report,
         instance: str | None = None,
         allocations: KeyValue | None = None,
+        state: KeyValue | None = None,
     ) -> None:
+        """``state``: where the recent disruptive actions are kept across restarts (None: in
+        memory only)."""
         self.api = api
         self.targets = targets
         self.allocations = allocations
+        self.state = state
         self.settings = settings
         self.report = report
         self.instance = instance or socket.gethostname()
@@ -268,8 +293,9 @@ class KubernetesBackend:
     # --- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start the inventory cache; pick up the scale-ups a previous run left waiting (their
-        placeholders say which)."""
+        """Start the inventory cache; read the recent disruptions; pick up the scale-ups a
+        previous run left waiting (their placeholders say which)."""
+        await self._load_disruptions()
         if self.cache is not None:
             self.cache.start()
             if not await self.cache.wait_synced():
@@ -292,6 +318,46 @@ class KubernetesBackend:
             self.guards = self.guards.begin(key)
         if self.pending:
             log.info("resuming scale-ups", extra={"workloads": sorted(self.pending)})
+
+    async def _load_disruptions(self) -> None:
+        if self.state is None:
+            return
+        try:
+            entry = await self.state.get(DISRUPTIONS_KEY)
+        except KeyNotFoundError:
+            return
+        try:
+            recent = tuple(
+                Action(str(a["workload"]), str(a["namespace"]), datetime.fromisoformat(a["at"]))
+                for a in json.loads(entry.value or b"[]")
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            # Fail safe: with the history unknown, spend the whole budget for one window.
+            log.error("disruption history unreadable: no disruption for one window", exc_info=exc)
+            now = datetime.now(UTC)
+            unknown = Action("unknown (history unreadable)", "", now)
+            recent = (unknown,) * self.settings.guardrails.max_disruptions
+        self.guards = replace(self.guards, recent=recent)
+        if recent:
+            log.info("disruption history restored", extra={"actions": len(recent)})
+
+    async def _save_disruptions(self) -> None:
+        if self.state is None:
+            return
+        body = [
+            {"workload": a.workload, "namespace": a.namespace, "at": a.at.isoformat()}
+            for a in self.guards.recent
+        ]
+        await self.state.put(DISRUPTIONS_KEY, json.dumps(body).encode())
+
+    async def _target_is(self, decision: FractionDecision) -> bool:
+        """Whether the recorded target is this decision's (an earlier attempt got that far)."""
+        try:
+            entry = await self.targets.get(subjects.kv_key(decision.workload))
+            target = WorkloadTarget.model_validate_json(entry.value or b"")
+        except (KeyNotFoundError, ValueError):
+            return False
+        return target.decision_id == decision.decision_id
 
     def close(self) -> None:
         """Stop the cache's watches."""
@@ -352,9 +418,11 @@ class KubernetesBackend:
     # --- one decision -----------------------------------------------------------------------
 
     async def actuate(
-        self, decision: FractionDecision, *, dry_run: str, now: datetime
+        self, decision: FractionDecision, *, dry_run: str, now: datetime, resumed: bool = False
     ) -> Actuation:
         wl = decision.workload
+        # An earlier attempt recorded the target, so it had passed the guardrails: finish it.
+        resuming = resumed and not dry_run and await self._target_is(decision)
         view = await self._observe(wl)
         live = view.live
         if not live:
@@ -413,6 +481,8 @@ class KubernetesBackend:
                 update={"reason": f"HAMi cannot change a running pod's limits: {plan.reason}"}
             )
         primary = self._primary(plan, decision)
+        if self._disruptive(plan):  # another replica may have led, and disrupted, since
+            await self._load_disruptions()
         verdict = check(
             subject,
             disruptive=self._disruptive(plan),
@@ -420,7 +490,17 @@ class KubernetesBackend:
             settings=self.settings.guardrails,
             now=now,
         )
+        if resuming:
+            verdict = Verdict.allow("resumed", "an earlier attempt passed the guardrails")
+            log.info(
+                "finishing an interrupted decision", extra={"decision_id": decision.decision_id}
+            )
         if plan.kind is PlanKind.NONE:
+            if resuming:
+                done = (
+                    f"finished by an earlier attempt that stopped before reporting: {plan.reason}"
+                )
+                return self._result(view.inventory, plan.kind, primary, Outcome.APPLIED, done)
             return self._result(view.inventory, plan.kind, primary, Outcome.SKIPPED, plan.reason)
         if dry_run:
             would = f"{dry_run}: would {plan.kind.value} ({backend.value}): {plan.reason}"
@@ -435,7 +515,7 @@ class KubernetesBackend:
                 Outcome.SKIPPED,
                 f"{verdict.guard}: {verdict.reason} (plan was {plan.kind.value}: {plan.reason})",
             )
-        return await self._execute(decision, view, plan, backend, primary, owner, now)
+        return await self._execute(decision, view, plan, backend, primary, owner, now, resuming)
 
     @staticmethod
     def _primary(plan: WorkloadPlan, decision: FractionDecision) -> ResizePlan | None:
@@ -483,6 +563,7 @@ class KubernetesBackend:
         primary: ResizePlan | None,
         owner: dict[str, Any] | None,
         now: datetime,
+        resuming: bool = False,
     ) -> Actuation:
         wl, inventory = decision.workload, view.inventory
         by_name = {p.name: p for p in view.live}
@@ -490,11 +571,15 @@ class KubernetesBackend:
         self.guards = self.guards.begin(key)
         try:
             target = await self._record_target(decision, backend, view, now)
-            if self._disruptive(plan):
-                self.guards = self.guards.record(
-                    Action(key, wl.namespace, now), self.settings.guardrails.window_s
-                )
-            notes = ["target recorded"]
+            window = self.settings.guardrails.window_s
+            counted = resuming and any(
+                a.workload == key for a in self.guards.pruned(now, window).recent
+            )
+            if self._disruptive(plan) and not counted:
+                # Recorded, and kept, before any pod is touched: a crash cannot hide it.
+                self.guards = self.guards.record(Action(key, wl.namespace, now), window)
+                await self._save_disruptions()
+            notes = ["resumed: target recorded" if resuming else "target recorded"]
             if self.settings.targets_via == "template":
                 note, error = await self._patch_template(target, owner)
                 notes.append(note)
@@ -669,7 +754,9 @@ class KubernetesBackend:
     async def _evict(
         self, decision: FractionDecision, pod: PodInfo, step: ResizePlan
     ) -> str | None:
-        """Evict, retrying 429s with backoff; the error after the last attempt, or None."""
+        """Evict, retrying refusals and failures with jittered backoff; the error after the
+        last attempt, or None. After a failure that may have evicted the pod all the same (no
+        answer, 5xx) the pod is read before another eviction is sent."""
         await self._event(
             pod,
             "FractionEvictionRequested",
@@ -679,23 +766,32 @@ class KubernetesBackend:
         )
         s = self.settings
         attempts = 0
+        unsure = False  # the last eviction may have taken effect: look before sending another
         try:
             async for attempt in AsyncRetrying(
-                retry=retry_if_exception(_too_many_requests),
+                retry=retry_if_exception(_retry_eviction),
                 stop=stop_after_attempt(s.eviction_attempts),
-                wait=wait_exponential(
-                    multiplier=s.eviction_backoff_s, max=s.eviction_backoff_max_s
-                ),
+                wait=wait_exponential(multiplier=s.eviction_backoff_s, max=s.eviction_backoff_max_s)
+                + wait_random(0, s.eviction_backoff_s),  # jitter: replicas do not retry in step
                 reraise=True,
             ):
                 with attempt:
+                    if unsure and await self.api.pod_is_going(pod.namespace, pod.name, pod.uid):
+                        log.info("an unanswered eviction took effect", extra={"pod": pod.key})
+                        break
                     attempts += 1
-                    await self.api.evict(pod.namespace, pod.name)
+                    try:
+                        await self.api.evict(pod.namespace, pod.name)
+                    except Exception as exc:
+                        unsure = unanswered(exc) or (status_of(exc) or 0) >= 500
+                        raise
         except Exception as exc:
             await self._fence_pod(pod.namespace, pod.name)
             status = status_of(exc)
             if status == 404:
                 return None  # gone already: its replacement gets the target
+            if unsure and await self._went_all_the_same(pod):
+                return None
             if status == 429:
                 error = (
                     f"eviction of {pod.key} refused {attempts} times "
@@ -709,6 +805,17 @@ class KubernetesBackend:
         await self._fence_pod(pod.namespace, pod.name)
         log.info("evicted", extra={"pod": pod.key, "attempts": attempts})
         return None
+
+    async def _went_all_the_same(self, pod: PodInfo) -> bool:
+        """After the last eviction failed without a clear answer: whether it took effect, so
+        that the result says what happened (False when that cannot be read either)."""
+        try:
+            going = await self.api.pod_is_going(pod.namespace, pod.name, pod.uid)
+        except Exception:
+            return False
+        if going:
+            log.info("the last, unanswered eviction took effect", extra={"pod": pod.key})
+        return going
 
     async def _fence_pod(self, namespace: str, name: str) -> None:
         """After an eviction (done or not): the cache must show the pod as it is now."""

@@ -8,6 +8,7 @@ fetched in chunks that stay under Prometheus' 11,000 points per series.
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections import defaultdict
@@ -20,6 +21,7 @@ from urllib3.util.retry import Retry
 
 from fracpilot_ingest.attribution import MetricPoint
 
+log = logging.getLogger(__name__)
 MAX_POINTS_PER_QUERY = 10_000
 
 
@@ -48,18 +50,46 @@ def chunks(start: float, end: float, step_s: float) -> list[tuple[float, float]]
     return out
 
 
-def points_by_instant(result: list[dict[str, Any]]) -> dict[float, list[MetricPoint]]:
-    """A range-query result as metric points grouped by their timestamp."""
+def _number(raw: Any) -> float | None:
+    if isinstance(raw, bool) or not isinstance(raw, str | int | float):
+        return None
+    try:
+        return float(raw)
+    except (ValueError, OverflowError):
+        return None
+
+
+def points_by_instant(result: Any) -> dict[float, list[MetricPoint]]:
+    """A range-query result as metric points grouped by their timestamp.
+
+    Whatever the response holds, this never raises: a series or point of the wrong shape (labels
+    that are not strings, a point that is not ``[time, value]``, a time that is not a finite
+    number) is left out and logged, so one bad series never stops the others; a value that is
+    not a number becomes NaN, which attribution rejects with a reason.
+    """
     instants: dict[float, list[MetricPoint]] = defaultdict(list)
-    for series in result:
-        labels = dict(series.get("metric", {}))
+    malformed = 0
+    for series in result if isinstance(result, list) else [result]:
+        metric = series.get("metric", {}) if isinstance(series, dict) else None
+        values = series.get("values", []) if isinstance(series, dict) else None
+        if (
+            not isinstance(metric, dict)
+            or not isinstance(values, list)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in metric.items())
+        ):
+            malformed += 1
+            continue
+        labels = dict(metric)
         name = labels.pop("__name__", "")
-        for ts, raw in series.get("values", []):
-            try:
-                value = float(raw)
-            except (TypeError, ValueError):
-                value = math.nan  # rejected downstream with a reason
-            instants[float(ts)].append(MetricPoint(name, labels, value, float(ts)))
+        for point in values:
+            ts = _number(point[0]) if isinstance(point, list) and len(point) == 2 else None
+            if ts is None or not math.isfinite(ts):
+                malformed += 1
+                continue
+            value = _number(point[1])
+            instants[ts].append(MetricPoint(name, labels, math.nan if value is None else value, ts))
+    if malformed:
+        log.warning("malformed parts of a range-query result left out", extra={"parts": malformed})
     return dict(instants)
 
 

@@ -1,0 +1,173 @@
+"""The recovery mechanisms the chaos scenarios rely on, each shown on its own (fast).
+
+- A KV watch keeps following its bucket after nats-server is SIGKILLed and restarted on its
+  store (a watcher is an ephemeral consumer the restarted server has forgotten), and a publish
+  made while the server is down goes through once it is back.
+- A service's /readyz follows its NATS connection: 503 while the server is gone, 200 again
+  once it reconnects.
+- The simulated cluster records the decisions it executed in the same write as the change: an
+  actuator that executed a decision and died before recording it done does not execute it
+  again when the decision comes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import nats
+import pytest
+from prometheus_client import CollectorRegistry
+
+from chaos.faults import readyz
+from factories import decision
+from fracpilot_actuator.service import ActuatorService, ActuatorSettings
+from fracpilot_libs import subjects
+from fracpilot_libs.bus import Bus
+from fracpilot_libs.config import ServiceSettings
+from fracpilot_libs.contracts import (
+    ActuationResult,
+    Allocation,
+    Outcome,
+    UsageSample,
+    WorkloadRef,
+    utcnow,
+)
+from fracpilot_libs.embedded_nats import EmbeddedNats
+from fracpilot_libs.runtime import ServiceRuntime
+from helpers import read_stream, running, wait_for
+
+pytestmark = pytest.mark.chaos
+
+
+def allocation(fraction: float) -> Allocation:
+    return Allocation(
+        workload=WorkloadRef(namespace="inference", owner_name="chat"),
+        pod="chat-0",
+        node="n",
+        gpu_uuid="GPU-0",
+        fraction=fraction,
+        device_memory_bytes=80 * 2**30,
+        updated_at=utcnow(),
+    )
+
+
+async def test_kv_watch_and_publishes_carry_on_across_a_nats_restart(tmp_path: Path) -> None:
+    server = EmbeddedNats(store_dir=str(tmp_path / "store")).start()
+    bus = Bus("test", ServiceSettings(nats_url=server.url), CollectorRegistry())
+    try:
+        await bus.connect(retry_for_s=5)
+        await bus.ensure_streams()
+        seen: dict[str, float] = {}
+
+        async def on_update(key: str, value: Allocation | None) -> None:
+            if value is not None:
+                seen[key] = value.fraction
+
+        kv = await bus.kv(subjects.ALLOCATION_BUCKET)
+        await kv.put("a", allocation(0.5).to_json())
+        initial = await bus.watch_kv(subjects.ALLOCATION_BUCKET, Allocation, on_update)
+        await asyncio.wait_for(initial.wait(), timeout=10)
+        await wait_for(lambda: seen.get("a") == 0.5)
+
+        server.stop(kill=True)
+        await wait_for(lambda: not bus.connected, timeout=10)
+        sample = UsageSample.model_validate_json(
+            json.dumps(
+                {
+                    "sample_id": "s-1",
+                    "workload": {"namespace": "inference", "owner_name": "chat"},
+                    "pod": "chat-0",
+                    "timestamp": "2026-03-02T00:00:00Z",
+                    "compute": 0.1,
+                    "memory_used_bytes": 1,
+                    "memory_total_bytes": 2,
+                    "source": "test",
+                }
+            )
+        )
+        publishing = asyncio.create_task(
+            bus.publish(subjects.usage_subject(sample.workload), sample, sample.sample_id)
+        )
+        await asyncio.sleep(1.0)
+        assert not publishing.done()  # waiting for the server, not failed
+        server.start()
+        assert await asyncio.wait_for(publishing, timeout=30) is True
+
+        await wait_for(lambda: bus.reconnects >= 1, timeout=15)
+        writer = await nats.connect(server.url)
+        other = await writer.jetstream().key_value(subjects.ALLOCATION_BUCKET)
+        await other.put("a", allocation(0.75).to_json())
+        await writer.close()
+        await wait_for(lambda: seen.get("a") == 0.75, timeout=10)
+        assert [s for s, _ in await read_stream(server.url, subjects.USAGE_STREAM)]
+    finally:
+        await bus.close()
+        server.cleanup()
+
+
+async def test_readiness_follows_the_nats_connection(tmp_path: Path) -> None:
+    server = EmbeddedNats(store_dir=str(tmp_path / "store")).start()
+    runtime = ServiceRuntime("test", ServiceSettings(nats_url=server.url))
+
+    async def start() -> None:
+        return None
+
+    task = asyncio.create_task(runtime.run(start, install_signals=False))
+    try:
+        await wait_for(lambda: runtime.health.ready, timeout=15)
+        port = runtime.http.port
+        assert await asyncio.to_thread(readyz, port)
+        server.stop(kill=True)
+        await wait_for(lambda: not runtime.health.ready, timeout=10)
+        assert not await asyncio.to_thread(readyz, port)
+        assert runtime.health.reason == "NATS connection lost"
+        server.start()
+        await wait_for(lambda: runtime.health.ready, timeout=15)
+        assert await asyncio.to_thread(readyz, port)
+    finally:
+        runtime.stop_requested.set()
+        await asyncio.wait_for(task, timeout=30)
+        server.cleanup()
+
+
+async def test_an_executed_decision_is_not_executed_again_after_a_crash(tmp_path: Path) -> None:
+    server = EmbeddedNats(store_dir=str(tmp_path / "store")).start()
+    settings = ActuatorSettings(
+        nats_url=server.url, sim_pods="inference/chat=0.5", sim_cluster="test", ack_wait_s=2
+    )
+    made = decision(current=0.5, new=0.75, decision_id="d-crash")
+    try:
+        async with running(ActuatorService(settings)) as service:
+            nc = await nats.connect(server.url)
+            js = nc.jetstream()
+            await js.publish(subjects.decision_subject(made.workload), made.to_json())
+            await wait_for(lambda: service.cluster.has_applied("d-crash"), timeout=15)
+            # As if the actuator had died right after changing the cluster: the record of the
+            # decision says "started", and the decision is delivered again.
+            claims = await js.key_value(subjects.ACTUATOR_STATE_BUCKET)
+            await asyncio.sleep(0.5)  # its own "done" record is written by now
+            await claims.put("decision.d-crash", b"started")
+            before = service.cluster.state
+            await js.publish(subjects.decision_subject(made.workload), made.to_json())
+
+            async def record() -> bytes:
+                return (await claims.get("decision.d-crash")).value or b""
+
+            deadline = time.monotonic() + 15
+            while await record() == b"started":
+                assert time.monotonic() < deadline, "the decision was not handled again"
+                await asyncio.sleep(0.1)
+            assert service.cluster.state == before  # nothing executed a second time
+            assert service.cluster.applied.count("d-crash") == 1
+            assert service.resumed._value.get() == 1  # type: ignore[attr-defined]
+            await nc.close()
+        results = [
+            ActuationResult.model_validate_json(d)
+            for _, d in await read_stream(server.url, subjects.ACTUATION_STREAM)
+        ]
+    finally:
+        server.cleanup()
+    assert [r.outcome for r in results if r.decision_id == "d-crash"] == [Outcome.APPLIED]
