@@ -31,6 +31,7 @@ BUCKETS = (
     subjects.ACTUATOR_STATE_BUCKET,
     subjects.TARGET_BUCKET,
     subjects.DECISION_STATE_BUCKET,
+    subjects.DECISION_PARTITION_BUCKET,
 )
 
 

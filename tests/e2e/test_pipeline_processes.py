@@ -2,7 +2,7 @@
 
 Simulated load becomes decisions, decisions reach the actuator, and the simulated cluster's
 allocation changes. Killing the decision process mid-run and starting it again loses no
-sample (the durable consumer's ack floor reaches the end of the usage stream) and no decision
+sample (every usage partition's consumer acknowledges every sample) and no decision
 is applied twice (by decision id), even when a decision is delivered again.
 """
 
@@ -18,6 +18,7 @@ import pytest
 
 from fracpilot_cli.demo import DemoConfig
 from fracpilot_cli.processes import ServiceProcess
+from fracpilot_decision.progress import decision_backlog
 from fracpilot_libs import subjects
 from fracpilot_libs.contracts import ActuationResult, Allocation, FractionDecision, Outcome
 from helpers import read_stream, reset_nats
@@ -34,6 +35,24 @@ async def consumer_caught_up(url: str, stream: str, durable: str) -> bool:
     finally:
         await nc.close()
     return info.num_pending == 0 and info.num_ack_pending == 0 and info.ack_floor.stream_seq == last
+
+
+async def decision_caught_up(url: str) -> bool:
+    """Every usage partition's consumer has acknowledged (checkpointed) every sample."""
+    nc = await nats.connect(url)
+    try:
+        backlog = await decision_backlog(nc.jetstream())
+    finally:
+        await nc.close()
+    return backlog is not None and backlog.caught_up
+
+
+async def wait_decision_caught_up(url: str, within_s: float = 60) -> None:
+    deadline = time.monotonic() + within_s
+    while not await decision_caught_up(url):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the decision replicas did not catch up on the usage stream")
+        await asyncio.sleep(0.2)
 
 
 async def wait_caught_up(url: str, stream: str, durable: str, within_s: float = 60) -> None:
@@ -64,7 +83,7 @@ async def test_load_becomes_actions_and_a_decision_restart_loses_nothing(
         await asyncio.sleep(2.0)  # ingest keeps publishing while decision is down
         procs["decision"].start().wait_for_log("service ready", timeout_s=60)
         procs["ingest"].wait_for_log("simulation finished", timeout_s=120)
-        await wait_caught_up(nats_url, subjects.USAGE_STREAM, subjects.DECISION_CONSUMER)
+        await wait_decision_caught_up(nats_url)
         await wait_caught_up(nats_url, subjects.DECISION_STREAM, subjects.ACTUATOR_CONSUMER)
 
         samples = await read_stream(nats_url, subjects.USAGE_STREAM)

@@ -48,7 +48,9 @@ async def test_a_graceful_restart_keeps_each_workloads_history(nats_url: str) ->
     ]
     key = subjects.kv_key(feed[0].workload)
     # A long interval: only the checkpoint on shutdown is written.
-    settings = DecisionSettings(nats_url=nats_url, checkpoint_interval_s=3600)
+    settings = DecisionSettings(
+        nats_url=nats_url, checkpoint_interval_s=3600, checkpoint_when_idle_s=0
+    )
     first = DecisionService(settings)
     async with running(first):
         await publish(nats_url, *feed)

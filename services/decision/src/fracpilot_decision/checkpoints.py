@@ -1,12 +1,15 @@
-"""Checkpoints of the engine's per-workload state, so a restarted decision service keeps history.
+"""Checkpoints of the engine's per-workload state, so that a workload's history survives a
+restart of the decision service and a move of its partition to another replica.
 
 States live in the KV bucket ``fracpilot_decision_state`` under ``subjects.kv_key(workload)``,
-as :func:`fracpilot_decision.engine.dump_state` writes them. The workloads whose state changed
-are written in batches every ``checkpoint_interval_s`` and once more on a graceful shutdown,
-after the consumers have stopped, so that last checkpoint holds every acknowledged sample. All
-are restored on start, before any sample is consumed. A crash loses at most one interval of
-history (samples already acknowledged), which only delays a downsize by as much. A checkpoint
-that does not load is logged, counted and skipped: that workload starts afresh.
+as :func:`fracpilot_decision.engine.dump_state` writes them (each carries the stream position
+of the last sample in it). The service writes the states that changed in batches (every
+``checkpoint_interval_s``, and when it hands a partition over or stops), pipelined rather than
+one round trip each, and acknowledges a partition's samples only once every state they touched
+is written: an acknowledged sample is in a checkpoint. A replica that claims a partition reads
+the checkpoints of that partition's workloads (one pass over the bucket for all the partitions
+it claims at once) before it consumes. A checkpoint that does not load is logged, counted and
+skipped: that workload starts afresh.
 """
 
 from __future__ import annotations
@@ -14,28 +17,47 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+import re
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping
 
-from nats.js.errors import InvalidKeyError
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
 from prometheus_client import CollectorRegistry, Counter
 
 from fracpilot_decision.engine import WorkloadState, dump_state, load_state
 from fracpilot_libs import subjects
-from fracpilot_libs.bus import Bus
 
 log = logging.getLogger(__name__)
-_BATCH = 128  # KV writes in flight at once
+
+_KEY = re.compile(r"[-/_=A-Za-z0-9]+(\.[-/_=A-Za-z0-9]+)*")  # what a KV key may be
+_READ_BATCH = 1000
+_WRITE_CHUNK = 1000  # writes in flight at once (about 1 MB)
+_ACK_TIMEOUT_S = 10.0
+_YIELD_EVERY = 500  # states serialised between two turns of the event loop
+
+
+def partition_of_key(key: str, partitions: int) -> int | None:
+    """The usage partition of the workload a checkpoint key names (``cluster/ns/kind/name``,
+    see :func:`fracpilot_libs.subjects.kv_key`); None for a key of another shape."""
+    parts = key.rsplit("/", 3)
+    if len(parts) != 4 or not parts[1] or not parts[3]:
+        return None
+    return subjects.partition_of(subjects.token(parts[1]), subjects.token(parts[3]), partitions)
 
 
 class Checkpointer:
-    """Remembers which workloads changed and writes their states to the KV bucket."""
+    """Writes and reads workload states in the checkpoint bucket."""
 
-    def __init__(self, bus: Bus, registry: CollectorRegistry, interval_s: float) -> None:
-        self._bus = bus
-        self.interval_s = interval_s
-        self._dirty: set[str] = set()
-        self._stop = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+    def __init__(self, nc: NatsClient, registry: CollectorRegistry) -> None:
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream()
+        self.bucket = subjects.DECISION_STATE_BUCKET
+        self._prefix = f"$KV.{self.bucket}."
         self.written = Counter(
             "fracpilot_decision_checkpoints_written_total",
             "Workload state checkpoints written",
@@ -48,7 +70,7 @@ class Checkpointer:
         )
         self.restored = Counter(
             "fracpilot_decision_checkpoints_restored_total",
-            "Workload states restored from checkpoints on start",
+            "Workload states restored from checkpoints (on start and on claiming partitions)",
             registry=registry,
         )
         self.corrupt = Counter(
@@ -57,76 +79,155 @@ class Checkpointer:
             registry=registry,
         )
 
-    def mark(self, key: str) -> None:
-        """The workload's state changed: write it at the next checkpoint."""
-        self._dirty.add(key)
+    async def open(self) -> None:
+        """Create the bucket if it does not exist yet."""
+        try:
+            await self.js.key_value(self.bucket)
+        except Exception:
+            from nats.js.api import KeyValueConfig, StorageType
 
-    async def restore(self) -> dict[str, WorkloadState]:
-        """Every workload state in the bucket; corrupt checkpoints are skipped."""
-        states: dict[str, WorkloadState] = {}
-        corrupt = 0
-        for key, data in (await self._bus.kv_values(subjects.DECISION_STATE_BUCKET)).items():
-            try:
-                states[key] = load_state(data)
-            except Exception as exc:  # any failure to load means a corrupt checkpoint
-                corrupt += 1
-                self.corrupt.inc()
-                log.error(
-                    "corrupt checkpoint skipped, the workload starts afresh",
-                    extra={"key": key, "error": str(exc)[:500], "size": len(data)},
+            with contextlib.suppress(Exception):  # created by another replica meanwhile
+                await self.js.create_key_value(
+                    KeyValueConfig(bucket=self.bucket, history=1, storage=StorageType.FILE)
                 )
-        self.restored.inc(len(states))
+
+    # --- writing ----------------------------------------------------------------------------
+
+    async def write(self, states: Mapping[str, WorkloadState], keys: Iterable[str]) -> set[str]:
+        """Write the states of ``keys`` (those still in ``states``), pipelined; returns the
+        keys whose write failed and may succeed later. A state may change while this runs
+        (serialising yields to the event loop now and then): it is then written newer."""
+        batch: list[tuple[str, bytes]] = []
+        invalid = 0
+        for n, key in enumerate(keys):
+            if n % _YIELD_EVERY == _YIELD_EVERY - 1:
+                await asyncio.sleep(0)  # never block the loop (lease renewals, consumers)
+            state = states.get(key)
+            if state is None:
+                continue
+            if not _KEY.fullmatch(key):  # can never be written: no retry
+                invalid += 1
+                log.warning("checkpoint key is not a valid KV key", extra={"key": key})
+                continue
+            batch.append((key, dump_state(state)))
+        if invalid:
+            self.write_failures.inc(invalid)
+        failed: set[str] = set()
+        for i in range(0, len(batch), _WRITE_CHUNK):
+            failed |= await self._put(batch[i : i + _WRITE_CHUNK])
+        written = len(batch) - len(failed)
+        self.written.inc(written)
+        if failed:
+            self.write_failures.inc(len(failed))
+            log.warning("checkpoint writes failed", extra={"failed": len(failed)})
+        return failed
+
+    async def _put(self, chunk: list[tuple[str, bytes]]) -> set[str]:
+        """KV puts as plain JetStream publishes, each with its own reply subject on one inbox
+        subscription: no future or task per write (what ``KeyValue.put`` costs), and a failed
+        write is still told apart. Returns the keys not acknowledged as stored."""
+        inbox = self.nc.new_inbox()
+        stored: dict[int, bool] = {}
+        all_in = asyncio.Event()
+
+        async def on_ack(msg: Msg) -> None:
+            stored[int(msg.subject.rsplit(".", 1)[1])] = b'"error"' not in msg.data
+            if len(stored) == len(chunk):
+                all_in.set()
+
+        sub = await self.nc.subscribe(f"{inbox}.*", cb=on_ack)
+        try:
+            for i, (key, data) in enumerate(chunk):
+                await self.nc.publish(self._prefix + key, data, reply=f"{inbox}.{i}")
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_ACK_TIMEOUT_S):
+                    await all_in.wait()
+        except Exception as exc:  # the connection is down: whatever is not stored failed
+            log.warning("checkpoint writes failed", extra={"error": repr(exc)})
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        return {key for i, (key, _) in enumerate(chunk) if not stored.get(i)}
+
+    # --- reading ----------------------------------------------------------------------------
+
+    async def restore(
+        self, partitions: frozenset[int], count: int
+    ) -> dict[int, dict[str, WorkloadState]]:
+        """The workload states of ``partitions`` (of ``count``), by partition and key; one
+        pass over the bucket, only those partitions' checkpoints are parsed."""
+        started = time.monotonic()
+        states: dict[int, dict[str, WorkloadState]] = {p: {} for p in partitions}
+        seen = corrupt = 0
+        async for batch in self._read_all():
+            for key, data in batch:
+                partition = partition_of_key(key, count)
+                if partition is None or partition not in states:
+                    continue
+                seen += 1
+                try:
+                    states[partition][key] = load_state(data)
+                except Exception as exc:  # any failure to load means a corrupt checkpoint
+                    corrupt += 1
+                    log.error(
+                        "corrupt checkpoint skipped, the workload starts afresh",
+                        extra={"key": key, "error": str(exc)[:500], "size": len(data)},
+                    )
+            await asyncio.sleep(0)  # parsing 100,000 states must not block the loop
+        self.corrupt.inc(corrupt)
+        self.restored.inc(seen - corrupt)
         log.info(
             "checkpoints restored",
-            extra={"workloads": len(states), "corrupt": corrupt},
+            extra={
+                "partitions": sorted(partitions),
+                "workloads": seen - corrupt,
+                "corrupt": corrupt,
+                "seconds": round(time.monotonic() - started, 3),
+            },
         )
         return states
 
-    async def flush(self, states: Mapping[str, WorkloadState]) -> int:
-        """Write the changed workloads' states; returns how many were written."""
-        if not self._dirty:
-            return 0
-        kv = await self._bus.kv(subjects.DECISION_STATE_BUCKET)
-        keys = [k for k in self._dirty if k in states]
-        self._dirty.clear()
-        written = 0
-        for i in range(0, len(keys), _BATCH):
-            batch = keys[i : i + _BATCH]
-            results = await asyncio.gather(
-                *(kv.put(k, dump_state(states[k])) for k in batch), return_exceptions=True
-            )
-            for key, result in zip(batch, results, strict=True):
-                if not isinstance(result, BaseException):
-                    written += 1
-                    continue
-                self.write_failures.inc()
-                if not isinstance(result, InvalidKeyError):  # a bad key will never work
-                    self._dirty.add(key)
-                log.warning(
-                    "checkpoint write failed", extra={"key": key, "error": repr(result)[:500]}
-                )
-        self.written.inc(written)
-        return written
-
-    def start(self, states: Mapping[str, WorkloadState]) -> None:
-        """Checkpoint the changed workloads every interval, in the background."""
-        self._task = asyncio.create_task(self._loop(states), name="checkpoints")
-
-    async def _loop(self, states: Mapping[str, WorkloadState]) -> None:
-        while not self._stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), timeout=self.interval_s)
-            if self._stop.is_set():
-                return
-            try:
-                await self.flush(states)
-            except Exception as exc:  # NATS trouble: the next interval tries again
-                log.warning("checkpoint failed", extra={"error": repr(exc)})
-
-    async def stop(self, states: Mapping[str, WorkloadState]) -> None:
-        """Stop the interval loop (it finishes a write in progress), then write the rest."""
-        self._stop.set()
-        if self._task is not None:
-            await self._task
-        written = await self.flush(states)
-        log.info("final checkpoint written", extra={"workloads": written})
+    async def _read_all(self) -> AsyncIterator[list[tuple[str, bytes]]]:
+        """The current value of every key (deleted keys left out), in batches as read with a
+        pull consumer: at 100,000 keys far quicker than a KV watch, and never all in memory."""
+        stream = f"KV_{self.bucket}"
+        try:
+            info = await self.js.stream_info(stream)
+        except NotFoundError:
+            return
+        if not info.state.messages:
+            return
+        sub = await self.js.pull_subscribe(
+            f"{self._prefix}>",
+            stream=stream,
+            config=ConsumerConfig(
+                ack_policy=AckPolicy.NONE,
+                deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+                inactive_threshold=60.0,
+                mem_storage=True,
+            ),
+        )
+        try:
+            pending = (await sub.consumer_info()).num_pending or 0
+            received = 0
+            while received < pending:
+                try:
+                    msgs = await sub.fetch(min(_READ_BATCH, pending - received), timeout=5)
+                except (NatsTimeoutError, TimeoutError):
+                    log.warning(
+                        "checkpoint read ended early", extra={"read": received, "of": pending}
+                    )
+                    break
+                received += len(msgs)
+                out: list[tuple[str, bytes]] = []
+                for m in msgs:
+                    operation = m.headers.get("KV-Operation") if m.headers else None
+                    if operation in ("DEL", "PURGE") or not m.data:
+                        continue
+                    out.append((m.subject[len(self._prefix) :], m.data))
+                yield out
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+            with contextlib.suppress(Exception):  # rather than after its inactive threshold
+                await self.js.delete_consumer(stream, (await sub.consumer_info()).name)

@@ -18,6 +18,7 @@ import math
 from array import array
 from bisect import bisect_left
 from dataclasses import dataclass, field
+from enum import StrEnum
 from itertools import accumulate
 from typing import Any, Literal
 
@@ -42,14 +43,23 @@ def _empty_histogram() -> array[float]:
     return array("d", bytes(8 * BUCKETS))
 
 
+_NO_SLOTS: array[float] = array("d")  # shared by every state without memory history (never
+# mutated: observe copies before it writes)
+
+
 @dataclass(frozen=True, slots=True)
 class WorkloadState:
-    """What the engine remembers of one workload. Times are unix seconds."""
+    """What the engine remembers of one workload. Times are unix seconds.
+
+    About 2 KiB in memory once the memory window is full (``bench/decision_memory.py``):
+    numbers live in flat ``array('d')`` rather than tuples of boxed floats.
+    """
 
     compute_weights: array[float] = field(default_factory=_empty_histogram)
     compute_total: float = 0.0
     compute_ref: float = 0.0  # reference time of the decaying weights
-    memory_peaks: tuple[tuple[float, float], ...] = ()  # (slot start, peak), oldest first
+    # Memory peaks per slot, flat: slot start, peak, slot start, peak..., oldest first.
+    memory_slots: array[float] = field(default_factory=lambda: _NO_SLOTS)
     recent_compute: tuple[float, ...] = ()  # the last few compute samples, newest last
     memory_over: int = 0  # consecutive samples with memory need above the fraction
     first_seen: float | None = None
@@ -60,6 +70,15 @@ class WorkloadState:
     last_change_at: float | None = None
     below_since: float | None = None  # when the need first fell a full step below
     hold_until: float | None = None  # no downsize before this (after a signal)
+    # Where the last sample observed sits in its stream (set by the service, 0 elsewhere): a
+    # sample delivered again after a hand-over (at or before it) is not counted twice.
+    position: int = 0
+
+    @property
+    def memory_peaks(self) -> tuple[tuple[float, float], ...]:
+        """(slot start, peak) per memory slot, oldest first."""
+        slots = self.memory_slots
+        return tuple((slots[i], slots[i + 1]) for i in range(0, len(slots), 2))
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +127,17 @@ def memory_need_of(peak: float, policy: Policy) -> float:
     return peak + max(peak * policy.memory_margin, policy.memory_min_headroom)
 
 
-def observe(state: WorkloadState, sample: UsageSample, policy: Policy, now: float) -> WorkloadState:
-    """Add a sample to the history: decayed compute weight, memory slot peak, recent samples."""
+def observe(
+    state: WorkloadState,
+    sample: UsageSample,
+    policy: Policy,
+    now: float,
+    position: int | None = None,
+) -> WorkloadState:
+    """Add a sample to the history: decayed compute weight, memory slot peak, recent samples.
+
+    ``position`` (where the sample sits in its stream) is kept as given; None keeps the last.
+    """
     weights = array("d", state.compute_weights)
     ref, total = state.compute_ref, state.compute_total
     if state.samples == 0:
@@ -129,13 +157,22 @@ def observe(state: WorkloadState, sample: UsageSample, policy: Policy, now: floa
     # bounded whatever order samples arrive in.
     slot_len = policy.memory_window_s / MEMORY_SLOTS
     share = sample.memory_share
-    peaks = state.memory_peaks
-    if peaks and now < peaks[-1][0] + slot_len:
-        if share > peaks[-1][1]:
-            peaks = (*peaks[:-1], (peaks[-1][0], share))
+    slots = state.memory_slots
+    n = len(slots)
+    if n and now < slots[n - 2] + slot_len:
+        if share > slots[n - 1]:
+            slots = array("d", slots)
+            slots[n - 1] = share
     else:
         horizon = now - policy.memory_window_s
-        peaks = (*(p for p in peaks if p[0] + slot_len > horizon), (now, share))
+        kept = array("d")
+        for i in range(0, n, 2):
+            if slots[i] + slot_len > horizon:
+                kept.append(slots[i])
+                kept.append(slots[i + 1])
+        kept.append(now)
+        kept.append(share)
+        slots = kept
 
     keep = policy.compute_upsize_confirmations
     recent = (*state.recent_compute, sample.compute)[-keep:]
@@ -144,7 +181,7 @@ def observe(state: WorkloadState, sample: UsageSample, policy: Policy, now: floa
         compute_weights=weights,
         compute_total=total,
         compute_ref=ref,
-        memory_peaks=peaks,
+        memory_slots=slots,
         recent_compute=recent,
         memory_over=state.memory_over,
         first_seen=state.first_seen if state.first_seen is not None else now,
@@ -155,6 +192,7 @@ def observe(state: WorkloadState, sample: UsageSample, policy: Policy, now: floa
         last_change_at=state.last_change_at,
         below_since=state.below_since,
         hold_until=state.hold_until,
+        position=state.position if position is None else position,
     )
 
 
@@ -165,7 +203,7 @@ def need_of(state: WorkloadState, policy: Policy) -> Need:
     )
     full = len(state.recent_compute) >= policy.compute_upsize_confirmations
     recent = min(state.recent_compute) if full and state.recent_compute else 0.0
-    peak = max((p[1] for p in state.memory_peaks), default=0.0)
+    peak = max(state.memory_slots[1::2], default=0.0)
     m_need = memory_need_of(peak, policy)
     fraction = clamp_to_policy(max(pct / tu, recent / tu, m_need), policy)
     return Need(pct, pct / tu, recent, recent / tu, peak, m_need, fraction)
@@ -186,11 +224,15 @@ def decision_id(sample: UsageSample, new_fraction: float) -> str:
 
 
 def decide(
-    state: WorkloadState, sample: UsageSample, policy: Policy
+    state: WorkloadState, sample: UsageSample, policy: Policy, position: int | None = None
 ) -> tuple[WorkloadState, FractionDecision | None]:
-    """Observe the sample, then decide whether the workload's fraction should change."""
+    """Observe the sample, then decide whether the workload's fraction should change.
+
+    ``position``: where the sample sits in its stream, kept in the state (see
+    :attr:`WorkloadState.position`); None keeps the state's.
+    """
     now = sample.timestamp.timestamp()
-    state = observe(state, sample, policy, now)
+    state = observe(state, sample, policy, now, position)
     current = state.current_fraction or policy.max_fraction
     signals = sample.signals
     if signals is not None and (signals.oom_event or signals.contention_event):
@@ -352,27 +394,103 @@ def _make_decision(
     )
 
 
+# --- outlook: what the engine is about to do, for operators (fracpilot status) -----------
+
+
+class Outlook(StrEnum):
+    NO_HISTORY = "no history"
+    STABLE = "stable"
+    UPSIZING = "upsizing"  # need above the fraction (confirming), or an upsize asked for
+    DOWNSIZING = "downsizing"  # a downsize asked for, or due at the next sample
+    WAITING_TO_DOWNSIZE = "waiting to downsize"  # need a step lower, a hold not over yet
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOutlook:
+    """The engine's view of one workload at an instant, read from its state alone."""
+
+    outlook: Outlook
+    current: float  # the fraction the workload holds
+    target: float  # the fraction the engine sizes it to with the history so far
+    need: Need
+    requested: float | None  # a change asked for within the cooldown, not applied yet
+    wait_s: float  # waiting to downsize: engine seconds before a downsize may happen
+    held_by: str  # what the wait is for: downsize hold, history, signal hold or cooldown
+
+
+def describe(
+    state: WorkloadState, policy: Policy, now: float, current: float | None = None
+) -> EngineOutlook:
+    """What :func:`decide` would make of this state at ``now`` (unix seconds, engine time:
+    the samples' timestamps), given usage like the history's. ``current`` is the fraction the
+    workload holds when known better than the state (the allocations bucket)."""
+    need = need_of(state, policy)
+    held = current if current is not None else state.current_fraction or policy.max_fraction
+    requested = None
+    if (
+        state.decided_fraction is not None
+        and state.decided_at is not None
+        and now - state.decided_at < policy.cooldown_s
+        and abs(state.decided_fraction - held) > _EPS
+    ):
+        requested = state.decided_fraction
+    wait_s, held_by = 0.0, ""
+    if state.samples == 0:
+        outlook = Outlook.NO_HISTORY
+    elif requested is not None:
+        outlook = Outlook.UPSIZING if requested > held else Outlook.DOWNSIZING
+    elif need.fraction > held + _EPS:
+        outlook = Outlook.UPSIZING
+    elif need.fraction <= held - policy.step + _EPS:
+        # The conditions of _may_downsize, as time left (the latest one decides).
+        below = state.below_since if state.below_since is not None else now
+        first = state.first_seen if state.first_seen is not None else now
+        waits = [
+            ("downsize hold", below + policy.downsize_hold_s - now),
+            ("history", first + policy.min_history_s - now),
+        ]
+        if state.hold_until is not None:
+            waits.append(("signal hold", state.hold_until - now))
+        if state.last_change_at is not None:
+            waits.append(("cooldown", state.last_change_at + policy.cooldown_s - now))
+        held_by, longest = max(waits, key=lambda w: w[1])
+        if longest > 0:
+            outlook, wait_s = Outlook.WAITING_TO_DOWNSIZE, longest
+        else:
+            outlook, held_by = Outlook.DOWNSIZING, ""
+    else:
+        outlook = Outlook.STABLE
+    return EngineOutlook(outlook, held, need.fraction, need, requested, wait_s, held_by)
+
+
 # --- checkpoints --------------------------------------------------------------------------
 
 _STATE_VERSION = 1
 
 
 def dump_state(state: WorkloadState) -> bytes:
-    """A compact JSON checkpoint of one workload's state (well under 4 KiB)."""
-    body = {name: getattr(state, name) for name in WorkloadState.__slots__}
+    """A compact JSON checkpoint of one workload's state (under 2 KiB)."""
+    body: dict[str, Any] = {}
+    for name in WorkloadState.__slots__:
+        if name == "memory_slots":
+            body["memory_peaks"] = state.memory_peaks
+        else:
+            body[name] = getattr(state, name)
     # Exact floats (a rounded weight no longer sums to compute_total), trailing empties dropped.
-    weights = list(state.compute_weights)
-    while weights and weights[-1] == 0.0:
-        weights.pop()
-    body["compute_weights"] = weights
+    weights = state.compute_weights
+    last = len(weights)
+    while last and weights[last - 1] == 0.0:
+        last -= 1
+    body["compute_weights"] = weights[:last].tolist()
     body["v"] = _STATE_VERSION
     return json.dumps(body, separators=(",", ":")).encode()
 
 
 class _Checkpoint(BaseModel):
-    """The checkpoint's shape, checked on load: a field missing or of the wrong type fails."""
+    """The checkpoint's shape, checked on load: a field missing or of the wrong type fails,
+    and so does NaN or an infinity (it would poison every later decision of the workload)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     v: Literal[1]
     compute_weights: list[float] = Field(max_length=BUCKETS)
@@ -389,6 +507,7 @@ class _Checkpoint(BaseModel):
     last_change_at: float | None
     below_since: float | None
     hold_until: float | None
+    position: int = Field(default=0, ge=0)  # absent from checkpoints written before it
 
 
 def load_state(data: bytes) -> WorkloadState:
@@ -401,6 +520,9 @@ def load_state(data: bytes) -> WorkloadState:
     weights = _empty_histogram()
     for i, w in enumerate(body.pop("compute_weights")):
         weights[i] = w
-    body["memory_peaks"] = tuple(tuple(p) for p in body["memory_peaks"])
+    slots = array("d")
+    for start, peak in body.pop("memory_peaks"):
+        slots.append(start)
+        slots.append(peak)
     body["recent_compute"] = tuple(body["recent_compute"])
-    return WorkloadState(compute_weights=weights, **body)
+    return WorkloadState(compute_weights=weights, memory_slots=slots or _NO_SLOTS, **body)

@@ -1,0 +1,428 @@
+"""Partition ownership through leases in NATS KV: which replica consumes which partition.
+
+The bucket ``fracpilot_decision_partitions`` has a TTL (``lease_s``): a key that is not
+written again within it disappears. Each replica keeps two kinds of keys alive:
+
+- ``member.<replica>``: the replica is alive (rewritten every ``lease_s / 4``);
+- ``partition.<k>``: the replica owns partition ``k`` (created with compare-and-set, so one
+  replica wins a race; renewed with compare-and-set on the revision, so a renewal fails once
+  someone else holds it).
+
+Every round a replica reads the bucket, computes the target ownership with
+:func:`fracpilot_decision.partitions.moves_for` (the same answer on every replica), hands over
+the partitions the target gives away (stop, checkpoint, acknowledge, then delete the lease)
+and claims the free ones it should own (create the lease, restore the workloads'
+checkpoints, then consume). A replica that dies stops renewing: its leases run out after at
+most ``lease_s`` and the others claim the partitions. A replica trusts its own leases only
+until ``3/4 lease_s`` after the last renewal it sent (the server counts the TTL from when it
+stored the renewal, later), and a partition it can no longer trust is dropped at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import re
+import socket
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, KeyValueConfig, StorageType
+from nats.js.errors import (
+    BucketNotFoundError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NotFoundError,
+)
+from nats.js.kv import KeyValue
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from fracpilot_decision.partitions import Moves, moves_for
+
+log = logging.getLogger(__name__)
+
+MEMBER = "member."
+PARTITION = "partition."
+TRUST = 0.75  # share of the lease a replica trusts its own lease for after renewing it
+
+
+def default_replica_id() -> str:
+    """``<hostname>-<random>``: the pod name, unique across restarts of the same pod."""
+    host = re.sub(r"[^-_A-Za-z0-9]", "_", socket.gethostname())[:100] or "replica"
+    return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class PartitionHolder(Protocol):
+    """What the service does when ownership changes (called from the ownership loop)."""
+
+    async def take(self, partitions: frozenset[int]) -> None:
+        """Claimed: restore the partitions' workloads, then consume them."""
+
+    async def hand_over(self, partition: int) -> None:
+        """Another replica gets it: stop consuming, checkpoint and acknowledge, forget it."""
+
+    async def drop(self, partition: int) -> None:
+        """The lease is lost or no longer trusted: stop at once, no checkpoint, forget it."""
+
+
+@dataclass(frozen=True)
+class View:
+    """The bucket as one round read it."""
+
+    members: frozenset[str]
+    owners: dict[int, str]  # partition -> replica holding its lease
+    revisions: dict[int, int]  # partition -> revision of its lease
+
+
+class OwnershipMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.owned = Gauge(
+            "fracpilot_decision_partitions_owned",
+            "Usage partitions this replica owns and consumes",
+            registry=registry,
+        )
+        self.replicas = Gauge(
+            "fracpilot_decision_replicas",
+            "Decision replicas alive, as this replica last saw them",
+            registry=registry,
+        )
+        self.moves = Counter(
+            "fracpilot_decision_partition_moves_total",
+            "Partitions this replica claimed, handed over, or dropped (its lease lost)",
+            ["move"],
+            registry=registry,
+        )
+
+
+class Ownership:
+    """This replica's leases; :meth:`holds` says whether it may still act on a partition."""
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        holder: PartitionHolder,
+        *,
+        partitions: int,
+        replica: str,
+        lease_s: float,
+        registry: CollectorRegistry,
+        bucket: str,
+    ) -> None:
+        self.js = js
+        self.holder = holder
+        self.partitions = partitions
+        self.replica = replica
+        self.lease_s = lease_s
+        self.bucket = bucket
+        self.metrics = OwnershipMetrics(registry)
+        self.kv: KeyValue | None = None
+        self.revisions: dict[int, int] = {}  # partitions held: lease revision
+        self._trusted_until: dict[int, float] = {}  # time.monotonic() deadlines
+        self._member_revision: int | None = None
+        self._lock = asyncio.Lock()  # one round (or the leave) at a time
+        # A renewal and a release of the same lease never cross.
+        self._lease_io: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._renewer: asyncio.Task[None] | None = None  # runs on until the hand-overs are done
+        self._forgetting: set[asyncio.Task[None]] = set()
+
+    @property
+    def renew_s(self) -> float:
+        return self.lease_s / 4
+
+    def holds(self, partition: int) -> bool:
+        """True while this replica's lease on the partition can be trusted."""
+        until = self._trusted_until.get(partition)
+        return until is not None and time.monotonic() < until
+
+    @property
+    def owned(self) -> frozenset[int]:
+        return frozenset(self.revisions)
+
+    # --- set-up -----------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Create the bucket with the lease as its TTL (or set the TTL of an existing one)."""
+        try:
+            self.kv = await self.js.key_value(self.bucket)
+            info = await self.js.stream_info(f"KV_{self.bucket}")
+            if info.config.max_age != self.lease_s:
+                log.warning(
+                    "setting the partition lease (the bucket's TTL)",
+                    extra={"from_s": info.config.max_age, "to_s": self.lease_s},
+                )
+                info.config.max_age = self.lease_s
+                await self.js.update_stream(info.config)
+        except (BucketNotFoundError, NotFoundError):
+            self.kv = await self.js.create_key_value(
+                KeyValueConfig(
+                    bucket=self.bucket,
+                    history=1,
+                    ttl=self.lease_s,
+                    storage=StorageType.FILE,
+                    description="decision replicas and their usage-partition leases",
+                )
+            )
+
+    def _kv(self) -> KeyValue:
+        if self.kv is None:
+            raise RuntimeError("ownership is not open")
+        return self.kv
+
+    async def start(self) -> None:
+        """One round now (so a lone replica consumes when this returns), then in the
+        background: renew every ``lease_s / 4``, rebalance as often or when the bucket changes.
+        The renewals start first: restoring the claimed partitions may outlast a lease."""
+        await self.renew()
+        self._renewer = asyncio.create_task(self._every(self.renew, "renew"), name="lease-renew")
+        await self.rebalance()
+        self._tasks = [
+            asyncio.create_task(self._every(self.rebalance, "rebalance"), name="rebalance"),
+            asyncio.create_task(self._watch(), name="lease-watch"),
+        ]
+
+    async def _every(self, step: Callable[[], Awaitable[object]], what: str) -> None:
+        while not (self._stopping and what != "renew"):
+            if what == "rebalance":
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.renew_s):
+                        await self._wake.wait()
+                self._wake.clear()
+            else:
+                await asyncio.sleep(self.renew_s)
+            if self._stopping and what != "renew":
+                return
+            try:
+                await step()
+            except Exception as exc:  # NATS trouble: the next round tries again
+                log.warning(f"partition {what} failed", extra={"error": repr(exc)})
+
+    async def _watch(self) -> None:
+        """Wake the rebalance when a replica joins (a member key not seen before) or a lease
+        or member is deleted (a hand-over, a replica leaving), instead of at the next period.
+        Renewals and expiries make no wake-up (the period catches expiries)."""
+        seen: set[str] = set()
+        while not self._stopping:
+            try:
+                watcher = await self._kv().watchall(include_history=False)
+                try:
+                    while not self._stopping:
+                        try:
+                            entry = await watcher.updates(timeout=self.renew_s)  # type: ignore[no-untyped-call]
+                        except NatsTimeoutError:
+                            continue
+                        if entry is None:
+                            continue
+                        if entry.operation is not None:  # DEL or PURGE
+                            seen.discard(entry.key)
+                            self._wake.set()
+                        elif entry.key.startswith(MEMBER) and entry.key not in seen:
+                            seen.add(entry.key)
+                            self._wake.set()
+                finally:
+                    with contextlib.suppress(Exception):
+                        await watcher.stop()  # type: ignore[no-untyped-call]
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a restarted server forgot the watcher: start again
+                log.info("partition watch restarting", extra={"error": repr(exc)})
+                await asyncio.sleep(self.renew_s)
+
+    # --- rounds -----------------------------------------------------------------------------
+
+    async def renew(self) -> None:
+        """Say this replica is alive and renew its leases; drop what is lost or untrusted."""
+        kv = self._kv()
+        sent = time.monotonic()
+        body = json.dumps({"replica": self.replica, "partitions": sorted(self.revisions)})
+        self._member_revision = await kv.put(f"{MEMBER}{self.replica}", body.encode())
+        held = list(self.revisions)
+        results = await asyncio.gather(*(self._renew_one(kv, p) for p in held))
+        for p, outcome in zip(held, results, strict=True):
+            if outcome is True:
+                self._trusted_until[p] = sent + TRUST * self.lease_s
+            elif outcome is False:
+                log.warning("partition lease lost", extra={"partition": p})
+                await self._drop(p)
+        for p in list(self.revisions):
+            if not self.holds(p):
+                log.warning("partition lease no longer trusted", extra={"partition": p})
+                await self._drop(p)
+
+    async def _renew_one(self, kv: KeyValue, p: int) -> bool | None:
+        """True: renewed; False: lost (someone else holds it, or it ran out); None: unknown
+        (NATS trouble: trusted until its deadline)."""
+        try:
+            async with self._lease_io[p]:
+                if (revision := self.revisions.get(p)) is None:
+                    return None  # released meanwhile
+                self.revisions[p] = await kv.update(
+                    f"{PARTITION}{p}", self.replica.encode(), last=revision
+                )
+            return True
+        except (KeyWrongLastSequenceError, KeyNotFoundError):
+            return False
+        except Exception as exc:
+            log.warning("partition lease not renewed", extra={"partition": p, "error": repr(exc)})
+            return None
+
+    def forget_soon(self, partition: int) -> None:
+        """Drop a partition whose lease can no longer be trusted (from its own consumer)."""
+        task = asyncio.create_task(self._drop(partition), name=f"forget-{partition}")
+        self._forgetting.add(task)
+        task.add_done_callback(self._forgetting.discard)
+
+    async def _drop(self, partition: int) -> None:
+        if self.revisions.pop(partition, None) is None:
+            return
+        self._trusted_until.pop(partition, None)
+        self.metrics.moves.labels("dropped").inc()
+        self.metrics.owned.set(len(self.revisions))
+        await self.holder.drop(partition)
+
+    async def read(self) -> View:
+        """Every live member and lease in the bucket: the last message of each key, read up to
+        the count there was when the read began (a KV watch waits for a moment with nothing
+        pending, which a busy bucket may not have)."""
+        stream = f"KV_{self.bucket}"
+        prefix = f"$KV.{self.bucket}."
+        members: set[str] = set()
+        owners: dict[int, str] = {}
+        revisions: dict[int, int] = {}
+        sub = await self.js.pull_subscribe(
+            f"{prefix}>",
+            stream=stream,
+            config=ConsumerConfig(
+                ack_policy=AckPolicy.NONE,
+                deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+                inactive_threshold=30.0,
+                mem_storage=True,
+            ),
+        )
+        try:
+            async with asyncio.timeout(10):
+                pending = (await sub.consumer_info()).num_pending or 0
+                received = 0
+                while received < pending:
+                    msgs = await sub.fetch(pending - received, timeout=5)
+                    received += len(msgs)
+                    for m in msgs:
+                        operation = m.headers.get("KV-Operation") if m.headers else None
+                        if operation in ("DEL", "PURGE") or not m.data:
+                            continue
+                        key = m.subject[len(prefix) :]
+                        if key.startswith(MEMBER):
+                            members.add(key[len(MEMBER) :])
+                        elif key.startswith(PARTITION):
+                            with contextlib.suppress(ValueError):
+                                p = int(key[len(PARTITION) :])
+                                owners[p] = m.data.decode()
+                                revisions[p] = m.metadata.sequence.stream
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+            with contextlib.suppress(Exception):  # rather than after its inactive threshold
+                await self.js.delete_consumer(stream, (await sub.consumer_info()).name)
+        return View(frozenset(members), owners, revisions)
+
+    async def rebalance(self) -> Moves:
+        """Read the bucket; hand over what the target gives away; claim what it gives here."""
+        async with self._lock:
+            if self._stopping:
+                return Moves(frozenset(), frozenset())
+            view = await self.read()
+            kv = self._kv()
+            owners = dict(view.owners)
+            for p, owner in view.owners.items():
+                if owner == self.replica and p not in self.revisions:
+                    # A lease of ours this replica no longer acts on (dropped): free it.
+                    with contextlib.suppress(Exception):
+                        await kv.delete(f"{PARTITION}{p}", last=view.revisions[p])
+                    del owners[p]
+            self.metrics.replicas.set(len(view.members | {self.replica}))
+            moves = moves_for(self.replica, self.partitions, view.members, owners)
+            for p in sorted(moves.release):
+                await self._hand_over(p)
+            claimed = []
+            for p in sorted(moves.claim):
+                try:
+                    sent = time.monotonic()
+                    self.revisions[p] = await kv.create(f"{PARTITION}{p}", self.replica.encode())
+                    self._trusted_until[p] = sent + TRUST * self.lease_s
+                    claimed.append(p)
+                except KeyWrongLastSequenceError:
+                    continue  # another replica was quicker
+            if claimed:
+                self.metrics.moves.labels("claimed").inc(len(claimed))
+                self.metrics.owned.set(len(self.revisions))
+                log.info(
+                    "partitions claimed",
+                    extra={"partitions": claimed, "replica": self.replica},
+                )
+                await self.holder.take(frozenset(claimed))
+            return moves
+
+    async def _hand_over(self, partition: int) -> None:
+        """Checkpoint and acknowledge while the lease is still renewed, then release it: the
+        next owner restores only after every state this replica had is written."""
+        if partition not in self.revisions:
+            return
+        await self.holder.hand_over(partition)
+        async with self._lease_io[partition]:
+            revision = self.revisions.pop(partition, None)
+            self._trusted_until.pop(partition, None)
+            self.metrics.moves.labels("handed_over").inc()
+            self.metrics.owned.set(len(self.revisions))
+            if revision is None:
+                return  # lost meanwhile
+            try:
+                await self._kv().delete(f"{PARTITION}{partition}", last=revision)
+            except Exception as exc:  # NATS trouble: the lease runs out instead
+                log.warning(
+                    "partition lease not released",
+                    extra={"partition": partition, "error": repr(exc)},
+                )
+        log.info("partition handed over", extra={"partition": partition})
+
+    # --- leaving ----------------------------------------------------------------------------
+
+    async def stop(self, *, hand_over: bool = True) -> None:
+        """Stop the rounds; with ``hand_over`` give every partition back (checkpointed and
+        acknowledged) and leave the member list, so the others take over at once."""
+        self._stopping = True
+        self._wake.set()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        try:
+            if not hand_over:
+                return
+            async with self._lock:  # the leases are still renewed while each is handed over
+                for p in sorted(self.revisions):
+                    try:
+                        await self._hand_over(p)
+                    except Exception as exc:
+                        log.warning(
+                            "partition not handed over",
+                            extra={"partition": p, "error": repr(exc)},
+                        )
+        finally:
+            if self._renewer is not None:
+                self._renewer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._renewer
+                self._renewer = None
+        with contextlib.suppress(Exception):  # after the last renewal: the others see it gone
+            await self._kv().delete(f"{MEMBER}{self.replica}")

@@ -1,0 +1,53 @@
+"""How far the decision replicas are behind the usage stream, for the CLI, tests and benches.
+
+A sample counts as done once acknowledged, which the service does after checkpointing the
+states it changed (so a caught-up service has also written its checkpoints).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
+
+from fracpilot_libs import subjects
+
+
+@dataclass(frozen=True)
+class Backlog:
+    partitions: int  # as the usage stream's transform says
+    pending: int  # stored, not delivered to a replica yet
+    unacknowledged: int  # delivered, not checkpointed and acknowledged yet
+    missing: int  # partitions without a consumer yet (no replica ever claimed them)
+
+    @property
+    def caught_up(self) -> bool:
+        return self.pending == 0 and self.unacknowledged == 0 and self.missing == 0
+
+
+async def usage_partitions(js: JetStreamContext) -> int | None:
+    """The usage stream's partition count (None: no stream, or not partitioned)."""
+    try:
+        info = await js.stream_info(subjects.USAGE_STREAM)
+    except NotFoundError:
+        return None
+    transform = info.config.subject_transform
+    return subjects.partitions_of_transform(transform.dest) if transform else None
+
+
+async def decision_backlog(js: JetStreamContext) -> Backlog | None:
+    """Samples the decision replicas have not finished, over every partition's consumer."""
+    partitions = await usage_partitions(js)
+    if partitions is None:
+        return None
+    pending = unacked = missing = 0
+    for p in range(partitions):
+        try:
+            info = await js.consumer_info(subjects.USAGE_STREAM, subjects.decision_consumer(p))
+        except NotFoundError:
+            missing += 1
+            continue
+        pending += info.num_pending or 0
+        unacked += info.num_ack_pending or 0
+    return Backlog(partitions, pending, unacked, missing)

@@ -1,0 +1,295 @@
+"""Decision replicas share the usage partitions over a real nats-server.
+
+Samples are partitioned by workload by the stream itself (a subject transform), replicas
+claim partitions through KV leases, and each workload's samples are decided in order by one
+replica. When a replica joins, leaves or is killed, its partitions move and the new owner
+carries on each workload's history from the checkpoints: every sample counted once, none lost.
+The replicas run in this process (each with its own connection), so a kill is a cancel that
+checkpoints and acknowledges nothing, as a SIGKILL would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import defaultdict
+from collections.abc import AsyncIterator, Iterable
+from datetime import timedelta
+
+import nats
+import pytest
+
+from factories import T0, sample
+from fracpilot_decision.engine import WorkloadState
+from fracpilot_decision.progress import decision_backlog
+from fracpilot_decision.service import DecisionService, DecisionSettings
+from fracpilot_libs import subjects
+from fracpilot_libs.contracts import UsageSample
+from helpers import counter, read_stream, reset_nats, wait_for
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 8
+LEASE_S = 2.0
+WORKLOADS = [f"svc-{i:02d}" for i in range(24)]
+
+
+def settings(url: str, name: str, checkpoint_interval_s: float = 0.2) -> DecisionSettings:
+    return DecisionSettings(
+        nats_url=url,
+        replica_id=name,
+        decision_partitions=PARTITIONS,
+        partition_lease_s=LEASE_S,
+        checkpoint_interval_s=checkpoint_interval_s,
+        checkpoint_when_idle_s=0,
+        fetch_batch=16,
+    )
+
+
+def feed(round_: int, names: Iterable[str] = WORKLOADS) -> list[UsageSample]:
+    """One sample per workload, a minute apart per round; compute says which round it is
+    (memory stays low and the fraction fits, so no decisions: this is about histories)."""
+    return [
+        sample(
+            compute=round((round_ % 50 + 1) / 100, 2),
+            memory_share=0.05,
+            at=T0 + timedelta(minutes=round_),
+            name=name,
+            allocated=1.0,
+        )
+        for name in names
+    ]
+
+
+async def publish(url: str, samples: list[UsageSample]) -> None:
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    for s in samples:
+        await js.publish(subjects.usage_subject(s.workload), s.to_json())
+    await nc.close()
+
+
+class Replica:
+    """A decision service run as a task, stopped gracefully or killed."""
+
+    def __init__(self, service: DecisionService) -> None:
+        self.service = service
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> Replica:
+        runtime = self.service.runtime
+        self.task = asyncio.create_task(
+            runtime.run(self.service.start, self.service.stop, install_signals=False)
+        )
+        await wait_for(lambda: runtime.health.ready or self.task is None or self.task.done(), 30)
+        if self.task.done():
+            self.task.result()
+        return self
+
+    async def stop(self) -> None:
+        if self.task is None or self.task.done():
+            return
+        self.service.runtime.stop_requested.set()
+        await asyncio.wait_for(self.task, timeout=30)
+
+    async def kill(self) -> None:
+        """Nothing more checkpointed or acknowledged, leases left to run out."""
+        await self.service.abandon()
+        self.service.runtime.stop_requested.set()  # then only closes the connection
+        if self.task is not None:
+            await asyncio.wait_for(self.task, timeout=30)
+
+    @property
+    def owned(self) -> set[int]:
+        return set(self.service.parts)
+
+    def decided(self) -> float:
+        return self.service.samples._value.get()
+
+
+@contextlib.asynccontextmanager
+async def replicas(*services: DecisionService) -> AsyncIterator[list[Replica]]:
+    started = [await Replica(s).start() for s in services]
+    try:
+        yield started
+    finally:
+        for r in started:
+            await r.stop()
+
+
+def states_of(*rs: Replica) -> dict[str, list[WorkloadState]]:
+    """Every workload's state on each replica that holds it."""
+    found: dict[str, list[WorkloadState]] = defaultdict(list)
+    for r in rs:
+        for key, state in r.service.histories.items():
+            found[key].append(state)
+    return found
+
+
+def key(name: str) -> str:
+    return subjects.kv_key(sample(name=name).workload)
+
+
+def assert_histories(rs: Iterable[Replica], rounds: int) -> None:
+    """Each workload on one replica, with every sample of every round, in order."""
+    found = states_of(*rs)
+    assert set(found) == {key(n) for n in WORKLOADS}
+    for name in WORKLOADS:
+        [state] = found[key(name)]
+        assert state.samples == rounds, name  # none lost, none counted twice
+        assert state.first_seen == T0.timestamp(), name  # the history was never reset
+        last_two = tuple(round((r % 50 + 1) / 100, 2) for r in (rounds - 2, rounds - 1))
+        assert state.recent_compute == last_two, name  # the last samples, in order
+
+
+async def test_the_stream_partitions_as_the_service_computes(nats_url: str) -> None:
+    await reset_nats(nats_url)
+    async with replicas(DecisionService(settings(nats_url, "solo"))):
+        await publish(nats_url, feed(0))
+        stored = await read_stream(nats_url, subjects.USAGE_STREAM)
+    assert len(stored) == len(WORKLOADS)
+    by_name = {UsageSample.model_validate_json(d).workload.owner_name: s for s, d in stored}
+    for name, subject in by_name.items():
+        wl = sample(name=name).workload
+        assert subject == (
+            f"{subjects.USAGE_PREFIX}.p.{subjects.usage_partition(wl, PARTITIONS)}."
+            f"{subjects.token(wl.namespace)}.{subjects.token(wl.owner_name)}"
+        )
+    # Spread over the partitions, and readable with the per-workload filter.
+    assert len({s.split(".")[4] for s in by_name.values()}) > PARTITIONS // 2
+    one = await read_stream(
+        nats_url,
+        subjects.USAGE_STREAM,
+        subjects.usage_workload_filter(sample(name="svc-03").workload),
+    )
+    assert [s for s, _ in one] == [by_name["svc-03"]]
+
+
+async def test_a_joining_replica_takes_half_and_histories_carry_on(nats_url: str) -> None:
+    await reset_nats(nats_url)
+    a = await Replica(DecisionService(settings(nats_url, "a"))).start()
+    b: Replica | None = None
+    try:
+        assert a.owned == set(range(PARTITIONS))  # alone, it owns everything at once
+        for r in range(3):
+            await publish(nats_url, feed(r))
+        await wait_for(lambda: a.decided() == 3 * len(WORKLOADS), timeout=15)
+
+        b = await Replica(DecisionService(settings(nats_url, "b"))).start()
+        await wait_for(lambda: len(a.owned) == len(b.owned) == PARTITIONS // 2, timeout=15)
+        assert a.owned.isdisjoint(b.owned)
+        for r in range(3, 6):
+            await publish(nats_url, feed(r))
+        await wait_for(lambda: a.decided() + b.decided() == 6 * len(WORKLOADS), timeout=15)
+        assert_histories([a, b], rounds=6)
+        moved = [k for k, [s] in states_of(b).items() if s.samples == 6]
+        assert moved, "the joining replica carries on histories it restored"
+        restored = counter(
+            b.service.runtime.registry, "fracpilot_decision_checkpoints_restored_total"
+        )
+        assert restored == len(moved)
+        # A graceful hand-over left nothing to be delivered again.
+        assert (
+            counter(b.service.runtime.registry, "fracpilot_decision_duplicate_samples_total") == 0
+        )
+    finally:
+        for r in (a, b):
+            if r is not None:
+                await r.stop()
+
+
+async def test_a_replica_that_leaves_hands_its_partitions_over_at_once(nats_url: str) -> None:
+    await reset_nats(nats_url)
+    long_lease = settings(nats_url, "a").model_copy(update={"partition_lease_s": 60.0})
+    other = settings(nats_url, "b").model_copy(update={"partition_lease_s": 60.0})
+    async with replicas(DecisionService(long_lease), DecisionService(other)) as (a, b):
+        await wait_for(lambda: len(a.owned) == len(b.owned) == PARTITIONS // 2, timeout=30)
+        await publish(nats_url, feed(0))
+        await publish(nats_url, feed(1))
+        await wait_for(lambda: a.decided() + b.decided() == 2 * len(WORKLOADS), timeout=15)
+        await b.stop()
+        # Released, not run out: far sooner than the 60 s lease.
+        await wait_for(lambda: a.owned == set(range(PARTITIONS)), timeout=10)
+        await publish(nats_url, feed(2))
+        await wait_for(lambda: a.decided() == 3 * len(WORKLOADS) - b.decided(), timeout=15)
+        assert_histories([a], rounds=3)
+        reg = a.service.runtime.registry
+        assert counter(reg, "fracpilot_decision_duplicate_samples_total") == 0
+
+
+async def test_a_killed_replicas_partitions_move_with_no_sample_lost(nats_url: str) -> None:
+    await reset_nats(nats_url)
+    # The victim checkpoints only when told to, so the test decides what was committed.
+    victim = DecisionService(settings(nats_url, "victim", checkpoint_interval_s=3600))
+    survivor = DecisionService(settings(nats_url, "survivor"))
+    a = await Replica(victim).start()
+    b = await Replica(survivor).start()
+    try:
+        await wait_for(lambda: len(a.owned) == len(b.owned) == PARTITIONS // 2, timeout=30)
+        lost = sorted(a.owned)
+        theirs = [
+            n
+            for n in WORKLOADS
+            if subjects.usage_partition(sample(name=n).workload, PARTITIONS) in lost
+        ]
+        assert theirs, "some workloads live on the replica that dies"
+
+        # Rounds 0-1: checkpointed and acknowledged.
+        for r in range(2):
+            await publish(nats_url, feed(r))
+        await wait_for(lambda: a.decided() + b.decided() == 2 * len(WORKLOADS), timeout=15)
+        await victim.checkpoint()
+        # Round 2: checkpointed, never acknowledged (the kill comes between the two).
+        await publish(nats_url, feed(2))
+        await wait_for(lambda: a.decided() + b.decided() == 3 * len(WORKLOADS), timeout=15)
+        for part in victim.parts.values():
+            assert not await victim.checkpoints.write(part.states, set(part.states))
+        # Round 3: decided in memory only.
+        await publish(nats_url, feed(3))
+        await wait_for(lambda: a.decided() + b.decided() == 4 * len(WORKLOADS), timeout=15)
+
+        await a.kill()
+        # Round 4 arrives while the lease runs out.
+        await publish(nats_url, feed(4))
+        await wait_for(lambda: b.owned == set(range(PARTITIONS)), timeout=3 * LEASE_S + 10)
+        await wait_for(
+            lambda: (
+                len(states_of(b)) == len(WORKLOADS)
+                and all(s.samples == 5 for [s] in states_of(b).values())
+            ),
+            timeout=15,
+        )
+        assert_histories([b], rounds=5)
+        reg = survivor.runtime.registry
+        # Round 2 came again and was recognised; round 3 came again and was decided.
+        assert counter(reg, "fracpilot_decision_duplicate_samples_total") == len(theirs)
+        assert counter(reg, "fracpilot_decision_checkpoints_restored_total") == len(theirs)
+        # Everything ends checkpointed and acknowledged.
+        nc = await nats.connect(nats_url)
+        try:
+            await survivor.checkpoint()
+            backlog = await decision_backlog(nc.jetstream())
+        finally:
+            await nc.close()
+        assert backlog is not None
+        assert backlog.caught_up
+    finally:
+        await b.stop()
+
+
+async def test_a_sample_on_another_workloads_subject_is_dead_lettered(nats_url: str) -> None:
+    """The partition comes from the subject: a sample of one workload published on another's
+    subject would split its history over two partitions, so it is refused with the reason."""
+    await reset_nats(nats_url)
+    async with replicas(DecisionService(settings(nats_url, "solo"))) as [solo]:
+        nc = await nats.connect(nats_url)
+        js = nc.jetstream()
+        stray = sample(name="svc-01", allocated=1.0)
+        await js.publish(subjects.usage_subject(sample(name="svc-02").workload), stray.to_json())
+        await js.publish(subjects.usage_subject(stray.workload), stray.to_json())
+        await nc.close()
+        await wait_for(lambda: solo.decided() == 1, timeout=15)
+        letters = await read_stream(nats_url, subjects.DEADLETTER_STREAM)
+    assert len(letters) == 1
+    assert "svc-01" in letters[0][1].decode()
+    assert set(solo.service.histories) == {key("svc-01")}
