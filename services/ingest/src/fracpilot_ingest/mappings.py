@@ -65,6 +65,19 @@ class LabelRoles(BaseModel):
     )
 
 
+def gpu_model_name(label: str) -> str:
+    """The GPU's model as dcgm-exporter names it (``modelName="NVIDIA A100-SXM4-80GB"``).
+
+    HAMi's ``device_type`` puts its vendor in front of the same name
+    (``NVIDIA-NVIDIA A100-SXM4-80GB``, ``NVIDIA-Tesla T4``); that prefix is dropped so that
+    both exporters name a card alike.
+    """
+    name = label.strip()
+    if name.startswith("NVIDIA-"):
+        name = name.removeprefix("NVIDIA-").strip()
+    return name[:128]  # UsageSample.gpu_model's bound
+
+
 class MetricMapping(BaseModel):
     """One metric name, what it measures, and how to read it."""
 

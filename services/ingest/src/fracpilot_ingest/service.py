@@ -39,6 +39,7 @@ from fracpilot_ingest.samples import PublishedSeries, to_sample
 from fracpilot_ingest.simulator import SimulatedWorkload, demo_workloads, usage_at
 from fracpilot_ingest.sources.prometheus import PrometheusSource, aligned
 from fracpilot_ingest.sources.scrape import ScrapeSource
+from fracpilot_ingest.usage_metrics import WorkloadUsageMetrics
 from fracpilot_libs import subjects
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import Allocation, Attribution, UsageSample
@@ -96,6 +97,12 @@ class IngestSettings(ServiceSettings):
         default=86_400.0, ge=0, description="simulated span to produce; 0 runs forever"
     )
     sim_workloads: int = Field(default=8, ge=1, le=8)
+    workload_metrics_limit: int = Field(
+        default=500,
+        ge=0,
+        description="workloads with their own series in the per-workload metrics; the rest "
+        'are counted under workload="_other"',
+    )
     sim_namespace: str = "inference"
     sim_cluster: str = "demo"
 
@@ -173,6 +180,9 @@ class IngestService:
             "Simulated time of the last sample (unix seconds)",
             registry=reg,
         )
+        self.usage_metrics = WorkloadUsageMetrics(
+            reg, settings.prices, settings.workload_metrics_limit
+        )
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -214,9 +224,9 @@ class IngestService:
         )
         for a in self.allocations.values():
             inv.device_memory_bytes[a.gpu_uuid] = a.device_memory_bytes
-            inv.fractions.setdefault(a.gpu_uuid, {})[PodKey(a.workload.namespace, a.pod)] = (
-                a.fraction
-            )
+            pod = PodKey(a.workload.namespace, a.pod)
+            inv.fractions.setdefault(a.gpu_uuid, {})[pod] = a.fraction
+            inv.workloads[pod] = a.workload
         return inv
 
     # --- publishing ---------------------------------------------------------------------------
@@ -248,7 +258,8 @@ class IngestService:
             if isinstance(result, Rejection):
                 rejections.append(result)
                 continue
-            await self._publish(result)
+            if await self._publish(result):
+                self.usage_metrics.observe(result, self.settings.interval_s)
             self.published.labels(source, result.attribution.value).inc()
             self.lag.labels(source).set(max(0.0, now - obs.timestamp))
             sent += 1
@@ -258,7 +269,11 @@ class IngestService:
     def _to_sample(
         self, source: str, obs: Observation, inventory: GpuInventory, now: float
     ) -> UsageSample | Rejection:
-        workload = self.owners.resolve(obs.pod.namespace, obs.pod.pod)
+        # A pod the actuator placed belongs to the workload it recorded (so that decisions
+        # name the workload the actuator knows); any other pod is resolved by its owners.
+        workload = inventory.workloads.get(
+            PodKey(obs.pod.namespace, obs.pod.pod)
+        ) or self.owners.resolve(obs.pod.namespace, obs.pod.pod)
         fraction = inventory.fractions.get(obs.gpu_uuid, {}).get(
             PodKey(obs.pod.namespace, obs.pod.pod)
         )
@@ -272,13 +287,14 @@ class IngestService:
             fraction,
         )
 
-    async def _publish(self, sample: UsageSample) -> None:
+    async def _publish(self, sample: UsageSample) -> bool:
+        """Publish one sample; False when NATS already had it (a re-read instant)."""
         with self.runtime.bus.tracer.start_as_current_span(
             "ingest sample",
             kind=SpanKind.PRODUCER,
             attributes={"workload": sample.workload.key, "source": sample.source},
         ):
-            await self.runtime.bus.publish(
+            return await self.runtime.bus.publish(
                 subjects.usage_subject(sample.workload), sample, sample.sample_id
             )
 
@@ -373,7 +389,8 @@ class IngestService:
         while s.sim_duration_s == 0 or at < end:
             for w in self.workloads:
                 sample = self.simulated_sample(w, at)
-                await self._publish(sample)
+                if await self._publish(sample):
+                    self.usage_metrics.observe(sample, s.sim_step_s)
                 self.published.labels("simulator", sample.attribution.value).inc()
             self.sim_time.set(at.timestamp())
             n += 1

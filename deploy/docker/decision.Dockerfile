@@ -1,0 +1,56 @@
+# syntax=docker/dockerfile:1
+# fracpilot decision: Usage samples in, fraction decisions out; answers the policy requests.
+#
+# Build from the repository root (the build context):
+#   docker build -f deploy/docker/decision.Dockerfile -t ghcr.io/fracpilot/fracpilot-decision .
+# The builder installs exactly what uv.lock pins for fracpilot-decision (no dev tools, no other
+# service) into a virtual environment; the runtime image holds that environment and Python.
+# It runs as uid 10001 and writes nothing outside /tmp: run it with a read-only root
+# filesystem and a tmpfs (Compose: tmpfs: [/tmp]) or an emptyDir (Kubernetes) on /tmp.
+# uv's version matches scripts/bootstrap.sh (UV_VERSION), so the lock reads the same.
+
+ARG PYTHON_VERSION=3.11
+
+FROM ghcr.io/astral-sh/uv:0.13.9 AS uv
+
+FROM python:${PYTHON_VERSION}-slim AS builder
+COPY --from=uv /uv /usr/local/bin/uv
+ENV UV_COMPILE_BYTECODE=1 \
+    UV_LINK_MODE=copy \
+    UV_PYTHON_DOWNLOADS=never \
+    UV_PROJECT_ENVIRONMENT=/opt/fracpilot
+WORKDIR /src
+# The workspace's manifests and the lock first, so the dependency layer is rebuilt only when
+# they change (uv needs every member's pyproject.toml to check the lock).
+COPY pyproject.toml uv.lock ./
+COPY libs/pyproject.toml libs/
+COPY services/ingest/pyproject.toml services/ingest/
+COPY services/decision/pyproject.toml services/decision/
+COPY services/actuator/pyproject.toml services/actuator/
+RUN --mount=type=cache,target=/root/.cache/uv \
+    uv sync --locked --no-dev --no-install-workspace --package fracpilot-decision
+COPY libs/src libs/src
+COPY services/decision/src services/decision/src
+RUN --mount=type=cache,target=/root/.cache/uv \
+    uv sync --locked --no-dev --no-editable --package fracpilot-decision
+
+FROM python:${PYTHON_VERSION}-slim
+# The base image ships the standard library without bytecode: compile it once here.
+RUN python -m compileall -q "$(python -c 'import sysconfig; print(sysconfig.get_path("stdlib"))')" \
+    && groupadd --system --gid 10001 fracpilot \
+    && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /tmp \
+        --shell /usr/sbin/nologin fracpilot
+COPY --from=builder /opt/fracpilot /opt/fracpilot
+# Bytecode was compiled at build time; nothing is written at run time (read-only root).
+ENV PATH=/opt/fracpilot/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    HOME=/tmp \
+    FRACPILOT_METRICS_HOST=0.0.0.0 \
+    FRACPILOT_METRICS_PORT=9090
+USER 10001:10001
+EXPOSE 9090
+# The slim image has no curl: Python asks /healthz on the telemetry port.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('FRACPILOT_METRICS_PORT', '9090') + '/healthz', timeout=3)"]
+CMD ["python", "-m", "fracpilot_decision"]

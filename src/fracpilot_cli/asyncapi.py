@@ -1,0 +1,495 @@
+"""``fracpilot asyncapi``: the AsyncAPI 3.0 document of fracpilot's messages (docs/asyncapi.yaml).
+
+Generated, never edited by hand: the channels' addresses come from the names in
+:mod:`fracpilot_libs.subjects` (every subject prefix, stream, consumer and KV bucket there must be
+described below, or generation fails), the payload schemas from the pydantic wire models
+(``model_json_schema``), and who sends and who receives each message from the table of
+operations below. tests/unit/test_asyncapi.py regenerates the document and fails on any
+difference, so it cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from fracpilot_libs import subjects
+from fracpilot_libs.config import ServiceSettings
+from fracpilot_libs.contracts import (
+    ActuationResult,
+    Allocation,
+    DeadLetter,
+    FractionDecision,
+    Policy,
+    PolicyReply,
+    PolicyScope,
+    UsageSample,
+    WorkloadRef,
+    WorkloadTarget,
+)
+
+DOCUMENT = Path("docs/asyncapi.yaml")
+MODELS: tuple[type[BaseModel], ...] = (
+    UsageSample,
+    FractionDecision,
+    ActuationResult,
+    DeadLetter,
+    Policy,
+    PolicyScope,
+    WorkloadRef,
+    PolicyReply,
+    Allocation,
+    WorkloadTarget,
+)
+TOKEN = (
+    "one subject token: the name with every character other than letters, digits, '-' and "
+    "'_' replaced by '_' (subjects.token)"
+)
+PARAMETERS = {
+    "namespace": f"The workload's Kubernetes namespace as {TOKEN}.",
+    "workload": f"The workload's owner name (Deployment, StatefulSet, ...) as {TOKEN}.",
+    "service": f"The service that refused the message as {TOKEN}.",
+    "key": "The KV key (see the bucket's description).",
+}
+
+# Every name in subjects.py, described; a new name fails generation until it is described here.
+STREAMS = {
+    "USAGE_STREAM": "usage samples, bounded in age (FRACPILOT_USAGE_MAX_AGE_S, default 24 h)",
+    "DECISION_STREAM": "fraction decisions, kept for audit and replay",
+    "ACTUATION_STREAM": "actuation results, kept for audit",
+    "DEADLETTER_STREAM": "dead letters, kept with the reason and the raw payload",
+}
+CONSUMERS = {
+    "DECISION_CONSUMER_PREFIX": "decision's durable consumers, one per usage partition "
+    "(the name followed by the partition number)",
+    "ACTUATOR_CONSUMER": "the actuator's durable consumer (only the Lease holder consumes)",
+}
+OTHER_NAMES = {
+    "USAGE_PARTITION_TOKEN": "the token before the partition number in stored usage subjects",
+    "USAGE_STORED_ALL": "the filter of every stored usage sample, whatever its partition",
+    "POLICY_QUEUE": "the queue group decision replicas answer policy requests in",
+}
+
+
+@dataclass(frozen=True)
+class Bucket:
+    description: str
+    model: type[BaseModel] | None = None  # None: not a wire model (described in words)
+    value: str = ""  # what a value is, when it is not a wire model
+
+
+BUCKETS = {
+    "POLICY_BUCKET": Bucket(
+        "Stored policies by scope key (`cluster`, `namespace.<ns>`, `workload.<ns>.<name>`), "
+        "written by the decision service on a policy set request and followed live by every "
+        "decision replica.",
+        Policy,
+    ),
+    "ALLOCATION_BUCKET": Bucket(
+        "Where each workload's pod runs and the fraction it holds, by `subjects.kv_key` of the "
+        "workload. Written by the actuator (both backends) after each change; read by ingest "
+        "(attribution of shared GPUs, and the workload a placed pod belongs to), the CLI and the "
+        "Compose stack's dcgm-exporter simulator.",
+        Allocation,
+    ),
+    "TARGET_BUCKET": Bucket(
+        "The fraction a workload's next pods get, by `subjects.kv_key`. Written by the "
+        "actuator (Kubernetes backend); read by its admission webhook.",
+        WorkloadTarget,
+    ),
+    "INGEST_STATE_BUCKET": Bucket(
+        "Ingest's source cursors: key `prometheus.cursor`, the unix time of the last instant "
+        "published, so a restart or an outage is caught up once.",
+        value="a decimal number of seconds, UTF-8",
+    ),
+    "ACTUATOR_STATE_BUCKET": Bucket(
+        "The actuator's claims (key `decision.<decision_id>`: `started`, then "
+        "`done:<outcome>`) that make each decision applied at most once, and the simulated "
+        "cluster's state (key `simulated-cluster`).",
+        value="`started` / `done:<outcome>` text, or the simulated cluster as JSON",
+    ),
+    "DECISION_STATE_BUCKET": Bucket(
+        "Checkpoints of the decision engine's per-workload history, by `subjects.kv_key`, "
+        "restored on start and when a partition moves to another replica.",
+        value="the engine's state as JSON (fracpilot_decision.engine.dump_state)",
+    ),
+    "DECISION_PARTITION_BUCKET": Bucket(
+        "Decision replicas and their leases on usage partitions.",
+        value="replica and lease records as JSON (owned by the decision service)",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Channel:
+    address: str | None
+    messages: tuple[str, ...]
+    description: str
+    parameters: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Operation:
+    action: str  # send | receive
+    channel: str
+    services: tuple[str, ...]
+    summary: str
+    reply: str | None = None
+
+
+def _per_workload(prefix: str) -> str:
+    return f"{prefix}.{{namespace}}.{{workload}}"
+
+
+def _usage_storage() -> str:
+    partitions = ServiceSettings.model_fields["decision_partitions"].default
+    source, destination = subjects.usage_partition_transform(partitions)
+    return (
+        f"The stream `{subjects.USAGE_STREAM}` stores them partitioned by workload: a subject "
+        f"transform maps `{source}` to `{destination}` (FRACPILOT_DECISION_PARTITIONS, default "
+        f"{partitions}), so decision replicas share the partitions and each workload's samples "
+        f"stay in order on one of them. Readers filter on `{subjects.USAGE_STORED_ALL}`."
+    )
+
+
+def channels() -> dict[str, Channel]:
+    s = subjects
+    found = {
+        "usage": Channel(
+            _per_workload(s.USAGE_PREFIX),
+            ("UsageSample",),
+            "One observation of one workload's pod on one GPU, published by ingest with "
+            f"`Nats-Msg-Id` = `sample_id` (re-read instants are dropped by the server). "
+            f"{_usage_storage()}",
+            ("namespace", "workload"),
+        ),
+        "decisions": Channel(
+            _per_workload(s.DECISION_PREFIX),
+            ("FractionDecision",),
+            f"The engine's verdicts, stored in `{s.DECISION_STREAM}`; `Nats-Msg-Id` = "
+            "`decision_id`, deterministic, so a redelivered sample cannot make a second one.",
+            ("namespace", "workload"),
+        ),
+        "actuations": Channel(
+            _per_workload(s.ACTUATION_PREFIX),
+            ("ActuationResult",),
+            f"What the actuator did with each decision and why, stored in "
+            f"`{s.ACTUATION_STREAM}`; `Nats-Msg-Id` = `<decision_id>:result[:<stage>]`.",
+            ("namespace", "workload"),
+        ),
+        "deadLetters": Channel(
+            f"{s.DEADLETTER_PREFIX}.{{service}}",
+            ("DeadLetter",),
+            f"Messages a service could not accept, with the reason and the raw payload, stored "
+            f"in `{s.DEADLETTER_STREAM}` and counted in `fracpilot_dead_letters_total`.",
+            ("service",),
+        ),
+        "policySet": Channel(
+            s.POLICY_SET,
+            ("Policy",),
+            f"Request: store a policy under its scope (core NATS, queue group "
+            f"`{s.POLICY_QUEUE}`). The revision is set by the store; an invalid policy is "
+            "refused with the reason and dead-lettered.",
+        ),
+        "policyGet": Channel(
+            s.POLICY_GET,
+            ("PolicyScope", "WorkloadRef"),
+            f"Request: the effective policy of a scope, or of a workload (core NATS, queue group "
+            f"`{s.POLICY_QUEUE}`); the reply's policy scope says whose it is.",
+        ),
+        "policyList": Channel(
+            s.POLICY_LIST,
+            ("AnyRequest",),
+            f"Request: every stored policy, ordered by scope key (core NATS, queue group "
+            f"`{s.POLICY_QUEUE}`).",
+        ),
+        "policyReply": Channel(
+            None,
+            ("PolicyReply",),
+            "The reply to a policy request, on the requester's inbox (the request's reply "
+            "subject).",
+        ),
+    }
+    for name, bucket in _described(BUCKETS, "_BUCKET").items():
+        value = getattr(s, name)
+        message = bucket.model.__name__ if bucket.model else _raw_message_name(name)
+        found[_camel(value)] = Channel(
+            f"$KV.{value}.{{key}}",
+            (message,),
+            f"KV bucket `{value}`. {bucket.description}",
+            ("key",),
+            {"x-kv-bucket": value},
+        )
+    return found
+
+
+def operations() -> dict[str, Operation]:
+    s = subjects
+    ops = {
+        "ingestSendsUsage": Operation(
+            "send", "usage", ("ingest",), "Ingest publishes each validated sample."
+        ),
+        "decisionReceivesUsage": Operation(
+            "receive",
+            "usage",
+            ("decision",),
+            f"Durable pull consumers `{s.DECISION_CONSUMER_PREFIX}<partition>` "
+            "(explicit acks, redelivery, dead letter after FRACPILOT_MAX_DELIVER).",
+        ),
+        "decisionSendsDecisions": Operation(
+            "send", "decisions", ("decision",), "A decision when the engine changes a fraction."
+        ),
+        "actuatorReceivesDecisions": Operation(
+            "receive",
+            "decisions",
+            ("actuator",),
+            f"Durable pull consumer `{s.ACTUATOR_CONSUMER}`; each decision is claimed in KV "
+            "before it is acted on.",
+        ),
+        "actuatorSendsActuations": Operation(
+            "send", "actuations", ("actuator",), "One result per decision (and per later stage)."
+        ),
+        "cliReceivesActuations": Operation(
+            "receive",
+            "actuations",
+            ("cli",),
+            "`fracpilot demo`, `status`, `explain` and `report` read the results.",
+        ),
+        "servicesSendDeadLetters": Operation(
+            "send",
+            "deadLetters",
+            ("ingest", "decision", "actuator", "dcgm-exporter-simulator"),
+            "Every service dead-letters what it cannot accept and keeps going.",
+        ),
+    }
+    for verb in ("Set", "Get", "List"):
+        ops[f"cliRequestsPolicy{verb}"] = Operation(
+            "send", f"policy{verb}", ("cli",), f"`fracpilot policy {verb.lower()}`.", "policyReply"
+        )
+        ops[f"decisionRepliesPolicy{verb}"] = Operation(
+            "receive",
+            f"policy{verb}",
+            ("decision",),
+            "Answered by one decision replica of the queue group.",
+            "policyReply",
+        )
+    kv_ops = {
+        "POLICY_BUCKET": (("decision",), ("decision",)),
+        "ALLOCATION_BUCKET": (("actuator",), ("ingest", "cli", "dcgm-exporter-simulator")),
+        "TARGET_BUCKET": (("actuator",), ("actuator",)),
+        "INGEST_STATE_BUCKET": (("ingest",), ("ingest",)),
+        "ACTUATOR_STATE_BUCKET": (("actuator",), ("actuator",)),
+        "DECISION_STATE_BUCKET": (("decision",), ("decision",)),
+        "DECISION_PARTITION_BUCKET": (("decision",), ("decision",)),
+    }
+    for name in _described(BUCKETS, "_BUCKET"):
+        writers, readers = kv_ops[name]
+        channel = _camel(getattr(s, name))
+        ops[f"{channel}Put"] = Operation(
+            "send", channel, writers, f"{', '.join(writers)} write(s) the bucket."
+        )
+        ops[f"{channel}Watch"] = Operation(
+            "receive", channel, readers, f"{', '.join(readers)} read(s) or watch(es) it."
+        )
+    return ops
+
+
+def _described(table: dict[str, Any], suffix: str) -> dict[str, Any]:
+    """The table's entries, checked against every name in subjects.py with this suffix."""
+    names = {n for n in vars(subjects) if n.isupper() and n.endswith(suffix)}
+    missing = names - set(table)
+    if missing:
+        raise ValueError(
+            f"subjects.py names {sorted(missing)}: describe them in {__name__} "
+            "(BUCKETS, STREAMS, CONSUMERS or OTHER_NAMES), then run `fracpilot asyncapi`"
+        )
+    return {name: table[name] for name in sorted(table) if name in names}
+
+
+def _check_names_described() -> None:
+    described = {*STREAMS, *CONSUMERS, *OTHER_NAMES, *BUCKETS}
+    described |= {"POLICY_SET", "POLICY_GET", "POLICY_LIST"}
+    for name, value in vars(subjects).items():
+        if not name.isupper() or not isinstance(value, str):
+            continue
+        if name.endswith("_PREFIX") and value.startswith("fracpilot."):
+            continue  # subject prefixes: the channels' addresses
+        if name not in described:
+            raise ValueError(
+                f"subjects.{name} = {value!r} is not described in {__name__}: add it, then run "
+                "`fracpilot asyncapi`"
+            )
+
+
+def _camel(bucket: str) -> str:
+    head, *rest = bucket.split("_")
+    return head + "".join(part.capitalize() for part in rest)
+
+
+def _raw_message_name(constant: str) -> str:
+    return "".join(p.capitalize() for p in constant.removesuffix("_BUCKET").split("_")) + "Value"
+
+
+def _schemas() -> dict[str, Any]:
+    _, top = models_json_schema(
+        [(m, "validation") for m in MODELS], ref_template="#/components/schemas/{model}"
+    )
+    schemas: dict[str, Any] = dict(sorted(top["$defs"].items()))
+    schemas["NatsHeaders"] = {
+        "type": "object",
+        "description": "Headers of every JetStream publish.",
+        "properties": {
+            "Nats-Msg-Id": {
+                "type": "string",
+                "description": "de-duplication id (the server drops a repeat within 2 minutes)",
+            },
+            "traceparent": {
+                "type": "string",
+                "description": "W3C trace context: one trace spans ingest, decision, actuator",
+            },
+        },
+    }
+    return schemas
+
+
+def _summary(model: type[BaseModel]) -> str:
+    doc = (model.__doc__ or "").strip()
+    if not doc:
+        return {"PolicyScope": "Where a policy applies: the cluster, a namespace or a workload."}[
+            model.__name__
+        ]
+    return " ".join(doc.split("\n\n")[0].split())
+
+
+def _messages(channel_map: dict[str, Channel]) -> dict[str, Any]:
+    jetstream = {"usage", "decisions", "actuations", "deadLetters"}
+    messages: dict[str, Any] = {}
+    for model in MODELS:
+        messages[model.__name__] = {
+            "name": model.__name__,
+            "title": model.__name__,
+            "summary": _summary(model),
+            "contentType": "application/json",
+            "payload": {"$ref": f"#/components/schemas/{model.__name__}"},
+        }
+    for name in ("usage", "decisions", "actuations", "deadLetters"):
+        for message in channel_map[name].messages:
+            if name in jetstream:
+                messages[message]["headers"] = {"$ref": "#/components/schemas/NatsHeaders"}
+    messages["AnyRequest"] = {
+        "name": "AnyRequest",
+        "title": "AnyRequest",
+        "summary": "Any payload (ignored).",
+        "payload": {},
+    }
+    for name, bucket in _described(BUCKETS, "_BUCKET").items():
+        if bucket.model is None:
+            message = _raw_message_name(name)
+            messages[message] = {
+                "name": message,
+                "title": message,
+                "summary": f"A value of the KV bucket `{getattr(subjects, name)}`.",
+                "payload": {"type": "string", "description": bucket.value},
+            }
+    return messages
+
+
+def build() -> dict[str, Any]:
+    """The AsyncAPI document as plain data (deterministic: same code, same document)."""
+    _check_names_described()
+    _described(STREAMS, "_STREAM")
+    channel_map = channels()
+    doc_channels: dict[str, Any] = {}
+    for name, ch in channel_map.items():
+        entry: dict[str, Any] = {"address": ch.address, "description": ch.description}
+        if ch.parameters:
+            entry["parameters"] = {p: {"description": PARAMETERS[p]} for p in ch.parameters}
+        entry["messages"] = {m: {"$ref": f"#/components/messages/{m}"} for m in ch.messages}
+        entry.update(ch.extra)
+        doc_channels[name] = entry
+    doc_operations: dict[str, Any] = {}
+    for op_id, op in operations().items():
+        entry = {
+            "action": op.action,
+            "channel": {"$ref": f"#/channels/{op.channel}"},
+            "summary": op.summary,
+            "tags": [{"name": s} for s in op.services],
+            "messages": [
+                {"$ref": f"#/channels/{op.channel}/messages/{m}"}
+                for m in channel_map[op.channel].messages
+            ],
+        }
+        if op.reply:
+            entry["reply"] = {"channel": {"$ref": f"#/channels/{op.reply}"}}
+        doc_operations[op_id] = entry
+    streams = "; ".join(f"`{getattr(subjects, n)}`: {d}" for n, d in STREAMS.items())
+    consumers = "; ".join(f"`{getattr(subjects, n)}`: {d}" for n, d in CONSUMERS.items())
+    return {
+        "asyncapi": "3.0.0",
+        "info": {
+            "title": "fracpilot messages",
+            "version": "1.0.0",
+            "description": (
+                "Every message fracpilot's services exchange over NATS: JSON, one pydantic "
+                "wire model each (frozen, unknown fields forbidden, `schema_version`). "
+                "Generated by `fracpilot asyncapi` from fracpilot_libs.subjects and "
+                "fracpilot_libs.contracts; do not edit. Operations are tagged with the "
+                "service that sends or receives. "
+                f"JetStream streams: {streams}. Durable consumers: {consumers}."
+            ),
+            "license": {"name": "Apache-2.0"},
+        },
+        "defaultContentType": "application/json",
+        "servers": {
+            "nats": {
+                "host": "nats:4222",
+                "protocol": "nats",
+                "description": "NATS with JetStream (FRACPILOT_NATS_URL).",
+            }
+        },
+        "channels": doc_channels,
+        "operations": doc_operations,
+        "components": {"messages": _messages(channel_map), "schemas": _schemas()},
+    }
+
+
+class _Dumper(yaml.SafeDumper):
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def render() -> str:
+    body = yaml.dump(build(), Dumper=_Dumper, sort_keys=False, width=100, allow_unicode=True)
+    return (
+        "# Generated by `fracpilot asyncapi` (src/fracpilot_cli/asyncapi.py); do not edit.\n" + body
+    )
+
+
+def asyncapi_command(
+    output: Annotated[Path, typer.Option(help="where the document goes; '-' prints it")] = DOCUMENT,
+    check: Annotated[
+        bool, typer.Option("--check", help="write nothing; exit 1 when the file is out of date")
+    ] = False,
+) -> None:
+    """Write the AsyncAPI document of every subject, its payload schema, sender and receiver."""
+    text = render()
+    if str(output) == "-":
+        sys.stdout.write(text)
+        return
+    if check:
+        current = output.read_text() if output.exists() else ""
+        if current != text:
+            print(f"{output} is out of date: run `fracpilot asyncapi`", file=sys.stderr)
+            raise typer.Exit(code=1)
+        return
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text)
+    print(f"wrote {output}")

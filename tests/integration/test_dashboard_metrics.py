@@ -1,0 +1,259 @@
+"""The Grafana dashboard (deploy/grafana/dashboards/fracpilot.json) shows what the services
+really export.
+
+Its JSON is checked for the structure Grafana provisions (panels with titles, the datasource
+uid the provisioning file declares, unique ids, a 24-column grid). Then the Compose stack runs
+as local processes (tests/support/compose_stack.py: real nats-server and Prometheus, the
+simulator and the three services) with samples, decisions, results and one dead letter
+flowing, and every metric name any PromQL expression of the dashboard names must be in the
+live ``/metrics`` of a service (or of the dcgm-exporter simulator), with a series; every
+expression must also run in that Prometheus and return data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from fracpilot_libs import subjects
+from fracpilot_libs.contracts import ActuationResult, Outcome
+from helpers import read_stream
+from support.compose_stack import OUR_SERVICES, ComposeStack, scrape
+from support.prometheus_server import PrometheusError
+
+ROOT = Path(__file__).resolve().parents[2]
+DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "fracpilot.json"
+PROVISIONING = ROOT / "deploy" / "grafana" / "provisioning"
+
+# Counters that count only faults: the stack runs without any, so these are declared (HELP and
+# TYPE in /metrics) but have no series. Every other metric must have one.
+FAULT_ONLY = {"fracpilot_ingest_samples_rejected_total"}
+
+# PromQL's keywords; a name followed by '(' is a function or an aggregation, never a metric
+# (a misspelt function is caught when Prometheus runs the expression).
+KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset"}
+KEYWORDS |= {"and", "or", "unless", "inf", "nan"}
+GRAFANA_VARIABLES = {
+    "__rate_interval": "1m",
+    "__interval": "15s",
+    "__range": "5m",
+    "namespace": ".*",
+    "workload": ".*",
+}
+
+
+def dashboard() -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(DASHBOARD.read_text())
+    return loaded
+
+
+def expressions(board: dict[str, Any]) -> list[str]:
+    """Every PromQL expression: panel targets and query variables (``label_values``)."""
+    found = [t["expr"] for p in board["panels"] for t in p.get("targets", []) if t.get("expr")]
+    for variable in board.get("templating", {}).get("list", []):
+        query = variable.get("query")
+        if variable.get("type") == "query":
+            found.append(query["query"] if isinstance(query, dict) else query)
+    return found
+
+
+def _split_top_level(text: str) -> list[str]:
+    parts, depth, current = [], 0, ""
+    for ch in text:
+        depth += ch in "({["
+        depth -= ch in ")}]"
+        if ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += ch
+    return [*parts, current]
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names in a PromQL expression (or a Grafana ``label_values(...)`` query)."""
+    expr = expr.strip()
+    if expr.startswith("label_values("):
+        args = _split_top_level(expr[len("label_values(") : expr.rindex(")")])
+        return metric_names(args[0]) if len(args) == 2 else set()
+    text = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'', '""', expr)  # strings
+    text = re.sub(r"\{[^}]*\}", " ", text)  # label matchers
+    text = re.sub(r"\[[^\]]*\]", " ", text)  # range and subquery windows
+    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
+    names = set()
+    for match in re.finditer(r"(?<![\w$.])[a-zA-Z_:][a-zA-Z0-9_:]*", text):
+        word = match.group(0)
+        if word in KEYWORDS:
+            continue
+        if text[match.end() :].lstrip().startswith("("):
+            continue
+        names.add(word)
+    return names
+
+
+def with_variables(expr: str) -> str:
+    def one(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        return GRAFANA_VARIABLES[name]
+
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", one, expr)
+
+
+# --- the dashboard's JSON --------------------------------------------------------------------
+
+
+def test_metric_names_are_found_and_functions_labels_and_numbers_are_not() -> None:
+    assert metric_names(
+        'histogram_quantile(0.95, sum by (le, consumer) (rate(a_seconds_bucket{x="y"}[5m])))'
+    ) == {"a_seconds_bucket"}
+    assert metric_names(
+        '100 * sum(b_total) / clamp_min(sum without (pod) (c_total{d=~"$namespace"}), 1e-9)'
+    ) == {"b_total", "c_total"}
+    assert metric_names("x_total offset 5m and on (job) up == bool 1") == {"x_total", "up"}
+    assert metric_names('label_values(m{ns=~"$namespace"}, workload)') == {"m"}
+    assert metric_names("label_values(workload)") == set()
+
+
+def test_the_dashboard_is_valid_json_grafana_provisions() -> None:
+    board = dashboard()
+    assert board["uid"] == "fracpilot"
+    assert board["title"]
+    datasources = yaml.safe_load((PROVISIONING / "datasources" / "prometheus.yaml").read_text())
+    uids = {d["uid"] for d in datasources["datasources"] if d["type"] == "prometheus"}
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids))
+    for p in board["panels"]:
+        assert p["title"], p
+        grid = p["gridPos"]
+        assert grid["x"] >= 0, p["title"]
+        assert grid["x"] + grid["w"] <= 24, p["title"]
+        if p["type"] == "row":
+            continue
+        assert p.get("description"), p["title"]
+        assert p["datasource"]["uid"] in uids, p["title"]
+        assert p["targets"], p["title"]
+        for target in p["targets"]:
+            assert target["expr"].strip(), p["title"]
+            assert target["datasource"]["uid"] in uids, p["title"]
+        assert len({t["refId"] for t in p["targets"]}) == len(p["targets"])
+    for variable in board["templating"]["list"]:
+        assert variable["datasource"]["uid"] in uids
+    provider = yaml.safe_load((PROVISIONING / "dashboards" / "fracpilot.yaml").read_text())
+    path = provider["providers"][0]["options"]["path"]
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    mounts = compose["services"]["grafana"]["volumes"]
+    assert f"./deploy/grafana/dashboards:{path}:ro" in mounts
+
+
+def test_the_dashboard_shows_what_the_issue_asks_for() -> None:
+    names = set().union(*(metric_names(e) for e in expressions(dashboard())))
+    for wanted in (
+        "fracpilot_workload_allocated_fraction",  # fractions against usage per workload
+        "fracpilot_workload_compute_share",
+        "fracpilot_workload_memory_share",
+        "fracpilot_decision_decisions_total",  # decisions by reason
+        "fracpilot_actuator_actions_total",  # actions by plan and outcome
+        "fracpilot_gpu_hours_saved_total",  # GPU-hours and money saved
+        "fracpilot_cost_saved_usd_total",
+        "fracpilot_dead_letters_total",  # dead letters
+        "fracpilot_consumer_pending_messages",  # consumer lag
+    ):
+        assert wanted in names, wanted
+
+
+# --- against the live services ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComposeStack]:
+    stack = ComposeStack(tmp_path_factory.mktemp("compose-stack"))
+    try:
+        stack.start()
+        asyncio.run(_flow(stack))
+        yield stack
+    finally:
+        stack.stop()
+
+
+async def _flow(stack: ComposeStack, within_s: float = 120.0) -> None:
+    """Wait for applied actions, and send one message decision must dead-letter."""
+    nc = await nats.connect(stack.nats_url)
+    await nc.jetstream().publish(f"{subjects.USAGE_PREFIX}.inference.broken", b"{not json")
+    await nc.close()
+    deadline = time.monotonic() + within_s
+    while True:
+        results = [
+            ActuationResult.model_validate_json(d)
+            for _, d in await read_stream(stack.nats_url, subjects.ACTUATION_STREAM)
+        ]
+        dead = await read_stream(stack.nats_url, subjects.DEADLETTER_STREAM)
+        if dead and any(r.outcome is Outcome.APPLIED for r in results):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no applied action or dead letter: {len(results)} results")
+        await asyncio.sleep(1.0)
+
+
+def exported(text: str) -> tuple[set[str], set[str]]:
+    """(names declared by HELP/TYPE or a sample, names with at least one sample)."""
+    declared: set[str] = set()
+    with_series: set[str] = set()
+    for family in text_string_to_metric_families(text):
+        if family.type == "histogram":
+            declared |= {f"{family.name}{s}" for s in ("_bucket", "_sum", "_count")}
+        elif family.type == "counter":
+            declared.add(f"{family.name}_total")
+        else:
+            declared.add(family.name)
+        for sample in family.samples:
+            declared.add(sample.name)
+            with_series.add(sample.name)
+    return declared, with_series
+
+
+def live_metrics(stack: ComposeStack) -> tuple[set[str], set[str]]:
+    urls = [stack.url(s, 9090, "/metrics") for s in OUR_SERVICES]
+    urls.append(stack.url("dcgm-exporter-simulator", 9400, "/metrics"))
+    declared: set[str] = set()
+    with_series: set[str] = set()
+    for url in urls:
+        d, w = exported(scrape(url))
+        declared |= d
+        with_series |= w
+    return declared, with_series
+
+
+def test_every_metric_of_the_dashboard_is_exported_by_a_service(stack: ComposeStack) -> None:
+    names = set().union(*(metric_names(e) for e in expressions(dashboard())))
+    declared, with_series = live_metrics(stack)
+    assert names - declared == set(), "the dashboard names metrics no service exports"
+    assert names - with_series <= FAULT_ONLY, "metrics without a series in a working pipeline"
+
+
+def test_every_expression_runs_in_prometheus_and_returns_data(stack: ComposeStack) -> None:
+    prometheus = stack.prometheus
+    assert prometheus is not None
+    for expr in expressions(dashboard()):
+        if expr.startswith("label_values("):
+            (name,) = metric_names(expr)
+            series = prometheus.series(name)
+            assert series, expr
+            continue
+        query = with_variables(expr)
+        if metric_names(expr) <= FAULT_ONLY:
+            prometheus.query(query)  # valid PromQL (a parse error raises); no data is right
+            continue
+        try:
+            prometheus.wait_for_series(query, timeout=45)
+        except PrometheusError as err:
+            raise AssertionError(f"{expr}: {err}") from err

@@ -1,0 +1,102 @@
+"""Per-workload usage and savings metrics: what one sample costs, and the capped series."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+
+from factories import sample
+from fracpilot_ingest.usage_metrics import OTHER, WorkloadUsageMetrics, sample_cost
+from fracpilot_libs.pricing import GpuPrices
+
+A100 = "NVIDIA A100-SXM4-80GB"
+PRICES = GpuPrices.with_overrides({"A100 80GB": 4.0}, default=2.0)
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
+    return registry.get_sample_value(name, labels)
+
+
+def test_a_sample_costs_its_step_as_whole_gpus_and_its_fraction_as_allocated() -> None:
+    cost = sample_cost(sample(allocated=0.25, gpu_model=A100), 900.0, PRICES)  # 15 minutes
+    assert cost.whole_gpu_hours == pytest.approx(0.25)
+    assert cost.allocated_gpu_hours == pytest.approx(0.0625)
+    assert cost.saved_gpu_hours == pytest.approx(0.1875)
+    assert cost.whole_usd == pytest.approx(1.0)
+    assert cost.saved_usd == pytest.approx(0.75)
+
+
+def test_an_unplaced_pod_holds_a_whole_gpu_and_saves_nothing() -> None:
+    cost = sample_cost(sample(allocated=None), 3600.0, PRICES)
+    assert cost.allocated_gpu_hours == cost.whole_gpu_hours == 1.0
+    assert cost.saved_usd == 0.0
+    assert cost.whole_usd == 2.0  # no model: the default price
+
+
+def test_a_negative_step_is_refused() -> None:
+    with pytest.raises(ValueError, match="step_s"):
+        sample_cost(sample(), -1.0, PRICES)
+
+
+@given(
+    fraction=st.sampled_from([0.125, 0.25, 0.5, 0.875, 1.0]),
+    step=st.floats(0.0, 86_400.0),
+)
+def test_savings_are_never_negative_and_add_up(fraction: float, step: float) -> None:
+    cost = sample_cost(sample(allocated=fraction, gpu_model=A100), step, PRICES)
+    assert cost.saved_gpu_hours >= 0
+    assert cost.saved_usd >= 0
+    assert cost.allocated_usd + cost.saved_usd == pytest.approx(cost.whole_usd)
+
+
+def test_gauges_follow_the_latest_sample_and_counters_add_up() -> None:
+    registry = CollectorRegistry()
+    metrics = WorkloadUsageMetrics(registry, PRICES, limit=10)
+    labels = {"namespace": "inference", "workload": "chat"}
+    metrics.observe(sample(compute=0.3, memory_share=0.2, allocated=0.5, gpu_model=A100), 3600)
+    metrics.observe(sample(compute=0.4, memory_share=0.25, allocated=0.25, gpu_model=A100), 3600)
+    assert value(registry, "fracpilot_workload_allocated_fraction", **labels) == 0.25
+    assert value(registry, "fracpilot_workload_compute_share", **labels) == 0.4
+    assert value(registry, "fracpilot_workload_memory_share", **labels) == pytest.approx(0.25)
+    assert value(registry, "fracpilot_gpu_hours_whole_total", **labels) == 2.0
+    assert value(registry, "fracpilot_gpu_hours_allocated_total", **labels) == 0.75
+    assert value(registry, "fracpilot_gpu_hours_saved_total", **labels) == 1.25
+    assert value(registry, "fracpilot_cost_whole_usd_total", **labels) == 8.0
+    assert value(registry, "fracpilot_cost_allocated_usd_total", **labels) == 3.0
+    assert value(registry, "fracpilot_cost_saved_usd_total", **labels) == 5.0
+
+
+def test_workloads_beyond_the_limit_count_as_other_and_the_total_stays_right() -> None:
+    registry = CollectorRegistry()
+    metrics = WorkloadUsageMetrics(registry, PRICES, limit=2)
+    for name in ("a", "b", "c", "d", "a"):
+        metrics.observe(sample(name=name, allocated=0.5, gpu_model=A100), 3600)
+    tracked = {"namespace": "inference", "workload": "a"}
+    other = {"namespace": OTHER, "workload": OTHER}
+    assert value(registry, "fracpilot_cost_saved_usd_total", **tracked) == 4.0  # twice
+    assert value(registry, "fracpilot_cost_saved_usd_total", **other) == 4.0  # c and d
+    assert (
+        value(registry, "fracpilot_workload_compute_share", workload="c", namespace="inference")
+        is None
+    )
+    assert value(registry, "fracpilot_workload_compute_share", **other) is None
+    assert value(registry, "fracpilot_workload_metrics_overflow_total") == 2.0
+    total = sum(
+        s.value
+        for m in registry.collect()
+        if m.name == "fracpilot_cost_saved_usd"
+        for s in m.samples
+        if s.name.endswith("_total")
+    )
+    assert total == 10.0  # five samples of 0.5 x 4 USD
+
+
+def test_a_limit_of_zero_keeps_only_the_totals() -> None:
+    registry = CollectorRegistry()
+    metrics = WorkloadUsageMetrics(registry, PRICES, limit=0)
+    metrics.observe(sample(allocated=0.5, gpu_model=A100), 3600)
+    assert (
+        value(registry, "fracpilot_gpu_hours_saved_total", namespace=OTHER, workload=OTHER) == 0.5
+    )
