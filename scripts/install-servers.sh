@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Install the servers the test suite starts by itself (beyond NATS, which comes from a wheel):
 #   - prometheus: Debian's `prometheus` package, for the ingest tests (tests/support/prometheus_server.py).
+#   - chromium: Debian's `chromium` package, which opens `fracpilot report`'s HTML headless
+#     (tests/integration/test_report_chromium.py). FRACPILOT_CHROMIUM_BIN names another binary.
 # Idempotent and fast when already installed: it only checks `prometheus --version`.
 # Installing needs root (or sudo) and apt; no service is left running: a policy-rc.d forbids
 # service starts while the package installs, and any prometheus the install started is stopped.
@@ -75,3 +77,35 @@ if ! usable "$prom"; then
 fi
 
 "$prom" --version 2>&1 | head -n 1
+
+# chromium: installed only when missing, like prometheus (no service comes with it).
+chrome=${FRACPILOT_CHROMIUM_BIN:-$(command -v chromium || true)}
+if ! usable "$chrome"; then
+  if [ -n "${FRACPILOT_CHROMIUM_BIN:-}" ]; then
+    echo "install-servers: FRACPILOT_CHROMIUM_BIN=$FRACPILOT_CHROMIUM_BIN does not run" >&2
+    exit 1
+  fi
+  if [ "$(id -u)" -eq 0 ]; then
+    SUDO=()
+  elif command -v sudo >/dev/null 2>&1; then
+    SUDO=(sudo)
+  else
+    echo "install-servers: chromium is missing and installing it needs root (apt-get)" >&2
+    exit 1
+  fi
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "install-servers: chromium is missing and there is no apt-get; install it or set" \
+      "FRACPILOT_CHROMIUM_BIN" >&2
+    exit 1
+  fi
+  echo "install-servers: installing Debian's chromium package" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  "${SUDO[@]}" apt-get update -qq
+  "${SUDO[@]}" apt-get install -y -qq --no-install-recommends chromium >/dev/null
+  chrome=$(command -v chromium || echo /usr/bin/chromium)
+  if ! usable "$chrome"; then
+    echo "install-servers: chromium was installed but does not run" >&2
+    exit 1
+  fi
+fi
+"$chrome" --version 2>/dev/null | head -n 1

@@ -16,7 +16,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import nats
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
@@ -24,14 +23,18 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from fracpilot_cli.operator_cli import operator_hint
 from fracpilot_cli.processes import ServiceProcess
 from fracpilot_cli.settings import CliSettings
 from fracpilot_cli.summary import RunSummary
+from fracpilot_decision.progress import decision_backlog
 from fracpilot_ingest.simulator import demo_workloads
 from fracpilot_libs import subjects
 from fracpilot_libs.bus import DecodeError, decode
+from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import ActuationResult, UsageSample
 from fracpilot_libs.embedded_nats import EmbeddedNats
+from fracpilot_libs.nats_connect import open_connection
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,10 @@ class StreamFollower:
         self.nc: NatsClient | None = None
 
     async def start(self, url: str) -> None:
-        self.nc = await nats.connect(url, name="fracpilot-demo")
+        # The FRACPILOT_NATS_* identity and TLS settings, as the services read them.
+        self.nc = await open_connection(
+            ServiceSettings(nats_url=url), servers=url, name="fracpilot-demo"
+        )
         js = self.nc.jetstream()
         await js.subscribe(
             f"{subjects.USAGE_PREFIX}.>",
@@ -114,17 +120,14 @@ class StreamFollower:
         """True when decision and actuator have acknowledged everything published so far."""
         assert self.nc is not None
         js = self.nc.jetstream()
-        for stream, durable in (
-            (subjects.USAGE_STREAM, subjects.DECISION_CONSUMER),
-            (subjects.DECISION_STREAM, subjects.ACTUATOR_CONSUMER),
-        ):
-            try:
-                info = await js.consumer_info(stream, durable)
-            except Exception:
-                return False
-            if info.num_pending or info.num_ack_pending:
-                return False
-        return True
+        try:  # the decision replicas consume the usage stream by partition
+            backlog = await decision_backlog(js)
+            info = await js.consumer_info(subjects.DECISION_STREAM, subjects.ACTUATOR_CONSUMER)
+        except Exception:
+            return False
+        if backlog is None or not backlog.caught_up:
+            return False
+        return not (info.num_pending or info.num_ack_pending)
 
     async def close(self) -> None:
         if self.nc is not None:
@@ -203,6 +206,9 @@ async def run_demo(config: DemoConfig, console: Console) -> RunSummary:
     server = None if external else EmbeddedNats().start()
     url = external or (server.url if server else "")
     console.print(f"NATS: {url}{' (embedded)' if server else ''}; service logs in {log_dir}")
+    example = demo_workloads(config.namespace, config.cluster)[0].workload.display
+    hint = operator_hint(url, example, server is not None)
+    console.print(hint, markup=False, highlight=False, soft_wrap=True)  # whole commands
     envs = config.service_env(url)
     # The actuator seeds the cluster and the decision consumer exists before samples flow.
     order = ("actuator", "decision", "ingest")

@@ -9,7 +9,9 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from fracpilot_cli.asyncapi import asyncapi_command
 from fracpilot_cli.demo import DemoConfig, run_demo
+from fracpilot_cli.operator_cli import explain_command, report_command, status_command
 from fracpilot_cli.policy import policy_app
 from fracpilot_cli.replay import replay_command
 
@@ -19,6 +21,10 @@ app = typer.Typer(
 
 app.add_typer(policy_app, name="policy")
 app.command("replay")(replay_command)
+app.command("status")(status_command)
+app.command("explain")(explain_command)
+app.command("report")(report_command)
+app.command("asyncapi")(asyncapi_command)
 
 
 @app.callback()

@@ -10,6 +10,7 @@ import math
 from datetime import UTC, datetime
 from itertools import pairwise
 from pathlib import Path
+from typing import BinaryIO
 
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes
@@ -103,15 +104,17 @@ def _panel(
 
 def plot_replay(
     report: ReplayReport,
-    path: Path,
+    path: Path | BinaryIO,
     top: int = 6,
     baseline: ReplayReport | None = None,
     baseline_name: str = "baseline",
     title: str = "",
-) -> Path:
+    heading: str = "",
+) -> Path | BinaryIO:
     """Write a PNG of the top workloads by GPU-hours: compute and memory share of one GPU, the
     allocation in force as a step line with its changes marked, overruns as crosses, and the
-    baseline's allocation dashed when a baseline report is given."""
+    baseline's allocation dashed when a baseline report is given. ``heading`` replaces the
+    figure's title (a replay's by default); ``path`` may be a binary file."""
     chosen = report.top(top)
     if not chosen or not any(w.timeline for w in chosen):
         raise ValueError("the report has no timeline: replay with keep_timeline=True")
@@ -154,7 +157,8 @@ def plot_replay(
         handles=handles, loc="outside lower center", ncols=min(len(handles), 4 * ncols), fontsize=9
     )
     fig.suptitle(
-        f"fracpilot replay{f' of {title}' if title else ''}: usage against allocation, "
+        heading
+        or f"fracpilot replay{f' of {title}' if title else ''}: usage against allocation, "
         f"top {len(chosen)} of {len(report.workloads)} workloads by GPU-hours",
         fontsize=11,
     )

@@ -1,0 +1,427 @@
+"""``fracpilot status``, ``explain`` and ``report``: what fracpilot believes and did, from NATS.
+
+Glue only: options, the NATS reads (:mod:`fracpilot_cli.operator_data`), the pure cores
+(:mod:`~fracpilot_cli.status`, :mod:`~fracpilot_cli.explain`, :mod:`~fracpilot_cli.report`)
+and the renderers (:mod:`~fracpilot_cli.render`, :mod:`~fracpilot_cli.report_html`).
+Exit codes: 0 done, 1 NATS unreachable or nothing to show, 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import json
+import re
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+from fracpilot_cli import render
+from fracpilot_cli.explain import DecisionTimeline, build_timeline
+from fracpilot_cli.operator_data import (
+    NatsUnavailableError,
+    Window,
+    connect,
+    read_fleet,
+    read_one,
+    read_window,
+    read_workload,
+)
+from fracpilot_cli.report import build_report
+from fracpilot_cli.settings import CliSettings
+from fracpilot_cli.status import RISK_HELP, StatusRow, build_status_rows
+from fracpilot_libs.contracts import WorkloadRef
+from fracpilot_libs.pricing import GpuPrices
+
+EXIT_UNAVAILABLE = 1
+EXIT_USAGE = 2
+
+NatsUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--nats-url",
+        envvar="FRACPILOT_NATS_URL",
+        help="NATS server URL(s), comma-separated [default: nats://127.0.0.1:4222]",
+        show_default=False,
+    ),
+]
+
+
+def _fail(command: str, message: str, code: int = EXIT_UNAVAILABLE) -> NoReturn:
+    typer.echo(f"fracpilot {command}: error: {message}", err=True)
+    raise typer.Exit(code=code)
+
+
+def _settings(command: str, nats_url: str | None) -> CliSettings:
+    try:
+        settings = CliSettings()
+    except ValidationError as exc:
+        _fail(command, f"invalid settings: {exc.errors(include_url=False)[0]['msg']}", EXIT_USAGE)
+    if nats_url:
+        settings = settings.model_copy(update={"nats_url": nats_url})
+    return settings
+
+
+def _warn_problems(command: str, problems: list[str]) -> None:
+    if problems:
+        n = len(problems)
+        typer.echo(
+            f"fracpilot {command}: warning: {n} {'entry' if n == 1 else 'entries'} did not "
+            f"decode and {'is' if n == 1 else 'are'} left out; first: {problems[0]}",
+            err=True,
+        )
+
+
+def _output(command: str, output: str) -> render.Output:
+    if output not in render.OUTPUTS:
+        _fail(command, f"-o {output}: choose one of {', '.join(render.OUTPUTS)}", EXIT_USAGE)
+    return output
+
+
+def program() -> str:
+    """How to call this ``fracpilot``: its path beside the interpreter, relative when under the
+    working directory (``.venv/bin/fracpilot``), else the name on PATH."""
+    beside = Path(sys.executable).parent / "fracpilot"
+    if not beside.exists():
+        return "fracpilot"
+    try:
+        return str(beside.relative_to(Path.cwd()))
+    except ValueError:
+        return str(beside)
+
+
+def operator_hint(nats_url: str, example: str, embedded: bool) -> str:
+    """The three commands to try against a running pipeline (the demo prints them)."""
+    run = f"FRACPILOT_NATS_URL={nats_url} {program()}"
+    until = " (the embedded NATS stops with the demo)" if embedded else ""
+    return "\n".join(
+        [
+            f"While it runs, in another terminal{until}:",
+            f"  {run} status --watch",
+            f"  {run} explain {example}",
+            f"  {run} report --since 1h --out fracpilot-report",
+        ]
+    )
+
+
+# --- status ----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def bulk() -> Iterator[None]:
+    """No cyclic garbage collection while tens of thousands of objects are built and kept:
+    each collection would walk them all again (a fifth of the CPU time of a large status).
+    Reference counting still frees what is dropped."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+async def status_rows(
+    settings: CliSettings, prices: GpuPrices, namespace: str | None
+) -> tuple[list[StatusRow], list[str]]:
+    with bulk():
+        nc = await connect(settings)
+        try:
+            snapshot, policies = await read_fleet(nc, namespace)
+        finally:
+            await nc.close()
+        rows = build_status_rows(
+            snapshot, policies.for_workload, prices, datetime.now(UTC), namespace
+        )
+    return rows, snapshot.problems
+
+
+def _print_status(
+    console: Console, rows: list[StatusRow], output: render.Output, generated_at: datetime
+) -> None:
+    if output in ("json", "yaml"):
+        document = render.status_document(rows, generated_at)
+        text = render.to_json(document) if output == "json" else render.to_yaml(document)
+        sys.stdout.write(text.rstrip("\n") + "\n")
+        return
+    lines = render.status_lines(rows, wide=output == "wide")
+    if console.is_terminal:
+        console.print(_styled(rows, lines), soft_wrap=True)
+    else:
+        sys.stdout.write("\n".join(lines) + "\n")
+
+
+def _styled(rows: list[StatusRow], lines: list[str]) -> Text:
+    text = Text(no_wrap=True, overflow="crop")
+    text.append(lines[0] + "\n", style="bold")
+    for row, line in zip(rows, lines[1:], strict=False):
+        text.append(line + "\n", style=render.RISK_STYLES[row.risk])
+    text.append("\n".join(lines[1 + len(rows) :]))
+    return text
+
+
+async def _watch(
+    settings: CliSettings,
+    prices: GpuPrices,
+    namespace: str | None,
+    output: render.Output,
+    interval_s: float,
+    console: Console,
+) -> None:
+    wide = output == "wide"
+    with Live(console=console, auto_refresh=False, vertical_overflow="crop") as live:
+        while True:
+            now = datetime.now(UTC)
+            try:
+                rows, problems = await status_rows(settings, prices, namespace)
+            except NatsUnavailableError as exc:  # keep watching: it may come back
+                live.update(Text(f"{now:%H:%M:%S} {exc}", style="red"), refresh=True)
+            else:
+                head = Text(
+                    f"every {interval_s:g}s: fracpilot status - {now:%Y-%m-%d %H:%M:%S} UTC"
+                    + (f" ({len(problems)} entries did not decode)" if problems else "")
+                    + "\n\n",
+                    style="dim",
+                )
+                live.update(
+                    Text.assemble(head, _styled(rows, render.status_lines(rows, wide))),
+                    refresh=True,
+                )
+            await asyncio.sleep(interval_s)
+
+
+def _watch_documents(
+    settings: CliSettings,
+    prices: GpuPrices,
+    namespace: str | None,
+    output: render.Output,
+    interval_s: float,
+) -> None:
+    """-o json/yaml --watch: one document per refresh (JSON lines; YAML separated by ---)."""
+    while True:
+        try:
+            rows, problems = asyncio.run(status_rows(settings, prices, namespace))
+        except NatsUnavailableError as exc:
+            typer.echo(f"fracpilot status: error: {exc}", err=True)
+        else:
+            _warn_problems("status", problems)
+            document = render.status_document(rows, datetime.now(UTC))
+            if output == "json":
+                sys.stdout.write(json.dumps(document) + "\n")
+            else:
+                sys.stdout.write("---\n" + render.to_yaml(document))
+            sys.stdout.flush()
+        asyncio.run(asyncio.sleep(interval_s))
+
+
+def status_command(
+    namespace: Annotated[
+        str | None, typer.Option("--namespace", "-n", help="only this namespace's workloads")
+    ] = None,
+    watch: Annotated[
+        bool, typer.Option("--watch", "-w", help="refresh in place until interrupted")
+    ] = False,
+    output: Annotated[
+        str, typer.Option("--output", "-o", metavar="table|wide|json|yaml", help="format")
+    ] = "table",
+    interval: Annotated[
+        float, typer.Option(min=0.2, help="seconds between refreshes with --watch")
+    ] = 2.0,
+    nats_url: NatsUrl = None,
+) -> None:
+    """One row per workload: the fraction and GPU memory it holds, its compute percentile (p95
+    by default) and memory peak as shares of that fraction, the decision engine's target and
+    state (stable, upsizing, downsizing, waiting to downsize with the time left in the engine's
+    clock, that of the samples), the last action and its outcome, and the money saved per
+    month against a whole GPU ((1 - fraction) x the GPU model's hourly price x 730; prices:
+    FRACPILOT_GPU_PRICES / FRACPILOT_GPU_DEFAULT_PRICE).
+
+    {risk}
+    """
+    fmt = _output("status", output)
+    settings = _settings("status", nats_url)
+    prices = settings.prices
+    console = Console(highlight=False)
+    try:
+        if watch:  # until interrupted
+            if fmt in ("json", "yaml"):
+                _watch_documents(settings, prices, namespace, fmt, interval)
+            else:
+                asyncio.run(_watch(settings, prices, namespace, fmt, interval, console))
+        rows, problems = asyncio.run(status_rows(settings, prices, namespace))
+    except NatsUnavailableError as exc:
+        _fail("status", str(exc))
+    except KeyboardInterrupt:
+        raise typer.Exit(code=0) from None
+    _warn_problems("status", problems)
+    if not rows and fmt not in ("json", "yaml"):
+        where = f" in namespace {namespace}" if namespace else ""
+        typer.echo(
+            f"No workloads{where}: NATS at {settings.nats_url} holds no allocations, engine "
+            "state, samples or actions.",
+            err=True,
+        )
+        return
+    _print_status(console, rows, fmt, datetime.now(UTC))
+
+
+if status_command.__doc__:
+    status_command.__doc__ = status_command.__doc__.replace("{risk}", RISK_HELP)
+
+
+# --- explain ---------------------------------------------------------------------------------
+
+
+async def timeline_of(settings: CliSettings, namespace: str, name: str) -> DecisionTimeline:
+    nc = await connect(settings)
+    try:
+        decisions, results = await read_workload(nc, namespace, name)
+        timeline = build_timeline(namespace, name, decisions, results)
+        known = timeline.workload if timeline.entries else None
+        snapshot, policies = await read_one(nc, namespace, name, known)
+    finally:
+        await nc.close()
+    rows = build_status_rows(snapshot, policies.for_workload, settings.prices, datetime.now(UTC))
+    status = next((r for r in rows if r.namespace == namespace and r.workload == name), None)
+    workload = timeline.workload
+    if status is not None and not timeline.entries:
+        workload = WorkloadRef(
+            cluster=status.cluster,
+            namespace=namespace,
+            owner_kind=status.kind,
+            owner_name=name,
+        )
+    return DecisionTimeline(workload, timeline.entries, status)
+
+
+def explain_command(
+    workload: Annotated[str, typer.Argument(metavar="NAMESPACE/WORKLOAD")],
+    output: Annotated[
+        str, typer.Option("--output", "-o", metavar="text|json|yaml", help="format")
+    ] = "text",
+    nats_url: NatsUrl = None,
+) -> None:
+    """The workload's decision timeline, newest first: each decision's explanation (the rule,
+    the numbers, the policy revision) and what the actuator did with it (plan, outcome, where
+    the pod went, the detail or error it reported), from the decisions and actuations streams.
+    """
+    if output not in ("text", "json", "yaml"):
+        _fail("explain", f"-o {output}: choose one of text, json, yaml", EXIT_USAGE)
+    namespace, _, name = workload.partition("/")
+    if not namespace or not name or "/" in name:
+        _fail("explain", f"{workload!r}: expected NAMESPACE/WORKLOAD", EXIT_USAGE)
+    settings = _settings("explain", nats_url)
+    try:
+        timeline = asyncio.run(timeline_of(settings, namespace, name))
+    except NatsUnavailableError as exc:
+        _fail("explain", str(exc))
+    if not timeline.entries and timeline.status is None:
+        _fail("explain", f"nothing recorded about {namespace}/{name} at {settings.nats_url}")
+    if output == "json":
+        typer.echo(render.to_json(timeline.as_dict()))
+    elif output == "yaml":
+        sys.stdout.write(render.to_yaml(timeline.as_dict()))
+    else:
+        lines = render.timeline_lines(timeline)
+        if not timeline.entries:
+            lines.append("No decisions recorded (the engine has not asked for a change).")
+        sys.stdout.write("\n".join(lines).rstrip("\n") + "\n")
+
+
+# --- report ----------------------------------------------------------------------------------
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str) -> timedelta:
+    """``90s``, ``45m``, ``24h``, ``7d``, ``1w`` or combinations such as ``1h30m``."""
+    compact = text.strip().lower().replace(" ", "")
+    parts = _DURATION.findall(compact)
+    if not compact or "".join(n + u for n, u in parts) != compact:
+        raise ValueError(f"{text!r} is not a duration such as 90s, 45m, 24h, 7d or 1h30m")
+    seconds = sum(float(n) * _UNIT_S[u] for n, u in parts)
+    if seconds <= 0:
+        raise ValueError(f"{text!r} is not a positive duration")
+    return timedelta(seconds=seconds)
+
+
+def report_command(
+    since: Annotated[
+        str, typer.Option(help="the window: messages stored this long ago or later (24h, 90m)")
+    ] = "24h",
+    out: Annotated[
+        Path, typer.Option("--out", help="directory for report.html and report.json")
+    ] = Path("fracpilot-report"),
+    namespace: Annotated[
+        str | None, typer.Option("--namespace", "-n", help="only this namespace's workloads")
+    ] = None,
+    charts: Annotated[
+        int, typer.Option(min=0, help="workloads charted (overruns first, then GPU-hours)")
+    ] = 24,
+    nats_url: NatsUrl = None,
+) -> None:
+    """Write a self-contained HTML report (one file, charts embedded) and its numbers as JSON:
+    per workload, usage against the fraction held over time with the changes marked; for the
+    fleet, GPU-hours and money saved against whole GPUs, overruns, decisions and actions by
+    plan."""
+    try:
+        window = parse_duration(since)
+    except ValueError as exc:
+        _fail("report", f"--since: {exc}", EXIT_USAGE)
+    settings = _settings("report", nats_url)
+    until = datetime.now(UTC)
+    start = until - window
+
+    async def read() -> Window:
+        nc = await connect(settings)
+        try:
+            return await read_window(nc, start, namespace)
+        finally:
+            await nc.close()
+
+    try:
+        with bulk():
+            data = asyncio.run(read())
+    except NatsUnavailableError as exc:
+        _fail("report", str(exc))
+    from fracpilot_cli.report_html import render_report  # matplotlib only here
+
+    _warn_problems("report", data.problems)
+    report = build_report(
+        data.samples,
+        data.decisions,
+        data.results,
+        settings.prices,
+        since=start,
+        until=until,
+        generated_at=datetime.now(UTC),
+    )
+    document, page = render_report(report, charts)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "report.json").write_text(render.to_json(document) + "\n")
+        (out / "report.html").write_text(page)
+    except OSError as exc:
+        _fail("report", f"cannot write to {out}: {exc.strerror or exc}")
+    err = Console(stderr=True, highlight=False)
+    if not report.workloads:
+        err.print(f"nothing stored in the last {since} at {settings.nats_url}: an empty report")
+    f = document["fleet"]
+    err.print(
+        f"{len(report.workloads)} workloads, {f['fraction_hours']:,.1f} of "
+        f"{f['whole_gpu_hours']:,.1f} GPU-hours held, ${f['cost_saved_usd']:,.2f} saved, "
+        f"{f['actions']} actions",
+        markup=False,
+    )
+    typer.echo(str(out / "report.html"))
+    typer.echo(str(out / "report.json"))

@@ -1,0 +1,404 @@
+"""The NATS side of ``fracpilot status``, ``explain`` and ``report``: read-only, thin.
+
+Streams are read through an ephemeral pull consumer without acknowledgements, in batches, up
+to the messages pending when it was created (``deliver last per subject`` for "the latest of
+each workload", a start time for a window). KV buckets are read the same way from their
+streams (the latest value of each key, deleted keys left out), so nothing is created and no
+watcher is left behind. Values that do not decode are counted and named in
+``problems``, never fatal. What the pure cores make of it lives in :mod:`fracpilot_cli.status`,
+:mod:`fracpilot_cli.explain` and :mod:`fracpilot_cli.report`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
+from pydantic import BaseModel
+
+from fracpilot_cli.settings import CliSettings
+from fracpilot_cli.status import FleetSnapshot, Recorded, namespace_of_key
+from fracpilot_decision.engine import WorkloadState, load_state
+from fracpilot_decision.policy_store import LivePolicies
+from fracpilot_decision.service import DecisionSettings, cluster_default
+from fracpilot_libs import subjects
+from fracpilot_libs.bus import DecodeError, decode
+from fracpilot_libs.contracts import (
+    ActuationResult,
+    Allocation,
+    FractionDecision,
+    Policy,
+    UsageSample,
+    WorkloadRef,
+)
+from fracpilot_libs.nats_connect import NatsSecurityError, open_connection
+
+M = TypeVar("M", bound=BaseModel)
+_DELETED = ("DEL", "PURGE")
+
+
+class NatsUnavailableError(Exception):
+    """NATS cannot be reached: the message says where and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class RawMessage:
+    subject: str
+    data: bytes
+    deleted: bool  # a KV delete or purge marker
+    reply: str  # where the stream position is (see :func:`position`), read only when asked
+
+    @property
+    def sequence(self) -> int:
+        return position(self.reply)[0]
+
+    @property
+    def received_at(self) -> datetime:
+        return position(self.reply)[1]
+
+
+async def connect(settings: CliSettings, timeout_s: float = 5.0) -> NatsClient:
+    """Connect once with the services' identity and TLS settings, failing fast with the reason
+    (a command, not a service, is waiting)."""
+    errors: list[Exception] = []
+
+    async def remember(exc: Exception) -> None:  # instead of nats-py's logged tracebacks
+        errors.append(exc)
+
+    try:
+        return await open_connection(
+            settings,
+            servers=[u.strip() for u in settings.nats_url.split(",")],
+            name="fracpilot-cli",
+            connect_timeout=timeout_s,
+            allow_reconnect=False,
+            max_reconnect_attempts=1,
+            reconnect_time_wait=0.1,
+            error_cb=remember,
+        )
+    except NatsSecurityError as exc:
+        raise NatsUnavailableError(f"NATS at {settings.nats_url}: {exc}") from exc
+    except Exception as exc:
+        cause = errors[-1] if errors else exc
+        raise NatsUnavailableError(
+            f"cannot connect to NATS at {settings.nats_url}: {cause}"
+        ) from exc
+
+
+def _deleted(headers: dict[str, str] | None) -> bool:
+    return bool(headers) and (headers or {}).get("KV-Operation") in _DELETED
+
+
+_API = "$JS.API"
+_CHUNK = 10_000  # messages asked for per pull request
+_STALL_S = 10.0  # no message for this long: the read has failed
+
+
+def position(reply: str) -> tuple[int, datetime]:
+    """(stream sequence, when the server stored it) from the reply subject of a JetStream
+    message: ``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.
+    <nanoseconds>.<pending>``, or the form with a domain and an account hash before the
+    stream (12 tokens); ``get_last_msg`` results carry ``|<seq>|<ns>`` instead."""
+    if reply.startswith("|"):
+        _, seq, ns = reply.split("|")
+    else:
+        t = reply.split(".")
+        seq, ns = (t[5], t[7]) if len(t) == 9 else (t[7], t[9])
+    return int(seq), datetime.fromtimestamp(int(ns) / 1e9, UTC)
+
+
+async def read_stream(
+    nc: NatsClient,
+    stream: str,
+    filter_subject: str,
+    deliver: DeliverPolicy = DeliverPolicy.ALL,
+    start: datetime | None = None,
+) -> list[RawMessage]:
+    """The stream's messages on ``filter_subject`` (all, the last per subject, or from a time)
+    that were there when the read began; an absent stream holds none.
+
+    A core subscription takes the messages of raw pull requests: nats-py's ``fetch`` waits
+    on each message in a task of its own, ten times slower on a fleet's worth."""
+    js = nc.jetstream()
+    name = f"fracpilot-cli-{uuid.uuid4().hex[:16]}"
+    config = ConsumerConfig(
+        name=name,
+        deliver_policy=deliver,
+        opt_start_time=start,
+        ack_policy=AckPolicy.NONE,
+        filter_subject=filter_subject,
+        inactive_threshold=30.0,
+        mem_storage=True,
+    )
+    try:
+        info = await js.add_consumer(stream, config)
+    except NotFoundError:
+        return []
+    wanted = info.num_pending or 0
+    out: list[RawMessage] = []
+    chunk_done: asyncio.Event = asyncio.Event()
+    state = {"asked": 0, "finished": wanted == 0}
+
+    async def on_message(msg: Msg) -> None:
+        if not msg.reply:  # a status: 404 no more messages, 408 request expired
+            if (msg.headers or {}).get("Status") in ("404", "408", "409"):
+                state["finished"] = True
+                chunk_done.set()
+            return
+        out.append(RawMessage(msg.subject, msg.data, _deleted(msg.headers), msg.reply))
+        if len(out) >= wanted:
+            state["finished"] = True
+            chunk_done.set()
+        elif len(out) >= state["asked"]:
+            chunk_done.set()
+
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox, cb=on_message, pending_msgs_limit=4 * _CHUNK)
+    try:
+        while not state["finished"]:
+            chunk_done.clear()
+            batch = min(_CHUNK, wanted - len(out))
+            state["asked"] = len(out) + batch
+            request = {"batch": batch, "no_wait": True}  # what is there, then a 404
+            await nc.publish(
+                f"{_API}.CONSUMER.MSG.NEXT.{stream}.{name}",
+                json.dumps(request).encode(),
+                reply=inbox,
+            )
+            try:
+                await asyncio.wait_for(chunk_done.wait(), timeout=_STALL_S + 5)
+            except TimeoutError as exc:
+                raise NatsUnavailableError(
+                    f"reading {stream} ({filter_subject}) stalled after {len(out)} of "
+                    f"{wanted} messages"
+                ) from exc
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+        with contextlib.suppress(Exception):  # gone now rather than after the threshold
+            await js.delete_consumer(stream, name)
+    return out
+
+
+def _kv_stream(bucket: str) -> tuple[str, str]:
+    return f"KV_{bucket}", f"$KV.{bucket}."
+
+
+async def read_bucket(nc: NatsClient, bucket: str) -> dict[str, RawMessage]:
+    """The latest value of every key of a KV bucket (deleted keys left out)."""
+    stream, prefix = _kv_stream(bucket)
+    messages = await read_stream(nc, stream, f"{prefix}>", DeliverPolicy.LAST_PER_SUBJECT)
+    return {m.subject[len(prefix) :]: m for m in messages if not m.deleted and m.data}
+
+
+async def read_key(nc: NatsClient, bucket: str, key: str) -> RawMessage | None:
+    """One key's value, None when absent or deleted."""
+    stream, prefix = _kv_stream(bucket)
+    return await read_last(nc, stream, f"{prefix}{key}")
+
+
+async def read_last(nc: NatsClient, stream: str, subject: str) -> RawMessage | None:
+    """The last message on a subject, None when there is none."""
+    try:
+        raw = await nc.jetstream().get_last_msg(stream, subject)
+    except NotFoundError:
+        return None
+    headers = raw.headers or None
+    if _deleted(headers) or not raw.data:
+        return None
+    at = raw.time or datetime.now(UTC)
+    return RawMessage(
+        raw.subject or subject, raw.data, False, f"|{raw.seq or 0}|{int(at.timestamp() * 1e9)}"
+    )
+
+
+def decode_all(
+    model: type[M], messages: Iterable[RawMessage], problems: list[str]
+) -> list[Recorded[M]]:
+    """Decoded messages; one that does not decode is named in ``problems`` and left out."""
+    out = []
+    for m in messages:
+        try:
+            out.append(Recorded(decode(model, m.data), m.received_at, m.sequence))
+        except DecodeError as exc:
+            problems.append(f"{m.subject} (sequence {m.sequence}): {exc.reason[:300]}")
+    return out
+
+
+async def read_policies(nc: NatsClient, problems: list[str]) -> LivePolicies:
+    """The stored policies over the cluster default the decision service uses
+    (``FRACPILOT_POLICY_JSON``, else the built-in defaults)."""
+    policies = LivePolicies(cluster_default(DecisionSettings()))
+    for key, raw in (await read_bucket(nc, subjects.POLICY_BUCKET)).items():
+        try:
+            policies.apply(key, decode(Policy, raw.data))
+        except DecodeError as exc:
+            problems.append(f"policy {key}: {exc.reason[:300]}")
+    return policies
+
+
+def _states(entries: dict[str, RawMessage], problems: list[str]) -> dict[str, WorkloadState]:
+    states = {}
+    for key, raw in entries.items():
+        try:
+            states[key] = load_state(raw.data)
+        except ValueError as exc:
+            problems.append(f"engine state {key}: {str(exc)[:300]}")
+    return states
+
+
+async def read_fleet(
+    nc: NatsClient, namespace: str | None = None
+) -> tuple[FleetSnapshot, LivePolicies]:
+    """Everything ``fracpilot status`` shows, read concurrently; ``namespace`` narrows it."""
+    problems: list[str] = []
+    allocations, states, samples, results, policies = await asyncio.gather(
+        read_bucket(nc, subjects.ALLOCATION_BUCKET),
+        read_bucket(nc, subjects.DECISION_STATE_BUCKET),
+        read_stream(
+            nc, subjects.USAGE_STREAM, subjects.USAGE_STORED_ALL, DeliverPolicy.LAST_PER_SUBJECT
+        ),
+        read_stream(
+            nc,
+            subjects.ACTUATION_STREAM,
+            f"{subjects.ACTUATION_PREFIX}.>",
+            DeliverPolicy.LAST_PER_SUBJECT,
+        ),
+        read_policies(nc, problems),
+    )
+    if namespace is not None:
+        allocations = {k: v for k, v in allocations.items() if namespace_of_key(k) == namespace}
+        states = {k: v for k, v in states.items() if namespace_of_key(k) == namespace}
+    snapshot = FleetSnapshot(problems=problems)
+    snapshot.allocations = _allocations(allocations, problems)
+    snapshot.states = _states(states, problems)
+    snapshot.samples = latest_per_workload(UsageSample, samples, namespace, problems)
+    snapshot.results = latest_per_workload(ActuationResult, results, namespace, problems)
+    return snapshot, policies
+
+
+def _allocations(entries: dict[str, RawMessage], problems: list[str]) -> dict[str, Allocation]:
+    out = {}
+    for key, raw in entries.items():
+        try:
+            out[key] = decode(Allocation, raw.data)
+        except DecodeError as exc:
+            problems.append(f"allocation {key}: {exc.reason[:300]}")
+    return out
+
+
+W = TypeVar("W", UsageSample, ActuationResult)
+
+
+def latest_per_workload(
+    model: type[W], messages: list[RawMessage], namespace: str | None, problems: list[str]
+) -> dict[str, W]:
+    """The newest value per workload key, from messages in stream order (a subject may be
+    shared by workloads whose names differ only in characters a subject cannot hold)."""
+    out: dict[str, W] = {}
+    for m in messages:
+        try:
+            value = decode(model, m.data)
+        except DecodeError as exc:
+            problems.append(f"{m.subject} (sequence {m.sequence}): {exc.reason[:300]}")
+            continue
+        if namespace is None or value.workload.namespace == namespace:
+            out[subjects.kv_key(value.workload)] = value
+    return out
+
+
+async def read_workload(
+    nc: NatsClient, namespace: str, name: str
+) -> tuple[list[Recorded[FractionDecision]], list[Recorded[ActuationResult]]]:
+    """Every decision and actuation result the streams hold on the workload's subjects."""
+    ref = WorkloadRef(namespace=namespace, owner_name=name)
+    problems: list[str] = []
+    decisions, results = await asyncio.gather(
+        read_stream(nc, subjects.DECISION_STREAM, subjects.decision_subject(ref)),
+        read_stream(nc, subjects.ACTUATION_STREAM, subjects.actuation_subject(ref)),
+    )
+    return (
+        decode_all(FractionDecision, decisions, problems),
+        decode_all(ActuationResult, results, problems),
+    )
+
+
+async def read_one(
+    nc: NatsClient, namespace: str, name: str, known: WorkloadRef | None = None
+) -> tuple[FleetSnapshot, LivePolicies]:
+    """The status sources of the workload ``namespace/name``: its latest sample and result
+    (their subjects name only the namespace and the name), then its KV entries under the key
+    of the workload they, or ``known`` (from its decisions), say it is."""
+    problems: list[str] = []
+    probe = known or WorkloadRef(namespace=namespace, owner_name=name)
+    sample, result, policies = await asyncio.gather(
+        read_stream(
+            nc,
+            subjects.USAGE_STREAM,
+            subjects.usage_workload_filter(probe),
+            DeliverPolicy.LAST_PER_SUBJECT,
+        ),
+        read_last(nc, subjects.ACTUATION_STREAM, subjects.actuation_subject(probe)),
+        read_policies(nc, problems),
+    )
+    snapshot = FleetSnapshot(problems=problems)
+    samples = latest_per_workload(UsageSample, sample, namespace, problems)
+    results = latest_per_workload(ActuationResult, [result] if result else [], namespace, problems)
+    found = [s.workload for s in samples.values() if s.workload.owner_name == name]
+    found += [r.workload for r in results.values() if r.workload.owner_name == name]
+    workload = known or (found[0] if found else probe)
+    key = subjects.kv_key(workload)
+    allocation, state = await asyncio.gather(
+        read_key(nc, subjects.ALLOCATION_BUCKET, key),
+        read_key(nc, subjects.DECISION_STATE_BUCKET, key),
+    )
+    snapshot.allocations = _allocations({key: allocation} if allocation else {}, problems)
+    snapshot.states = _states({key: state} if state else {}, problems)
+    snapshot.samples = {k: v for k, v in samples.items() if k == key}
+    snapshot.results = {k: v for k, v in results.items() if k == key}
+    return snapshot, policies
+
+
+@dataclass
+class Window:
+    """What the streams hold for a report's window."""
+
+    samples: list[UsageSample]
+    decisions: list[FractionDecision]
+    results: list[ActuationResult]
+    problems: list[str]
+
+
+async def read_window(nc: NatsClient, since: datetime, namespace: str | None = None) -> Window:
+    """Samples, decisions and results the server stored since ``since``."""
+    problems: list[str] = []
+    deliver = DeliverPolicy.BY_START_TIME
+    samples, decisions, results = await asyncio.gather(
+        read_stream(nc, subjects.USAGE_STREAM, subjects.USAGE_STORED_ALL, deliver, since),
+        read_stream(nc, subjects.DECISION_STREAM, f"{subjects.DECISION_PREFIX}.>", deliver, since),
+        read_stream(
+            nc, subjects.ACTUATION_STREAM, f"{subjects.ACTUATION_PREFIX}.>", deliver, since
+        ),
+    )
+
+    def keep(values: list[Recorded[Any]]) -> list[Any]:
+        return [
+            r.value for r in values if namespace is None or r.value.workload.namespace == namespace
+        ]
+
+    return Window(
+        keep(decode_all(UsageSample, samples, problems)),
+        keep(decode_all(FractionDecision, decisions, problems)),
+        keep(decode_all(ActuationResult, results, problems)),
+        problems,
+    )

@@ -1,0 +1,241 @@
+"""``fracpilot report``'s pure core: what the fleet used, held, saved and did over a window.
+
+From the usage samples, decisions and actuation results the streams hold for the window:
+per workload, usage against the fraction in force over time (a sample's ``allocated_fraction``;
+a workload not placed yet holds a whole GPU, as in the demo's summary), GPU-hours held against
+whole GPUs, their cost by the GPU's model, overruns (usage above the fraction), the fraction
+changes, the decisions and the actions; and the fleet's totals. Each sample stands for the time
+until the next one, gaps capped at 5 median steps (as in ``fracpilot replay``).
+:meth:`Report.as_dict` is ``report.json``; the HTML shows exactly those numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from itertools import pairwise
+from typing import Any
+
+from fracpilot_decision.replay import Metrics, WorkloadReplay
+from fracpilot_libs.contracts import ActuationResult, FractionDecision, UsageSample, WorkloadRef
+from fracpilot_libs.pricing import GpuPrices
+
+_EPS = 1e-9
+_DEFAULT_STEP_S = 60.0
+GAP_CAP_STEPS = 5
+
+
+def sample_intervals(times: list[float]) -> list[float]:
+    """Seconds each sample stands for: until the next one, gaps capped at 5 median steps;
+    the last one (and a lone one) a median step."""
+    if len(times) < 2:
+        return [_DEFAULT_STEP_S] * len(times)
+    steps = [b - a for a, b in pairwise(times)]
+    median = sorted(steps)[len(steps) // 2] or _DEFAULT_STEP_S
+    cap = GAP_CAP_STEPS * median
+    return [min(s, cap) for s in steps] + [median]
+
+
+def _iso(at: datetime | float | None) -> str | None:
+    if at is None:
+        return None
+    if isinstance(at, float):
+        at = datetime.fromtimestamp(at, UTC)
+    return at.isoformat()
+
+
+@dataclass
+class WorkloadReport:
+    workload: WorkloadRef
+    gpu_model: str
+    usd_per_gpu_hour: float
+    replay: WorkloadReplay  # metrics, and (time, compute, memory share, fraction) per sample
+    decisions: list[FractionDecision] = field(default_factory=list)
+    actions: list[ActuationResult] = field(default_factory=list)
+
+    @property
+    def metrics(self) -> Metrics:
+        return self.replay.metrics
+
+    def fraction_changes(self) -> list[tuple[float, float, float]]:
+        """(unix time, from, to) wherever the fraction in force changed between samples."""
+        return [
+            (b[0], a[3], b[3])
+            for a, b in pairwise(self.replay.timeline)
+            if not math.isclose(a[3], b[3])
+        ]
+
+    def as_dict(self) -> dict[str, Any]:
+        tl = self.replay.timeline
+        m = self.metrics
+        return {
+            "cluster": self.workload.cluster,
+            "namespace": self.workload.namespace,
+            "workload": self.workload.owner_name,
+            "kind": self.workload.owner_kind,
+            "gpu_model": self.gpu_model,
+            "usd_per_gpu_hour": self.usd_per_gpu_hour,
+            **m.as_dict(),
+            "compute_overrun_samples": m.compute_overrun_samples,
+            "saved_gpu_hours": round(m.whole_gpu_hours - m.fraction_hours, 4),
+            "first_sample_at": _iso(tl[0][0]) if tl else None,
+            "last_sample_at": _iso(tl[-1][0]) if tl else None,
+            "final_fraction": self.replay.final_fraction,
+            "fraction_changes": [
+                {"at": _iso(t), "from": a, "to": b} for t, a, b in self.fraction_changes()
+            ],
+            "decisions": len(self.decisions),
+            "decisions_by_direction": dict(
+                sorted(Counter(d.direction.value for d in self.decisions).items())
+            ),
+            "actions": [
+                {
+                    "decision_id": a.decision_id,
+                    "finished_at": _iso(a.finished_at),
+                    "plan": a.plan.value,
+                    "outcome": a.outcome.value,
+                    "fraction_before": a.fraction_before,
+                    "fraction_after": a.fraction_after,
+                    "detail": a.detail,
+                    "error": a.error,
+                }
+                for a in self.actions
+            ],
+        }
+
+
+@dataclass
+class Report:
+    generated_at: datetime
+    since: datetime
+    until: datetime
+    totals: Metrics
+    workloads: list[WorkloadReport]  # see :func:`report_order`
+    decisions_by_direction: dict[str, int]
+    actions_by_plan: dict[str, int]
+    actions_by_outcome: dict[str, int]
+    actions_by_plan_outcome: dict[str, int]
+
+    def as_dict(self) -> dict[str, Any]:
+        t = self.totals
+        return {
+            "generated_at": self.generated_at.isoformat(),
+            "since": self.since.isoformat(),
+            "until": self.until.isoformat(),
+            "fleet": {
+                **t.as_dict(),
+                "compute_overrun_samples": t.compute_overrun_samples,
+                "saved_gpu_hours": round(t.whole_gpu_hours - t.fraction_hours, 4),
+                "decisions": sum(self.decisions_by_direction.values()),
+                "decisions_by_direction": self.decisions_by_direction,
+                "actions": sum(self.actions_by_plan.values()),
+                "actions_by_plan": self.actions_by_plan,
+                "actions_by_outcome": self.actions_by_outcome,
+                "actions_by_plan_outcome": self.actions_by_plan_outcome,
+            },
+            "workloads": [w.as_dict() for w in self.workloads],
+        }
+
+
+def measure(
+    workload: WorkloadRef, samples: list[UsageSample], usd_per_gpu_hour: float
+) -> WorkloadReplay:
+    """Usage against the fraction in force, sample by sample (``samples`` in time order)."""
+    times = [s.timestamp.timestamp() for s in samples]
+    m = Metrics(workloads=1)
+    timeline: list[tuple[float, float, float, float]] = []
+    run_s = 0.0
+    previous: float | None = None
+    for s, at, dt in zip(samples, times, sample_intervals(times), strict=True):
+        held = s.allocated_fraction if s.allocated_fraction is not None else 1.0
+        share = s.memory_share
+        m.samples += 1
+        m.fraction_hours += held * dt / 3600
+        m.whole_gpu_hours += dt / 3600
+        compute_over = s.compute > held + _EPS
+        memory_over = share > held + _EPS
+        m.compute_overrun_samples += compute_over
+        m.memory_overrun_samples += memory_over
+        run_s = run_s + dt if (compute_over or memory_over) else 0.0
+        m.longest_overrun_s = max(m.longest_overrun_s, run_s)
+        if previous is not None and not math.isclose(previous, held):
+            m.resizes += 1
+        previous = held
+        timeline.append((at, s.compute, share, held))
+    m.allocated_cost_usd = m.fraction_hours * usd_per_gpu_hour
+    m.whole_cost_usd = m.whole_gpu_hours * usd_per_gpu_hour
+    return WorkloadReplay(workload, m, previous if previous is not None else 1.0, timeline)
+
+
+def report_order(w: WorkloadReport) -> tuple[int, float, str]:
+    """Workloads with overruns first, then by GPU-hours held, then by key."""
+    m = w.metrics
+    overran = m.memory_overrun_samples + m.compute_overrun_samples > 0
+    return (0 if overran else 1, -m.fraction_hours, w.workload.key)
+
+
+def build_report(
+    samples: Iterable[UsageSample],
+    decisions: Iterable[FractionDecision],
+    results: Iterable[ActuationResult],
+    prices: GpuPrices,
+    since: datetime,
+    until: datetime,
+    generated_at: datetime,
+) -> Report:
+    """The report of a window from what the streams held for it."""
+    by_key: dict[str, list[UsageSample]] = defaultdict(list)
+    refs: dict[str, WorkloadRef] = {}
+    for s in samples:
+        by_key[s.workload.key].append(s)
+        refs.setdefault(s.workload.key, s.workload)
+    own_decisions: dict[str, list[FractionDecision]] = defaultdict(list)
+    for d in decisions:
+        own_decisions[d.workload.key].append(d)
+        refs.setdefault(d.workload.key, d.workload)
+    own_actions: dict[str, list[ActuationResult]] = defaultdict(list)
+    for r in results:
+        own_actions[r.workload.key].append(r)
+        refs.setdefault(r.workload.key, r.workload)
+
+    totals = Metrics()
+    workloads = []
+    for key, ref in refs.items():
+        series = sorted(by_key.get(key, []), key=lambda s: s.timestamp)
+        model = next((s.gpu_model for s in reversed(series) if s.gpu_model), "")
+        hourly = prices.hourly(model)
+        replay = measure(ref, series, hourly)
+        if not series:
+            replay.metrics.workloads = 0  # decisions or actions only: no usage in the window
+        totals.add(replay.metrics)
+        workloads.append(
+            WorkloadReport(
+                ref,
+                model,
+                hourly,
+                replay,
+                sorted(own_decisions.get(key, []), key=lambda d: d.decided_at),
+                sorted(own_actions.get(key, []), key=lambda r: r.finished_at),
+            )
+        )
+    workloads.sort(key=report_order)
+    all_decisions = [d for w in workloads for d in w.decisions]
+    all_actions = [a for w in workloads for a in w.actions]
+    return Report(
+        generated_at=generated_at,
+        since=since,
+        until=until,
+        totals=totals,
+        workloads=workloads,
+        decisions_by_direction=_counts(d.direction.value for d in all_decisions),
+        actions_by_plan=_counts(a.plan.value for a in all_actions),
+        actions_by_outcome=_counts(a.outcome.value for a in all_actions),
+        actions_by_plan_outcome=_counts(f"{a.plan.value}/{a.outcome.value}" for a in all_actions),
+    )
+
+
+def _counts(values: Iterable[str]) -> dict[str, int]:
+    return dict(sorted(Counter(values).items()))
