@@ -11,12 +11,13 @@ set -euo pipefail
 
 usable() { [ -n "$1" ] && "$1" --version >/dev/null 2>&1; }
 
-prom=${FRACPILOT_PROMETHEUS_BIN:-$(command -v prometheus || true)}
-[ -z "$prom" ] && [ -x /usr/bin/prometheus ] && prom=/usr/bin/prometheus
-
-if ! usable "$prom"; then
-  if [ -n "${FRACPILOT_PROMETHEUS_BIN:-}" ]; then
-    echo "install-servers: FRACPILOT_PROMETHEUS_BIN=$FRACPILOT_PROMETHEUS_BIN does not run" >&2
+# can_install PACKAGE OVERRIDE_VAR: exit with the reason unless apt may install PACKAGE (a
+# binary named by OVERRIDE_VAR that does not run is an error, not a reason to install); sets
+# SUDO to the prefix apt needs.
+can_install() {
+  local package=$1 override=$2
+  if [ -n "${!override:-}" ]; then
+    echo "install-servers: $override=${!override} does not run" >&2
     exit 1
   fi
   if [ "$(id -u)" -eq 0 ]; then
@@ -24,14 +25,21 @@ if ! usable "$prom"; then
   elif command -v sudo >/dev/null 2>&1; then
     SUDO=(sudo)
   else
-    echo "install-servers: prometheus is missing and installing it needs root (apt-get)" >&2
+    echo "install-servers: $package is missing and installing it needs root (apt-get)" >&2
     exit 1
   fi
   if ! command -v apt-get >/dev/null 2>&1; then
-    echo "install-servers: prometheus is missing and there is no apt-get; install it or set" \
-      "FRACPILOT_PROMETHEUS_BIN" >&2
+    echo "install-servers: $package is missing and there is no apt-get; install it or set" \
+      "$override" >&2
     exit 1
   fi
+}
+
+prom=${FRACPILOT_PROMETHEUS_BIN:-$(command -v prometheus || true)}
+[ -z "$prom" ] && [ -x /usr/bin/prometheus ] && prom=/usr/bin/prometheus
+
+if ! usable "$prom"; then
+  can_install prometheus FRACPILOT_PROMETHEUS_BIN
 
   echo "install-servers: installing Debian's prometheus package" >&2
   before=$(pgrep -x prometheus || true)
@@ -81,23 +89,7 @@ fi
 # chromium: installed only when missing, like prometheus (no service comes with it).
 chrome=${FRACPILOT_CHROMIUM_BIN:-$(command -v chromium || true)}
 if ! usable "$chrome"; then
-  if [ -n "${FRACPILOT_CHROMIUM_BIN:-}" ]; then
-    echo "install-servers: FRACPILOT_CHROMIUM_BIN=$FRACPILOT_CHROMIUM_BIN does not run" >&2
-    exit 1
-  fi
-  if [ "$(id -u)" -eq 0 ]; then
-    SUDO=()
-  elif command -v sudo >/dev/null 2>&1; then
-    SUDO=(sudo)
-  else
-    echo "install-servers: chromium is missing and installing it needs root (apt-get)" >&2
-    exit 1
-  fi
-  if ! command -v apt-get >/dev/null 2>&1; then
-    echo "install-servers: chromium is missing and there is no apt-get; install it or set" \
-      "FRACPILOT_CHROMIUM_BIN" >&2
-    exit 1
-  fi
+  can_install chromium FRACPILOT_CHROMIUM_BIN
   echo "install-servers: installing Debian's chromium package" >&2
   export DEBIAN_FRONTEND=noninteractive
   "${SUDO[@]}" apt-get update -qq
