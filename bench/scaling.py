@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -34,6 +35,7 @@ from pipeline_harness import (
     INTERVAL_S,
     PublishPlan,
     Service,
+    cpu_seconds,
     decision_env,
     declare_streams,
     log_dir,
@@ -93,7 +95,15 @@ async def announce(url: str, names: list[str]) -> None:
     await nc.close()
 
 
-async def throughput(replicas_n: int, args: argparse.Namespace) -> float:
+@dataclass(frozen=True)
+class Throughput:
+    rate: float  # samples decided per second, summed over the replicas
+    replica_cpu_us: float  # CPU of all replicas per sample decided
+    server_cpu_us: float  # nats-server CPU per sample decided
+    cores: float  # replicas + nats-server, cores used on average in the window
+
+
+async def throughput(replicas_n: int, args: argparse.Namespace) -> Throughput:
     with EmbeddedNats() as server:
         await declare_streams(server.url, args.partitions)
         rounds = max(1, args.backlog // args.workloads)
@@ -109,12 +119,16 @@ async def throughput(replicas_n: int, args: argparse.Namespace) -> float:
             await poll_until(
                 lambda: all(metric(scrape(p), OWNED) == share for _, p in replicas), 0.05
             )
+            pids = [s.proc.pid for s, _ in replicas if s.proc is not None]
             t0, done0 = time.monotonic(), total(replicas, SAMPLES)
+            cpu0, srv0 = sum(map(cpu_seconds, pids)), cpu_seconds(server.proc.pid)
             await poll_until(lambda: total(replicas, SAMPLES) >= backlog)
             t1, done = time.monotonic(), total(replicas, SAMPLES)
+            cpu, srv = sum(map(cpu_seconds, pids)) - cpu0, cpu_seconds(server.proc.pid) - srv0
             print(f"    {replicas_n} replica(s): {done - done0:,.0f} samples measured "
                   f"(of {backlog:,}) in {t1 - t0:.1f} s", flush=True)  # fmt: skip
-            return (done - done0) / (t1 - t0)
+            n = done - done0
+            return Throughput(n / (t1 - t0), cpu / n * 1e6, srv / n * 1e6, (cpu + srv) / (t1 - t0))
         finally:
             for service, _ in replicas:
                 service.stop()
@@ -182,11 +196,14 @@ async def main() -> None:
         one = await throughput(1, args)
         two = await throughput(2, args)
         print("\nthroughput, backlog drained by decision replicas (processes)")
-        print(f"{'replicas':>9}{'samples/s':>12}{'vs one':>8}")
-        print(f"{1:>9}{one:>12,.0f}{1.0:>8.2f}")
-        print(f"{2:>9}{two:>12,.0f}{two / one:>8.2f}")
-        print(f"two replicas vs one: {two / one:.2f} (target 1.6): "
-              f"{'met' if two / one >= 1.6 else 'NOT met'}")  # fmt: skip
+        print(f"{'replicas':>9}{'samples/s':>12}{'vs one':>8}"
+              f"{'replica CPU/sample':>20}{'nats CPU/sample':>17}{'cores used':>12}")  # fmt: skip
+        for n, t in ((1, one), (2, two)):
+            print(f"{n:>9}{t.rate:>12,.0f}{t.rate / one.rate:>8.2f}{t.replica_cpu_us:>18.0f}us"
+                  f"{t.server_cpu_us:>15.0f}us{t.cores:>12.2f}")  # fmt: skip
+        ratio = two.rate / one.rate
+        print(f"two replicas vs one: {ratio:.2f} (target 1.6): "
+              f"{'met' if ratio >= 1.6 else 'NOT met'}")  # fmt: skip
     if not args.skip_kill:
         print("... kill", flush=True)
         k = await kill(args)

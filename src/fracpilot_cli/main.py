@@ -1,30 +1,84 @@
-"""The ``fracpilot`` command line."""
+"""The ``fracpilot`` command line.
+
+Each command's module is imported when that command runs, not before: ``fracpilot status``
+need not load the demo, the replay or the AsyncAPI generator (together over half a second of
+a large fleet's two-second budget).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import importlib
+import os
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
+from typer.core import TyperGroup
 
-from fracpilot_cli.asyncapi import asyncapi_command
-from fracpilot_cli.demo import DemoConfig, run_demo
-from fracpilot_cli.operator_cli import explain_command, report_command, status_command
-from fracpilot_cli.policy import policy_app
-from fracpilot_cli.replay import replay_command
+# command name -> (module, attribute): a command function, or a Typer app of subcommands
+LAZY_COMMANDS: dict[str, tuple[str, str]] = {
+    "asyncapi": ("fracpilot_cli.asyncapi", "asyncapi_command"),
+    "explain": ("fracpilot_cli.operator_cli", "explain_command"),
+    "policy": ("fracpilot_cli.policy", "policy_app"),
+    "replay": ("fracpilot_cli.replay", "replay_command"),
+    "report": ("fracpilot_cli.operator_cli", "report_command"),
+    "status": ("fracpilot_cli.operator_cli", "status_command"),
+}
+
+# commands that only read NATS over TCP: they need no websocket client (see below)
+READERS = frozenset({"explain", "report", "status"})
+
+
+def without_websocket_client(argv: Sequence[str], environ: Mapping[str, str]) -> bool:
+    """Keep nats-py from importing aiohttp, a third of its import time, which it loads only
+    for ``ws://`` servers: true (and done) when no ``ws://``/``wss://`` URL is in sight."""
+    given = [*argv, environ.get("FRACPILOT_NATS_URL", "")]
+    if any("ws://" in a or "wss://" in a for a in given) or "aiohttp" in sys.modules:
+        return False
+    sys.modules["aiohttp"] = None  # type: ignore[assignment]  # nats-py: "not installed"
+    return True
+
+
+def lazy_command(name: str) -> Any:
+    """The click command for ``name``, its module imported now."""
+    module, attribute = LAZY_COMMANDS[name]
+    target = getattr(importlib.import_module(module), attribute)
+    if isinstance(target, typer.Typer):
+        group = typer.main.get_group(target)
+        group.name = name
+        return group
+    single = typer.Typer()
+    single.command(name, short_help=summary(target.__doc__ or ""))(target)
+    return typer.main.get_command(single)
+
+
+def summary(doc: str) -> str:
+    """A docstring's first paragraph on one line (the command list wraps it itself)."""
+    return " ".join(doc.strip().split("\n\n", 1)[0].split())
+
+
+class LazyCommands(TyperGroup):
+    """The commands defined here, then those of :data:`LAZY_COMMANDS`, loaded when asked for."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name in READERS:
+            without_websocket_client(sys.argv, os.environ)
+        if cmd_name in LAZY_COMMANDS:
+            return lazy_command(cmd_name)
+        return super().get_command(ctx, cmd_name)
+
 
 app = typer.Typer(
-    help="fracpilot: an autopilot for fractional GPUs on Kubernetes.", no_args_is_help=True
+    cls=LazyCommands,
+    help="fracpilot: an autopilot for fractional GPUs on Kubernetes.",
+    no_args_is_help=True,
 )
-
-app.add_typer(policy_app, name="policy")
-app.command("replay")(replay_command)
-app.command("status")(status_command)
-app.command("explain")(explain_command)
-app.command("report")(report_command)
-app.command("asyncapi")(asyncapi_command)
 
 
 @app.callback()
@@ -40,6 +94,10 @@ def demo(
     log_dir: Annotated[Path | None, typer.Option(help="where service logs go")] = None,
 ) -> None:
     """Run the three services on a simulated GPU cluster over an embedded NATS."""
+    from rich.console import Console
+
+    from fracpilot_cli.demo import DemoConfig, run_demo
+
     config = DemoConfig(workloads=workloads, sim_hours=hours, speed=speed, log_dir=log_dir)
     summary = asyncio.run(run_demo(config, Console()))
     if summary.samples < config.expected_samples:
