@@ -5,17 +5,19 @@ States live in the KV bucket ``fracpilot_decision_state`` under ``subjects.kv_ke
 as :func:`fracpilot_decision.engine.dump_state` writes them (each carries the stream position
 of the last sample in it). The service writes the states that changed in batches (every
 ``checkpoint_interval_s``, and when it hands a partition over or stops), pipelined rather than
-one round trip each, and acknowledges a partition's samples only once every state they touched
-is written: an acknowledged sample is in a checkpoint. A replica that claims a partition reads
-the checkpoints of that partition's workloads (one pass over the bucket for all the partitions
-it claims at once) before it consumes. A checkpoint that does not load is logged, counted and
-skipped: that workload starts afresh.
+one round trip each, then the partition's **mark**: the stream position up to which every
+sample is in a checkpoint (key ``marks/<partition count>/<partition>``, never a workload key).
+A replica that claims a partition reads the checkpoints of that partition's workloads (one
+pass over the bucket for all the partitions it claims at once) and its mark, and consumes from
+the sample after the mark. A checkpoint that does not load is logged, counted and skipped:
+that workload starts afresh.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import re
 import time
@@ -26,7 +28,8 @@ from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.errors import NotFoundError
+from nats.js.errors import KeyNotFoundError, NotFoundError
+from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry, Counter
 
 from fracpilot_decision.engine import WorkloadState, dump_state, load_state
@@ -48,6 +51,12 @@ def partition_of_key(key: str, partitions: int) -> int | None:
     if len(parts) != 4 or not parts[1] or not parts[3]:
         return None
     return subjects.partition_of(subjects.token(parts[1]), subjects.token(parts[3]), partitions)
+
+
+def mark_key(partition: int, count: int) -> str:
+    """Where the mark of ``partition`` (of ``count``) is kept: two slashes, where a workload
+    key has three, so that no workload's checkpoint can take its place."""
+    return f"marks/{count}/{partition}"
 
 
 class Checkpointer:
@@ -90,6 +99,40 @@ class Checkpointer:
                 await self.js.create_key_value(
                     KeyValueConfig(bucket=self.bucket, history=1, storage=StorageType.FILE)
                 )
+
+    async def _kv(self) -> KeyValue:
+        return await self.js.key_value(self.bucket)
+
+    # --- marks ------------------------------------------------------------------------------
+
+    async def read_mark(self, partition: int, count: int) -> int | None:
+        """The partition's mark: every sample at or before it is in a checkpoint. None when
+        the partition has none (never consumed, or consumed by a version that acknowledged
+        only after checkpointing); 0 when it does not parse (logged and counted): the whole
+        stream is delivered again rather than a sample lost (positions skip what is known)."""
+        key = mark_key(partition, count)
+        try:
+            entry = await (await self._kv()).get(key)
+        except KeyNotFoundError:
+            return None
+        try:
+            seq = json.loads(entry.value or b"")["seq"]
+            if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+                raise ValueError(f"not a stream position: {seq!r}")
+        except (ValueError, KeyError, TypeError) as exc:
+            log.error(
+                "partition mark unreadable: from the stream's start",
+                extra={"key": key, "error": repr(exc)},
+            )
+            self.corrupt.inc()
+            return 0
+        return seq
+
+    async def write_mark(self, partition: int, count: int, seq: int) -> None:
+        """Record that every sample of the partition up to ``seq`` is in a checkpoint (only
+        after those checkpoints are written). Raises when it is not stored."""
+        body = json.dumps({"seq": seq, "at": time.time()}).encode()
+        await (await self._kv()).put(mark_key(partition, count), body)
 
     # --- writing ----------------------------------------------------------------------------
 

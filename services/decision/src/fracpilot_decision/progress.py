@@ -1,7 +1,8 @@
 """How far the decision replicas are behind the usage stream, for the CLI, tests and benches.
 
-A sample counts as done once acknowledged, which the service does after checkpointing the
-states it changed (so a caught-up service has also written its checkpoints).
+A sample counts as done once acknowledged, which the service does as soon as it is decided
+(its checkpoint follows within ``checkpoint_interval_s``, or at once when the partition goes
+quiet, and on a graceful stop).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from fracpilot_libs import subjects
 class Backlog:
     partitions: int  # as the usage stream's transform says
     pending: int  # stored, not delivered to a replica yet
-    unacknowledged: int  # delivered, not checkpointed and acknowledged yet
+    unacknowledged: int  # delivered, not decided and acknowledged yet
     missing: int  # partitions without a consumer yet (no replica ever claimed them)
 
     @property

@@ -12,14 +12,17 @@ samples are decided in order by exactly one replica, and keeps only those worklo
 decides; a decision (only when the fraction should change) is published, in a span joined to
 the sample's trace, before the new history is kept. Nothing else is awaited per sample.
 
-**No sample lost, no history reset.** Consumers acknowledge all-up-to (``AckPolicy.ALL``): a
-partition's samples are acknowledged only after every workload state they changed is written
+**No sample lost, no history reset.** A partition's samples are acknowledged as soon as a batch
+is decided (all-up-to, ``AckPolicy.ALL``: nats-server keeps next to no pending state, which
+when acknowledging at checkpoints cost it half its CPU at 100,000 workloads). Durability is
+the **mark** each checkpoint ends with: the stream position up to which every workload state
+the partition's samples changed is written
 to the checkpoint bucket (in batches, every ``checkpoint_interval_s`` or sooner when many are
-waiting). Each state records the stream position of its last sample, so a sample delivered
-again is not counted twice. A replica that claims a partition restores its workloads'
-checkpoints, then resumes the partition's consumer from its acknowledgement floor (a consumer
-reset: what a dead owner fetched but never acknowledged comes again at once, in order); a
-graceful hand-over checkpoints and acknowledges before it releases the lease.
+waiting; see :mod:`fracpilot_decision.checkpoints`). Each state records the stream position of
+its last sample, so a sample delivered again is not counted twice. A replica that claims a
+partition restores its workloads' checkpoints, then moves the partition's consumer back to the
+sample after the mark (a consumer reset: what a dead owner decided but never checkpointed
+comes again at once, in order); a graceful hand-over checkpoints before it releases the lease.
 
 Each sample is decided with the effective policy for its workload (see
 :mod:`fracpilot_decision.policy_store`), followed live from the policy KV bucket; the service
@@ -73,14 +76,14 @@ class DecisionSettings(ServiceSettings):
         default=60.0,
         gt=0,
         description="how often a busy partition's changed workload states are checkpointed "
-        "(and its samples acknowledged); longer than the sampling interval, a workload is "
+        "(then its mark); longer than the sampling interval, a workload is "
         "written once for several samples. A crash replays at most this much",
     )
     checkpoint_when_idle_s: float = Field(
         default=1.0,
         ge=0,
         description="checkpoint a partition as soon as no sample came for this long (so a "
-        "quiet pipeline is checkpointed and acknowledged at once); 0: only on the interval",
+        "quiet pipeline is checkpointed at once); 0: only on the interval",
     )
     replica_id: str | None = Field(
         default=None, description="this replica's name in the partition leases; unique"
@@ -100,7 +103,8 @@ class DecisionSettings(ServiceSettings):
     max_unacked: int = Field(
         default=100_000,
         ge=100,
-        description="samples a partition may hold unacknowledged (between checkpoints); a "
+        description="samples a partition may decide between two checkpoints (what a crash "
+        "replays at most; also the consumer's max ack pending); a "
         "checkpoint is written early at half of it",
     )
 
@@ -144,8 +148,8 @@ class Partition:
     feed: PullFeed | None = None
     task: asyncio.Task[None] | None = None
     lag: asyncio.Task[None] | None = None  # exports the consumer's lag while owned
-    last_msg: Msg | None = None  # the last sample handled, not acknowledged yet
-    unacked: int = 0
+    last_msg: Msg | None = None  # the last sample handled, not in a checkpoint yet
+    uncommitted: int = 0  # samples handled since the last mark
     last_sample_at: float = 0.0  # time.monotonic() of the last batch
     stopping: bool = False  # the worker ends at its next turn (as well as being cancelled)
     committed_at: float = field(default_factory=time.monotonic)
@@ -242,7 +246,7 @@ class DecisionService:
 
     async def stop(self) -> None:
         """Called after the requests stopped: hand every partition over (checkpointed and
-        acknowledged) and leave, so the other replicas take over at once."""
+        marked) and leave, so the other replicas take over at once."""
         if self._abandoned:
             return
         self._stopping = True
@@ -255,7 +259,7 @@ class DecisionService:
         log.info("partitions handed over", extra={"replica": self.replica})
 
     async def abandon(self) -> None:
-        """Stop as a crash would: nothing checkpointed or acknowledged, leases left to run
+        """Stop as a crash would: nothing more checkpointed or marked, leases left to run
         out, so the other replicas take over from the last checkpoint (tests, the bench).
         The runtime's shutdown after it hands nothing over."""
         self._stopping = self._abandoned = True
@@ -390,31 +394,46 @@ class DecisionService:
             description=f"decision replicas: usage partition {partition}",
             ack_policy=AckPolicy.ALL,
             deliver_policy=DeliverPolicy.ALL,
-            # Acknowledged at checkpoints: redelivery to the live owner only after this long.
-            ack_wait=3 * self.settings.checkpoint_interval_s + 30,
+            # Acknowledged batch by batch: one still in hand this long comes again (and is
+            # recognised by its position).
+            ack_wait=self.settings.ack_wait_s,
             max_ack_pending=self.settings.max_unacked,
             max_deliver=-1,  # a sample that cannot be decided is dead-lettered in process
             filter_subject=subjects.usage_partition_filter(partition),
         )
 
     async def _open_consumer(self, partition: int) -> PullFeed:
-        """Pull from the partition's durable consumer, resumed from its acknowledgement floor."""
+        """Pull from the partition's durable consumer, from the sample after its mark."""
         js = self.runtime.bus.js
         name = subjects.decision_consumer(partition)
+        mark = await self._read_mark(partition)
         config = self._consumer_config(partition)
         try:
-            await js.consumer_info(subjects.USAGE_STREAM, name)
-            existed = True
+            info = await js.consumer_info(subjects.USAGE_STREAM, name)
         except NotFoundError:
-            existed = False
-        try:
-            await js.add_consumer(subjects.USAGE_STREAM, config)  # create, or update limits
-        except Exception as exc:  # an incompatible older config: keep it as it is
-            if not existed:
-                raise
-            log.warning("partition consumer kept as configured", extra={"error": repr(exc)})
-        if existed:
-            await self._resume_from_ack_floor(js, partition)
+            info = None
+        if info is None:
+            if mark:
+                config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
+                config.opt_start_seq = mark + 1
+            await js.add_consumer(subjects.USAGE_STREAM, config)
+        else:
+            config.deliver_policy = info.config.deliver_policy  # fixed when it was made
+            config.opt_start_seq = info.config.opt_start_seq
+            try:
+                await js.add_consumer(subjects.USAGE_STREAM, config)  # update its limits
+            except Exception as exc:  # an incompatible older config: keep it as it is
+                log.warning("partition consumer kept as configured", extra={"error": repr(exc)})
+            if mark is None:
+                # Consumed before marks existed, when samples were acknowledged only once
+                # checkpointed: its acknowledgement floor is the mark.
+                mark = info.ack_floor.stream_seq if info.ack_floor else 0
+            await self._rewind(js, partition, mark)
+        if mark is None:
+            mark = 0
+        # Marked before the first acknowledgement: without a mark, the next owner would have
+        # to trust an acknowledgement floor that runs ahead of the checkpoints.
+        await self.checkpoints.write_mark(partition, self.partition_count, mark)
         feed = PullFeed(
             self.runtime.bus.nc,
             subjects.USAGE_STREAM,
@@ -425,22 +444,35 @@ class DecisionService:
         await feed.start()
         return feed
 
-    async def _resume_from_ack_floor(self, js: JetStreamContext, partition: int) -> None:
-        """What a previous owner fetched and did not acknowledge is delivered again now, in
-        order, instead of after the ack wait (after samples newer than it)."""
+    async def _read_mark(self, partition: int) -> int | None:
+        """The partition's mark; 0 when it lies past the usage stream's end (the stream was
+        made anew: its samples are all new), None when there is none."""
+        mark = await self.checkpoints.read_mark(partition, self.partition_count)
+        if not mark:
+            return mark
+        info = await self.runtime.bus.js.stream_info(subjects.USAGE_STREAM)
+        if mark > info.state.last_seq:
+            log.warning(
+                "partition mark past the usage stream's end (a new stream?): from its start",
+                extra={"partition": partition, "mark": mark, "last_seq": info.state.last_seq},
+            )
+            return 0
+        return mark
+
+    async def _rewind(self, js: JetStreamContext, partition: int, mark: int) -> None:
+        """Deliver the partition again from the sample after ``mark``, now and in order: what
+        a previous owner decided but never checkpointed, or fetched and never handled."""
         name = subjects.decision_consumer(partition)
         try:
-            await js.reset_consumer(subjects.USAGE_STREAM, name)  # nats-server >= 2.14
+            await js.reset_consumer(subjects.USAGE_STREAM, name, seq=mark + 1)  # >= 2.14
             return
         except Exception as exc:
             log.info("consumer reset unavailable, recreating", extra={"error": repr(exc)})
-        info = await js.consumer_info(subjects.USAGE_STREAM, name)
-        floor = info.ack_floor.stream_seq if info.ack_floor else 0
         await js.delete_consumer(subjects.USAGE_STREAM, name)
         config = self._consumer_config(partition)
-        if floor:
+        if mark:
             config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
-            config.opt_start_seq = floor + 1
+            config.opt_start_seq = mark + 1
         await js.add_consumer(subjects.USAGE_STREAM, config)
 
     async def _consume(self, part: Partition) -> None:
@@ -460,7 +492,7 @@ class DecisionService:
                 continue
             if not ownership.holds(part.number):
                 # The lease may have run out: give the partition up; whoever claims it next
-                # (maybe this replica again) gets these samples from the floor.
+                # (maybe this replica again) gets these samples from the mark.
                 log.warning("partition lease not trusted", extra={"partition": part.number})
                 ownership.forget_soon(part.number)
                 return
@@ -484,14 +516,14 @@ class DecisionService:
 
     async def _reload(self, part: Partition) -> None:
         """Forget the partition's in-memory progress and start again from its checkpoints and
-        its acknowledgement floor (a fresh subscription: nothing fetched before is kept)."""
+        its mark (a fresh subscription: nothing fetched before is kept)."""
         if part.feed is not None:
             await part.feed.stop()
             part.feed = None
         p = part.number
         part.states = (await self.checkpoints.restore(frozenset({p}), self.partition_count))[p]
         part.dirty = set()
-        part.last_msg, part.unacked = None, 0
+        part.last_msg, part.uncommitted = None, 0
         part.feed = await self._open_consumer(p)
 
     # --- the hot path -----------------------------------------------------------------------
@@ -509,13 +541,13 @@ class DecisionService:
             except ValidationError as exc:
                 await self._reject_sample(msg, exc)
                 part.last_msg = msg
-                part.unacked += 1
+                part.uncommitted += 1
                 continue
             wl = sample.workload
             if not _on_its_subject(msg.subject, wl.namespace, wl.owner_name):
                 await self._misrouted(msg, f"{wl.namespace}/{wl.owner_name}")
                 part.last_msg = msg
-                part.unacked += 1
+                part.uncommitted += 1
                 continue
             key = kv_key(wl)
             state = states.get(key)
@@ -528,7 +560,7 @@ class DecisionService:
                 except Exception as exc:  # a bug on one sample must not stop the partition
                     await self._reject_processing(msg, exc)
                     part.last_msg = msg
-                    part.unacked += 1
+                    part.uncommitted += 1
                     continue
                 if decision is not None:
                     # Published before the new history is kept: if publishing fails, the
@@ -539,15 +571,21 @@ class DecisionService:
                 decided += 1
                 stored.append(stored_ns)
             part.last_msg = msg
-            part.unacked += 1
+            part.uncommitted += 1
         self.samples.inc(decided)
+        try:  # decided (and any decision published): acknowledged with everything before it
+            await msgs[-1].ack()
+        except Exception as exc:  # delivered again after the ack wait, recognised by position
+            log.warning(
+                "acknowledgement failed", extra={"partition": part.number, "error": repr(exc)}
+            )
         now_ns = time.time_ns()
         for stored_ns in stored:
             self.lag.observe((now_ns - stored_ns) / 1e9)
         if duplicates:
             self.duplicates.inc(duplicates)
         part.last_sample_at = time.monotonic()
-        if part.unacked * 2 > self.settings.max_unacked:
+        if part.uncommitted * 2 > self.settings.max_unacked:
             self._commit_now.set()
         self._count_workloads()
 
@@ -605,7 +643,7 @@ class DecisionService:
     # --- checkpoints ------------------------------------------------------------------------
 
     async def checkpoint(self) -> None:
-        """Checkpoint and acknowledge every owned partition now (the interval does it too)."""
+        """Checkpoint and mark every owned partition now (the interval does it too)."""
         for part in list(self.parts.values()):
             await self._commit(part)
 
@@ -632,7 +670,7 @@ class DecisionService:
             quiet = [
                 part
                 for part in parts
-                if idle and part.unacked > 0 and now - part.last_sample_at >= idle
+                if idle and part.uncommitted > 0 and now - part.last_sample_at >= idle
             ]
             due = [part for part in parts if now - part.committed_at >= interval]
             if urgent:
@@ -653,11 +691,11 @@ class DecisionService:
                     )
 
     async def _commit(self, part: Partition) -> None:
-        """Write the partition's changed states, then acknowledge every sample handled before
-        the write began (all-up-to): an acknowledged sample is always in a checkpoint."""
+        """Write the partition's changed states, then the mark: the position of the last sample
+        handled before the write began. Every sample up to the mark is in a checkpoint."""
         async with part.commit_lock:
             part.committed_at = time.monotonic()
-            msg, count = part.last_msg, part.unacked
+            msg, count = part.last_msg, part.uncommitted
             keys, part.dirty = part.dirty, set()
             if keys:
                 failed = await self.checkpoints.write(part.states, keys)
@@ -667,10 +705,12 @@ class DecisionService:
             ownership = self.ownership
             if msg is None or ownership is None or not ownership.holds(part.number):
                 return
-            await msg.ack()
+            await self.checkpoints.write_mark(
+                part.number, self.partition_count, position_of(msg.reply)[0]
+            )
             if part.last_msg is msg:
                 part.last_msg = None
-            part.unacked -= count
+            part.uncommitted -= count
 
 
 def main() -> None:
