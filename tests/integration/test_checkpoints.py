@@ -128,3 +128,45 @@ async def test_a_corrupt_checkpoint_is_skipped_and_counted(nats_url: str) -> Non
         await publish(nats_url, sample(name="llm", minute=1))
         await wait_for(lambda: service.samples._value.get() >= 1)
         assert service.histories[llm_key].samples == 1
+
+
+async def test_a_large_checkpoint_is_spread_over_chunks(nats_url: str) -> None:
+    """6,000 states at once held up the samples behind them: a scheduled checkpoint goes a
+    chunk at a time with a pause in between (the event loop free), and every state is
+    stored. (The pause is a lower bound: a sleep never ends early.)"""
+    import time
+
+    from prometheus_client import CollectorRegistry
+
+    from fracpilot_decision.checkpoints import CHECKPOINT_CHUNK, Checkpointer
+
+    await reset_nats(nats_url)
+    n = 3 * CHECKPOINT_CHUNK + 7
+    states = {}
+    for i in range(n):
+        s = sample(name=f"w{i:04d}", compute=0.2, memory_share=0.1)
+        states[subjects.kv_key(s.workload)], _ = decide(WorkloadState(), s, Policy())
+    nc = await nats.connect(nats_url)
+    try:
+        checkpoints = Checkpointer(nc, CollectorRegistry())
+        await checkpoints.open()
+        turns = 0
+
+        async def other_work() -> None:
+            nonlocal turns
+            while True:
+                turns += 1
+                await asyncio.sleep(0)
+
+        ticker = asyncio.create_task(other_work())
+        started = time.monotonic()
+        failed = await checkpoints.write(states, list(states), pause_s=0.05)
+        took = time.monotonic() - started
+        ticker.cancel()
+        assert failed == set()
+        assert took >= 3 * 0.05  # three pauses: between four chunks
+        assert turns >= 3  # the loop ran meanwhile
+        restored = await checkpoints.restore(frozenset(range(4)), 4)
+        assert {k for part in restored.values() for k in part} == set(states)
+    finally:
+        await nc.close()

@@ -39,9 +39,8 @@ log = logging.getLogger(__name__)
 
 _KEY = re.compile(r"[-/_=A-Za-z0-9]+(\.[-/_=A-Za-z0-9]+)*")  # what a KV key may be
 _READ_BATCH = 1000
-_WRITE_CHUNK = 1000  # writes in flight at once (about 1 MB)
+CHECKPOINT_CHUNK = 100  # states serialised and in flight at once
 _ACK_TIMEOUT_S = 10.0
-_YIELD_EVERY = 500  # states serialised between two turns of the event loop
 
 
 def partition_of_key(key: str, partitions: int) -> int | None:
@@ -136,15 +135,18 @@ class Checkpointer:
 
     # --- writing ----------------------------------------------------------------------------
 
-    async def write(self, states: Mapping[str, WorkloadState], keys: Iterable[str]) -> set[str]:
-        """Write the states of ``keys`` (those still in ``states``), pipelined; returns the
-        keys whose write failed and may succeed later. A state may change while this runs
-        (serialising yields to the event loop now and then): it is then written newer."""
+    async def write(
+        self, states: Mapping[str, WorkloadState], keys: Iterable[str], pause_s: float = 0.0
+    ) -> set[str]:
+        """Write the states of ``keys`` (those still in ``states``), ``CHECKPOINT_CHUNK`` at a
+        time, pausing ``pause_s`` between chunks (a scheduled checkpoint spreads its work so
+        that samples keep flowing; a hand-over does not wait); returns the keys whose write
+        failed and may succeed later. A state may change while this runs: it is then written
+        newer."""
+        failed: set[str] = set()
+        written = invalid = 0
         batch: list[tuple[str, bytes]] = []
-        invalid = 0
-        for n, key in enumerate(keys):
-            if n % _YIELD_EVERY == _YIELD_EVERY - 1:
-                await asyncio.sleep(0)  # never block the loop (lease renewals, consumers)
+        for key in keys:
             state = states.get(key)
             if state is None:
                 continue
@@ -153,12 +155,18 @@ class Checkpointer:
                 log.warning("checkpoint key is not a valid KV key", extra={"key": key})
                 continue
             batch.append((key, dump_state(state)))
+            if len(batch) == CHECKPOINT_CHUNK:
+                lost = await self._put(batch)
+                failed |= lost
+                written += len(batch) - len(lost)
+                batch = []
+                await asyncio.sleep(pause_s)  # at least a turn of the loop: never block it
+        if batch:
+            lost = await self._put(batch)
+            failed |= lost
+            written += len(batch) - len(lost)
         if invalid:
             self.write_failures.inc(invalid)
-        failed: set[str] = set()
-        for i in range(0, len(batch), _WRITE_CHUNK):
-            failed |= await self._put(batch[i : i + _WRITE_CHUNK])
-        written = len(batch) - len(failed)
         self.written.inc(written)
         if failed:
             self.write_failures.inc(len(failed))

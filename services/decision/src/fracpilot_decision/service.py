@@ -49,7 +49,7 @@ from opentelemetry.trace import SpanKind
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import Field, ValidationError
 
-from fracpilot_decision.checkpoints import Checkpointer
+from fracpilot_decision.checkpoints import CHECKPOINT_CHUNK, Checkpointer
 from fracpilot_decision.engine import WorkloadState, decide
 from fracpilot_decision.ownership import Ownership, default_replica_id
 from fracpilot_decision.policy_store import LivePolicies, PolicyStore
@@ -673,6 +673,7 @@ class DecisionService:
                 if idle and part.uncommitted > 0 and now - part.last_sample_at >= idle
             ]
             due = [part for part in parts if now - part.committed_at >= interval]
+            overdue: Partition | None = None
             if urgent:
                 chosen = parts
             else:
@@ -683,22 +684,31 @@ class DecisionService:
                     last_due = now
                 chosen = [*quiet, *([overdue] if overdue and overdue not in quiet else [])]
             for part in chosen:
+                # The busy partition due now spreads its writes over half a slot; a quiet one
+                # or an urgent round writes at once.
+                spread = spacing / 2 if part is overdue else 0.0
                 try:
-                    await self._commit(part)
+                    await self._commit(part, spread)
                 except Exception as exc:  # NATS trouble: the next round tries again
                     log.warning(
                         "checkpoint failed", extra={"partition": part.number, "error": repr(exc)}
                     )
 
-    async def _commit(self, part: Partition) -> None:
+    async def _commit(self, part: Partition, spread_s: float = 0.0) -> None:
         """Write the partition's changed states, then the mark: the position of the last sample
-        handled before the write began. Every sample up to the mark is in a checkpoint."""
+        handled before the write began. Every sample up to the mark is in a checkpoint.
+
+        ``spread_s``: take about this long over the writes. At 100,000 workloads a partition's
+        checkpoint is 6,000 states; written in one go, the serialising and the server's
+        storing of them held up the samples behind them (p99 latency 490 ms instead of 145)."""
         async with part.commit_lock:
             part.committed_at = time.monotonic()
             msg, count = part.last_msg, part.uncommitted
             keys, part.dirty = part.dirty, set()
             if keys:
-                failed = await self.checkpoints.write(part.states, keys)
+                chunks = -(-len(keys) // CHECKPOINT_CHUNK)
+                pause = min(0.05, spread_s / chunks) if spread_s else 0.0
+                failed = await self.checkpoints.write(part.states, keys, pause)
                 if failed:
                     part.dirty |= failed
                     return
