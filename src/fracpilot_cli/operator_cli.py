@@ -13,8 +13,9 @@ import contextlib
 import gc
 import json
 import re
+import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -130,6 +131,25 @@ def bulk() -> Iterator[None]:
             gc.enable()
 
 
+@contextlib.contextmanager
+def interrupt_flag() -> Iterator[Callable[[], bool]]:
+    """Ctrl-C (SIGINT) while watching: raised as KeyboardInterrupt as usual, and remembered,
+    because one that lands inside a NATS connect can come out of the client as a connection
+    error (and the watch would go on). Yields "was it pressed?"."""
+    pressed = False
+
+    def on_interrupt(signum: int, frame: object) -> None:
+        nonlocal pressed
+        pressed = True
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield lambda: pressed
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 async def status_rows(
     settings: CliSettings, prices: GpuPrices, namespace: str | None
 ) -> tuple[list[StatusRow], list[str]]:
@@ -176,14 +196,17 @@ async def _watch(
     output: render.Output,
     interval_s: float,
     console: Console,
+    interrupted: Callable[[], bool],
 ) -> None:
     wide = output == "wide"
     with Live(console=console, auto_refresh=False, vertical_overflow="crop") as live:
-        while True:
+        while not interrupted():
             now = datetime.now(UTC)
             try:
                 rows, problems = await status_rows(settings, prices, namespace)
             except NatsUnavailableError as exc:  # keep watching: it may come back
+                if interrupted():
+                    break
                 live.update(Text(f"{now:%H:%M:%S} {exc}", style="red"), refresh=True)
             else:
                 head = Text(
@@ -207,20 +230,33 @@ def _watch_documents(
     interval_s: float,
 ) -> None:
     """-o json/yaml --watch: one document per refresh (JSON lines; YAML separated by ---)."""
-    while True:
-        try:
-            rows, problems = asyncio.run(status_rows(settings, prices, namespace))
-        except NatsUnavailableError as exc:
+    with interrupt_flag() as interrupted:
+        while not interrupted():
+            _refresh_document(settings, prices, namespace, output, interrupted)
+            asyncio.run(asyncio.sleep(interval_s))
+    raise KeyboardInterrupt
+
+
+def _refresh_document(
+    settings: CliSettings,
+    prices: GpuPrices,
+    namespace: str | None,
+    output: render.Output,
+    interrupted: Callable[[], bool],
+) -> None:
+    try:
+        rows, problems = asyncio.run(status_rows(settings, prices, namespace))
+    except NatsUnavailableError as exc:  # keep watching: it may come back
+        if not interrupted():
             typer.echo(f"fracpilot status: error: {exc}", err=True)
-        else:
-            _warn_problems("status", problems)
-            document = render.status_document(rows, datetime.now(UTC))
-            if output == "json":
-                sys.stdout.write(json.dumps(document) + "\n")
-            else:
-                sys.stdout.write("---\n" + render.to_yaml(document))
-            sys.stdout.flush()
-        asyncio.run(asyncio.sleep(interval_s))
+        return
+    _warn_problems("status", problems)
+    document = render.status_document(rows, datetime.now(UTC))
+    if output == "json":
+        sys.stdout.write(json.dumps(document) + "\n")
+    else:
+        sys.stdout.write("---\n" + render.to_yaml(document))
+    sys.stdout.flush()
 
 
 def status_command(
@@ -256,7 +292,11 @@ def status_command(
             if fmt in ("json", "yaml"):
                 _watch_documents(settings, prices, namespace, fmt, interval)
             else:
-                asyncio.run(_watch(settings, prices, namespace, fmt, interval, console))
+                with interrupt_flag() as interrupted:
+                    asyncio.run(
+                        _watch(settings, prices, namespace, fmt, interval, console, interrupted)
+                    )
+                raise KeyboardInterrupt  # the watch ends only when interrupted
         rows, problems = asyncio.run(status_rows(settings, prices, namespace))
     except NatsUnavailableError as exc:
         _fail("status", str(exc))

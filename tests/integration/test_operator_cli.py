@@ -306,6 +306,36 @@ async def test_status_watch_refreshes_until_interrupted(
     assert code == 0  # interrupted: a clean exit
 
 
+@pytest.mark.parametrize("output", ["json", "table"])
+async def test_ctrl_c_while_connecting_ends_the_watch(output: str) -> None:
+    """A server that accepts and never answers: the interrupt lands inside the NATS connect,
+    where the client may turn it into a connection error. The watch must still end, cleanly."""
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    url = f"nats://127.0.0.1:{silent.getsockname()[1]}"
+    env = {**os.environ, "FRACPILOT_NATS_URL": url}
+    proc = subprocess.Popen(  # noqa: ASYNC220 - waited on from a worker thread below
+        [str(FRACPILOT), "status", "--watch", "-o", output, "--interval", "0.3"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        accepted = await asyncio.wait_for(asyncio.to_thread(silent.accept), 60)
+        await asyncio.sleep(0.5)  # inside the connect: it waits for the server's INFO
+        proc.send_signal(signal.SIGINT)
+        code = await asyncio.to_thread(proc.wait, 15)
+        accepted[0].close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        silent.close()
+    assert code == 0
+
+
 async def test_on_an_empty_server_nothing_is_shown_and_nothing_created(
     nats_url: str, tmp_path: Path
 ) -> None:

@@ -90,3 +90,24 @@ def test_replay_loads_its_own_module_only() -> None:
     assert "fracpilot_cli.replay" in loaded
     assert "fracpilot_cli.demo" not in loaded
     assert "fracpilot_cli.operator_cli" not in loaded
+
+
+def test_an_interrupt_while_watching_is_remembered_even_if_swallowed() -> None:
+    """Python 3.11's ``wait_for`` (and a NATS client) can lose a cancellation; the watch loop
+    asks the flag, so a Ctrl-C swallowed on the way still ends it."""
+    import os
+    import signal
+
+    from fracpilot_cli.operator_cli import interrupt_flag
+
+    before = signal.getsignal(signal.SIGINT)
+    with interrupt_flag() as pressed:
+        assert not pressed()
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):  # the handler runs between bytecodes of this thread
+                pass
+        except KeyboardInterrupt:
+            pass  # swallowed, as a library might
+        assert pressed()
+    assert signal.getsignal(signal.SIGINT) is before
