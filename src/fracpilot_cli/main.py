@@ -28,7 +28,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("fracpilot_cli.operator_cli", "status_command"),
 }
 
-# commands that only read NATS over TCP: they need no websocket client (see below)
+# commands that only read NATS over TCP: they need no websocket client (see :func:`main`)
 READERS = frozenset({"explain", "report", "status"})
 
 
@@ -51,11 +51,11 @@ def lazy_command(name: str) -> Any:
         group.name = name
         return group
     single = typer.Typer()
-    single.command(name, short_help=summary(target.__doc__ or ""))(target)
+    single.command(name, short_help=first_paragraph(target.__doc__ or ""))(target)
     return typer.main.get_command(single)
 
 
-def summary(doc: str) -> str:
+def first_paragraph(doc: str) -> str:
     """A docstring's first paragraph on one line (the command list wraps it itself)."""
     return " ".join(doc.strip().split("\n\n", 1)[0].split())
 
@@ -67,8 +67,6 @@ class LazyCommands(TyperGroup):
         return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
-        if cmd_name in READERS:
-            without_websocket_client(sys.argv, os.environ)
         if cmd_name in LAZY_COMMANDS:
             return lazy_command(cmd_name)
         return super().get_command(ctx, cmd_name)
@@ -104,5 +102,13 @@ def demo(
         raise typer.Exit(code=1)
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """The ``fracpilot`` console script. Only here, in a process of its own, does a reader
+    command keep the websocket client out; ``app`` run in-process (tests) changes nothing."""
+    if sys.argv[1:2] and sys.argv[1] in READERS:
+        without_websocket_client(sys.argv, os.environ)
     app()
+
+
+if __name__ == "__main__":
+    main()

@@ -160,7 +160,8 @@ async def test_a_large_checkpoint_is_spread_over_chunks(nats_url: str) -> None:
 
         ticker = asyncio.create_task(other_work())
         started = time.monotonic()
-        failed = await checkpoints.write(states, list(states), pause_s=0.05)
+        # four chunks spread over 0.2 s: a pause of 0.05 s between two
+        failed = await checkpoints.write(states, list(states), spread_s=0.2)
         took = time.monotonic() - started
         ticker.cancel()
         assert failed == set()

@@ -45,12 +45,12 @@ def test_an_unknown_command_is_a_usage_error() -> None:
     assert result.exit_code == 2
 
 
-def test_summary_joins_the_first_paragraph() -> None:
+def test_first_paragraph_joins_its_lines() -> None:
     doc = """One row per workload:
     the fraction.
 
     More detail."""
-    assert main.summary(doc) == "One row per workload: the fraction."
+    assert main.first_paragraph(doc) == "One row per workload: the fraction."
 
 
 def test_a_websocket_url_keeps_the_websocket_client(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -64,9 +64,10 @@ def _modules_after(*argv: str) -> set[str]:
     """The modules a fresh ``fracpilot <argv>`` process has imported when it exits."""
     code = (
         "import json, sys\n"
-        "from fracpilot_cli.main import app\n"
+        f"sys.argv = ['fracpilot', *{list(argv)!r}]\n"
+        "from fracpilot_cli.main import main\n"
         "try:\n"
-        f"    app({list(argv)!r})\n"
+        "    main()\n"
         "except SystemExit:\n"
         "    pass\n"
         "sys.stderr.write(json.dumps([m for m, v in sys.modules.items() if v is not None]))\n"

@@ -21,7 +21,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 _KEY = re.compile(r"[-/_=A-Za-z0-9]+(\.[-/_=A-Za-z0-9]+)*")  # what a KV key may be
 _READ_BATCH = 1000
 CHECKPOINT_CHUNK = 100  # states serialised and in flight at once
+_MAX_PAUSE_S = 0.05  # between two chunks of a spread checkpoint
 _ACK_TIMEOUT_S = 10.0
 
 
@@ -136,13 +137,15 @@ class Checkpointer:
     # --- writing ----------------------------------------------------------------------------
 
     async def write(
-        self, states: Mapping[str, WorkloadState], keys: Iterable[str], pause_s: float = 0.0
+        self, states: Mapping[str, WorkloadState], keys: Collection[str], spread_s: float = 0.0
     ) -> set[str]:
         """Write the states of ``keys`` (those still in ``states``), ``CHECKPOINT_CHUNK`` at a
-        time, pausing ``pause_s`` between chunks (a scheduled checkpoint spreads its work so
-        that samples keep flowing; a hand-over does not wait); returns the keys whose write
-        failed and may succeed later. A state may change while this runs: it is then written
-        newer."""
+        time, spread over about ``spread_s`` (pauses between chunks, 50 ms at most: a
+        scheduled checkpoint lets samples flow; a hand-over does not wait); returns the keys
+        whose write failed and may succeed later. A state may change while this runs: it is
+        then written newer."""
+        chunks = -(-len(keys) // CHECKPOINT_CHUNK)
+        pause_s = min(_MAX_PAUSE_S, spread_s / chunks) if spread_s and chunks else 0.0
         failed: set[str] = set()
         written = invalid = 0
         batch: list[tuple[str, bytes]] = []

@@ -49,7 +49,7 @@ from opentelemetry.trace import SpanKind
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import Field, ValidationError
 
-from fracpilot_decision.checkpoints import CHECKPOINT_CHUNK, Checkpointer
+from fracpilot_decision.checkpoints import Checkpointer
 from fracpilot_decision.engine import WorkloadState, decide
 from fracpilot_decision.ownership import Ownership, default_replica_id
 from fracpilot_decision.policy_store import LivePolicies, PolicyStore
@@ -298,14 +298,15 @@ class DecisionService:
             for p in partitions:
                 ownership.forget_soon(p)
             return
-        await self._forget_positions_beyond_the_stream(restored)
+        last_seq = await self._usage_last_seq()
+        self._forget_positions_beyond(last_seq, restored)
         for p in sorted(partitions):
             part = self.parts.get(p)
             if part is None or part.task is not None:
                 continue  # dropped while restoring
             part.states = restored[p]
             try:
-                part.feed = await self._open_consumer(p)
+                part.feed = await self._open_consumer(p, last_seq)
             except Exception as exc:
                 log.warning(
                     "partition consumer not opened, giving up",
@@ -322,16 +323,21 @@ class DecisionService:
             )
         self._count_workloads()
 
-    async def _forget_positions_beyond_the_stream(
-        self, restored: dict[int, dict[str, WorkloadState]]
-    ) -> None:
-        """A position past the usage stream's last sequence comes from an earlier stream (it
-        was deleted and made anew): it would make new samples look delivered again."""
+    async def _usage_last_seq(self) -> int | None:
+        """The usage stream's last sequence (None: not known now; nothing is checked then)."""
         try:
             info = await self.runtime.bus.js.stream_info(subjects.USAGE_STREAM)
         except Exception:
+            return None
+        return int(info.state.last_seq)
+
+    def _forget_positions_beyond(
+        self, last: int | None, restored: dict[int, dict[str, WorkloadState]]
+    ) -> None:
+        """A position past the usage stream's last sequence comes from an earlier stream (it
+        was deleted and made anew): it would make new samples look delivered again."""
+        if last is None:
             return
-        last = info.state.last_seq
         stale = 0
         for states in restored.values():
             for key, state in states.items():
@@ -402,11 +408,12 @@ class DecisionService:
             filter_subject=subjects.usage_partition_filter(partition),
         )
 
-    async def _open_consumer(self, partition: int) -> PullFeed:
-        """Pull from the partition's durable consumer, from the sample after its mark."""
+    async def _open_consumer(self, partition: int, last_seq: int | None) -> PullFeed:
+        """Pull from the partition's durable consumer, from the sample after its mark
+        (``last_seq``: the usage stream's, for :meth:`_read_mark`)."""
         js = self.runtime.bus.js
         name = subjects.decision_consumer(partition)
-        mark = await self._read_mark(partition)
+        mark = await self._read_mark(partition, last_seq)
         config = self._consumer_config(partition)
         try:
             info = await js.consumer_info(subjects.USAGE_STREAM, name)
@@ -417,6 +424,7 @@ class DecisionService:
                 config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
                 config.opt_start_seq = mark + 1
             await js.add_consumer(subjects.USAGE_STREAM, config)
+            mark = mark or 0
         else:
             config.deliver_policy = info.config.deliver_policy  # fixed when it was made
             config.opt_start_seq = info.config.opt_start_seq
@@ -429,8 +437,6 @@ class DecisionService:
                 # checkpointed: its acknowledgement floor is the mark.
                 mark = info.ack_floor.stream_seq if info.ack_floor else 0
             await self._rewind(js, partition, mark)
-        if mark is None:
-            mark = 0
         # Marked before the first acknowledgement: without a mark, the next owner would have
         # to trust an acknowledgement floor that runs ahead of the checkpoints.
         await self.checkpoints.write_mark(partition, self.partition_count, mark)
@@ -444,17 +450,14 @@ class DecisionService:
         await feed.start()
         return feed
 
-    async def _read_mark(self, partition: int) -> int | None:
+    async def _read_mark(self, partition: int, last_seq: int | None) -> int | None:
         """The partition's mark; 0 when it lies past the usage stream's end (the stream was
         made anew: its samples are all new), None when there is none."""
         mark = await self.checkpoints.read_mark(partition, self.partition_count)
-        if not mark:
-            return mark
-        info = await self.runtime.bus.js.stream_info(subjects.USAGE_STREAM)
-        if mark > info.state.last_seq:
+        if mark and last_seq is not None and mark > last_seq:
             log.warning(
                 "partition mark past the usage stream's end (a new stream?): from its start",
-                extra={"partition": partition, "mark": mark, "last_seq": info.state.last_seq},
+                extra={"partition": partition, "mark": mark, "last_seq": last_seq},
             )
             return 0
         return mark
@@ -524,7 +527,7 @@ class DecisionService:
         part.states = (await self.checkpoints.restore(frozenset({p}), self.partition_count))[p]
         part.dirty = set()
         part.last_msg, part.uncommitted = None, 0
-        part.feed = await self._open_consumer(p)
+        part.feed = await self._open_consumer(p, await self._usage_last_seq())
 
     # --- the hot path -----------------------------------------------------------------------
 
@@ -706,9 +709,7 @@ class DecisionService:
             msg, count = part.last_msg, part.uncommitted
             keys, part.dirty = part.dirty, set()
             if keys:
-                chunks = -(-len(keys) // CHECKPOINT_CHUNK)
-                pause = min(0.05, spread_s / chunks) if spread_s else 0.0
-                failed = await self.checkpoints.write(part.states, keys, pause)
+                failed = await self.checkpoints.write(part.states, keys, spread_s)
                 if failed:
                     part.dirty |= failed
                     return
