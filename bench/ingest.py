@@ -96,7 +96,9 @@ async def run(workloads: int, interval: float) -> None:
         start = time.perf_counter()
         for i in range(sent):
             await js.publish(
-                f"fracpilot.usage.v1.raw.w{i}", payload, headers={"Nats-Msg-Id": f"raw-{i}"}
+                f"fracpilot.usage.v1.{i % 1024}.raw.w{i}",  # into the usage streams, as samples
+                payload,
+                headers={"Nats-Msg-Id": f"raw-{i}"},
             )
         raw_s = time.perf_counter() - start
         await nc.close()

@@ -30,7 +30,7 @@ import nats
 from nats.aio.msg import Msg
 
 from fracpilot_libs import subjects
-from fracpilot_libs.contracts import UsageSample
+from fracpilot_libs.contracts import UsageSample, WorkloadRef
 from fracpilot_libs.embedded_nats import free_port
 
 GIB = 1024**3
@@ -98,7 +98,9 @@ async def _publish(plan: PublishPlan) -> dict[str, float]:
     subj = [
         f"{plan.subject_prefix}.{i}"
         if plan.subject_prefix
-        else f"{subjects.USAGE_PREFIX}.{workload(i)[0]}.{workload(i)[1]}"
+        else subjects.usage_subject(
+            WorkloadRef(namespace=workload(i)[0], owner_name=workload(i)[1])
+        )
         for i in range(plan.workloads)
     ]
     total = plan.workloads * plan.rounds
@@ -328,7 +330,7 @@ class Service:
 
 
 async def declare_streams(url: str, partitions: int) -> None:
-    """The streams as the services declare them (the usage stream partitioned)."""
+    """The streams as the services declare them (a usage stream per partition)."""
     from prometheus_client import CollectorRegistry
 
     from fracpilot_libs.bus import Bus
@@ -337,7 +339,7 @@ async def declare_streams(url: str, partitions: int) -> None:
     bus = Bus("bench", ServiceSettings(nats_url=url, decision_partitions=partitions),
               CollectorRegistry())  # fmt: skip
     await bus.connect(retry_for_s=10)
-    await bus.ensure_streams(update_transforms=True)
+    await bus.ensure_streams(assign_partitions=True)
     await bus.close()
 
 

@@ -45,7 +45,7 @@ from prometheus_client import CollectorRegistry
 
 from fracpilot_cli import render
 from fracpilot_cli.operator_cli import status_rows
-from fracpilot_cli.operator_data import read_bucket, read_stream
+from fracpilot_cli.operator_data import read_bucket, read_stream, read_usage
 from fracpilot_cli.settings import CliSettings
 from fracpilot_cli.status import StatusRow
 from fracpilot_decision.engine import WorkloadState, decide, dump_state
@@ -63,6 +63,7 @@ from fracpilot_libs.contracts import (
 )
 from fracpilot_libs.embedded_nats import EmbeddedNats
 from fracpilot_libs.pricing import GpuPrices
+from fracpilot_libs.usage_streams import usage_streams
 
 GIB = 1024**3
 DEVICE = 80 * GIB
@@ -103,9 +104,10 @@ def profile_states(policy: Policy, rng: random.Random) -> list[tuple[bytes, floa
 async def populate(url: str, n: int) -> None:
     nc = await nats.connect(url)
     js = nc.jetstream()
-    for spec in default_streams(24 * 3600.0):
+    usage = [subjects.usage_stream(p) for p in range(16)]
+    for name in (*(spec.name for spec in default_streams()), *usage):
         with contextlib.suppress(NotFoundError):
-            await js.delete_stream(spec.name)
+            await js.delete_stream(name)
     bus = Bus("bench", ServiceSettings(nats_url=url), CollectorRegistry())
     await bus.connect(retry_for_s=10)
     await bus.ensure_streams()
@@ -163,19 +165,19 @@ async def populate(url: str, n: int) -> None:
         if i % 500 == 499:
             await nc.flush()
     await nc.flush()
-    for stream in (
-        f"KV_{subjects.ALLOCATION_BUCKET}",
-        f"KV_{subjects.DECISION_STATE_BUCKET}",
-        subjects.USAGE_STREAM,
-        subjects.ACTUATION_STREAM,
+    for streams in (
+        [f"KV_{subjects.ALLOCATION_BUCKET}"],
+        [f"KV_{subjects.DECISION_STATE_BUCKET}"],
+        await usage_streams(js),
+        [subjects.ACTUATION_STREAM],
     ):
         for _ in range(200):
-            info = await js.stream_info(stream)
-            if info.state.messages >= n:
+            held = sum([(await js.stream_info(stream)).state.messages for stream in streams])
+            if held >= n:
                 break
             await asyncio.sleep(0.05)
         else:
-            raise RuntimeError(f"{stream} holds {info.state.messages} of {n} messages")
+            raise RuntimeError(f"{streams} hold {held} of {n} messages")
     await nc.close()
 
 
@@ -184,9 +186,7 @@ async def read_raw(url: str) -> int:
     got = await asyncio.gather(
         read_bucket(nc, subjects.ALLOCATION_BUCKET),
         read_bucket(nc, subjects.DECISION_STATE_BUCKET),
-        read_stream(
-            nc, subjects.USAGE_STREAM, subjects.USAGE_STORED_ALL, DeliverPolicy.LAST_PER_SUBJECT
-        ),
+        read_usage(nc, DeliverPolicy.LAST_PER_SUBJECT),
         read_stream(
             nc,
             subjects.ACTUATION_STREAM,

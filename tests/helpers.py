@@ -14,12 +14,15 @@ from nats.js.errors import NotFoundError
 from prometheus_client import CollectorRegistry
 
 from fracpilot_libs import subjects
+from fracpilot_libs.config import ServiceSettings
+from fracpilot_libs.contracts import WorkloadRef
 from fracpilot_libs.runtime import ServiceRuntime
+from fracpilot_libs.usage_streams import usage_streams
 
 T = TypeVar("T")
+DEFAULT_PARTITIONS = ServiceSettings.model_fields["decision_partitions"].default
 
 STREAMS = (
-    subjects.USAGE_STREAM,
     subjects.DECISION_STREAM,
     subjects.ACTUATION_STREAM,
     subjects.DEADLETTER_STREAM,
@@ -45,7 +48,14 @@ async def reset_nats(url: str) -> None:
     """Delete fracpilot's streams and buckets so each test starts from nothing."""
     nc = await nats.connect(url)
     js = nc.jetstream()
-    for name in STREAMS:
+    names = await js.streams_info()
+    usage = [
+        i.config.name
+        for i in names
+        if subjects.usage_stream_partition(i.config.name) is not None
+        or i.config.name == subjects.LEGACY_USAGE_STREAM
+    ]
+    for name in (*STREAMS, *usage):
         with contextlib.suppress(NotFoundError):
             await js.delete_stream(name)
     for bucket in BUCKETS:
@@ -114,6 +124,22 @@ async def read_stream(url: str, stream: str, subject: str = ">") -> list[tuple[s
         await sub.unsubscribe()
     await nc.close()
     return out
+
+
+def usage_stream_of(workload: WorkloadRef, partitions: int = DEFAULT_PARTITIONS) -> str:
+    """The usage stream a workload's samples are stored in."""
+    return subjects.usage_stream(subjects.usage_partition(workload, partitions))
+
+
+async def read_usage(url: str) -> list[tuple[str, bytes]]:
+    """Every usage sample currently stored, over every partition stream in force, as
+    (subject, payload); each workload's in the order stored."""
+    nc = await nats.connect(url)
+    try:
+        streams = await usage_streams(nc.jetstream())
+    finally:
+        await nc.close()
+    return [m for stream in streams for m in await read_stream(url, stream)]
 
 
 def counter(registry: CollectorRegistry, name: str, **labels: str) -> float:

@@ -53,6 +53,8 @@ TOKEN = (
     "'_' replaced by '_' (subjects.token)"
 )
 PARAMETERS = {
+    "slot": "The workload's usage slot: FNV-1a (32 bit) of the namespace and workload tokens "
+    "written one after the other, modulo 1024 (fracpilot_libs.subjects.usage_slot).",
     "namespace": f"The workload's Kubernetes namespace as {TOKEN}.",
     "workload": f"The workload's owner name (Deployment, StatefulSet, ...) as {TOKEN}.",
     "service": f"The service that refused the message as {TOKEN}.",
@@ -61,7 +63,8 @@ PARAMETERS = {
 
 # Every name in subjects.py, described; a new name fails generation until it is described here.
 STREAMS = {
-    "USAGE_STREAM": "usage samples, bounded in age (FRACPILOT_USAGE_MAX_AGE_S, default 24 h)",
+    "LEGACY_USAGE_STREAM": "usage samples of the previous layout (one stream, partitioned by a "
+    "subject transform): narrowed to its publishers' subjects on upgrade, left to age out",
     "DECISION_STREAM": "fraction decisions, kept for audit and replay",
     "ACTUATION_STREAM": "actuation results, kept for audit",
     "DEADLETTER_STREAM": "dead letters, kept with the reason and the raw payload",
@@ -72,8 +75,10 @@ CONSUMERS = {
     "ACTUATOR_CONSUMER": "the actuator's durable consumer (only the Lease holder consumes)",
 }
 OTHER_NAMES = {
-    "USAGE_PARTITION_TOKEN": "the token before the partition number in stored usage subjects",
-    "USAGE_STORED_ALL": "the filter of every stored usage sample, whatever its partition",
+    "USAGE_STREAM_PREFIX": "usage samples, one stream per partition (the name followed by the "
+    "partition number), bounded in age (FRACPILOT_USAGE_MAX_AGE_S, default 24 h)",
+    "USAGE_PARTITIONS_METADATA": "the usage streams' metadata key holding the partition count",
+    "LEGACY_USAGE_SUBJECTS": "the subjects the previous layout's usage stream keeps",
     "POLICY_QUEUE": "the queue group decision replicas answer policy requests in",
 }
 
@@ -151,12 +156,13 @@ def _per_workload(prefix: str) -> str:
 
 def _usage_storage() -> str:
     partitions = ServiceSettings.model_fields["decision_partitions"].default
-    source, destination = subjects.usage_partition_transform(partitions)
+    first = subjects.usage_stream_subjects(0, partitions)[:2]
     return (
-        f"The stream `{subjects.USAGE_STREAM}` stores them partitioned by workload: a subject "
-        f"transform maps `{source}` to `{destination}` (FRACPILOT_DECISION_PARTITIONS, default "
-        f"{partitions}), so decision replicas share the partitions and each workload's samples "
-        f"stay in order on one of them. Readers filter on `{subjects.USAGE_STORED_ALL}`."
+        f"Each usage partition is a stream, `{subjects.usage_stream(0)}` to "
+        f"`{subjects.usage_stream(partitions - 1)}` (FRACPILOT_DECISION_PARTITIONS, default "
+        f"{partitions}); stream k stores the slots s with s mod partitions = k "
+        f"(`{first[0]}`, `{first[1]}`, ...), so decision replicas share the partitions and "
+        "each workload's samples stay in order on one of them."
     )
 
 
@@ -164,12 +170,12 @@ def channels() -> dict[str, Channel]:
     s = subjects
     found = {
         "usage": Channel(
-            _per_workload(s.USAGE_PREFIX),
+            _per_workload(f"{s.USAGE_PREFIX}.{{slot}}"),
             ("UsageSample",),
             "One observation of one workload's pod on one GPU, published by ingest with "
             f"`Nats-Msg-Id` = `sample_id` (re-read instants are dropped by the server). "
             f"{_usage_storage()}",
-            ("namespace", "workload"),
+            ("slot", "namespace", "workload"),
         ),
         "decisions": Channel(
             _per_workload(s.DECISION_PREFIX),
@@ -430,7 +436,12 @@ def build() -> dict[str, Any]:
         if op.reply:
             entry["reply"] = {"channel": {"$ref": f"#/channels/{op.reply}"}}
         doc_operations[op_id] = entry
-    streams = "; ".join(f"`{getattr(subjects, n)}`: {d}" for n, d in STREAMS.items())
+    streams = "; ".join(
+        [
+            f"`{subjects.USAGE_STREAM_PREFIX}<partition>`: {OTHER_NAMES['USAGE_STREAM_PREFIX']}",
+            *(f"`{getattr(subjects, n)}`: {d}" for n, d in STREAMS.items()),
+        ]
+    )
     consumers = "; ".join(f"`{getattr(subjects, n)}`: {d}" for n, d in CONSUMERS.items())
     return {
         "asyncapi": "3.0.0",

@@ -35,6 +35,7 @@ from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import ActuationResult, UsageSample
 from fracpilot_libs.embedded_nats import EmbeddedNats
 from fracpilot_libs.nats_connect import open_connection
+from fracpilot_libs.usage_streams import usage_streams
 
 
 @dataclass(frozen=True)
@@ -95,12 +96,14 @@ class StreamFollower:
             ServiceSettings(nats_url=url), servers=url, name="fracpilot-demo"
         )
         js = self.nc.jetstream()
-        await js.subscribe(
-            f"{subjects.USAGE_PREFIX}.>",
-            cb=self._on_usage,
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.ALL,
-        )
+        for stream in await usage_streams(js):  # one per usage partition
+            await js.subscribe(
+                f"{subjects.USAGE_PREFIX}.>",
+                stream=stream,
+                cb=self._on_usage,
+                ordered_consumer=True,
+                deliver_policy=DeliverPolicy.ALL,
+            )
         await js.subscribe(
             f"{subjects.ACTUATION_PREFIX}.>",
             cb=self._on_result,

@@ -42,6 +42,7 @@ from fracpilot_libs.contracts import (
     WorkloadRef,
 )
 from fracpilot_libs.nats_connect import NatsSecurityError, open_connection
+from fracpilot_libs.usage_streams import usage_partition_count
 
 M = TypeVar("M", bound=BaseModel)
 _DELETED = ("DEL", "PURGE")
@@ -190,6 +191,27 @@ async def read_stream(
     return out
 
 
+async def read_usage(
+    nc: NatsClient,
+    deliver: DeliverPolicy = DeliverPolicy.ALL,
+    start: datetime | None = None,
+    workload: WorkloadRef | None = None,
+) -> list[RawMessage]:
+    """Usage samples from every partition's stream (or only ``workload``'s), read at once;
+    in stream order within a partition, so each workload's are in order. Sequences are
+    per partition stream."""
+    js = nc.jetstream()
+    count = await usage_partition_count(js)
+    if count is None:
+        return []
+    if workload is not None:
+        stream = subjects.usage_stream(subjects.usage_partition(workload, count))
+        return await read_stream(nc, stream, subjects.usage_subject(workload), deliver, start)
+    every = f"{subjects.USAGE_PREFIX}.>"  # (last per subject needs a filter; this is all)
+    reads = [read_stream(nc, subjects.usage_stream(p), every, deliver, start) for p in range(count)]
+    return [m for part in await asyncio.gather(*reads) for m in part]
+
+
 def _kv_stream(bucket: str) -> tuple[str, str]:
     return f"KV_{bucket}", f"$KV.{bucket}."
 
@@ -265,9 +287,7 @@ async def read_fleet(
     allocations, states, samples, results, policies = await asyncio.gather(
         read_bucket(nc, subjects.ALLOCATION_BUCKET),
         read_bucket(nc, subjects.DECISION_STATE_BUCKET),
-        read_stream(
-            nc, subjects.USAGE_STREAM, subjects.USAGE_STORED_ALL, DeliverPolicy.LAST_PER_SUBJECT
-        ),
+        read_usage(nc, DeliverPolicy.LAST_PER_SUBJECT),
         read_stream(
             nc,
             subjects.ACTUATION_STREAM,
@@ -342,12 +362,7 @@ async def read_one(
     problems: list[str] = []
     probe = known or WorkloadRef(namespace=namespace, owner_name=name)
     sample, result, policies = await asyncio.gather(
-        read_stream(
-            nc,
-            subjects.USAGE_STREAM,
-            subjects.usage_workload_filter(probe),
-            DeliverPolicy.LAST_PER_SUBJECT,
-        ),
+        read_usage(nc, DeliverPolicy.LAST_PER_SUBJECT, workload=probe),
         read_last(nc, subjects.ACTUATION_STREAM, subjects.actuation_subject(probe)),
         read_policies(nc, problems),
     )
@@ -384,7 +399,7 @@ async def read_window(nc: NatsClient, since: datetime, namespace: str | None = N
     problems: list[str] = []
     deliver = DeliverPolicy.BY_START_TIME
     samples, decisions, results = await asyncio.gather(
-        read_stream(nc, subjects.USAGE_STREAM, subjects.USAGE_STORED_ALL, deliver, since),
+        read_usage(nc, deliver, since),
         read_stream(nc, subjects.DECISION_STREAM, f"{subjects.DECISION_PREFIX}.>", deliver, since),
         read_stream(
             nc, subjects.ACTUATION_STREAM, f"{subjects.ACTUATION_PREFIX}.>", deliver, since

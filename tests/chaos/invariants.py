@@ -64,6 +64,7 @@ from fracpilot_libs.contracts import (
     Policy,
     UsageSample,
 )
+from fracpilot_libs.usage_streams import usage_streams
 
 EPS = 1e-9
 
@@ -208,7 +209,7 @@ async def wait_drained(url: str, timeout_s: float = 60.0) -> float:
     try:
         while True:
             busy = []
-            for stream in (subjects.USAGE_STREAM, subjects.DECISION_STREAM):
+            for stream in (*await usage_streams(js), subjects.DECISION_STREAM):
                 for name, pending, unacked in await durable_consumers(js, stream):
                     if pending or unacked:
                         busy.append(f"{name}: {pending} pending, {unacked} unacked")
@@ -346,14 +347,20 @@ async def check(
     nc = await nats.connect(url)
     js = nc.jetstream()
     try:
-        usage = await read_all(js, subjects.USAGE_STREAM)
+        partition_streams = await usage_streams(js)
+        usage = [m for stream in partition_streams for m in await read_all(js, stream)]
         decisions_raw = await read_all(js, subjects.DECISION_STREAM)
         results_raw = await read_all(js, subjects.ACTUATION_STREAM)
         dead = [
             DeadLetter.model_validate_json(m.data)
             for m in await read_all(js, subjects.DEADLETTER_STREAM)
         ]
-        usage_consumers = await durable_consumers(js, subjects.USAGE_STREAM)
+        usage_consumers = {
+            stream: await durable_consumers(js, stream) for stream in partition_streams
+        }
+        usage_counts = {
+            stream: (await js.stream_info(stream)).state.messages for stream in partition_streams
+        }
         decision_consumers = await durable_consumers(js, subjects.DECISION_STREAM)
         actuator_state = await kv_items(js, subjects.ACTUATOR_STATE_BUCKET)
     finally:
@@ -372,13 +379,14 @@ async def check(
         for sample_id in sorted(missing)[:5]:
             f.note(f"sample {sample_id} never reached the usage stream")
     f.samples_dead_lettered = sum(1 for d in dead if d.subject.startswith(subjects.USAGE_PREFIX))
-    if not usage_consumers and samples:
-        f.unacked_samples = len(samples)
-        f.note("no durable consumer on the usage stream")
-    for name, pending, unacked in usage_consumers:
-        if pending or unacked:
-            f.unacked_samples += pending + unacked
-            f.note(f"usage consumer {name}: {pending} pending, {unacked} unacknowledged")
+    for stream, consumers in usage_consumers.items():
+        if not consumers and usage_counts[stream]:
+            f.unacked_samples += usage_counts[stream]
+            f.note(f"no durable consumer on the usage stream {stream}")
+        for name, pending, unacked in consumers:
+            if pending or unacked:
+                f.unacked_samples += pending + unacked
+                f.note(f"{stream} consumer {name}: {pending} pending, {unacked} unacknowledged")
 
     # 2. decisions
     decisions = [FractionDecision.model_validate_json(m.data) for m in decisions_raw]

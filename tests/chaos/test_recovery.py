@@ -37,7 +37,7 @@ from fracpilot_libs.contracts import (
 )
 from fracpilot_libs.embedded_nats import EmbeddedNats
 from fracpilot_libs.runtime import ServiceRuntime
-from helpers import read_stream, running, wait_for
+from helpers import read_stream, read_usage, running, wait_for
 
 pytestmark = pytest.mark.chaos
 
@@ -102,7 +102,7 @@ async def test_kv_watch_and_publishes_carry_on_across_a_nats_restart(tmp_path: P
         await other.put("a", allocation(0.75).to_json())
         await writer.close()
         await wait_for(lambda: seen.get("a") == 0.75, timeout=10)
-        assert [s for s, _ in await read_stream(server.url, subjects.USAGE_STREAM)]
+        assert [s for s, _ in await read_usage(server.url)]
     finally:
         await bus.close()
         server.cleanup()

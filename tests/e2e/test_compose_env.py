@@ -30,7 +30,7 @@ from fracpilot_libs.contracts import (
     PlanKind,
     UsageSample,
 )
-from helpers import read_stream
+from helpers import read_stream, read_usage
 from support.compose_stack import OUR_SERVICES, ComposeStack, scrape
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -66,9 +66,7 @@ def test_the_local_environment_is_the_compose_files_but_for_addresses(tmp_path: 
 async def samples_decisions_results(
     url: str,
 ) -> tuple[list[UsageSample], list[FractionDecision], list[ActuationResult]]:
-    samples = [
-        UsageSample.model_validate_json(d) for _, d in await read_stream(url, subjects.USAGE_STREAM)
-    ]
+    samples = [UsageSample.model_validate_json(d) for _, d in await read_usage(url)]
     decisions = [
         FractionDecision.model_validate_json(d)
         for _, d in await read_stream(url, subjects.DECISION_STREAM)

@@ -21,7 +21,7 @@ from fracpilot_cli.processes import ServiceProcess
 from fracpilot_decision.progress import decision_backlog
 from fracpilot_libs import subjects
 from fracpilot_libs.contracts import ActuationResult, Allocation, FractionDecision, Outcome
-from helpers import read_stream, reset_nats
+from helpers import read_stream, read_usage, reset_nats
 
 pytestmark = pytest.mark.e2e
 
@@ -79,14 +79,14 @@ async def test_load_becomes_actions_and_a_decision_restart_loses_nothing(
         # Let samples and decisions flow, then kill the decision service without warning.
         await asyncio.sleep(2.0)
         procs["decision"].kill()
-        killed_at_samples = len(await read_stream(nats_url, subjects.USAGE_STREAM))
+        killed_at_samples = len(await read_usage(nats_url))
         await asyncio.sleep(2.0)  # ingest keeps publishing while decision is down
         procs["decision"].start().wait_for_log("service ready", timeout_s=60)
         procs["ingest"].wait_for_log("simulation finished", timeout_s=120)
         await wait_decision_caught_up(nats_url)
         await wait_caught_up(nats_url, subjects.DECISION_STREAM, subjects.ACTUATOR_CONSUMER)
 
-        samples = await read_stream(nats_url, subjects.USAGE_STREAM)
+        samples = await read_usage(nats_url)
         decisions = [
             FractionDecision.model_validate_json(d)
             for _, d in await read_stream(nats_url, subjects.DECISION_STREAM)

@@ -20,7 +20,7 @@ from fracpilot_libs import subjects
 from fracpilot_libs.bus import Bus, PermanentError
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import DeadLetter, UsageSample
-from helpers import counter, read_stream, reset_nats, running, wait_for
+from helpers import counter, read_stream, read_usage, reset_nats, running, usage_stream_of, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +45,7 @@ async def test_declarations_are_idempotent_and_publishes_deduplicate(nats_url: s
     assert await bus.publish(subject, s, s.sample_id) is False  # same Nats-Msg-Id
     assert await bus.publish(subject, sample(minute=1), sample(minute=1).sample_id) is True
     await bus.close()
-    assert len(await read_stream(nats_url, subjects.USAGE_STREAM)) == 2
+    assert len(await read_usage(nats_url)) == 2
 
 
 async def test_a_failing_handler_is_retried_then_dead_lettered(nats_url: str) -> None:
@@ -63,7 +63,7 @@ async def test_a_failing_handler_is_retried_then_dead_lettered(nats_url: str) ->
             raise PermanentError("cannot ever work")
 
     await bus.consume(
-        stream=subjects.USAGE_STREAM,
+        stream=usage_stream_of(sample().workload),
         durable="t",
         model=UsageSample,
         filter_subject=f"{subjects.USAGE_PREFIX}.>",

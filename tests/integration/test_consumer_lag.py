@@ -19,13 +19,14 @@ from fracpilot_libs import subjects
 from fracpilot_libs.bus import Bus
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import UsageSample
-from helpers import reset_nats, wait_for
+from helpers import reset_nats, usage_stream_of, wait_for
 
 pytestmark = pytest.mark.integration
+USAGE = usage_stream_of(sample().workload)  # every sample here is of that one workload
 
 
 def lag(registry: CollectorRegistry, consumer: str) -> tuple[float | None, float | None]:
-    labels = {"stream": subjects.USAGE_STREAM, "consumer": consumer}
+    labels = {"stream": USAGE, "consumer": consumer}
     return (
         registry.get_sample_value("fracpilot_consumer_pending_messages", labels),
         registry.get_sample_value("fracpilot_consumer_ack_pending_messages", labels),
@@ -51,7 +52,7 @@ async def test_the_lag_gauges_follow_each_consumer(
 
     for name, handler in (("slow", slow), ("quick", quick)):
         await bus.consume(
-            stream=subjects.USAGE_STREAM,
+            stream=USAGE,
             durable=name,
             filter_subject=f"{subjects.USAGE_PREFIX}.>",
             model=UsageSample,
@@ -95,13 +96,13 @@ async def test_a_service_with_its_own_consumers_exports_their_lag_until_it_lets_
     await bus.ensure_streams()
     try:
         await bus.js.add_consumer(
-            subjects.USAGE_STREAM,
+            USAGE,
             ConsumerConfig(durable_name="own-p3", ack_policy=AckPolicy.EXPLICIT),
         )
         for minute in range(3):
             s = sample(minute=minute)
             await bus.publish(subjects.usage_subject(s.workload), s, s.sample_id)
-        watcher = bus.watch_consumer_lag(subjects.USAGE_STREAM, "own-p3")
+        watcher = bus.watch_consumer_lag(USAGE, "own-p3")
         await wait_for(lambda: lag(registry, "own-p3") == (3.0, 0.0), timeout=10)
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):

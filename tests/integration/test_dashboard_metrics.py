@@ -26,7 +26,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from fracpilot_libs import subjects
-from fracpilot_libs.contracts import ActuationResult, Outcome
+from fracpilot_libs.contracts import ActuationResult, Outcome, WorkloadRef
 from helpers import read_stream
 from support.compose_stack import OUR_SERVICES, ComposeStack, scrape
 from support.prometheus_server import PrometheusError
@@ -188,7 +188,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComposeStack]:
 async def _flow(stack: ComposeStack, within_s: float = 120.0) -> None:
     """Wait for applied actions, and send one message decision must dead-letter."""
     nc = await nats.connect(stack.nats_url)
-    await nc.jetstream().publish(f"{subjects.USAGE_PREFIX}.inference.broken", b"{not json")
+    broken = WorkloadRef(namespace="inference", owner_name="broken")
+    await nc.jetstream().publish(subjects.usage_subject(broken), b"{not json")
     await nc.close()
     deadline = time.monotonic() + within_s
     while True:

@@ -1,9 +1,10 @@
 """Decision replicas share the usage partitions over a real nats-server.
 
-Samples are partitioned by workload by the stream itself (a subject transform), replicas
-claim partitions through KV leases, and each workload's samples are decided in order by one
-replica. When a replica joins, leaves or is killed, its partitions move and the new owner
-carries on each workload's history from the checkpoints: every sample counted once, none lost.
+Samples are partitioned by workload into one stream per partition (by the slot in their
+subject), replicas claim partitions through KV leases, and each workload's samples are decided
+in order by one replica. When a replica joins, leaves or is killed, its partitions move and the
+new owner carries on each workload's history from the checkpoints: every sample counted once,
+none lost.
 The replicas run in this process (each with its own connection), so a kill is a cancel that
 checkpoints and acknowledges nothing, as a SIGKILL would.
 """
@@ -18,6 +19,8 @@ from datetime import timedelta
 
 import nats
 import pytest
+from nats.js.api import StreamConfig, SubjectTransform
+from prometheus_client import CollectorRegistry
 
 from factories import T0, sample
 from fracpilot_decision.checkpoints import mark_key
@@ -25,8 +28,11 @@ from fracpilot_decision.engine import WorkloadState
 from fracpilot_decision.progress import decision_backlog
 from fracpilot_decision.service import DecisionService, DecisionSettings
 from fracpilot_libs import subjects
+from fracpilot_libs.bus import Bus
+from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import UsageSample
-from helpers import counter, read_stream, reset_nats, wait_for
+from fracpilot_libs.usage_streams import usage_partition_count
+from helpers import counter, read_stream, read_usage, reset_nats, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -143,27 +149,26 @@ def assert_histories(rs: Iterable[Replica], rounds: int) -> None:
         assert state.recent_compute == last_two, name  # the last samples, in order
 
 
-async def test_the_stream_partitions_as_the_service_computes(nats_url: str) -> None:
+async def test_each_partition_stream_holds_its_workloads(nats_url: str) -> None:
     await reset_nats(nats_url)
     async with replicas(DecisionService(settings(nats_url, "solo"))):
         await publish(nats_url, feed(0))
-        stored = await read_stream(nats_url, subjects.USAGE_STREAM)
-    assert len(stored) == len(WORKLOADS)
-    by_name = {UsageSample.model_validate_json(d).workload.owner_name: s for s, d in stored}
-    for name, subject in by_name.items():
-        wl = sample(name=name).workload
-        assert subject == (
-            f"{subjects.USAGE_PREFIX}.p.{subjects.usage_partition(wl, PARTITIONS)}."
-            f"{subjects.token(wl.namespace)}.{subjects.token(wl.owner_name)}"
-        )
-    # Spread over the partitions, and readable with the per-workload filter.
-    assert len({s.split(".")[4] for s in by_name.values()}) > PARTITIONS // 2
-    one = await read_stream(
-        nats_url,
-        subjects.USAGE_STREAM,
-        subjects.usage_workload_filter(sample(name="svc-03").workload),
-    )
-    assert [s for s, _ in one] == [by_name["svc-03"]]
+        assert len(await read_usage(nats_url)) == len(WORKLOADS)
+        where: dict[str, int] = {}
+        for p in range(PARTITIONS):
+            for subject, data in await read_stream(nats_url, subjects.usage_stream(p)):
+                wl = UsageSample.model_validate_json(data).workload
+                assert subject == subjects.usage_subject(wl)
+                where[wl.owner_name] = p
+    assert where == {
+        n: subjects.usage_partition(sample(name=n).workload, PARTITIONS) for n in WORKLOADS
+    }
+    assert len(set(where.values())) > PARTITIONS // 2  # spread over the partitions
+    nc = await nats.connect(nats_url)
+    try:
+        assert await usage_partition_count(nc.jetstream()) == PARTITIONS
+    finally:
+        await nc.close()
 
 
 async def test_a_joining_replica_takes_half_and_histories_carry_on(nats_url: str) -> None:
@@ -285,7 +290,7 @@ async def consumers(url: str) -> dict[int, tuple[int, int]]:
     out = {}
     try:
         for p in range(PARTITIONS):
-            info = await js.consumer_info(subjects.USAGE_STREAM, subjects.decision_consumer(p))
+            info = await js.consumer_info(subjects.usage_stream(p), subjects.decision_consumer(p))
             floor = info.ack_floor.stream_seq if info.ack_floor else 0
             out[p] = (floor or 0, info.num_ack_pending or 0)
     finally:
@@ -294,7 +299,7 @@ async def consumers(url: str) -> dict[int, tuple[int, int]]:
 
 
 async def marks(service: DecisionService) -> dict[int, int | None]:
-    return {p: await service.checkpoints.read_mark(p, PARTITIONS) for p in range(PARTITIONS)}
+    return {p: await service.checkpoints.read_mark(p) for p in range(PARTITIONS)}
 
 
 async def test_samples_are_acknowledged_at_once_and_marked_at_checkpoints(nats_url: str) -> None:
@@ -322,8 +327,9 @@ async def test_samples_are_acknowledged_at_once_and_marked_at_checkpoints(nats_u
 async def test_a_partition_without_a_mark_resumes_from_its_acknowledgement_floor(
     nats_url: str,
 ) -> None:
-    """Consumers left by a version that acknowledged only once checkpointed (no marks): their
-    floor is where the checkpoints end, so nothing is delivered again."""
+    """A consumer without a mark (the mark deleted, or its first owner died between making the
+    consumer and marking it): its acknowledgement floor is taken as the mark, so nothing the
+    checkpoints hold is delivered again."""
     await reset_nats(nats_url)
     async with replicas(DecisionService(settings(nats_url, "old"))) as [old]:
         for r in range(2):
@@ -333,7 +339,7 @@ async def test_a_partition_without_a_mark_resumes_from_its_acknowledgement_floor
     nc = await nats.connect(nats_url)
     kv = await nc.jetstream().key_value(subjects.DECISION_STATE_BUCKET)
     for p in range(PARTITIONS):
-        await kv.delete(mark_key(p, PARTITIONS))
+        await kv.delete(mark_key(p))
     await nc.close()
 
     await publish(nats_url, feed(2))
@@ -360,7 +366,7 @@ async def test_an_unreadable_mark_means_the_whole_stream_again(nats_url: str) ->
     nc = await nats.connect(nats_url)
     kv = await nc.jetstream().key_value(subjects.DECISION_STATE_BUCKET)
     for p in range(PARTITIONS):
-        await kv.put(mark_key(p, PARTITIONS), b'{"seq": "soon"}')
+        await kv.put(mark_key(p), b'{"seq": "soon"}')
     await nc.close()
 
     again = DecisionService(settings(nats_url, "b"))
@@ -394,3 +400,104 @@ async def test_a_sample_on_another_workloads_subject_is_dead_lettered(nats_url: 
     assert len(letters) == 1
     assert "svc-01" in letters[0][1].decode()
     assert set(solo.service.histories) == {key("svc-01")}
+
+
+async def test_fewer_partitions_move_the_slots_and_histories_carry_on(nats_url: str) -> None:
+    """The partition count lowered with the decision caught up (docs/performance.md): the
+    slots move to the remaining streams, the others are retired, every workload's history
+    carries on: positions from its former stream never hide a sample in its new one."""
+    await reset_nats(nats_url)
+    async with replicas(DecisionService(settings(nats_url, "eight"))) as [a]:
+        for r in range(2):
+            await publish(nats_url, feed(r))
+        await wait_for(lambda: a.decided() == 2 * len(WORKLOADS), timeout=15)
+    fewer = DecisionSettings(
+        **{**settings(nats_url, "four").model_dump(), "decision_partitions": 4}
+    )
+    async with replicas(DecisionService(fewer)) as [b]:
+        assert b.owned == set(range(4))
+        await publish(nats_url, feed(2))
+        await wait_for(lambda: b.decided() == len(WORKLOADS), timeout=15)
+        assert_histories([b], rounds=3)
+        nc = await nats.connect(nats_url)
+        js = nc.jetstream()
+        try:
+            assert await usage_partition_count(js) == 4
+            for p in range(PARTITIONS):
+                config = (await js.stream_info(subjects.usage_stream(p))).config
+                expected = (
+                    subjects.usage_stream_subjects(p, 4)
+                    if p < 4
+                    else subjects.retired_usage_subjects(p)
+                )
+                assert tuple(config.subjects or ()) == expected
+        finally:
+            await nc.close()
+        for n in WORKLOADS:  # the round after the change, in the workload's new stream
+            stream = subjects.usage_stream(subjects.usage_partition(sample(name=n).workload, 4))
+            assert [s for s, _ in await read_stream(nats_url, stream)].count(
+                subjects.usage_subject(sample(name=n).workload)
+            ) >= 1
+
+
+async def test_an_upgrade_from_the_single_usage_stream(nats_url: str) -> None:
+    """The earlier layout: one stream ``FRACPILOT_USAGE`` on ``fracpilot.usage.v1.>``. It is
+    narrowed to its publishers' subjects (a sample from a not yet upgraded ingest is still
+    stored, not refused), and the checkpoints' positions, which are that stream's, do not
+    hide a sample of the new partition streams (whose sequences start again at 1)."""
+    await reset_nats(nats_url)
+    async with replicas(DecisionService(settings(nats_url, "old"))) as [a]:
+        for r in range(2):
+            await publish(nats_url, feed(r))
+        await wait_for(lambda: a.decided() == 2 * len(WORKLOADS), timeout=15)
+    # Only the checkpoints are kept, as if the samples had been in the earlier stream.
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    for p in range(PARTITIONS):
+        await js.delete_stream(subjects.usage_stream(p))
+    kv = await js.key_value(subjects.DECISION_STATE_BUCKET)
+    for p in range(PARTITIONS):
+        await kv.delete(mark_key(p))
+    await js.add_stream(
+        StreamConfig(
+            name=subjects.LEGACY_USAGE_STREAM,
+            subjects=[f"{subjects.USAGE_PREFIX}.>"],
+            subject_transform=SubjectTransform(
+                src=f"{subjects.USAGE_PREFIX}.*.*",
+                dest=f"{subjects.USAGE_PREFIX}.p.{{{{partition({PARTITIONS},1,2)}}}}"
+                ".{{wildcard(1)}}.{{wildcard(2)}}",
+            ),
+        )
+    )
+    await nc.close()
+
+    # The upgraded ingest starts (its streams declared) and publishes before the upgraded
+    # decision runs: the new streams' first sequences are those the checkpoints' positions name.
+    ingest = Bus(
+        "ingest",
+        ServiceSettings(nats_url=nats_url, decision_partitions=PARTITIONS),
+        CollectorRegistry(),
+    )
+    await ingest.connect(retry_for_s=5)
+    await ingest.ensure_streams()
+    for r in (2, 3):
+        for s in feed(r):
+            await ingest.publish(subjects.usage_subject(s.workload), s, s.sample_id)
+    await ingest.close()
+    new = DecisionService(settings(nats_url, "new"))
+    async with replicas(new) as [b]:
+        await wait_for(lambda: b.decided() == 2 * len(WORKLOADS), timeout=15)
+        await asyncio.sleep(0.3)
+        assert_histories([b], rounds=4)
+        assert counter(new.runtime.registry, "fracpilot_decision_duplicate_samples_total") == 0
+        nc = await nats.connect(nats_url)
+        js = nc.jetstream()
+        try:
+            legacy = await js.stream_info(subjects.LEGACY_USAGE_STREAM)
+            assert legacy.config.subjects == [subjects.LEGACY_USAGE_SUBJECTS]
+            old_ingest = await js.publish(
+                f"{subjects.USAGE_PREFIX}.team.chat", sample(name="chat").to_json()
+            )
+            assert old_ingest.stream == subjects.LEGACY_USAGE_STREAM
+        finally:
+            await nc.close()

@@ -41,7 +41,7 @@ from fracpilot_libs.contracts import (
     PolicyScope,
     UsageSample,
 )
-from helpers import read_stream, reset_nats, running, wait_for
+from helpers import read_stream, reset_nats, running, usage_stream_of, wait_for
 from support.fuzzing import draw, examples_per_subject, junk_payloads, rejected_junk
 
 pytestmark = pytest.mark.integration
@@ -137,7 +137,7 @@ async def test_junk_usage_samples_are_each_dead_lettered(nats_url: str, n: int) 
     report("usage -> decision", len(junk), letters, started)
     assert len(letters) == len(junk)
     assert_every_letter_says_why(letters, junk)
-    assert await pending(nats_url, subjects.USAGE_STREAM) == (0, 0)
+    assert await pending(nats_url, usage_stream_of(sample().workload)) == (0, 0)
 
 
 async def test_junk_decisions_are_each_dead_lettered(nats_url: str, n: int) -> None:

@@ -25,7 +25,7 @@ import pytest
 from fracpilot_ingest.service import IngestService, IngestSettings
 from fracpilot_libs import subjects
 from fracpilot_libs.contracts import Allocation, Attribution, UsageSample, WorkloadRef
-from helpers import read_stream, reset_nats, running, wait_for
+from helpers import read_usage, reset_nats, running, wait_for
 from support.gpu_exporter import (
     GpuState,
     GpuTestExporter,
@@ -105,9 +105,7 @@ def settings(nats_url: str, **overrides: object) -> IngestSettings:
 
 
 async def samples_in_stream(url: str) -> list[UsageSample]:
-    return [
-        UsageSample.model_validate_json(d) for _, d in await read_stream(url, subjects.USAGE_STREAM)
-    ]
+    return [UsageSample.model_validate_json(d) for _, d in await read_usage(url)]
 
 
 def latest_by_pod(samples: list[UsageSample]) -> dict[str, UsageSample]:

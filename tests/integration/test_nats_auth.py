@@ -42,7 +42,7 @@ from fracpilot_libs.contracts import (
     UsageSample,
 )
 from fracpilot_libs.nats_connect import NatsSecurityError, open_connection
-from helpers import running, wait_for
+from helpers import running, usage_stream_of, wait_for
 from support.fuzzing import decodes
 from support.nats_auth import SecuredNats, TlsFiles, make_tls_files, make_user_nkey
 
@@ -97,10 +97,14 @@ async def operator(secured: SecuredNats) -> AsyncIterator[Connection]:
     await conn.nc.close()
 
 
-async def read_all(conn: Connection, subject: str, timeout: float = 3.0) -> list[bytes]:
+async def read_all(
+    conn: Connection, subject: str, timeout: float = 3.0, stream: str | None = None
+) -> list[bytes]:
     """Every message of a stream subject, read with an ordered (ephemeral) consumer."""
     js = conn.nc.jetstream()
-    sub = await js.subscribe(subject, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
+    sub = await js.subscribe(
+        subject, stream=stream, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
+    )
     out: list[bytes] = []
     try:
         while True:
@@ -202,7 +206,14 @@ async def test_services_run_the_pipeline_under_their_own_identities(
         assert {d.service for d in letters} == set(SERVICES), letters
 
     # (the junk published above for the dead-letter paths is left out)
-    samples = valid(UsageSample, await read_all(operator, f"{subjects.USAGE_PREFIX}.>"))
+    usage = [
+        data
+        for p in range(16)  # the default partition count, which the permissions name
+        for data in await read_all(
+            operator, f"{subjects.USAGE_PREFIX}.>", stream=subjects.usage_stream(p)
+        )
+    ]
+    samples = valid(UsageSample, usage)
     decisions = valid(FractionDecision, await read_all(operator, f"{subjects.DECISION_PREFIX}.>"))
     results = valid(ActuationResult, await read_all(operator, f"{subjects.ACTUATION_PREFIX}.>"))
     assert len([s for s in samples if s.source == "simulator"]) == 2 * 4 * 60
@@ -235,9 +246,14 @@ async def test_services_run_the_pipeline_under_their_own_identities(
         ("policy-admin", "$KV.fracpilot_policies.cluster"),  # set goes through validation
         ("actuator", "$KV.fracpilot_policies.cluster"),
         ("ingest", "$KV.fracpilot_allocations.demo/inference/Deployment/chat"),
-        ("operator", f"$JS.API.CONSUMER.MSG.NEXT.FRACPILOT_USAGE.{subjects.decision_consumer(0)}"),
-        ("ingest", f"$JS.API.CONSUMER.MSG.NEXT.FRACPILOT_USAGE.{subjects.decision_consumer(0)}"),
-        ("actuator", f"$JS.API.CONSUMER.DELETE.FRACPILOT_USAGE.{subjects.decision_consumer(0)}"),
+        (
+            "operator",
+            f"$JS.API.CONSUMER.MSG.NEXT.FRACPILOT_USAGE_0.{subjects.decision_consumer(0)}",
+        ),
+        ("ingest", f"$JS.API.CONSUMER.MSG.NEXT.FRACPILOT_USAGE_0.{subjects.decision_consumer(0)}"),
+        ("actuator", f"$JS.API.CONSUMER.DELETE.FRACPILOT_USAGE_0.{subjects.decision_consumer(0)}"),
+        ("operator", "$JS.API.STREAM.DELETE.FRACPILOT_USAGE_3"),
+        ("ingest", "$JS.API.STREAM.PURGE.FRACPILOT_USAGE_3"),
         ("operator", "$JS.API.STREAM.PURGE.FRACPILOT_DECISIONS"),
         ("ingest", "$JS.API.STREAM.DELETE.FRACPILOT_DECISIONS"),
         ("decision", "$JS.API.CONSUMER.DELETE.FRACPILOT_DECISIONS.actuator"),
@@ -336,7 +352,9 @@ async def test_an_nkey_identity_gets_the_permissions_it_is_bound_to(tmp_path: Pa
         nc = await open_connection(settings, servers=server.url, error_cb=remember)
         try:
             js = nc.jetstream()
-            await js.add_stream(name=subjects.USAGE_STREAM, subjects=[f"{subjects.USAGE_PREFIX}.>"])
+            await js.add_stream(
+                name=usage_stream_of(sample().workload), subjects=[f"{subjects.USAGE_PREFIX}.>"]
+            )
             ack = await js.publish(subjects.usage_subject(sample().workload), sample().to_json())
             assert ack.seq == 1
             with pytest.raises((nats.errors.TimeoutError, TimeoutError)):

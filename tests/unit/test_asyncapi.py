@@ -70,7 +70,11 @@ def test_every_address_parameter_is_declared_and_every_declared_one_is_used() ->
 def test_addresses_are_the_subjects_the_services_use() -> None:
     channels = document()["channels"]
     ref = WorkloadRef(cluster="c", namespace="team-a", owner_name="chat.v2")  # dot: one token
-    fill = {"namespace": subjects.token(ref.namespace), "workload": subjects.token(ref.owner_name)}
+    fill = {
+        "namespace": subjects.token(ref.namespace),
+        "workload": subjects.token(ref.owner_name),
+        "slot": str(subjects.usage_slot(ref)),
+    }
     for channel, made in (
         ("usage", subjects.usage_subject(ref)),
         ("decisions", subjects.decision_subject(ref)),
@@ -95,6 +99,7 @@ def test_every_bucket_stream_and_prefix_of_subjects_py_is_documented() -> None:
             assert f"`{value}`" in text, name
         if name.endswith("_PREFIX") and value.startswith("fracpilot."):
             assert f"address: {value}." in text, name
+    assert f"`{subjects.USAGE_STREAM_PREFIX}<partition>`" in text
 
 
 def test_every_channel_has_a_sender_and_a_receiver() -> None:

@@ -37,7 +37,6 @@ from nats.js.api import (
     RetentionPolicy,
     StorageType,
     StreamConfig,
-    SubjectTransform,
 )
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
@@ -52,6 +51,7 @@ from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import DeadLetter, utcnow
 from fracpilot_libs.nats_connect import connect_options, open_connection
 from fracpilot_libs.telemetry import extract_trace, inject_trace
+from fracpilot_libs.usage_streams import ensure_usage_streams
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
@@ -83,21 +83,12 @@ class StreamSpec:
     subjects: tuple[str, ...]
     max_age_s: float | None
     description: str
-    subject_transform: tuple[str, str] | None = None  # (source, destination) as stored
 
 
-def default_streams(usage_max_age_s: float, usage_partitions: int = 16) -> tuple[StreamSpec, ...]:
-    """Usage is bounded in age and stored partitioned by workload (see
-    :func:`fracpilot_libs.subjects.usage_partition_transform`); decisions, results and dead
-    letters are kept for audit."""
+def default_streams() -> tuple[StreamSpec, ...]:
+    """Decisions, results and dead letters, kept for audit. (The usage streams, one per
+    partition and bounded in age, are :mod:`fracpilot_libs.usage_streams`.)"""
     return (
-        StreamSpec(
-            subjects.USAGE_STREAM,
-            (f"{subjects.USAGE_PREFIX}.>",),
-            usage_max_age_s,
-            "GPU usage samples per workload",
-            subjects.usage_partition_transform(usage_partitions),
-        ),
         StreamSpec(
             subjects.DECISION_STREAM,
             (f"{subjects.DECISION_PREFIX}.>",),
@@ -351,18 +342,13 @@ class Bus:
     # --- declarations -----------------------------------------------------------------------
 
     async def ensure_streams(
-        self, specs: tuple[StreamSpec, ...] | None = None, *, update_transforms: bool = False
+        self, specs: tuple[StreamSpec, ...] | None = None, *, assign_partitions: bool = False
     ) -> None:
-        """Create the streams, or update them to the specs. A stream that exists keeps its
-        subject transform (the usage partitions) unless ``update_transforms``: only the
-        decision service, which consumes the partitions, changes their number."""
+        """Create the streams, or update them to the specs; then the usage partition streams
+        (:func:`fracpilot_libs.usage_streams.ensure_usage_streams`): only the decision
+        service, which consumes the partitions, changes their number (``assign_partitions``)."""
         s = self.settings
-        for spec in specs or default_streams(s.usage_max_age_s, s.decision_partitions):
-            transform = (
-                SubjectTransform(src=spec.subject_transform[0], dest=spec.subject_transform[1])
-                if spec.subject_transform
-                else None
-            )
+        for spec in specs or default_streams():
             config = StreamConfig(
                 name=spec.name,
                 description=spec.description,
@@ -372,22 +358,17 @@ class Bus:
                 discard=DiscardPolicy.OLD,
                 max_age=spec.max_age_s,
                 duplicate_window=120.0,
-                subject_transform=transform,
             )
             try:
-                info = await self.js.stream_info(spec.name)
+                await self.js.stream_info(spec.name)
             except NotFoundError:
                 await self.js.add_stream(config)
                 continue
-            existing = info.config.subject_transform
-            if not update_transforms:
-                config.subject_transform = existing
-            elif existing != transform:
-                log.warning(
-                    "changing the stream's subject transform",
-                    extra={"stream": spec.name, "from": str(existing), "to": str(transform)},
-                )
             await self.js.update_stream(config)
+        if specs is None:
+            await ensure_usage_streams(
+                self.js, s.decision_partitions, s.usage_max_age_s, assign=assign_partitions
+            )
 
     async def kv(self, bucket: str, history: int = 1) -> KeyValue:
         try:

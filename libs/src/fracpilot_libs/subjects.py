@@ -1,11 +1,10 @@
 """Every NATS subject, stream, consumer and KV bucket name, in one place.
 
-Per-workload subjects end in ``<namespace>.<workload>``. Usage samples are published on
-``fracpilot.usage.v1.<ns>.<workload>`` and the usage stream stores them partitioned by workload
-(a subject transform: :func:`usage_partition_transform`) as
-``fracpilot.usage.v1.p.<partition>.<ns>.<workload>``, so that decision replicas can share the
-partitions while each workload's samples stay in order on one of them. Readers of the stream
-filter on ``USAGE_STORED_ALL`` (every sample) or :func:`usage_workload_filter` (one workload).
+Per-workload subjects end in ``<namespace>.<workload>``. Usage samples carry one more token,
+the workload's slot (a fixed hash): ``fracpilot.usage.v1.<slot>.<ns>.<workload>``.
+Each usage partition is a stream of its own (:func:`usage_stream`) holding a share of the
+slots, so that decision replicas can share the partitions while each workload's samples stay
+in order on one of them.
 """
 
 from __future__ import annotations
@@ -23,12 +22,11 @@ POLICY_GET = "fracpilot.policy.v1.get"
 POLICY_LIST = "fracpilot.policy.v1.list"
 POLICY_QUEUE = "decision-policy"  # queue group: decision replicas share the policy requests
 
-USAGE_STREAM = "FRACPILOT_USAGE"
 DECISION_STREAM = "FRACPILOT_DECISIONS"
 ACTUATION_STREAM = "FRACPILOT_ACTUATIONS"
 DEADLETTER_STREAM = "FRACPILOT_DEADLETTERS"
 
-DECISION_CONSUMER_PREFIX = "decision-p"  # one durable consumer per usage partition
+DECISION_CONSUMER_PREFIX = "decision-p"  # the durable consumer of each usage partition
 ACTUATOR_CONSUMER = "actuator"
 
 POLICY_BUCKET = "fracpilot_policies"  # PolicyScope.key -> Policy
@@ -51,10 +49,6 @@ def _per_workload(prefix: str, workload: WorkloadRef) -> str:
     return f"{prefix}.{token(workload.namespace)}.{token(workload.owner_name)}"
 
 
-def usage_subject(workload: WorkloadRef) -> str:
-    return _per_workload(USAGE_PREFIX, workload)
-
-
 def decision_subject(workload: WorkloadRef) -> str:
     return _per_workload(DECISION_PREFIX, workload)
 
@@ -73,55 +67,66 @@ def kv_key(workload: WorkloadRef) -> str:
 
 
 # --- usage partitions -----------------------------------------------------------------------
+#
+# A workload's samples are published on ``fracpilot.usage.v1.<slot>.<ns>.<workload>``: the slot
+# (0..USAGE_SLOTS-1) is a hash of the namespace and workload tokens, fixed forever, so that a
+# publisher needs no configuration. The partitions are streams, ``FRACPILOT_USAGE_<k>`` for k
+# in 0..partitions-1, and stream k stores the slots with ``slot % partitions == k``: each
+# decision consumer reads a stream of its own, whole, with no filter. (One stream filtered per
+# partition made nats-server scan past every other partition's samples for each one it
+# delivered: the largest share of its CPU once samples were acknowledged in batches.)
 
-USAGE_PARTITION_TOKEN = "p"
-USAGE_STORED_ALL = f"{USAGE_PREFIX}.>"  # every stored sample, whatever its partition
-
-
-def usage_partition_transform(partitions: int) -> tuple[str, str]:
-    """The usage stream's subject transform (source, destination): nats-server hashes the
-    namespace and workload tokens into one of ``partitions`` (its ``partition`` mapping
-    function, which :func:`partition_of` reproduces)."""
-    return (
-        f"{USAGE_PREFIX}.*.*",
-        f"{USAGE_PREFIX}.{USAGE_PARTITION_TOKEN}.{{{{partition({partitions},1,2)}}}}"
-        ".{{wildcard(1)}}.{{wildcard(2)}}",
-    )
-
-
-_PARTITIONS_IN = re.compile(r"\{\{\s*partition\(\s*(\d+)\s*,")
+USAGE_SLOTS = 1024
+USAGE_STREAM_PREFIX = "FRACPILOT_USAGE_"
+USAGE_PARTITIONS_METADATA = "fracpilot_partitions"  # stream metadata: the partition count
+LEGACY_USAGE_STREAM = "FRACPILOT_USAGE"  # the earlier layout: one stream, a partitioning transform
+LEGACY_USAGE_SUBJECTS = f"{USAGE_PREFIX}.*.*"  # what the previous version's publishers send
 
 
-def partitions_of_transform(destination: str) -> int | None:
-    """The partition count a usage stream transform destination names (None: not one)."""
-    found = _PARTITIONS_IN.search(destination)
-    return int(found.group(1)) if found else None
-
-
-def partition_of(namespace_token: str, workload_token: str, partitions: int) -> int:
-    """The partition nats-server stores ``<ns>.<workload>`` in: FNV-1a (32 bit) of the two
-    tokens written one after the other, modulo the partition count."""
+def slot_of(namespace_token: str, workload_token: str) -> int:
+    """The usage slot of ``<ns>.<workload>``: FNV-1a (32 bit) of the two tokens written one
+    after the other, modulo :data:`USAGE_SLOTS` (nats-server's ``partition`` mapping function
+    hashes the same way)."""
     h = 0x811C9DC5
     for byte in (namespace_token + workload_token).encode():
         h = ((h ^ byte) * 0x01000193) & 0xFFFFFFFF
-    return h % partitions
+    return h % USAGE_SLOTS
+
+
+def usage_slot(workload: WorkloadRef) -> int:
+    return slot_of(token(workload.namespace), token(workload.owner_name))
+
+
+def usage_subject(workload: WorkloadRef) -> str:
+    """Where a workload's samples are published (and stored, in its partition's stream)."""
+    ns, name = token(workload.namespace), token(workload.owner_name)
+    return f"{USAGE_PREFIX}.{slot_of(ns, name)}.{ns}.{name}"
 
 
 def usage_partition(workload: WorkloadRef, partitions: int) -> int:
-    return partition_of(token(workload.namespace), token(workload.owner_name), partitions)
+    return usage_slot(workload) % partitions
 
 
-def usage_partition_filter(partition: int) -> str:
-    """Every stored sample of one partition."""
-    return f"{USAGE_PREFIX}.{USAGE_PARTITION_TOKEN}.{partition}.>"
+def usage_stream(partition: int) -> str:
+    """The stream of one usage partition."""
+    return f"{USAGE_STREAM_PREFIX}{partition}"
 
 
-def usage_workload_filter(workload: WorkloadRef) -> str:
-    """Every stored sample of one workload, whatever the partition count."""
-    return (
-        f"{USAGE_PREFIX}.{USAGE_PARTITION_TOKEN}.*."
-        f"{token(workload.namespace)}.{token(workload.owner_name)}"
-    )
+def usage_stream_partition(stream: str) -> int | None:
+    """The partition a usage stream name stands for (None: not a usage partition stream)."""
+    tail = stream.removeprefix(USAGE_STREAM_PREFIX)
+    return int(tail) if tail != stream and tail.isdigit() else None
+
+
+def usage_stream_subjects(partition: int, partitions: int) -> tuple[str, ...]:
+    """The subjects stream ``partition`` stores when there are ``partitions``."""
+    return tuple(f"{USAGE_PREFIX}.{slot}.*.*" for slot in range(partition, USAGE_SLOTS, partitions))
+
+
+def retired_usage_subjects(partition: int) -> tuple[str, ...]:
+    """The subject of a usage stream past the partition count (after the count was lowered):
+    nothing is published there; what it holds ages out."""
+    return (f"{USAGE_PREFIX}.retired.{partition}",)
 
 
 def decision_consumer(partition: int) -> str:

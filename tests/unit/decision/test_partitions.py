@@ -156,18 +156,22 @@ def test_a_replica_never_claims_a_partition_another_still_holds() -> None:
     assert moves.release == frozenset({2, 3})
 
 
-def test_partitions_hash_as_nats_server_does() -> None:
-    # FNV-1a 32-bit test vectors ("foobar"), over the two tokens written one after the other.
-    assert subjects.partition_of("foo", "bar", 2**32) == 0xBF9CF968
-    assert subjects.partition_of("", "a", 2**32) == 0xE40C292C
-    assert subjects.partition_of("foo", "bar", 16) == 0xBF9CF968 % 16
+def test_slots_are_fnv1a_of_the_two_tokens() -> None:
+    # FNV-1a 32-bit test vectors ("foobar", "a"), over the two tokens written one after the other.
+    assert subjects.slot_of("foo", "bar") == 0xBF9CF968 % subjects.USAGE_SLOTS
+    assert subjects.slot_of("", "a") == 0xE40C292C % subjects.USAGE_SLOTS
 
 
-def test_the_transform_names_its_partition_count() -> None:
-    src, dest = subjects.usage_partition_transform(24)
-    assert src == f"{subjects.USAGE_PREFIX}.*.*"
-    assert subjects.partitions_of_transform(dest) == 24
-    assert subjects.partitions_of_transform("fracpilot.usage.v1.{{wildcard(1)}}") is None
+@pytest.mark.parametrize("partitions", [1, 2, 7, 16, 24, 32, 1024])
+def test_every_slot_is_in_exactly_one_partition_stream(partitions: int) -> None:
+    owners: dict[str, int] = {}
+    for p in range(partitions):
+        for subject in subjects.usage_stream_subjects(p, partitions):
+            assert subject not in owners, subject
+            owners[subject] = p
+    assert len(owners) == subjects.USAGE_SLOTS
+    sizes = [len(subjects.usage_stream_subjects(p, partitions)) for p in range(partitions)]
+    assert max(sizes) - min(sizes) <= 1  # as even as the slots allow
 
 
 names = st.text(
@@ -184,6 +188,21 @@ def test_a_checkpoint_key_names_the_partition_of_its_workload(
         assert partition_of_key(subjects.kv_key(wl), n) == subjects.usage_partition(wl, n)
 
 
+@given(namespace=names, name=names)
+def test_a_workloads_subject_is_stored_in_its_partitions_stream(namespace: str, name: str) -> None:
+    wl = WorkloadRef(namespace=namespace, owner_name=name)
+    subject = subjects.usage_subject(wl)
+    slot_wildcard = subject.rsplit(".", 2)[0] + ".*.*"
+    for n in (1, 7, 16):
+        assert slot_wildcard in subjects.usage_stream_subjects(subjects.usage_partition(wl, n), n)
+
+
+def test_usage_stream_names_give_back_their_partition() -> None:
+    assert subjects.usage_stream_partition(subjects.usage_stream(12)) == 12
+    assert subjects.usage_stream_partition(subjects.LEGACY_USAGE_STREAM) is None
+    assert subjects.usage_stream_partition("FRACPILOT_USAGE_x") is None
+
+
 @pytest.mark.parametrize("key", ["", "no-slashes", "a/b", "c/ns/Kind/"])
 def test_a_key_of_another_shape_has_no_partition(key: str) -> None:
     assert partition_of_key(key, 16) is None
@@ -197,28 +216,43 @@ def test_policy_keys_are_spelled_as_the_scopes_spell_them(namespace: str, name: 
 
 
 def test_the_position_comes_from_either_form_of_the_reply_subject() -> None:
-    v1 = "$JS.ACK.FRACPILOT_USAGE.decision-p3.1.4021.17.1764693600000000000.5"
-    v2 = "$JS.ACK.hub.ACCHASH.FRACPILOT_USAGE.decision-p3.1.4021.17.1764693600000000000.5.tok"
+    v1 = "$JS.ACK.FRACPILOT_USAGE_3.decision-p3.1.4021.17.1764693600000000000.5"
+    v2 = "$JS.ACK.hub.ACCHASH.FRACPILOT_USAGE_3.decision-p3.1.4021.17.1764693600000000000.5.tok"
     assert position_of(v1) == (4021, 1764693600000000000)
     assert position_of(v2) == (4021, 1764693600000000000)
+
+
+CHAT = subjects.slot_of("inference", "chat")
 
 
 @pytest.mark.parametrize(
     ("namespace", "name", "subject", "ok"),
     [
-        ("inference", "chat", "fracpilot.usage.v1.p.3.inference.chat", True),
-        ("inference", "llama-3.1", "fracpilot.usage.v1.p.3.inference.llama-3_1", True),
-        ("inference", "chat", "fracpilot.usage.v1.p.3.inference.other", False),
-        ("3", "b.c", "fracpilot.usage.v1.p.3.b.c", False),  # not fooled by a look-alike tail
-        ("inference", "chat", "fracpilot.usage.v1.p.3.xinference.chat", False),
+        ("inference", "chat", f"fracpilot.usage.v1.{CHAT}.inference.chat", True),
+        (
+            "inference",
+            "llama-3.1",
+            f"fracpilot.usage.v1.{subjects.slot_of('inference', 'llama-3_1')}.inference.llama-3_1",
+            True,
+        ),
+        ("inference", "chat", f"fracpilot.usage.v1.{CHAT}.inference.other", False),
+        ("3", "b.c", "fracpilot.usage.v1.3.b.c", False),  # not fooled by a look-alike tail
+        ("inference", "chat", f"fracpilot.usage.v1.{CHAT}.xinference.chat", False),
+        ("inference", "chat", f"fracpilot.usage.v1.{(CHAT + 1) % 1024}.inference.chat", False),
     ],
 )
 def test_a_sample_belongs_on_its_own_workloads_subject(
     namespace: str, name: str, subject: str, ok: bool
 ) -> None:
-    assert _on_its_subject(subject, namespace, name) is ok
-    wl = WorkloadRef(namespace=namespace, owner_name=name)
-    stored = subjects.usage_subject(wl).replace(
-        subjects.USAGE_PREFIX, f"{subjects.USAGE_PREFIX}.p.{subjects.usage_partition(wl, 16)}"
+    assert _on_its_subject(subject, namespace, name, slot_too=True) is ok
+    assert _on_its_subject(
+        subjects.usage_subject(WorkloadRef(namespace=namespace, owner_name=name)),
+        namespace,
+        name,
+        slot_too=True,
     )
-    assert _on_its_subject(stored, namespace, name)
+
+
+def test_the_slot_is_checked_only_when_asked() -> None:
+    wrong_slot = f"fracpilot.usage.v1.{(CHAT + 1) % 1024}.inference.chat"
+    assert _on_its_subject(wrong_slot, "inference", "chat", slot_too=False)

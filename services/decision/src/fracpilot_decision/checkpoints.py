@@ -6,7 +6,8 @@ as :func:`fracpilot_decision.engine.dump_state` writes them (each carries the st
 of the last sample in it). The service writes the states that changed in batches (every
 ``checkpoint_interval_s``, and when it hands a partition over or stops), pipelined rather than
 one round trip each, then the partition's **mark**: the stream position up to which every
-sample is in a checkpoint (key ``marks/<partition count>/<partition>``, never a workload key).
+sample is in a checkpoint (key ``marks/<partition's stream>``, never a workload key; a stream's
+positions stay valid whatever the partition count).
 A replica that claims a partition reads the checkpoints of that partition's workloads (one
 pass over the bucket for all the partitions it claims at once) and its mark, and consumes from
 the sample after the mark. A checkpoint that does not load is logged, counted and skipped:
@@ -50,13 +51,15 @@ def partition_of_key(key: str, partitions: int) -> int | None:
     parts = key.rsplit("/", 3)
     if len(parts) != 4 or not parts[1] or not parts[3]:
         return None
-    return subjects.partition_of(subjects.token(parts[1]), subjects.token(parts[3]), partitions)
+    return subjects.slot_of(subjects.token(parts[1]), subjects.token(parts[3])) % partitions
 
 
-def mark_key(partition: int, count: int) -> str:
-    """Where the mark of ``partition`` (of ``count``) is kept: two slashes, where a workload
-    key has three, so that no workload's checkpoint can take its place."""
-    return f"marks/{count}/{partition}"
+def mark_key(partition: int) -> str:
+    """Where the mark of ``partition``'s stream is kept: one slash, where a workload key has
+    three, so that no workload's checkpoint can take its place. (The marks of the earlier
+    single usage stream, ``marks/<count>/<partition>``, are positions in that stream: they
+    are never read.)"""
+    return f"marks/{subjects.usage_stream(partition)}"
 
 
 class Checkpointer:
@@ -105,12 +108,12 @@ class Checkpointer:
 
     # --- marks ------------------------------------------------------------------------------
 
-    async def read_mark(self, partition: int, count: int) -> int | None:
+    async def read_mark(self, partition: int) -> int | None:
         """The partition's mark: every sample at or before it is in a checkpoint. None when
-        the partition has none (never consumed, or consumed by a version that acknowledged
-        only after checkpointing); 0 when it does not parse (logged and counted): the whole
-        stream is delivered again rather than a sample lost (positions skip what is known)."""
-        key = mark_key(partition, count)
+        the partition has none (its stream never consumed); 0 when it does not parse (logged
+        and counted): the whole stream is delivered again rather than a sample lost
+        (positions skip what is known)."""
+        key = mark_key(partition)
         try:
             entry = await (await self._kv()).get(key)
         except KeyNotFoundError:
@@ -128,11 +131,11 @@ class Checkpointer:
             return 0
         return seq
 
-    async def write_mark(self, partition: int, count: int, seq: int) -> None:
+    async def write_mark(self, partition: int, seq: int) -> None:
         """Record that every sample of the partition up to ``seq`` is in a checkpoint (only
         after those checkpoints are written). Raises when it is not stored."""
         body = json.dumps({"seq": seq, "at": time.time()}).encode()
-        await (await self._kv()).put(mark_key(partition, count), body)
+        await (await self._kv()).put(mark_key(partition), body)
 
     # --- writing ----------------------------------------------------------------------------
 

@@ -13,11 +13,12 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from fracpilot_libs import subjects
+from fracpilot_libs.usage_streams import usage_partition_count
 
 
 @dataclass(frozen=True)
 class Backlog:
-    partitions: int  # as the usage stream's transform says
+    partitions: int  # as the usage streams record
     pending: int  # stored, not delivered to a replica yet
     unacknowledged: int  # delivered, not decided and acknowledged yet
     missing: int  # partitions without a consumer yet (no replica ever claimed them)
@@ -27,25 +28,15 @@ class Backlog:
         return self.pending == 0 and self.unacknowledged == 0 and self.missing == 0
 
 
-async def usage_partitions(js: JetStreamContext) -> int | None:
-    """The usage stream's partition count (None: no stream, or not partitioned)."""
-    try:
-        info = await js.stream_info(subjects.USAGE_STREAM)
-    except NotFoundError:
-        return None
-    transform = info.config.subject_transform
-    return subjects.partitions_of_transform(transform.dest) if transform else None
-
-
 async def decision_backlog(js: JetStreamContext) -> Backlog | None:
     """Samples the decision replicas have not finished, over every partition's consumer."""
-    partitions = await usage_partitions(js)
+    partitions = await usage_partition_count(js)
     if partitions is None:
         return None
     pending = unacked = missing = 0
     for p in range(partitions):
         try:
-            info = await js.consumer_info(subjects.USAGE_STREAM, subjects.decision_consumer(p))
+            info = await js.consumer_info(subjects.usage_stream(p), subjects.decision_consumer(p))
         except NotFoundError:
             missing += 1
             continue

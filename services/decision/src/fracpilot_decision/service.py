@@ -1,11 +1,11 @@
 """The decision service: a thin NATS adapter around the pure engine, partitioned by workload.
 
-**Partitions.** The usage stream stores every sample under one of ``FRACPILOT_DECISION_PARTITIONS``
-partitions chosen by its workload (a subject transform of the stream, see
-:mod:`fracpilot_libs.subjects`). Replicas share the partitions through leases in KV
+**Partitions.** Every sample is stored in one of ``FRACPILOT_DECISION_PARTITIONS`` usage
+streams, chosen by its workload (see :mod:`fracpilot_libs.subjects`; this service sets the
+count: :mod:`fracpilot_libs.usage_streams`). Replicas share the partitions through leases in KV
 (:mod:`fracpilot_decision.ownership`, balanced with minimal movement by
 :mod:`fracpilot_decision.partitions`); each replica consumes only the partitions it owns, one
-durable pull consumer per partition (``decision-p<k>``), in stream order, so each workload's
+durable pull consumer per partition stream (``decision-p<k>``), in stream order, so each workload's
 samples are decided in order by exactly one replica, and keeps only those workloads' histories.
 
 **Hot path.** Samples are fetched in batches and parsed once into the wire model; the engine
@@ -129,13 +129,18 @@ def position_of(reply: str) -> tuple[int, int]:
     return int(tokens[7]), int(tokens[9])
 
 
-def _on_its_subject(subject: str, namespace: str, name: str) -> bool:
-    """Whether a stored sample's subject ends in its own workload's tokens (the partition
-    was chosen from them). Names that are tokens already skip the escaping."""
-    _, ns_token, name_token = subject.rsplit(".", 2)
-    return (ns_token == namespace or ns_token == subjects.token(namespace)) and (
-        name_token == name or name_token == subjects.token(name)
-    )
+def _on_its_subject(subject: str, namespace: str, name: str, *, slot_too: bool) -> bool:
+    """Whether a stored sample's subject ends in its own workload's tokens, and (``slot_too``)
+    its slot is theirs: the partition was chosen from the slot. Names that are tokens already
+    skip the escaping; the slot, a hash, is checked on a workload's first sample in the
+    partition only (a sample on another slot of the same workload lands in a partition where
+    the workload is new, or in this one, where its order is kept)."""
+    _, slot, ns_token, name_token = subject.rsplit(".", 3)
+    if ns_token != namespace and ns_token != subjects.token(namespace):
+        return False
+    if name_token != name and name_token != subjects.token(name):
+        return False
+    return not slot_too or slot == str(subjects.slot_of(ns_token, name_token))
 
 
 @dataclass(eq=False)
@@ -211,8 +216,8 @@ class DecisionService:
 
     async def start(self) -> None:
         bus = self.runtime.bus
-        # This service owns the partition count: it sets the usage stream's transform.
-        await bus.ensure_streams(update_transforms=True)
+        # This service owns the partition count: it assigns the slots to the usage streams.
+        await bus.ensure_streams(assign_partitions=True)
         self._checkpoints = Checkpointer(bus.nc, self.runtime.registry)
         await self._checkpoints.open()
         # Policies first, so the first sample is decided as before a restart.
@@ -298,15 +303,13 @@ class DecisionService:
             for p in partitions:
                 ownership.forget_soon(p)
             return
-        last_seq = await self._usage_last_seq()
-        self._forget_positions_beyond(last_seq, restored)
         for p in sorted(partitions):
             part = self.parts.get(p)
             if part is None or part.task is not None:
                 continue  # dropped while restoring
             part.states = restored[p]
             try:
-                part.feed = await self._open_consumer(p, last_seq)
+                part.feed = await self._open_consumer(part)
             except Exception as exc:
                 log.warning(
                     "partition consumer not opened, giving up",
@@ -319,35 +322,24 @@ class DecisionService:
                 continue
             part.task = asyncio.create_task(self._consume(part), name=f"partition-{p}")
             part.lag = self.runtime.bus.watch_consumer_lag(
-                subjects.USAGE_STREAM, subjects.decision_consumer(p)
+                subjects.usage_stream(p), subjects.decision_consumer(p)
             )
         self._count_workloads()
 
-    async def _usage_last_seq(self) -> int | None:
-        """The usage stream's last sequence (None: not known now; nothing is checked then)."""
-        try:
-            info = await self.runtime.bus.js.stream_info(subjects.USAGE_STREAM)
-        except Exception:
-            return None
-        return int(info.state.last_seq)
-
-    def _forget_positions_beyond(
-        self, last: int | None, restored: dict[int, dict[str, WorkloadState]]
-    ) -> None:
-        """A position past the usage stream's last sequence comes from an earlier stream (it
-        was deleted and made anew): it would make new samples look delivered again."""
-        if last is None:
-            return
-        stale = 0
-        for states in restored.values():
-            for key, state in states.items():
-                if state.position > last:
-                    states[key] = dataclasses.replace(state, position=0)
-                    stale += 1
+    def _forget_positions(self, part: Partition, beyond: int, why: str) -> None:
+        """Positions past ``beyond`` in the partition's stream do not come from it (another
+        stream: the earlier layout's, a deleted one, the workload's partition before the
+        count changed): they would make new samples look delivered again. A position at or
+        before the stream's end when it is claimed is harmless: every new sample comes after."""
+        states, stale = part.states, 0
+        for key, state in states.items():
+            if state.position > beyond:
+                states[key] = dataclasses.replace(state, position=0)
+                stale += 1
         if stale:
             log.warning(
-                "checkpoints ahead of the usage stream (a new stream?): positions forgotten",
-                extra={"workloads": stale, "stream_last_seq": last},
+                "positions forgotten",
+                extra={"partition": part.number, "workloads": stale, "why": why},
             )
 
     async def hand_over(self, partition: int) -> None:
@@ -405,44 +397,49 @@ class DecisionService:
             ack_wait=self.settings.ack_wait_s,
             max_ack_pending=self.settings.max_unacked,
             max_deliver=-1,  # a sample that cannot be decided is dead-lettered in process
-            filter_subject=subjects.usage_partition_filter(partition),
         )
 
-    async def _open_consumer(self, partition: int, last_seq: int | None) -> PullFeed:
-        """Pull from the partition's durable consumer, from the sample after its mark
-        (``last_seq``: the usage stream's, for :meth:`_read_mark`)."""
+    async def _open_consumer(self, part: Partition) -> PullFeed:
+        """Pull from the partition's durable consumer, from the sample after its mark; the
+        restored states' positions are checked against the stream first."""
         js = self.runtime.bus.js
-        name = subjects.decision_consumer(partition)
+        partition = part.number
+        stream, name = subjects.usage_stream(partition), subjects.decision_consumer(partition)
+        last_seq = int((await js.stream_info(stream)).state.last_seq)
+        self._forget_positions(part, last_seq, "past the stream's end")
         mark = await self._read_mark(partition, last_seq)
         config = self._consumer_config(partition)
         try:
-            info = await js.consumer_info(subjects.USAGE_STREAM, name)
+            info = await js.consumer_info(stream, name)
         except NotFoundError:
             info = None
         if info is None:
+            if mark is None:
+                # Never consumed: no state's position is one of this stream's (they come from
+                # the earlier single usage stream, or from a stream since deleted).
+                self._forget_positions(part, 0, "a new partition stream")
             if mark:
                 config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
                 config.opt_start_seq = mark + 1
-            await js.add_consumer(subjects.USAGE_STREAM, config)
+            await js.add_consumer(stream, config)
             mark = mark or 0
         else:
             config.deliver_policy = info.config.deliver_policy  # fixed when it was made
             config.opt_start_seq = info.config.opt_start_seq
             try:
-                await js.add_consumer(subjects.USAGE_STREAM, config)  # update its limits
+                await js.add_consumer(stream, config)  # update its limits
             except Exception as exc:  # an incompatible older config: keep it as it is
                 log.warning("partition consumer kept as configured", extra={"error": repr(exc)})
             if mark is None:
-                # Consumed before marks existed, when samples were acknowledged only once
-                # checkpointed: its acknowledgement floor is the mark.
+                # Made, then its owner died before marking it: nothing was acknowledged.
                 mark = info.ack_floor.stream_seq if info.ack_floor else 0
             await self._rewind(js, partition, mark)
         # Marked before the first acknowledgement: without a mark, the next owner would have
         # to trust an acknowledgement floor that runs ahead of the checkpoints.
-        await self.checkpoints.write_mark(partition, self.partition_count, mark)
+        await self.checkpoints.write_mark(partition, mark)
         feed = PullFeed(
             self.runtime.bus.nc,
-            subjects.USAGE_STREAM,
+            stream,
             name,
             batch=self.settings.fetch_batch,
             linger_s=self.settings.fetch_linger_s,
@@ -450,11 +447,11 @@ class DecisionService:
         await feed.start()
         return feed
 
-    async def _read_mark(self, partition: int, last_seq: int | None) -> int | None:
-        """The partition's mark; 0 when it lies past the usage stream's end (the stream was
-        made anew: its samples are all new), None when there is none."""
-        mark = await self.checkpoints.read_mark(partition, self.partition_count)
-        if mark and last_seq is not None and mark > last_seq:
+    async def _read_mark(self, partition: int, last_seq: int) -> int | None:
+        """The partition's mark; 0 when it lies past its stream's end (the stream was made
+        anew: its samples are all new), None when there is none."""
+        mark = await self.checkpoints.read_mark(partition)
+        if mark and mark > last_seq:
             log.warning(
                 "partition mark past the usage stream's end (a new stream?): from its start",
                 extra={"partition": partition, "mark": mark, "last_seq": last_seq},
@@ -465,18 +462,18 @@ class DecisionService:
     async def _rewind(self, js: JetStreamContext, partition: int, mark: int) -> None:
         """Deliver the partition again from the sample after ``mark``, now and in order: what
         a previous owner decided but never checkpointed, or fetched and never handled."""
-        name = subjects.decision_consumer(partition)
+        stream, name = subjects.usage_stream(partition), subjects.decision_consumer(partition)
         try:
-            await js.reset_consumer(subjects.USAGE_STREAM, name, seq=mark + 1)  # >= 2.14
+            await js.reset_consumer(stream, name, seq=mark + 1)  # >= 2.14
             return
         except Exception as exc:
             log.info("consumer reset unavailable, recreating", extra={"error": repr(exc)})
-        await js.delete_consumer(subjects.USAGE_STREAM, name)
+        await js.delete_consumer(stream, name)
         config = self._consumer_config(partition)
         if mark:
             config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
             config.opt_start_seq = mark + 1
-        await js.add_consumer(subjects.USAGE_STREAM, config)
+        await js.add_consumer(stream, config)
 
     async def _consume(self, part: Partition) -> None:
         ownership = self.ownership
@@ -527,7 +524,7 @@ class DecisionService:
         part.states = (await self.checkpoints.restore(frozenset({p}), self.partition_count))[p]
         part.dirty = set()
         part.last_msg, part.uncommitted = None, 0
-        part.feed = await self._open_consumer(p, await self._usage_last_seq())
+        part.feed = await self._open_consumer(part)
 
     # --- the hot path -----------------------------------------------------------------------
 
@@ -547,13 +544,14 @@ class DecisionService:
                 part.uncommitted += 1
                 continue
             wl = sample.workload
-            if not _on_its_subject(msg.subject, wl.namespace, wl.owner_name):
+            key = kv_key(wl)
+            state = states.get(key)
+            first = state is None
+            if not _on_its_subject(msg.subject, wl.namespace, wl.owner_name, slot_too=first):
                 await self._misrouted(msg, f"{wl.namespace}/{wl.owner_name}")
                 part.last_msg = msg
                 part.uncommitted += 1
                 continue
-            key = kv_key(wl)
-            state = states.get(key)
             if state is not None and state.position >= seq:
                 duplicates += 1  # already in the history (delivered again after a move)
             else:
@@ -716,9 +714,7 @@ class DecisionService:
             ownership = self.ownership
             if msg is None or ownership is None or not ownership.holds(part.number):
                 return
-            await self.checkpoints.write_mark(
-                part.number, self.partition_count, position_of(msg.reply)[0]
-            )
+            await self.checkpoints.write_mark(part.number, position_of(msg.reply)[0])
             if part.last_msg is msg:
                 part.last_msg = None
             part.uncommitted -= count
