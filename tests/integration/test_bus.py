@@ -20,6 +20,7 @@ from fracpilot_libs import subjects
 from fracpilot_libs.bus import Bus, PermanentError
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import DeadLetter, UsageSample
+from fracpilot_libs.usage_streams import usage_partition_count
 from helpers import counter, read_stream, read_usage, reset_nats, running, usage_stream_of, wait_for
 
 pytestmark = pytest.mark.integration
@@ -46,6 +47,33 @@ async def test_declarations_are_idempotent_and_publishes_deduplicate(nats_url: s
     assert await bus.publish(subject, sample(minute=1), sample(minute=1).sample_id) is True
     await bus.close()
     assert len(await read_usage(nats_url)) == 2
+
+
+async def test_only_the_partition_owner_changes_the_usage_partition_count(nats_url: str) -> None:
+    """The first service makes the usage streams with its count; another service with another
+    count leaves them as they are (only the decision service, ``assign_partitions``, moves
+    the slots), and a sample is stored in the stream its slot belongs to."""
+    await reset_nats(nats_url)
+    first = await connected_bus(nats_url, decision_partitions=4)
+    other = await connected_bus(nats_url, decision_partitions=8)
+    try:
+        assert await usage_partition_count(first.js) == 4
+        await other.ensure_streams(assign_partitions=False)
+        assert await usage_partition_count(first.js) == 4
+        s = sample()
+        await other.publish(subjects.usage_subject(s.workload), s, s.sample_id)
+        stream = usage_stream_of(s.workload, 4)
+        assert [subject for subject, _ in await read_stream(nats_url, stream)] == [
+            subjects.usage_subject(s.workload)
+        ]
+        await other.ensure_streams(assign_partitions=True)
+        assert await usage_partition_count(first.js) == 8
+        for p in range(8):
+            info = await first.js.stream_info(subjects.usage_stream(p))
+            assert tuple(info.config.subjects or ()) == subjects.usage_stream_subjects(p, 8)
+    finally:
+        await first.close()
+        await other.close()
 
 
 async def test_a_failing_handler_is_retried_then_dead_lettered(nats_url: str) -> None:

@@ -414,9 +414,10 @@ class DecisionService:
         except NotFoundError:
             info = None
         if info is None:
-            if mark is None:
-                # Never consumed: no state's position is one of this stream's (they come from
-                # the earlier single usage stream, or from a stream since deleted).
+            if not mark:
+                # Never consumed, or made anew (its mark past its end): no state's position is
+                # one of this stream's (they come from the earlier single usage stream, or
+                # from a stream since deleted). Were one kept, it could hide a new sample.
                 self._forget_positions(part, 0, "a new partition stream")
             if mark:
                 config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
