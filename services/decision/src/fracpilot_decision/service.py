@@ -51,6 +51,7 @@ from pydantic import Field, ValidationError
 
 from fracpilot_decision.checkpoints import Checkpointer
 from fracpilot_decision.engine import WorkloadState, decide
+from fracpilot_decision.heap import HeapFreezer
 from fracpilot_decision.ownership import Ownership, default_replica_id
 from fracpilot_decision.policy_store import LivePolicies, PolicyStore
 from fracpilot_decision.puller import PullFeed
@@ -99,6 +100,20 @@ class DecisionSettings(ServiceSettings):
         ge=0,
         description="when few samples are waiting, wait this long for more before deciding "
         "(bigger batches under load; adds at most this to the latency)",
+    )
+    gc_freeze_interval_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="move the objects that survived to Python's permanent generation this "
+        "often, so that the collector's full passes do not scan the workload states (they "
+        "paused deciding for up to 0.6 s at 100,000 workloads); 0: Python's own collector "
+        "behaviour (see fracpilot_decision.heap)",
+    )
+    gc_full_interval_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="with gc_freeze_interval_s, unfreeze and collect everything this often "
+        "(cycles among frozen objects are freed then; one pause each time)",
     )
     max_unacked: int = Field(
         default=100_000,
@@ -174,6 +189,9 @@ class DecisionService:
         self._checkpoints: Checkpointer | None = None
         self._commit_task: asyncio.Task[None] | None = None
         self._commit_now = asyncio.Event()
+        self.heap = HeapFreezer(
+            settings.gc_freeze_interval_s, settings.gc_full_interval_s, self.runtime.registry
+        )
         self._stopping = False
         self._abandoned = False
         reg = self.runtime.registry
@@ -239,6 +257,7 @@ class DecisionService:
         )
         await self.ownership.open()
         self._commit_task = asyncio.create_task(self._commit_loop(), name="checkpoints")
+        self.heap.start()
         await self.ownership.start()  # a lone replica owns every partition from here
         log.info(
             "decision replica started",
@@ -261,6 +280,7 @@ class DecisionService:
             self._commit_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._commit_task
+        await self.heap.stop()
         log.info("partitions handed over", extra={"replica": self.replica})
 
     async def abandon(self) -> None:
@@ -274,6 +294,7 @@ class DecisionService:
             self._commit_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._commit_task
+        await self.heap.stop()
         for part in list(self.parts.values()):
             await self._stop_worker(part)
 

@@ -1,0 +1,87 @@
+"""Keeps Python's cyclic garbage collector off the workload states between rare full passes.
+
+At 100,000 workloads the decision service holds about 350,000 objects the collector tracks,
+and every sample replaces its workload's state, so the young objects promoted to the oldest
+generation pass a quarter of it every few seconds and CPython runs a full collection: 80 ms
+alone, up to 0.6 s on the shared 2-core bench machine, with every sample waiting behind it
+(the p99 sample → decision latency was these pauses). States are acyclic and freed by
+reference counting; the collector only needs to look at them for cycles, and they have none.
+
+So every ``freeze_every_s`` the survivors are moved to the permanent generation
+(``gc.freeze()``: a list splice, no scan). Frozen objects are still freed when their last
+reference goes; only a cycle among them would outlive its use, so every
+``full_collection_every_s`` everything is unfrozen and collected once (that pause is timed in
+``fracpilot_gc_full_collection_seconds``), then frozen again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import time
+
+from prometheus_client import CollectorRegistry, Gauge, Histogram
+
+log = logging.getLogger(__name__)
+
+
+class HeapFreezer:
+    """Freezes the surviving objects periodically; unfreezes and collects them rarely."""
+
+    def __init__(
+        self, freeze_every_s: float, full_collection_every_s: float, registry: CollectorRegistry
+    ) -> None:
+        self.freeze_every_s = freeze_every_s
+        self.full_collection_every_s = full_collection_every_s
+        self.full_pause = Histogram(
+            "fracpilot_gc_full_collection_seconds",
+            "The periodic full garbage collections (everything unfrozen, collected, frozen)",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=registry,
+        )
+        self.frozen = Gauge(
+            "fracpilot_gc_frozen_objects",
+            "Objects in the permanent generation, out of the collector's way",
+            registry=registry,
+        )
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self.freeze_every_s > 0 and self._task is None:
+            self._task = asyncio.create_task(self._run(), name="heap-freezer")
+
+    async def stop(self) -> None:
+        """Stop freezing and give everything back to the collector."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        gc.unfreeze()
+
+    def full_collection(self) -> float:
+        """Unfreeze, collect every generation, freeze again; the pause in seconds."""
+        started = time.perf_counter()
+        gc.unfreeze()
+        unreachable = gc.collect()
+        gc.freeze()
+        pause = time.perf_counter() - started
+        self.full_pause.observe(pause)
+        log.info(
+            "full garbage collection",
+            extra={"pause_ms": round(pause * 1000, 1), "unreachable": unreachable},
+        )
+        return pause
+
+    async def _run(self) -> None:
+        last_full = time.monotonic()
+        while True:
+            await asyncio.sleep(self.freeze_every_s)
+            if time.monotonic() - last_full >= self.full_collection_every_s:
+                self.full_collection()
+                last_full = time.monotonic()
+            else:
+                gc.freeze()
+            self.frozen.set(gc.get_freeze_count())
