@@ -133,6 +133,14 @@ def states_of(*rs: Replica) -> dict[str, list[WorkloadState]]:
     return found
 
 
+async def two_rounds_decided(url: str, replica: str) -> None:
+    """A replica decides two rounds of every workload, then stops (checkpoints written)."""
+    async with replicas(DecisionService(settings(url, replica))) as [r]:
+        for round_ in range(2):
+            await publish(url, feed(round_))
+        await wait_for(lambda: r.decided() == 2 * len(WORKLOADS), timeout=15)
+
+
 def key(name: str) -> str:
     return subjects.kv_key(sample(name=name).workload)
 
@@ -331,10 +339,7 @@ async def test_a_partition_without_a_mark_resumes_from_its_acknowledgement_floor
     consumer and marking it): its acknowledgement floor is taken as the mark, so nothing the
     checkpoints hold is delivered again."""
     await reset_nats(nats_url)
-    async with replicas(DecisionService(settings(nats_url, "old"))) as [old]:
-        for r in range(2):
-            await publish(nats_url, feed(r))
-        await wait_for(lambda: old.decided() == 2 * len(WORKLOADS), timeout=15)
+    await two_rounds_decided(nats_url, "old")
     floors = {p: floor for p, (floor, _) in (await consumers(nats_url)).items()}
     nc = await nats.connect(nats_url)
     kv = await nc.jetstream().key_value(subjects.DECISION_STATE_BUCKET)
@@ -359,10 +364,7 @@ async def test_an_unreadable_mark_means_the_whole_stream_again(nats_url: str) ->
     """A mark that does not parse could be anywhere: every sample is delivered again and the
     positions in the checkpoints skip those already counted. Nothing lost, nothing twice."""
     await reset_nats(nats_url)
-    async with replicas(DecisionService(settings(nats_url, "a"))) as [a]:
-        for r in range(2):
-            await publish(nats_url, feed(r))
-        await wait_for(lambda: a.decided() == 2 * len(WORKLOADS), timeout=15)
+    await two_rounds_decided(nats_url, "a")
     nc = await nats.connect(nats_url)
     kv = await nc.jetstream().key_value(subjects.DECISION_STATE_BUCKET)
     for p in range(PARTITIONS):
@@ -407,10 +409,7 @@ async def test_fewer_partitions_move_the_slots_and_histories_carry_on(nats_url: 
     slots move to the remaining streams, the others are retired, every workload's history
     carries on: positions from its former stream never hide a sample in its new one."""
     await reset_nats(nats_url)
-    async with replicas(DecisionService(settings(nats_url, "eight"))) as [a]:
-        for r in range(2):
-            await publish(nats_url, feed(r))
-        await wait_for(lambda: a.decided() == 2 * len(WORKLOADS), timeout=15)
+    await two_rounds_decided(nats_url, "eight")
     fewer = DecisionSettings(
         **{**settings(nats_url, "four").model_dump(), "decision_partitions": 4}
     )
@@ -446,10 +445,7 @@ async def test_an_upgrade_from_the_single_usage_stream(nats_url: str) -> None:
     stored, not refused), and the checkpoints' positions, which are that stream's, do not
     hide a sample of the new partition streams (whose sequences start again at 1)."""
     await reset_nats(nats_url)
-    async with replicas(DecisionService(settings(nats_url, "old"))) as [a]:
-        for r in range(2):
-            await publish(nats_url, feed(r))
-        await wait_for(lambda: a.decided() == 2 * len(WORKLOADS), timeout=15)
+    await two_rounds_decided(nats_url, "old")
     # Only the checkpoints are kept, as if the samples had been in the earlier stream.
     nc = await nats.connect(nats_url)
     js = nc.jetstream()
