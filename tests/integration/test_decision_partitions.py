@@ -307,7 +307,10 @@ async def consumers(url: str) -> dict[int, tuple[int, int]]:
 
 
 async def marks(service: DecisionService) -> dict[int, int | None]:
-    return {p: await service.checkpoints.read_mark(p) for p in range(PARTITIONS)}
+    return {
+        p: await service.checkpoints.read_mark(p, service.parts[p].stream_made)
+        for p in range(PARTITIONS)
+    }
 
 
 async def test_samples_are_acknowledged_at_once_and_marked_at_checkpoints(nats_url: str) -> None:
@@ -469,13 +472,7 @@ async def test_an_upgrade_from_the_single_usage_stream(nats_url: str) -> None:
 
     # The upgraded ingest starts (its streams declared) and publishes before the upgraded
     # decision runs: the new streams' first sequences are those the checkpoints' positions name.
-    ingest = Bus(
-        "ingest",
-        ServiceSettings(nats_url=nats_url, decision_partitions=PARTITIONS),
-        CollectorRegistry(),
-    )
-    await ingest.connect(retry_for_s=5)
-    await ingest.ensure_streams()
+    ingest = await ingest_bus(nats_url)
     for r in (2, 3):
         for s in feed(r):
             await ingest.publish(subjects.usage_subject(s.workload), s, s.sample_id)
@@ -497,3 +494,61 @@ async def test_an_upgrade_from_the_single_usage_stream(nats_url: str) -> None:
             assert old_ingest.stream == subjects.LEGACY_USAGE_STREAM
         finally:
             await nc.close()
+    # Lowering the count later, the earlier stream still there: the retired streams' subject
+    # overlaps none of its subjects.
+    fewer = DecisionSettings(
+        **{**settings(nats_url, "four").model_dump(), "decision_partitions": 4}
+    )
+    async with replicas(DecisionService(fewer)) as [c]:
+        assert c.owned == set(range(4))
+
+
+async def ingest_bus(url: str) -> Bus:
+    """A bus as ingest has it: its streams declared at start."""
+    bus = Bus(
+        "ingest",
+        ServiceSettings(nats_url=url, decision_partitions=PARTITIONS),
+        CollectorRegistry(),
+    )
+    await bus.connect(retry_for_s=5)
+    await bus.ensure_streams()
+    return bus
+
+
+async def test_a_partition_stream_made_anew_is_read_from_its_start(nats_url: str) -> None:
+    """The usage streams deleted and made again while the decision service was down, and
+    filled past the old marks and positions before it comes back: a mark names the stream
+    it is of (its creation time), so an old one is not used, and the positions go with it."""
+    await reset_nats(nats_url)
+    await two_rounds_decided(nats_url, "before")
+    nc = await nats.connect(nats_url)
+    for p in range(PARTITIONS):
+        await nc.jetstream().delete_stream(subjects.usage_stream(p))
+    await nc.close()
+    ingest = await ingest_bus(nats_url)
+    for r in (2, 3, 4):
+        for s in feed(r):
+            await ingest.publish(subjects.usage_subject(s.workload), s, s.sample_id)
+    await ingest.close()
+    service = DecisionService(settings(nats_url, "after"))
+    async with replicas(service) as [b]:
+        await wait_for(lambda: b.decided() == 3 * len(WORKLOADS), timeout=15)
+        await asyncio.sleep(0.3)
+        assert_histories([b], rounds=5)
+        assert counter(service.runtime.registry, "fracpilot_decision_duplicate_samples_total") == 0
+
+
+async def test_a_consumer_deleted_under_its_owner_is_opened_again(nats_url: str) -> None:
+    await reset_nats(nats_url)
+    async with replicas(DecisionService(settings(nats_url, "solo"))) as [solo]:
+        await publish(nats_url, feed(0))
+        await wait_for(lambda: solo.decided() == len(WORKLOADS), timeout=15)
+        nc = await nats.connect(nats_url)
+        js = nc.jetstream()
+        for p in range(PARTITIONS):
+            await js.delete_consumer(subjects.usage_stream(p), subjects.decision_consumer(p))
+        await nc.close()
+        await publish(nats_url, feed(1))
+        await wait_for(lambda: solo.decided() == 2 * len(WORKLOADS), timeout=20)
+        await asyncio.sleep(0.3)
+        assert_histories([solo], rounds=2)

@@ -125,8 +125,9 @@ def usage_stream_subjects(partition: int, partitions: int) -> tuple[str, ...]:
 
 def retired_usage_subjects(partition: int) -> tuple[str, ...]:
     """The subject of a usage stream past the partition count (after the count was lowered):
-    nothing is published there; what it holds ages out."""
-    return (f"{USAGE_PREFIX}.retired.{partition}",)
+    nothing is published there; what it holds ages out. Outside the usage subjects, so that
+    it overlaps no other stream's (the earlier layout's keeps ``fracpilot.usage.v1.*.*``)."""
+    return (f"fracpilot.retired.usage.{partition}",)
 
 
 def decision_consumer(partition: int) -> str:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from fracpilot_decision.checkpoints import partition_of_key
 from fracpilot_decision.partitions import moves_for, quotas, rebalance
 from fracpilot_decision.policy_store import _chain_keys, scope_chain, workload_scope
-from fracpilot_decision.service import _on_its_subject, position_of
+from fracpilot_decision.service import _of_another_partition, _on_its_subject, position_of
 from fracpilot_libs import subjects
 from fracpilot_libs.contracts import WorkloadRef
 
@@ -256,3 +256,11 @@ def test_a_sample_belongs_on_its_own_workloads_subject(
 def test_the_slot_is_checked_only_when_asked() -> None:
     wrong_slot = f"fracpilot.usage.v1.{(CHAT + 1) % 1024}.inference.chat"
     assert _on_its_subject(wrong_slot, "inference", "chat", slot_too=False)
+
+
+def test_a_sample_left_from_another_partition_count_is_told_apart() -> None:
+    subject = f"fracpilot.usage.v1.{CHAT}.inference.chat"
+    assert not _of_another_partition(subject, 16, CHAT % 16)
+    assert _of_another_partition(subject, 16, (CHAT + 1) % 16)
+    assert not _of_another_partition(subject, 4, CHAT % 4)
+    assert _of_another_partition("fracpilot.usage.v1.x.inference.chat", 16, 0)

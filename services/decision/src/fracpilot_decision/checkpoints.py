@@ -108,33 +108,43 @@ class Checkpointer:
 
     # --- marks ------------------------------------------------------------------------------
 
-    async def read_mark(self, partition: int) -> int | None:
+    async def read_mark(self, partition: int, stream: str) -> int | None:
         """The partition's mark: every sample at or before it is in a checkpoint. None when
-        the partition has none (its stream never consumed); 0 when it does not parse (logged
-        and counted): the whole stream is delivered again rather than a sample lost
-        (positions skip what is known)."""
+        the partition has none (its stream never consumed), or when the mark was written for
+        another stream of that name (``stream``: the stream's creation time; it was deleted
+        and made anew, its sequences start again). 0 when it does not parse (logged and
+        counted): the whole stream is delivered again rather than a sample lost (positions
+        skip what is known)."""
         key = mark_key(partition)
         try:
             entry = await (await self._kv()).get(key)
         except KeyNotFoundError:
             return None
         try:
-            seq = json.loads(entry.value or b"")["seq"]
+            body = json.loads(entry.value or b"")
+            seq, made = body["seq"], body.get("stream")
             if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
                 raise ValueError(f"not a stream position: {seq!r}")
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             log.error(
                 "partition mark unreadable: from the stream's start",
                 extra={"key": key, "error": repr(exc)},
             )
             self.corrupt.inc()
             return 0
+        if made is not None and made != stream:
+            log.warning(
+                "partition mark of an earlier stream of that name: not used",
+                extra={"key": key, "marked_stream": made, "stream": stream},
+            )
+            return None
         return seq
 
-    async def write_mark(self, partition: int, seq: int) -> None:
+    async def write_mark(self, partition: int, seq: int, stream: str) -> None:
         """Record that every sample of the partition up to ``seq`` is in a checkpoint (only
-        after those checkpoints are written). Raises when it is not stored."""
-        body = json.dumps({"seq": seq, "at": time.time()}).encode()
+        after those checkpoints are written), in the stream created at ``stream``. Raises
+        when it is not stored."""
+        body = json.dumps({"seq": seq, "at": time.time(), "stream": stream}).encode()
         await (await self._kv()).put(mark_key(partition), body)
 
     # --- writing ----------------------------------------------------------------------------

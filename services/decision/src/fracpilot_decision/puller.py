@@ -33,6 +33,11 @@ log = logging.getLogger(__name__)
 
 _ENDS_REQUEST = {"404", "408", "409"}  # no messages, request expired, request refused
 _BULK_TIMEOUT_S = 5.0  # a no_wait request is answered at once; longer means it was lost
+_NO_CONSUMER = "503"  # no responders: the consumer (or its stream) is gone
+
+
+class ConsumerGoneError(Exception):
+    """The durable consumer no longer exists (deleted, or its stream deleted)."""
 
 
 class PullFeed:
@@ -63,6 +68,7 @@ class PullFeed:
         self._busy = False  # the last bulk request brought messages
         self._full = False  # ... as many as it asked for: more are waiting, no linger
         self._refused = False
+        self._gone = False
 
     async def start(self) -> None:
         self._sub = await self.nc.subscribe(self._inbox, cb=self._on_message)
@@ -80,6 +86,8 @@ class PullFeed:
             self._got += 1
             if self._got >= self._wanted:
                 self._open = False
+        elif status == _NO_CONSUMER:
+            self._open, self._gone = False, True
         elif status in _ENDS_REQUEST:
             self._open = False
             if status == "409":
@@ -110,9 +118,12 @@ class PullFeed:
         self._open = False  # over, or lost (a reconnect): either way ask anew
 
     async def next_batch(self) -> list[Msg]:
-        """The messages waiting now, at least one (waits for the first)."""
+        """The messages waiting now, at least one (waits for the first). Raises
+        :class:`ConsumerGoneError` once the server says the consumer does not exist."""
         if not self._busy:
             while not self._buffer:
+                if self._gone:
+                    raise ConsumerGoneError(self._next_subject)
                 if self._refused:
                     self._refused = False
                     await asyncio.sleep(0.5)
@@ -124,4 +135,6 @@ class PullFeed:
         await self._until(lambda: not self._open, _BULK_TIMEOUT_S)
         self._busy, self._full = self._got > 0, self._got >= self.batch
         msgs, self._buffer = self._buffer, []
+        if self._gone and not msgs:
+            raise ConsumerGoneError(self._next_subject)
         return msgs

@@ -54,7 +54,7 @@ from fracpilot_decision.engine import WorkloadState, decide
 from fracpilot_decision.heap import HeapFreezer
 from fracpilot_decision.ownership import Ownership, default_replica_id
 from fracpilot_decision.policy_store import LivePolicies, PolicyStore
-from fracpilot_decision.puller import PullFeed
+from fracpilot_decision.puller import ConsumerGoneError, PullFeed
 from fracpilot_libs import subjects
 from fracpilot_libs.bus import describe_validation_error
 from fracpilot_libs.config import ServiceSettings
@@ -158,6 +158,14 @@ def _on_its_subject(subject: str, namespace: str, name: str, *, slot_too: bool) 
     return not slot_too or slot == str(subjects.slot_of(ns_token, name_token))
 
 
+def _of_another_partition(subject: str, partitions: int, partition: int) -> bool:
+    """Whether a stored sample's slot belongs to another partition now: stored before the
+    partition count changed and not consumed since. Decided here, from an empty history, it
+    would overwrite its workload's checkpoint, which its new partition's owner carries on."""
+    slot = subject.rsplit(".", 3)[1]
+    return not slot.isdigit() or int(slot) % partitions != partition
+
+
 @dataclass(eq=False)
 class Partition:
     """One owned usage partition: its workloads' histories and its consumer."""
@@ -166,6 +174,7 @@ class Partition:
     states: dict[str, WorkloadState] = field(default_factory=dict)  # by subjects.kv_key
     dirty: set[str] = field(default_factory=set)  # changed since the last checkpoint
     feed: PullFeed | None = None
+    stream_made: str = ""  # its stream's creation time: marks name the stream they are of
     task: asyncio.Task[None] | None = None
     lag: asyncio.Task[None] | None = None  # exports the consumer's lag while owned
     last_msg: Msg | None = None  # the last sample handled, not in a checkpoint yet
@@ -351,11 +360,14 @@ class DecisionService:
         """Positions past ``beyond`` in the partition's stream do not come from it (another
         stream: the earlier layout's, a deleted one, the workload's partition before the
         count changed): they would make new samples look delivered again. A position at or
-        before the stream's end when it is claimed is harmless: every new sample comes after."""
+        before the stream's end when it is claimed is harmless: every new sample comes after.
+        The states are checkpointed again, so that a later claim does not bring the stale
+        position back once the stream has grown past it."""
         states, stale = part.states, 0
         for key, state in states.items():
             if state.position > beyond:
                 states[key] = dataclasses.replace(state, position=0)
+                part.dirty.add(key)
                 stale += 1
         if stale:
             log.warning(
@@ -426,9 +438,10 @@ class DecisionService:
         js = self.runtime.bus.js
         partition = part.number
         stream, name = subjects.usage_stream(partition), subjects.decision_consumer(partition)
-        last_seq = int((await js.stream_info(stream)).state.last_seq)
+        stream_info = await js.stream_info(stream)
+        last_seq, part.stream_made = int(stream_info.state.last_seq), str(stream_info.created)
         self._forget_positions(part, last_seq, "past the stream's end")
-        mark = await self._read_mark(partition, last_seq)
+        mark = await self._read_mark(partition, last_seq, part.stream_made)
         config = self._consumer_config(partition)
         try:
             info = await js.consumer_info(stream, name)
@@ -453,12 +466,15 @@ class DecisionService:
             except Exception as exc:  # an incompatible older config: keep it as it is
                 log.warning("partition consumer kept as configured", extra={"error": repr(exc)})
             if mark is None:
-                # Made, then its owner died before marking it: nothing was acknowledged.
+                # Made, then its owner died before marking it (nothing acknowledged), or the
+                # mark was deleted: from the acknowledgement floor, and positions past it are
+                # not trusted (a sample counted twice rather than one hidden).
                 mark = info.ack_floor.stream_seq if info.ack_floor else 0
+                self._forget_positions(part, mark, "a consumer without a mark")
             await self._rewind(js, partition, mark)
         # Marked before the first acknowledgement: without a mark, the next owner would have
         # to trust an acknowledgement floor that runs ahead of the checkpoints.
-        await self.checkpoints.write_mark(partition, mark)
+        await self.checkpoints.write_mark(partition, mark, part.stream_made)
         feed = PullFeed(
             self.runtime.bus.nc,
             stream,
@@ -469,10 +485,11 @@ class DecisionService:
         await feed.start()
         return feed
 
-    async def _read_mark(self, partition: int, last_seq: int) -> int | None:
+    async def _read_mark(self, partition: int, last_seq: int, stream_made: str) -> int | None:
         """The partition's mark; 0 when it lies past its stream's end (the stream was made
-        anew: its samples are all new), None when there is none."""
-        mark = await self.checkpoints.read_mark(partition)
+        anew: its samples are all new), None when there is none (or it is of an earlier
+        stream of that name)."""
+        mark = await self.checkpoints.read_mark(partition, stream_made)
         if mark and mark > last_seq:
             log.warning(
                 "partition mark past the usage stream's end (a new stream?): from its start",
@@ -506,6 +523,15 @@ class DecisionService:
                 return
             try:
                 msgs = await feed.next_batch()
+            except ConsumerGoneError:
+                # Deleted under us (by hand, or with its stream): opened again from the mark,
+                # which also notices a stream made anew.
+                log.warning(
+                    "partition consumer gone, opening it again", extra={"partition": part.number}
+                )
+                if not await self._reopen(part):
+                    return
+                continue
             except Exception as exc:  # connection trouble: nats-py reconnects, we wait
                 log.warning("fetch failed", extra={"partition": part.number, "error": repr(exc)})
                 await asyncio.sleep(0.5)
@@ -526,15 +552,23 @@ class DecisionService:
                     extra={"partition": part.number},
                 )
                 await asyncio.sleep(1.0)
-                try:
-                    await self._reload(part)
-                except Exception as exc:  # NATS trouble: give it up, a later round reclaims
-                    log.warning(
-                        "partition not reloaded, giving up",
-                        extra={"partition": part.number, "error": repr(exc)},
-                    )
-                    ownership.forget_soon(part.number)
+                if not await self._reopen(part):
                     return
+
+    async def _reopen(self, part: Partition) -> bool:
+        """Reload the partition; False (and given up: a later round claims it again) when
+        NATS is in the way."""
+        try:
+            await self._reload(part)
+        except Exception as exc:
+            log.warning(
+                "partition not reloaded, giving up",
+                extra={"partition": part.number, "error": repr(exc)},
+            )
+            if self.ownership is not None:
+                self.ownership.forget_soon(part.number)
+            return False
+        return True
 
     async def _reload(self, part: Partition) -> None:
         """Forget the partition's in-memory progress and start again from its checkpoints and
@@ -571,6 +605,11 @@ class DecisionService:
             first = state is None
             if not _on_its_subject(msg.subject, wl.namespace, wl.owner_name, slot_too=first):
                 await self._misrouted(msg, f"{wl.namespace}/{wl.owner_name}")
+                part.last_msg = msg
+                part.uncommitted += 1
+                continue
+            if first and _of_another_partition(msg.subject, self.partition_count, part.number):
+                await self._left_behind(msg, part.number)
                 part.last_msg = msg
                 part.uncommitted += 1
                 continue
@@ -657,6 +696,17 @@ class DecisionService:
             "subjects.usage_subject(workload), which keeps each workload in its partition",
         )
 
+    async def _left_behind(self, msg: Msg, partition: int) -> None:
+        await self.runtime.bus.dead_letter(
+            msg.subject,
+            msg.data,
+            dict(msg.headers or {}),
+            "validation",
+            f"a sample stored in usage partition {partition} before the partition count "
+            f"became {self.partition_count}: its workload is decided in another partition "
+            "now (change the count with the decision service caught up: docs/performance.md)",
+        )
+
     async def _reject_processing(self, msg: Msg, exc: Exception) -> None:
         log.exception("the engine failed on a sample", extra={"subject": msg.subject})
         await self.runtime.bus.dead_letter(
@@ -736,7 +786,9 @@ class DecisionService:
             ownership = self.ownership
             if msg is None or ownership is None or not ownership.holds(part.number):
                 return
-            await self.checkpoints.write_mark(part.number, position_of(msg.reply)[0])
+            await self.checkpoints.write_mark(
+                part.number, position_of(msg.reply)[0], part.stream_made
+            )
             if part.last_msg is msg:
                 part.last_msg = None
             part.uncommitted -= count
