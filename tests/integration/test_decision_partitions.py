@@ -141,6 +141,33 @@ async def two_rounds_decided(url: str, replica: str) -> None:
         await wait_for(lambda: r.decided() == 2 * len(WORKLOADS), timeout=15)
 
 
+async def published_by_ingest(url: str, rounds: Iterable[int]) -> None:
+    """Rounds published as ingest does, its streams declared at its start."""
+    bus = Bus(
+        "ingest",
+        ServiceSettings(nats_url=url, decision_partitions=PARTITIONS),
+        CollectorRegistry(),
+    )
+    await bus.connect(retry_for_s=5)
+    try:
+        await bus.ensure_streams()
+        for r in rounds:
+            for s in feed(r):
+                await bus.publish(subjects.usage_subject(s.workload), s, s.sample_id)
+    finally:
+        await bus.close()
+
+
+async def decided_exactly_once(replica: Replica, new_rounds: int, rounds: int) -> None:
+    """The replica decides the new rounds, and every history then holds every round, none
+    counted twice."""
+    await wait_for(lambda: replica.decided() == new_rounds * len(WORKLOADS), timeout=15)
+    await asyncio.sleep(0.3)  # anything delivered again would be counted by now
+    assert_histories([replica], rounds=rounds)
+    registry = replica.service.runtime.registry
+    assert counter(registry, "fracpilot_decision_duplicate_samples_total") == 0
+
+
 def key(name: str) -> str:
     return subjects.kv_key(sample(name=name).workload)
 
@@ -472,17 +499,10 @@ async def test_an_upgrade_from_the_single_usage_stream(nats_url: str) -> None:
 
     # The upgraded ingest starts (its streams declared) and publishes before the upgraded
     # decision runs: the new streams' first sequences are those the checkpoints' positions name.
-    ingest = await ingest_bus(nats_url)
-    for r in (2, 3):
-        for s in feed(r):
-            await ingest.publish(subjects.usage_subject(s.workload), s, s.sample_id)
-    await ingest.close()
+    await published_by_ingest(nats_url, (2, 3))
     new = DecisionService(settings(nats_url, "new"))
     async with replicas(new) as [b]:
-        await wait_for(lambda: b.decided() == 2 * len(WORKLOADS), timeout=15)
-        await asyncio.sleep(0.3)
-        assert_histories([b], rounds=4)
-        assert counter(new.runtime.registry, "fracpilot_decision_duplicate_samples_total") == 0
+        await decided_exactly_once(b, new_rounds=2, rounds=4)
         nc = await nats.connect(nats_url)
         js = nc.jetstream()
         try:
@@ -503,18 +523,6 @@ async def test_an_upgrade_from_the_single_usage_stream(nats_url: str) -> None:
         assert c.owned == set(range(4))
 
 
-async def ingest_bus(url: str) -> Bus:
-    """A bus as ingest has it: its streams declared at start."""
-    bus = Bus(
-        "ingest",
-        ServiceSettings(nats_url=url, decision_partitions=PARTITIONS),
-        CollectorRegistry(),
-    )
-    await bus.connect(retry_for_s=5)
-    await bus.ensure_streams()
-    return bus
-
-
 async def test_a_partition_stream_made_anew_is_read_from_its_start(nats_url: str) -> None:
     """The usage streams deleted and made again while the decision service was down, and
     filled past the old marks and positions before it comes back: a mark names the stream
@@ -525,17 +533,9 @@ async def test_a_partition_stream_made_anew_is_read_from_its_start(nats_url: str
     for p in range(PARTITIONS):
         await nc.jetstream().delete_stream(subjects.usage_stream(p))
     await nc.close()
-    ingest = await ingest_bus(nats_url)
-    for r in (2, 3, 4):
-        for s in feed(r):
-            await ingest.publish(subjects.usage_subject(s.workload), s, s.sample_id)
-    await ingest.close()
-    service = DecisionService(settings(nats_url, "after"))
-    async with replicas(service) as [b]:
-        await wait_for(lambda: b.decided() == 3 * len(WORKLOADS), timeout=15)
-        await asyncio.sleep(0.3)
-        assert_histories([b], rounds=5)
-        assert counter(service.runtime.registry, "fracpilot_decision_duplicate_samples_total") == 0
+    await published_by_ingest(nats_url, (2, 3, 4))
+    async with replicas(DecisionService(settings(nats_url, "after"))) as [b]:
+        await decided_exactly_once(b, new_rounds=3, rounds=5)
 
 
 async def test_a_consumer_deleted_under_its_owner_is_opened_again(nats_url: str) -> None:

@@ -686,22 +686,20 @@ class DecisionService:
             reason = describe_validation_error(exc)
             await bus.dead_letter(msg.subject, msg.data, headers, "validation", reason)
 
+    async def _refuse(self, msg: Msg, reason: str) -> None:
+        headers = dict(msg.headers or {})
+        await self.runtime.bus.dead_letter(msg.subject, msg.data, headers, "validation", reason)
+
     async def _misrouted(self, msg: Msg, tail: str) -> None:
-        await self.runtime.bus.dead_letter(
-            msg.subject,
-            msg.data,
-            dict(msg.headers or {}),
-            "validation",
+        await self._refuse(
+            msg,
             f"a sample of workload {tail} published on {msg.subject}: samples go on "
             "subjects.usage_subject(workload), which keeps each workload in its partition",
         )
 
     async def _left_behind(self, msg: Msg, partition: int) -> None:
-        await self.runtime.bus.dead_letter(
-            msg.subject,
-            msg.data,
-            dict(msg.headers or {}),
-            "validation",
+        await self._refuse(
+            msg,
             f"a sample stored in usage partition {partition} before the partition count "
             f"became {self.partition_count}: its workload is decided in another partition "
             "now (change the count with the decision service caught up: docs/performance.md)",
