@@ -61,26 +61,25 @@ async def _subjects_of(js: JetStreamContext, stream: str) -> tuple[str, ...] | N
     return tuple(info.config.subjects or ())
 
 
-async def _put(js: JetStreamContext, config: StreamConfig, exists: bool) -> None:
-    if exists:
+async def _put(js: JetStreamContext, config: StreamConfig) -> None:
+    """Update the stream to ``config``, or make it (one request when it exists)."""
+    try:
         await js.update_stream(config)
-    else:
+    except NotFoundError:
         await js.add_stream(config)
 
 
 async def ensure_usage_streams(
     js: JetStreamContext, partitions: int, max_age_s: float | None, *, assign: bool
-) -> int:
-    """Make the usage streams (or, with ``assign``, renumber them to ``partitions``); returns
-    the partition count in force."""
+) -> None:
+    """Make the usage streams (or, with ``assign``, renumber them to ``partitions``)."""
     await retire_legacy_usage_stream(js)
     recorded = await usage_partition_count(js)
     if recorded is not None and (recorded == partitions or not assign):
         for p in range(recorded):  # the retention may have changed; the slots stay
-            exists = await _subjects_of(js, subjects.usage_stream(p)) is not None
             wanted = subjects.usage_stream_subjects(p, recorded)
-            await _put(js, usage_stream_config(p, recorded, max_age_s, wanted), exists)
-        return recorded
+            await _put(js, usage_stream_config(p, recorded, max_age_s, wanted))
+        return
     if recorded is not None:
         log.warning(
             "changing the usage partition count: samples already stored stay in their "
@@ -110,9 +109,7 @@ async def ensure_usage_streams(
             if p < partitions
             else subjects.retired_usage_subjects(p)
         )
-        config = usage_stream_config(p, partitions, max_age_s, final)
-        await _put(js, config, current[p] is not None)
-    return partitions
+        await _put(js, usage_stream_config(p, partitions, max_age_s, final))
 
 
 async def usage_streams(js: JetStreamContext) -> list[str]:

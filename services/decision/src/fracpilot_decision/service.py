@@ -448,14 +448,14 @@ class DecisionService:
         except NotFoundError:
             info = None
         if info is None:
-            if not mark:
+            if mark:
+                config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
+                config.opt_start_seq = mark + 1
+            else:
                 # Never consumed, or made anew (its mark past its end): no state's position is
                 # one of this stream's (they come from the earlier single usage stream, or
                 # from a stream since deleted). Were one kept, it could hide a new sample.
                 self._forget_positions(part, 0, "a new partition stream")
-            if mark:
-                config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
-                config.opt_start_seq = mark + 1
             await js.add_consumer(stream, config)
             mark = mark or 0
         else:
