@@ -14,7 +14,14 @@ from fracpilot_libs.pricing import GpuPrices, UsdPerHour
 class ServiceSettings(BaseSettings):
     """What every service needs: where NATS is, how to be observed, how loud to log."""
 
-    model_config = SettingsConfigDict(env_prefix="FRACPILOT_", extra="ignore")
+    # Groups of settings are nested models whose environment names stay flat:
+    # FRACPILOT_<GROUP>_<FIELD> (the group's name has no underscore; split once).
+    model_config = SettingsConfigDict(
+        env_prefix="FRACPILOT_",
+        extra="ignore",
+        env_nested_delimiter="_",
+        env_nested_max_split=1,
+    )
 
     nats_url: str = Field(
         default="nats://127.0.0.1:4222", description="NATS server URL(s), comma-separated"
