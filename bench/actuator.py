@@ -59,12 +59,12 @@ from fracpilot_libs.embedded_nats import EmbeddedNats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from k8s_control_plane import ControlPlane, k8s_version
+from support import kube
 
 MERGE_PATCH = "application/merge-patch+json"
 CLUSTER = "bench"
 GPU_MEMORY_MIB = 81920
 GPUS_PER_NODE = 8
-RESERVATION_NS = "kai-resource-reservation"
 HIGH, LOW = 0.5, 0.25  # each decision flips a workload between these
 
 
@@ -74,7 +74,7 @@ HIGH, LOW = 0.5, 0.25  # each decision flips a workload between these
 def apply_in_place(core: client.CoreV1Api, decision: FractionDecision, instance: str) -> float:
     """The in-place plan's calls for one KAI pod; returns when (monotonic) the patch was accepted.
 
-    The same two calls as ``KubernetesBackend._resize_in_place``: a merge patch of the pod's
+    The same two calls as ``StepExecutor.resize_in_place``: a merge patch of the pod's
     annotations, then a core/v1 Event saying what changed and why.
     """
     ns, pod, now = decision.workload.namespace, decision.pod, utcnow()
@@ -146,14 +146,16 @@ class BackendExecutor:
     async def start(self) -> None:
         from fracpilot_actuator.guardrails import GuardrailSettings
         from fracpilot_actuator.kube.api import KubeApi
-        from fracpilot_actuator.kube.backend import KubeBackendSettings, KubernetesBackend
+        from fracpilot_actuator.kube.backend import KubernetesBackend
+        from fracpilot_actuator.kube.settings import KubeBackendSettings
+        from fracpilot_actuator.kv_stores import KvTargetStore
 
         async def report(*_: object) -> None:
             return None
 
         self._backend = KubernetesBackend(
             KubeApi(self.api),
-            await self.bus.kv(subjects.TARGET_BUCKET),
+            KvTargetStore(await self.bus.kv(subjects.TARGET_BUCKET)),
             KubeBackendSettings(
                 cluster=CLUSTER,
                 node_selector=self.selector,
@@ -204,117 +206,36 @@ class Cluster:
         """GPU nodes, a reservation pod per GPU and a one-pod Deployment per GPU, as KAI and
         the controllers would leave them (nothing runs them: no kubelet, no scheduler)."""
         core, apps = client.CoreV1Api(self.api), client.AppsV1Api(self.api)
-        for ns in (self.namespace, RESERVATION_NS):
+        for ns in (self.namespace, kube.RESERVATION_NS):
             core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
         nodes = (workloads + GPUS_PER_NODE - 1) // GPUS_PER_NODE
-        gpus = str(GPUS_PER_NODE)
+        labels = {"fracpilot.io/bench": self.namespace}
         for n in range(nodes):
-            core.create_node(
-                client.V1Node(
-                    metadata=client.V1ObjectMeta(
-                        name=f"gpu-{n}",
-                        labels={
-                            "fracpilot.io/bench": self.namespace,
-                            "nvidia.com/gpu.memory": str(GPU_MEMORY_MIB),
-                        },
-                    )
-                )
-            )
-            resources = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": gpus}
-            core.patch_node_status(
+            kube.gpu_node(
+                core,
                 f"gpu-{n}",
-                {"status": {"capacity": resources, "allocatable": resources}},
-                _content_type=MERGE_PATCH,
+                GPUS_PER_NODE,
+                labels,
+                memory_mib=GPU_MEMORY_MIB,
+                cpu="64",
+                memory="512Gi",
             )
         for i in range(workloads):
             node, group, name = f"gpu-{i // GPUS_PER_NODE}", f"group-{i}", f"svc{i}"
-            self._running_pod(
-                core,
-                RESERVATION_NS,
-                f"gpu-reservation-{group}",
-                node,
-                labels={"runai-gpu-group": group, "app": "kai-resource-reservation"},
-                annotations={"run.ai/reserve_for_gpu_index": f"GPU-{i:08d}"},
-                limits={"nvidia.com/gpu": "1"},
-            )
-            owner = self._deployment(apps, name)
-            self._running_pod(
+            kube.kai_reservation(core, group, node, f"GPU-{i:08d}")
+            owner = kube.deployment(apps, self.namespace, name)
+            kube.running_pod(
                 core,
                 self.namespace,
                 f"{name}-0",
                 node,
-                labels={"app": name, "runai-gpu-group": group},
+                labels={"app": name, kube.KAI_GROUP: group},
                 annotations={"gpu-fraction": f"{HIGH:g}"},
                 owner=owner,
+                scheduler_name="kai-scheduler",
             )
             self.pods.append(f"{name}-0")
             self.fraction[name] = HIGH
-
-    def _deployment(self, apps: client.AppsV1Api, name: str) -> client.V1OwnerReference:
-        selector = client.V1LabelSelector(match_labels={"app": name})
-        template = client.V1PodTemplateSpec(
-            metadata=client.V1ObjectMeta(labels={"app": name}),
-            spec=client.V1PodSpec(containers=[client.V1Container(name="main", image="x")]),
-        )
-        deploy = apps.create_namespaced_deployment(
-            self.namespace,
-            client.V1Deployment(
-                metadata=client.V1ObjectMeta(name=name),
-                spec=client.V1DeploymentSpec(selector=selector, template=template),
-            ),
-        )
-        rs = apps.create_namespaced_replica_set(
-            self.namespace,
-            client.V1ReplicaSet(
-                metadata=client.V1ObjectMeta(
-                    name=f"{name}-6b7f9c",
-                    owner_references=[_owner("Deployment", deploy)],
-                ),
-                spec=client.V1ReplicaSetSpec(selector=selector, template=template),
-            ),
-        )
-        return _owner("ReplicaSet", rs)
-
-    @staticmethod
-    def _running_pod(
-        core: client.CoreV1Api,
-        namespace: str,
-        name: str,
-        node: str,
-        *,
-        labels: dict[str, str],
-        annotations: dict[str, str],
-        limits: dict[str, str] | None = None,
-        owner: client.V1OwnerReference | None = None,
-    ) -> None:
-        core.create_namespaced_pod(
-            namespace,
-            client.V1Pod(
-                metadata=client.V1ObjectMeta(
-                    name=name,
-                    labels=labels,
-                    annotations=annotations,
-                    owner_references=[owner] if owner else None,
-                ),
-                spec=client.V1PodSpec(
-                    node_name=node,
-                    scheduler_name="kai-scheduler",
-                    containers=[
-                        client.V1Container(
-                            name="main",
-                            image="registry.invalid/inference:1",
-                            resources=client.V1ResourceRequirements(limits=limits),
-                        )
-                    ],
-                ),
-            ),
-        )
-        core.patch_namespaced_pod_status(
-            name,
-            namespace,
-            {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
-            _content_type=MERGE_PATCH,
-        )
 
     def next_decision(self, i: int) -> FractionDecision:
         """A decision flipping workload ``i % pods`` between 0.5 and 0.25."""
@@ -338,13 +259,6 @@ class Cluster:
             explanation="bench",
             policy_revision=0,
         )
-
-
-def _owner(kind: str, obj: Any) -> client.V1OwnerReference:
-    return client.V1OwnerReference(
-        api_version="apps/v1", kind=kind, name=obj.metadata.name, uid=obj.metadata.uid,
-        controller=True,
-    )  # fmt: skip
 
 
 # --- the measurements ----------------------------------------------------------------------------

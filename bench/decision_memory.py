@@ -48,10 +48,11 @@ from pipeline_harness import (
 from prometheus_client import CollectorRegistry
 
 from fracpilot_decision.checkpoints import Checkpointer
-from fracpilot_decision.engine import WorkloadState, decide, dump_state, load_state
 from fracpilot_libs import subjects
 from fracpilot_libs.contracts import Policy, UsageSample, WorkloadRef
 from fracpilot_libs.embedded_nats import EmbeddedNats, free_port
+from fracpilot_libs.sizing.engine import decide
+from fracpilot_libs.sizing.state import WorkloadState, dump_state, load_state
 
 KIB = 1024
 T0 = datetime(2026, 3, 2, tzinfo=UTC)

@@ -27,14 +27,15 @@ from fracpilot_cli.operator_cli import operator_hint
 from fracpilot_cli.processes import ServiceProcess
 from fracpilot_cli.settings import CliSettings
 from fracpilot_cli.summary import RunSummary
-from fracpilot_decision.progress import decision_backlog
-from fracpilot_ingest.simulator import demo_workloads
 from fracpilot_libs import subjects
-from fracpilot_libs.bus import DecodeError, decode
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import ActuationResult, UsageSample
+from fracpilot_libs.decision_backlog import decision_backlog
+from fracpilot_libs.decoding import DecodeError, decode
 from fracpilot_libs.embedded_nats import EmbeddedNats
 from fracpilot_libs.nats_connect import open_connection
+from fracpilot_libs.simulation.workloads import demo_workloads
+from fracpilot_libs.sizing.accounting import overruns
 from fracpilot_libs.usage_streams import usage_streams
 
 
@@ -152,7 +153,7 @@ def live_table(summary: RunSummary, sim_hours_done: float, sim_hours: float) -> 
     for view in sorted(summary.workloads.values(), key=lambda v: v.name):
         frac = f"{view.fraction:.3f}" if view.fraction is not None else "-"
         hot = view.fraction is not None and (
-            view.compute > view.fraction or view.memory_share > view.fraction
+            overruns(view.compute, view.fraction) or overruns(view.memory_share, view.fraction)
         )
         style = "bold red" if hot else ""
         table.add_row(

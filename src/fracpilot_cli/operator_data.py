@@ -12,27 +12,19 @@ watcher is left behind. Values that do not decode are counted and named in
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.api import DeliverPolicy
 from nats.js.errors import NotFoundError
 from pydantic import BaseModel
 
 from fracpilot_cli.settings import CliSettings
 from fracpilot_cli.status import FleetSnapshot, Recorded, namespace_of_key
-from fracpilot_decision.engine import WorkloadState, load_state
-from fracpilot_decision.policy_store import LivePolicies
-from fracpilot_decision.service import DecisionSettings, cluster_default
 from fracpilot_libs import subjects
-from fracpilot_libs.bus import DecodeError, decode
 from fracpilot_libs.contracts import (
     ActuationResult,
     Allocation,
@@ -41,81 +33,41 @@ from fracpilot_libs.contracts import (
     UsageSample,
     WorkloadRef,
 )
-from fracpilot_libs.nats_connect import NatsSecurityError, open_connection
+from fracpilot_libs.decoding import DecodeError, decode
+from fracpilot_libs.kv_snapshot import (
+    SnapshotStalledError,
+    StoredMessage,
+    is_deleted,
+    kv_stream,
+    read_kv,
+)
+from fracpilot_libs.kv_snapshot import read_stream as read_stored
+from fracpilot_libs.nats_connect import NatsSecurityError, connect_once
+from fracpilot_libs.nats_errors import NatsUnreachableError
+from fracpilot_libs.sizing.policies import LivePolicies, cluster_default
+from fracpilot_libs.sizing.state import WorkloadState, load_state
 from fracpilot_libs.usage_streams import usage_partition_count
 
 M = TypeVar("M", bound=BaseModel)
-_DELETED = ("DEL", "PURGE")
+_CONSUMER_PREFIX = "fracpilot-cli"  # the ephemeral consumers' names: who is reading
 
 
 class NatsUnavailableError(Exception):
     """NATS cannot be reached: the message says where and why."""
 
 
-@dataclass(frozen=True, slots=True)
-class RawMessage:
-    subject: str
-    data: bytes
-    deleted: bool  # a KV delete or purge marker
-    reply: str  # where the stream position is (see :func:`position`), read only when asked
-
-    @property
-    def sequence(self) -> int:
-        return position(self.reply)[0]
-
-    @property
-    def received_at(self) -> datetime:
-        return position(self.reply)[1]
+RawMessage = StoredMessage  # a message as a stream holds it (fracpilot_libs.kv_snapshot)
 
 
 async def connect(settings: CliSettings, timeout_s: float = 5.0) -> NatsClient:
     """Connect once with the services' identity and TLS settings, failing fast with the reason
     (a command, not a service, is waiting)."""
-    errors: list[Exception] = []
-
-    async def remember(exc: Exception) -> None:  # instead of nats-py's logged tracebacks
-        errors.append(exc)
-
     try:
-        return await open_connection(
-            settings,
-            servers=[u.strip() for u in settings.nats_url.split(",")],
-            name="fracpilot-cli",
-            connect_timeout=timeout_s,
-            allow_reconnect=False,
-            max_reconnect_attempts=1,
-            reconnect_time_wait=0.1,
-            error_cb=remember,
-        )
+        return await connect_once(settings, timeout_s=timeout_s, name="fracpilot-cli")
     except NatsSecurityError as exc:
         raise NatsUnavailableError(f"NATS at {settings.nats_url}: {exc}") from exc
-    except Exception as exc:
-        cause = errors[-1] if errors else exc
-        raise NatsUnavailableError(
-            f"cannot connect to NATS at {settings.nats_url}: {cause}"
-        ) from exc
-
-
-def _deleted(headers: dict[str, str] | None) -> bool:
-    return bool(headers) and (headers or {}).get("KV-Operation") in _DELETED
-
-
-_API = "$JS.API"
-_CHUNK = 10_000  # messages asked for per pull request
-_STALL_S = 10.0  # no message for this long: the read has failed
-
-
-def position(reply: str) -> tuple[int, datetime]:
-    """(stream sequence, when the server stored it) from the reply subject of a JetStream
-    message: ``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.
-    <nanoseconds>.<pending>``, or the form with a domain and an account hash before the
-    stream (12 tokens); ``get_last_msg`` results carry ``|<seq>|<ns>`` instead."""
-    if reply.startswith("|"):
-        _, seq, ns = reply.split("|")
-    else:
-        t = reply.split(".")
-        seq, ns = (t[5], t[7]) if len(t) == 9 else (t[7], t[9])
-    return int(seq), datetime.fromtimestamp(int(ns) / 1e9, UTC)
+    except NatsUnreachableError as exc:
+        raise NatsUnavailableError(f"cannot connect to NATS at {settings.nats_url}: {exc}") from exc
 
 
 async def read_stream(
@@ -126,69 +78,13 @@ async def read_stream(
     start: datetime | None = None,
 ) -> list[RawMessage]:
     """The stream's messages on ``filter_subject`` (all, the last per subject, or from a time)
-    that were there when the read began; an absent stream holds none.
-
-    A core subscription takes the messages of raw pull requests: nats-py's ``fetch`` waits
-    on each message in a task of its own, ten times slower on a fleet's worth."""
-    js = nc.jetstream()
-    name = f"fracpilot-cli-{uuid.uuid4().hex[:16]}"
-    config = ConsumerConfig(
-        name=name,
-        deliver_policy=deliver,
-        opt_start_time=start,
-        ack_policy=AckPolicy.NONE,
-        filter_subject=filter_subject,
-        inactive_threshold=30.0,
-        mem_storage=True,
-    )
+    that were there when the read began; an absent stream holds none."""
     try:
-        info = await js.add_consumer(stream, config)
-    except NotFoundError:
-        return []
-    wanted = info.num_pending or 0
-    out: list[RawMessage] = []
-    chunk_done: asyncio.Event = asyncio.Event()
-    state = {"asked": 0, "finished": wanted == 0}
-
-    async def on_message(msg: Msg) -> None:
-        if not msg.reply:  # a status: 404 no more messages, 408 request expired
-            if (msg.headers or {}).get("Status") in ("404", "408", "409"):
-                state["finished"] = True
-                chunk_done.set()
-            return
-        out.append(RawMessage(msg.subject, msg.data, _deleted(msg.headers), msg.reply))
-        if len(out) >= wanted:
-            state["finished"] = True
-            chunk_done.set()
-        elif len(out) >= state["asked"]:
-            chunk_done.set()
-
-    inbox = nc.new_inbox()
-    sub = await nc.subscribe(inbox, cb=on_message, pending_msgs_limit=4 * _CHUNK)
-    try:
-        while not state["finished"]:
-            chunk_done.clear()
-            batch = min(_CHUNK, wanted - len(out))
-            state["asked"] = len(out) + batch
-            request = {"batch": batch, "no_wait": True}  # what is there, then a 404
-            await nc.publish(
-                f"{_API}.CONSUMER.MSG.NEXT.{stream}.{name}",
-                json.dumps(request).encode(),
-                reply=inbox,
-            )
-            try:
-                await asyncio.wait_for(chunk_done.wait(), timeout=_STALL_S + 5)
-            except TimeoutError as exc:
-                raise NatsUnavailableError(
-                    f"reading {stream} ({filter_subject}) stalled after {len(out)} of "
-                    f"{wanted} messages"
-                ) from exc
-    finally:
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
-        with contextlib.suppress(Exception):  # gone now rather than after the threshold
-            await js.delete_consumer(stream, name)
-    return out
+        return await read_stored(
+            nc, stream, filter_subject, deliver, start, name_prefix=_CONSUMER_PREFIX
+        )
+    except SnapshotStalledError as exc:
+        raise NatsUnavailableError(str(exc)) from exc
 
 
 async def read_usage(
@@ -212,20 +108,17 @@ async def read_usage(
     return [m for part in await asyncio.gather(*reads) for m in part]
 
 
-def _kv_stream(bucket: str) -> tuple[str, str]:
-    return f"KV_{bucket}", f"$KV.{bucket}."
-
-
 async def read_bucket(nc: NatsClient, bucket: str) -> dict[str, RawMessage]:
     """The latest value of every key of a KV bucket (deleted keys left out)."""
-    stream, prefix = _kv_stream(bucket)
-    messages = await read_stream(nc, stream, f"{prefix}>", DeliverPolicy.LAST_PER_SUBJECT)
-    return {m.subject[len(prefix) :]: m for m in messages if not m.deleted and m.data}
+    try:
+        return await read_kv(nc, bucket, name_prefix=_CONSUMER_PREFIX)
+    except SnapshotStalledError as exc:
+        raise NatsUnavailableError(str(exc)) from exc
 
 
 async def read_key(nc: NatsClient, bucket: str, key: str) -> RawMessage | None:
     """One key's value, None when absent or deleted."""
-    stream, prefix = _kv_stream(bucket)
+    stream, prefix = kv_stream(bucket)
     return await read_last(nc, stream, f"{prefix}{key}")
 
 
@@ -236,7 +129,7 @@ async def read_last(nc: NatsClient, stream: str, subject: str) -> RawMessage | N
     except NotFoundError:
         return None
     headers = raw.headers or None
-    if _deleted(headers) or not raw.data:
+    if is_deleted(headers) or not raw.data:
         return None
     at = raw.time or datetime.now(UTC)
     return RawMessage(
@@ -260,7 +153,7 @@ def decode_all(
 async def read_policies(nc: NatsClient, problems: list[str]) -> LivePolicies:
     """The stored policies over the cluster default the decision service uses
     (``FRACPILOT_POLICY_JSON``, else the built-in defaults)."""
-    policies = LivePolicies(cluster_default(DecisionSettings()))
+    policies = LivePolicies(cluster_default(CliSettings().policy_json))
     for key, raw in (await read_bucket(nc, subjects.POLICY_BUCKET)).items():
         try:
             policies.apply(key, decode(Policy, raw.data))

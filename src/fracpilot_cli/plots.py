@@ -19,7 +19,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from fracpilot_decision.replay import ReplayReport, WorkloadReplay
+from fracpilot_libs.sizing.accounting import WorkloadAccount
+from fracpilot_libs.sizing.replay import ReplayReport
 
 COMPUTE = "#4c72b0"
 MEMORY = "#2ca02c"
@@ -43,9 +44,9 @@ def _changes(timeline: list[tuple[float, float, float, float]]) -> list[tuple[fl
 
 def _panel(
     ax: Axes,
-    w: WorkloadReplay,
+    w: WorkloadAccount,
     start: float,
-    baseline: WorkloadReplay | None,
+    baseline: WorkloadAccount | None,
     baseline_name: str,
 ) -> None:
     tl = w.timeline

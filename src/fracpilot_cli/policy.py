@@ -1,8 +1,9 @@
 """``fracpilot policy``: read and change the decision engine's policies over NATS.
 
-The decision service answers these requests (see ``fracpilot_decision.policy_store``); each
-command prints JSON on stdout, and on a refusal prints the reason on stderr and exits 1.
-``get`` prints a policy that ``set`` accepts back (its ``revision`` is set by the store).
+The decision service answers these requests (see ``fracpilot_decision.policy_store``; how a
+policy is resolved: ``fracpilot_libs.sizing.policies``); each command prints JSON on stdout,
+and on a refusal prints the reason on stderr and exits 1. ``get`` prints a policy that ``set``
+accepts back (its ``revision`` is set by the store).
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import nats
 import typer
 
 from fracpilot_libs import subjects
-from fracpilot_libs.bus import DecodeError, decode
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import PolicyLevel, PolicyReply, PolicyScope
-from fracpilot_libs.nats_connect import NatsSecurityError, open_connection
+from fracpilot_libs.decoding import DecodeError, decode
+from fracpilot_libs.nats_connect import NatsSecurityError, connect_once
+from fracpilot_libs.nats_errors import NatsUnreachableError
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
@@ -45,26 +47,13 @@ def _options(
 
 
 async def _request(url: str, subject: str, payload: bytes, wait_s: float) -> PolicyReply:
-    errors: list[Exception] = []
-
-    async def remember(exc: Exception) -> None:  # instead of nats-py's logged tracebacks
-        errors.append(exc)
-
+    errors: list[Exception] = []  # also a publish the server's permissions refuse, later
     try:  # with the services' FRACPILOT_NATS_* identity and TLS settings
-        nc = await open_connection(
-            ServiceSettings(nats_url=url),
-            servers=[u.strip() for u in url.split(",")],
-            connect_timeout=min(wait_s, 5.0),
-            allow_reconnect=False,
-            max_reconnect_attempts=1,  # each server twice, then give up
-            reconnect_time_wait=0.1,
-            error_cb=remember,
+        nc = await connect_once(
+            ServiceSettings(nats_url=url), timeout_s=min(wait_s, 5.0), errors=errors
         )
-    except NatsSecurityError as exc:
+    except (NatsSecurityError, NatsUnreachableError) as exc:
         raise RequestFailedError(f"cannot connect to NATS at {url}: {exc}") from exc
-    except Exception as exc:
-        cause = errors[-1] if errors else exc
-        raise RequestFailedError(f"cannot connect to NATS at {url}: {cause}") from exc
     try:
         msg = await nc.request(subject, payload, timeout=wait_s)
     except nats.errors.NoRespondersError as exc:

@@ -1,7 +1,8 @@
 """``fracpilot replay``: what a policy would have done on a recorded usage trace.
 
-CLI glue only: the trace is read, replayed and measured by :mod:`fracpilot_decision.replay`
-with the sizers of :mod:`fracpilot_decision.baselines`; this module parses the options, shows
+CLI glue only: the trace is read by :mod:`fracpilot_libs.sizing.trace`, replayed and measured
+by :mod:`fracpilot_libs.sizing.replay` with the sizers of :mod:`fracpilot_libs.sizing.baselines`;
+this module parses the options, shows
 progress on stderr and prints the totals as a table or as one JSON object.
 """
 
@@ -29,20 +30,13 @@ from rich.progress import (
 from rich.table import Table
 
 from fracpilot_cli.settings import CliSettings
-from fracpilot_decision.baselines import EngineSizer, Sizer, baseline_from_spec
-from fracpilot_decision.replay import (
-    Metrics,
-    ReplayReport,
-    TraceError,
-    TracePoint,
-    WorkloadReplay,
-    group_by_workload,
-    read_trace,
-    replay,
-)
-from fracpilot_decision.replay import Progress as ReplayProgress
 from fracpilot_libs.contracts import Policy
 from fracpilot_libs.pricing import GpuPrices
+from fracpilot_libs.sizing.accounting import Metrics, WorkloadAccount
+from fracpilot_libs.sizing.baselines import EngineSizer, Sizer, baseline_from_spec
+from fracpilot_libs.sizing.replay import Progress as ReplayProgress
+from fracpilot_libs.sizing.replay import ReplayReport, replay
+from fracpilot_libs.sizing.trace import TraceError, TracePoint, group_by_workload, read_trace
 
 EXIT_USAGE = 2
 LONG_TRACE = 20_000  # samples: from here on progress is shown even when stderr is no terminal
@@ -184,7 +178,7 @@ def totals_table(
     return table
 
 
-def workloads_table(top: list[WorkloadReplay], of: int) -> Table:
+def workloads_table(top: list[WorkloadAccount], of: int) -> Table:
     table = Table(
         title=f"top {len(top)} of {of} workloads by GPU-hours allocated",
         box=box.SIMPLE_HEAD,

@@ -4,8 +4,9 @@ From the usage samples, decisions and actuation results the streams hold for the
 per workload, usage against the fraction in force over time (a sample's ``allocated_fraction``;
 a workload not placed yet holds a whole GPU, as in the demo's summary), GPU-hours held against
 whole GPUs, their cost by the GPU's model, overruns (usage above the fraction), the fraction
-changes, the decisions and the actions; and the fleet's totals. Each sample stands for the time
-until the next one, gaps capped at 5 median steps (as in ``fracpilot replay``).
+changes, the decisions and the actions; and the fleet's totals. The account is
+:mod:`fracpilot_libs.sizing.accounting`, as in ``fracpilot replay``: each sample stands for the
+time until the next one, gaps capped at 5 median steps.
 :meth:`Report.as_dict` is ``report.json``; the HTML shows exactly those numbers.
 """
 
@@ -19,24 +20,9 @@ from datetime import UTC, datetime
 from itertools import pairwise
 from typing import Any
 
-from fracpilot_decision.replay import Metrics, WorkloadReplay
 from fracpilot_libs.contracts import ActuationResult, FractionDecision, UsageSample, WorkloadRef
 from fracpilot_libs.pricing import GpuPrices
-
-_EPS = 1e-9
-_DEFAULT_STEP_S = 60.0
-GAP_CAP_STEPS = 5
-
-
-def sample_intervals(times: list[float]) -> list[float]:
-    """Seconds each sample stands for: until the next one, gaps capped at 5 median steps;
-    the last one (and a lone one) a median step."""
-    if len(times) < 2:
-        return [_DEFAULT_STEP_S] * len(times)
-    steps = [b - a for a, b in pairwise(times)]
-    median = sorted(steps)[len(steps) // 2] or _DEFAULT_STEP_S
-    cap = GAP_CAP_STEPS * median
-    return [min(s, cap) for s in steps] + [median]
+from fracpilot_libs.sizing.accounting import Metrics, WorkloadAccount, sample_intervals
 
 
 def _iso(at: datetime | float | None) -> str | None:
@@ -52,7 +38,7 @@ class WorkloadReport:
     workload: WorkloadRef
     gpu_model: str
     usd_per_gpu_hour: float
-    replay: WorkloadReplay  # metrics, and (time, compute, memory share, fraction) per sample
+    replay: WorkloadAccount  # metrics, and (time, compute, memory share, fraction) per sample
     decisions: list[FractionDecision] = field(default_factory=list)
     actions: list[ActuationResult] = field(default_factory=list)
 
@@ -80,7 +66,7 @@ class WorkloadReport:
             "usd_per_gpu_hour": self.usd_per_gpu_hour,
             **m.as_dict(),
             "compute_overrun_samples": m.compute_overrun_samples,
-            "saved_gpu_hours": round(m.whole_gpu_hours - m.fraction_hours, 4),
+            "saved_gpu_hours": round(m.saved_gpu_hours, 4),
             "first_sample_at": _iso(tl[0][0]) if tl else None,
             "last_sample_at": _iso(tl[-1][0]) if tl else None,
             "final_fraction": self.replay.final_fraction,
@@ -128,7 +114,7 @@ class Report:
             "fleet": {
                 **t.as_dict(),
                 "compute_overrun_samples": t.compute_overrun_samples,
-                "saved_gpu_hours": round(t.whole_gpu_hours - t.fraction_hours, 4),
+                "saved_gpu_hours": round(t.saved_gpu_hours, 4),
                 "decisions": sum(self.decisions_by_direction.values()),
                 "decisions_by_direction": self.decisions_by_direction,
                 "actions": sum(self.actions_by_plan.values()),
@@ -142,32 +128,22 @@ class Report:
 
 def measure(
     workload: WorkloadRef, samples: list[UsageSample], usd_per_gpu_hour: float
-) -> WorkloadReplay:
-    """Usage against the fraction in force, sample by sample (``samples`` in time order)."""
+) -> WorkloadAccount:
+    """Usage against the fraction in force, sample by sample (``samples`` in time order); a
+    sample of a workload not placed yet holds a whole GPU."""
     times = [s.timestamp.timestamp() for s in samples]
     m = Metrics(workloads=1)
     timeline: list[tuple[float, float, float, float]] = []
-    run_s = 0.0
     previous: float | None = None
     for s, at, dt in zip(samples, times, sample_intervals(times), strict=True):
         held = s.allocated_fraction if s.allocated_fraction is not None else 1.0
-        share = s.memory_share
-        m.samples += 1
-        m.fraction_hours += held * dt / 3600
-        m.whole_gpu_hours += dt / 3600
-        compute_over = s.compute > held + _EPS
-        memory_over = share > held + _EPS
-        m.compute_overrun_samples += compute_over
-        m.memory_overrun_samples += memory_over
-        run_s = run_s + dt if (compute_over or memory_over) else 0.0
-        m.longest_overrun_s = max(m.longest_overrun_s, run_s)
+        m.record(held, s.compute, s.memory_share, dt)
         if previous is not None and not math.isclose(previous, held):
             m.resizes += 1
         previous = held
-        timeline.append((at, s.compute, share, held))
-    m.allocated_cost_usd = m.fraction_hours * usd_per_gpu_hour
-    m.whole_cost_usd = m.whole_gpu_hours * usd_per_gpu_hour
-    return WorkloadReplay(workload, m, previous if previous is not None else 1.0, timeline)
+        timeline.append((at, s.compute, s.memory_share, held))
+    m.price(usd_per_gpu_hour)
+    return WorkloadAccount(workload, m, previous if previous is not None else 1.0, timeline)
 
 
 def report_order(w: WorkloadReport) -> tuple[int, float, str]:

@@ -20,8 +20,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from fracpilot_cli.plots import ALLOCATION, BASELINE, COMPUTE, plot_replay
-from fracpilot_cli.report import Report, WorkloadReport, sample_intervals
-from fracpilot_decision.replay import ReplayReport
+from fracpilot_cli.report import Report, WorkloadReport
+from fracpilot_libs.sizing.accounting import sample_intervals
+from fracpilot_libs.sizing.replay import ReplayReport
 
 FLEET_BINS = 96
 

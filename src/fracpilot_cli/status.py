@@ -2,7 +2,7 @@
 
 The facts come from the allocations bucket (the fraction held, the GPU memory behind it), the
 decision engine's checkpointed state (its compute percentile and memory peak, and through
-:func:`fracpilot_decision.engine.describe` its target and what it is about to do), the latest
+:func:`fracpilot_libs.sizing.outlook.describe` its target and what it is about to do), the latest
 usage sample (the GPU model that prices the row, the engine's clock) and the latest actuation
 result. :func:`build_status_rows` joins them by workload key and orders the rows by
 :func:`risk_order`. No I/O here: :mod:`fracpilot_cli.operator_data` reads NATS.
@@ -17,7 +17,7 @@ from enum import IntEnum
 from functools import cache
 from typing import Any, Generic, TypeVar
 
-from fracpilot_decision.engine import Outlook, WorkloadState, describe
+from fracpilot_libs import subjects
 from fracpilot_libs.contracts import (
     ActuationResult,
     Allocation,
@@ -27,10 +27,12 @@ from fracpilot_libs.contracts import (
     WorkloadRef,
 )
 from fracpilot_libs.pricing import GpuPrices, monthly
+from fracpilot_libs.sizing.accounting import EPS, overruns
+from fracpilot_libs.sizing.outlook import Outlook, describe
+from fracpilot_libs.sizing.state import WorkloadState
 
 T = TypeVar("T")
 NEAR = 0.9  # usage at 90% of the fraction or more is "near" it
-_EPS = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,11 +85,11 @@ def risk_of(
     """The risk class of a workload from its usage as shares of its fraction and its state."""
     memory = memory_of_fraction or 0.0
     compute = compute_of_fraction or 0.0
-    if memory > 1.0 + _EPS:
+    if overruns(memory, 1.0):  # shares of the fraction: above 1 is above it
         return Risk.MEMORY_OVER
-    if compute > 1.0 + _EPS:
+    if overruns(compute, 1.0):
         return Risk.COMPUTE_OVER
-    if max(memory, compute) >= NEAR - _EPS:
+    if max(memory, compute) >= NEAR - EPS:
         return Risk.NEAR
     if state == Outlook.UPSIZING.value:
         return Risk.UPSIZING
@@ -181,8 +183,8 @@ class FleetSnapshot:
 
 def workload_from_key(key: str) -> WorkloadRef | None:
     """The workload a KV key names (``cluster/namespace/kind/name``), None if it names none."""
-    parts = key.split("/")
-    if len(parts) != 4 or not all(parts):
+    parts = subjects.kv_key_parts(key)
+    if parts is None:
         return None
     try:
         return WorkloadRef(

@@ -1,4 +1,9 @@
-"""What a run did, computed from the usage and actuation streams alone."""
+"""What a run did, computed from the usage and actuation streams alone.
+
+Each sample stands for one simulated step at the fraction it reports (a workload not placed yet
+holds a whole GPU), priced by its GPU's model; the account is
+:mod:`fracpilot_libs.sizing.accounting`, as in ``fracpilot replay`` and ``report``.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ from dataclasses import dataclass, field
 
 from fracpilot_libs.contracts import ActuationResult, UsageSample
 from fracpilot_libs.pricing import GpuPrices
+from fracpilot_libs.sizing.accounting import Metrics
 
 
 @dataclass
@@ -20,55 +26,67 @@ class WorkloadView:
     node: str = ""
     last_action: str = ""
     samples: int = 0
-    cost_saved_usd: float = 0.0
+    metrics: Metrics = field(default_factory=Metrics)
+
+    @property
+    def cost_saved_usd(self) -> float:
+        return self.metrics.cost_saved_usd
 
 
 @dataclass
 class RunSummary:
     step_s: float
-    samples: int = 0
-    allocated_gpu_hours: float = 0.0
-    whole_gpu_hours: float = 0.0
-    compute_overruns: int = 0
-    memory_overruns: int = 0
+    totals: Metrics = field(default_factory=Metrics)
     actions: Counter[str] = field(default_factory=Counter)
     workloads: dict[str, WorkloadView] = field(default_factory=dict)
     prices: GpuPrices = field(default_factory=GpuPrices)
-    allocated_cost_usd: float = 0.0
-    whole_cost_usd: float = 0.0
+
+    @property
+    def samples(self) -> int:
+        return self.totals.samples
+
+    @property
+    def allocated_gpu_hours(self) -> float:
+        return self.totals.fraction_hours
+
+    @property
+    def whole_gpu_hours(self) -> float:
+        return self.totals.whole_gpu_hours
+
+    @property
+    def compute_overruns(self) -> int:
+        return self.totals.compute_overrun_samples
+
+    @property
+    def memory_overruns(self) -> int:
+        return self.totals.memory_overrun_samples
+
+    @property
+    def allocated_cost_usd(self) -> float:
+        return self.totals.allocated_cost_usd
+
+    @property
+    def whole_cost_usd(self) -> float:
+        return self.totals.whole_cost_usd
 
     @property
     def cost_saved_usd(self) -> float:
-        return self.whole_cost_usd - self.allocated_cost_usd
+        return self.totals.cost_saved_usd
 
     @property
     def savings_pct(self) -> float:
-        if self.whole_gpu_hours == 0:
-            return 0.0
-        return 100.0 * (1 - self.allocated_gpu_hours / self.whole_gpu_hours)
+        return self.totals.savings_pct
 
     def add_sample(self, s: UsageSample) -> None:
         view = self.workloads.setdefault(s.workload.key, WorkloadView(s.workload.display))
         view.compute, view.memory_share, view.samples = s.compute, s.memory_share, view.samples + 1
         view.node = s.node or view.node
-        self.samples += 1
-        hours = self.step_s / 3600
+        if s.allocated_fraction is not None:
+            view.fraction = s.allocated_fraction
+        held = 1.0 if s.allocated_fraction is None else s.allocated_fraction  # not placed: whole
         hourly = self.prices.hourly(s.gpu_model)
-        self.whole_gpu_hours += hours
-        self.whole_cost_usd += hours * hourly
-        if s.allocated_fraction is None:  # not placed yet: it holds a whole GPU
-            self.allocated_gpu_hours += hours
-            self.allocated_cost_usd += hours * hourly
-            return
-        view.fraction = s.allocated_fraction
-        self.allocated_gpu_hours += s.allocated_fraction * hours
-        self.allocated_cost_usd += s.allocated_fraction * hours * hourly
-        view.cost_saved_usd += (1 - s.allocated_fraction) * hours * hourly
-        # Tolerance: a sample exactly at its fraction is not an overrun.
-        if s.compute > s.allocated_fraction + 1e-9:
-            self.compute_overruns += 1
-        if s.memory_share > s.allocated_fraction + 1e-9:
-            self.memory_overruns += 1
+        for metrics in (self.totals, view.metrics):
+            metrics.record(held, s.compute, s.memory_share, self.step_s, hourly)
 
     def add_result(self, r: ActuationResult) -> None:
         self.actions[f"{r.plan.value}/{r.outcome.value}"] += 1

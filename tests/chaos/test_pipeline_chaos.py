@@ -30,9 +30,9 @@ from chaos.faults import (
 from chaos.invariants import check, wait_drained
 from fracpilot_cli.demo import DemoConfig
 from fracpilot_cli.processes import ServiceProcess
-from fracpilot_ingest.service import IngestSettings
-from fracpilot_ingest.simulator import demo_workloads
+from fracpilot_ingest.settings import IngestSettings
 from fracpilot_libs.embedded_nats import EmbeddedNats, free_port
+from fracpilot_libs.simulation.workloads import demo_workloads
 
 pytestmark = pytest.mark.chaos
 
@@ -40,7 +40,7 @@ ORDER = ("actuator", "decision", "ingest")
 
 
 def expected_sample_ids(config: DemoConfig) -> set[str]:
-    start = IngestSettings().sim_start
+    start = IngestSettings().sim.start
     steps = int(config.sim_hours * 3600 // config.step_s)
     return {
         f"sim|{w.workload.key}|{int((start + timedelta(seconds=i * config.step_s)).timestamp())}"

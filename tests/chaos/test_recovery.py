@@ -23,7 +23,8 @@ from prometheus_client import CollectorRegistry
 
 from chaos.faults import readyz
 from factories import decision
-from fracpilot_actuator.service import ActuatorService, ActuatorSettings
+from fracpilot_actuator.app import ActuatorService
+from fracpilot_actuator.settings import ActuatorSettings
 from fracpilot_libs import subjects
 from fracpilot_libs.bus import Bus
 from fracpilot_libs.config import ServiceSettings
@@ -136,7 +137,9 @@ async def test_readiness_follows_the_nats_connection(tmp_path: Path) -> None:
 async def test_an_executed_decision_is_not_executed_again_after_a_crash(tmp_path: Path) -> None:
     server = EmbeddedNats(store_dir=str(tmp_path / "store")).start()
     settings = ActuatorSettings(
-        nats_url=server.url, sim_pods="inference/chat=0.5", sim_cluster="test", ack_wait_s=2
+        nats_url=server.url,
+        sim={"pods": "inference/chat=0.5", "cluster": "test"},
+        ack_wait_s=2,
     )
     made = decision(current=0.5, new=0.75, decision_id="d-crash")
     try:

@@ -13,10 +13,12 @@ import nats
 import pytest
 
 from factories import sample
-from fracpilot_decision.engine import WorkloadState, decide, dump_state, load_state
-from fracpilot_decision.service import DecisionService, DecisionSettings
+from fracpilot_decision.service import DecisionService
+from fracpilot_decision.settings import DecisionSettings
 from fracpilot_libs import subjects
 from fracpilot_libs.contracts import Policy, UsageSample
+from fracpilot_libs.sizing.engine import decide
+from fracpilot_libs.sizing.state import WorkloadState, dump_state, load_state
 from helpers import counter, reset_nats, running, wait_for
 
 pytestmark = pytest.mark.integration
@@ -49,7 +51,7 @@ async def test_a_graceful_restart_keeps_each_workloads_history(nats_url: str) ->
     key = subjects.kv_key(feed[0].workload)
     # A long interval: only the checkpoint on shutdown is written.
     settings = DecisionSettings(
-        nats_url=nats_url, checkpoint_interval_s=3600, checkpoint_when_idle_s=0
+        nats_url=nats_url, checkpoint={"interval_s": 3600, "when_idle_s": 0}
     )
     first = DecisionService(settings)
     async with running(first):
@@ -76,7 +78,7 @@ async def test_a_graceful_restart_keeps_each_workloads_history(nats_url: str) ->
 
 async def test_changed_workloads_are_checkpointed_on_the_interval(nats_url: str) -> None:
     await reset_nats(nats_url)
-    service = DecisionService(DecisionSettings(nats_url=nats_url, checkpoint_interval_s=0.1))
+    service = DecisionService(DecisionSettings(nats_url=nats_url, checkpoint={"interval_s": 0.1}))
     s = sample(compute=0.2, memory_share=0.2, allocated=0.5)
     key = subjects.kv_key(s.workload)
     nc = await nats.connect(nats_url)

@@ -14,7 +14,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from prometheus_client import CollectorRegistry
 
 from factories import sample
-from fracpilot_libs import bus as bus_module
+from fracpilot_libs import consumer as consumer_module
 from fracpilot_libs import subjects
 from fracpilot_libs.bus import Bus
 from fracpilot_libs.config import ServiceSettings
@@ -36,7 +36,7 @@ def lag(registry: CollectorRegistry, consumer: str) -> tuple[float | None, float
 async def test_the_lag_gauges_follow_each_consumer(
     nats_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(bus_module, "LAG_INTERVAL_S", 0.1)
+    monkeypatch.setattr(consumer_module, "LAG_INTERVAL_S", 0.1)
     await reset_nats(nats_url)
     registry = CollectorRegistry()
     bus = Bus("test", ServiceSettings(nats_url=nats_url, fetch_batch=2), registry)
@@ -88,7 +88,7 @@ async def test_a_service_with_its_own_consumers_exports_their_lag_until_it_lets_
 ) -> None:
     """A consumer the service drives itself (a partition it owns for a while) has its lag
     exported while watched, and no series once it is handed over."""
-    monkeypatch.setattr(bus_module, "LAG_INTERVAL_S", 0.1)
+    monkeypatch.setattr(consumer_module, "LAG_INTERVAL_S", 0.1)
     await reset_nats(nats_url)
     registry = CollectorRegistry()
     bus = Bus("test", ServiceSettings(nats_url=nats_url), registry)

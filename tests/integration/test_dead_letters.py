@@ -9,9 +9,12 @@ import nats
 import pytest
 
 from factories import decision, malformed_payloads, sample
-from fracpilot_actuator.service import ActuatorService, ActuatorSettings
-from fracpilot_decision.service import DecisionService, DecisionSettings
-from fracpilot_ingest.service import IngestService, IngestSettings
+from fracpilot_actuator.app import ActuatorService
+from fracpilot_actuator.settings import ActuatorSettings
+from fracpilot_decision.service import DecisionService
+from fracpilot_decision.settings import DecisionSettings
+from fracpilot_ingest.service import IngestService
+from fracpilot_ingest.settings import IngestSettings
 from fracpilot_libs import subjects
 from fracpilot_libs.contracts import DeadLetter
 from helpers import counter, read_stream, reset_nats, running, wait_for
@@ -71,7 +74,7 @@ async def test_decision_subject_dead_letters_every_malformed_decision(nats_url: 
         {**json.loads(valid.model_dump_json()), "direction": "down"}
     ).encode()
     service = ActuatorService(
-        ActuatorSettings(nats_url=nats_url, sim_pods="inference/chat=0.5", sim_cluster="test")
+        ActuatorSettings(nats_url=nats_url, sim={"pods": "inference/chat=0.5", "cluster": "test"})
     )
     async with running(service):
         nc = await nats.connect(nats_url)
@@ -102,7 +105,7 @@ async def test_decision_subject_dead_letters_every_malformed_decision(nats_url: 
 async def test_allocation_bucket_dead_letters_a_corrupt_entry(nats_url: str) -> None:
     await reset_nats(nats_url)
     service = IngestService(
-        IngestSettings(nats_url=nats_url, sim_duration_s=60, sim_workloads=1, sim_speed=60)
+        IngestSettings(nats_url=nats_url, sim={"duration_s": 60, "workloads": 1, "speed": 60})
     )
     async with running(service):
         nc = await nats.connect(nats_url)

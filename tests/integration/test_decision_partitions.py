@@ -24,13 +24,14 @@ from prometheus_client import CollectorRegistry
 
 from factories import T0, sample
 from fracpilot_decision.checkpoints import mark_key
-from fracpilot_decision.engine import WorkloadState
-from fracpilot_decision.progress import decision_backlog
-from fracpilot_decision.service import DecisionService, DecisionSettings
+from fracpilot_decision.service import DecisionService
+from fracpilot_decision.settings import DecisionSettings, PartitionLeaseSettings
 from fracpilot_libs import subjects
 from fracpilot_libs.bus import Bus
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import UsageSample
+from fracpilot_libs.decision_backlog import decision_backlog
+from fracpilot_libs.sizing.state import WorkloadState
 from fracpilot_libs.usage_streams import usage_partition_count
 from helpers import counter, read_stream, read_usage, reset_nats, wait_for
 
@@ -46,9 +47,8 @@ def settings(url: str, name: str, checkpoint_interval_s: float = 0.2) -> Decisio
         nats_url=url,
         replica_id=name,
         decision_partitions=PARTITIONS,
-        partition_lease_s=LEASE_S,
-        checkpoint_interval_s=checkpoint_interval_s,
-        checkpoint_when_idle_s=0,
+        partition={"lease_s": LEASE_S},
+        checkpoint={"interval_s": checkpoint_interval_s, "when_idle_s": 0},
         fetch_batch=16,
     )
 
@@ -241,8 +241,12 @@ async def test_a_joining_replica_takes_half_and_histories_carry_on(nats_url: str
 
 async def test_a_replica_that_leaves_hands_its_partitions_over_at_once(nats_url: str) -> None:
     await reset_nats(nats_url)
-    long_lease = settings(nats_url, "a").model_copy(update={"partition_lease_s": 60.0})
-    other = settings(nats_url, "b").model_copy(update={"partition_lease_s": 60.0})
+    long_lease = settings(nats_url, "a").model_copy(
+        update={"partition": PartitionLeaseSettings(lease_s=60.0)}
+    )
+    other = settings(nats_url, "b").model_copy(
+        update={"partition": PartitionLeaseSettings(lease_s=60.0)}
+    )
     async with replicas(DecisionService(long_lease), DecisionService(other)) as (a, b):
         await wait_for(lambda: len(a.owned) == len(b.owned) == PARTITIONS // 2, timeout=30)
         await publish(nats_url, feed(0))

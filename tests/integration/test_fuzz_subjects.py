@@ -25,10 +25,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from factories import decision, sample
-from fracpilot_actuator.service import ActuatorService, ActuatorSettings
-from fracpilot_decision.policy_store import parse_scope, scope_problem
+from fracpilot_actuator.app import ActuatorService
+from fracpilot_actuator.settings import ActuatorSettings
 from fracpilot_decision.service import DecisionService, DecisionSettings
-from fracpilot_ingest.service import IngestService, IngestSettings
+from fracpilot_ingest.service import IngestService
+from fracpilot_ingest.settings import IngestSettings
 from fracpilot_libs import subjects
 from fracpilot_libs.bus import DecodeError
 from fracpilot_libs.contracts import (
@@ -41,6 +42,7 @@ from fracpilot_libs.contracts import (
     PolicyScope,
     UsageSample,
 )
+from fracpilot_libs.sizing.policies import parse_scope, scope_problem
 from helpers import read_stream, reset_nats, running, usage_stream_of, wait_for
 from support.fuzzing import draw, examples_per_subject, junk_payloads, rejected_junk
 
@@ -146,7 +148,7 @@ async def test_junk_decisions_are_each_dead_lettered(nats_url: str, n: int) -> N
     junk = draw(rejected_junk(FractionDecision, valid), n)
     started = time.monotonic()
     service = ActuatorService(
-        ActuatorSettings(nats_url=nats_url, sim_pods="inference/chat=0.5", sim_cluster="test")
+        ActuatorSettings(nats_url=nats_url, sim={"pods": "inference/chat=0.5", "cluster": "test"})
     )
     async with running(service):
         subject = subjects.decision_subject(valid.workload)
@@ -244,7 +246,7 @@ async def _put_all(url: str, bucket: str, payloads: list[bytes], key: str = "fuz
 @pytest.fixture
 def ingest_settings(nats_url: str) -> IngestSettings:
     return IngestSettings(
-        nats_url=nats_url, sim_duration_s=60, sim_workloads=1, sim_speed=60, sim_step_s=60
+        nats_url=nats_url, sim={"duration_s": 60, "workloads": 1, "speed": 60, "step_s": 60}
     )
 
 

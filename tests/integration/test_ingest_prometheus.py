@@ -22,7 +22,8 @@ from datetime import UTC, datetime
 import nats
 import pytest
 
-from fracpilot_ingest.service import IngestService, IngestSettings
+from fracpilot_ingest.service import IngestService
+from fracpilot_ingest.settings import IngestSettings
 from fracpilot_libs import subjects
 from fracpilot_libs.contracts import Allocation, Attribution, UsageSample, WorkloadRef
 from helpers import read_usage, reset_nats, running, wait_for
@@ -124,7 +125,10 @@ async def ingest_until(service: IngestService, url: str, pods: int) -> dict[str,
 
 def _published(service: IngestService) -> float:
     return sum(
-        s.value for m in service.published.collect() for s in m.samples if s.name.endswith("_total")
+        s.value
+        for m in service.metrics.published.collect()
+        for s in m.samples
+        if s.name.endswith("_total")
     )
 
 
@@ -136,9 +140,8 @@ async def test_dcgm_per_process_samples_are_exact_with_renamed_labels(
         settings(
             nats_url,
             sources="prometheus",
-            prometheus_url=prom.url,
+            prometheus={"url": prom.url, "matchers": 'job="dcgm"'},
             mapping_families="dcgm,dcgm-process",
-            prometheus_matchers='job="dcgm"',
         )
     )
     latest = await ingest_until(service, nats_url, pods=2)
@@ -186,9 +189,8 @@ async def test_device_only_metrics_are_split_by_allocated_fraction(
         settings(
             nats_url,
             sources="prometheus",
-            prometheus_url=prom.url,
+            prometheus={"url": prom.url, "matchers": 'job="dcgm-device"'},
             mapping_families="dcgm",
-            prometheus_matchers='job="dcgm-device"',
         )
     )
     latest = await ingest_until(service, nats_url, pods=2)
@@ -214,9 +216,8 @@ async def test_hami_both_naming_generations_give_the_same_exact_samples(
         settings(
             nats_url,
             sources="prometheus",
-            prometheus_url=prom.url,
+            prometheus={"url": prom.url, "matchers": f'job="{job}"'},
             mapping_families=family,
-            prometheus_matchers=f'job="{job}"',
         )
     )
     latest = await ingest_until(service, nats_url, pods=2)
@@ -250,9 +251,8 @@ async def test_scrape_source_matches_the_prometheus_source(
             settings(
                 nats_url,
                 sources="prometheus",
-                prometheus_url=prom.url,
+                prometheus={"url": prom.url, "matchers": 'job="dcgm-device"'},
                 mapping_families="dcgm,dcgm-process",
-                prometheus_matchers='job="dcgm-device"',
             )
         ),
         nats_url,
@@ -283,9 +283,8 @@ async def test_catch_up_after_prometheus_was_down_publishes_the_gap_once(
         settings(
             nats_url,
             sources="prometheus",
-            prometheus_url=prom.url,
+            prometheus={"url": prom.url, "matchers": 'job="hami"'},
             mapping_families="hami",
-            prometheus_matchers='job="hami"',
         )
     )
     async with running(service):
@@ -293,7 +292,7 @@ async def test_catch_up_after_prometheus_was_down_publishes_the_gap_once(
         prom.stop()
         down_at = time.time()
         await asyncio.sleep(6)
-        errors_while_down = service.source_errors.labels("prometheus")._value.get()
+        errors_while_down = service.metrics.source_errors.labels("prometheus")._value.get()
         prom.start()
         prom.wait_for_series('hami_vgpu_memory_used_bytes{job="hami"}', timeout=30)
         up_at = time.time()

@@ -26,12 +26,15 @@ from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from factories import decision, sample
-from fracpilot_actuator.service import ActuatorService, ActuatorSettings
+from fracpilot_actuator.app import ActuatorService
+from fracpilot_actuator.settings import ActuatorSettings
 from fracpilot_cli.main import app
-from fracpilot_decision.service import DecisionService, DecisionSettings
-from fracpilot_ingest.service import IngestService, IngestSettings
+from fracpilot_decision.service import DecisionService
+from fracpilot_decision.settings import DecisionSettings
+from fracpilot_ingest.service import IngestService
+from fracpilot_ingest.settings import IngestSettings
 from fracpilot_libs import subjects
-from fracpilot_libs.bus import Bus, decode
+from fracpilot_libs.bus import Bus
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import (
     ActuationResult,
@@ -41,6 +44,7 @@ from fracpilot_libs.contracts import (
     PolicyReply,
     UsageSample,
 )
+from fracpilot_libs.decoding import decode
 from fracpilot_libs.nats_connect import NatsSecurityError, open_connection
 from helpers import running, usage_stream_of, wait_for
 from support.fuzzing import decodes
@@ -156,14 +160,14 @@ async def test_services_run_the_pipeline_under_their_own_identities(
     actuator = ActuatorService(
         ActuatorSettings(
             **secured.identity("actuator"),
-            sim_pods="inference/chat-llama-8b=0.5,inference/embed-bge=0.5",
-            sim_cluster="demo",
+            sim={"pods": "inference/chat-llama-8b=0.5,inference/embed-bge=0.5", "cluster": "demo"},
         )
     )
     decision_svc = DecisionService(DecisionSettings(**secured.identity("decision")))
     ingest = IngestService(
         IngestSettings(
-            **secured.identity("ingest"), sim_workloads=2, sim_duration_s=4 * 3600, sim_speed=3600
+            **secured.identity("ingest"),
+            sim={"workloads": 2, "duration_s": 4 * 3600, "speed": 3600},
         )
     )
     async with running(actuator), running(decision_svc), running(ingest):

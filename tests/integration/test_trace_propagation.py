@@ -12,9 +12,12 @@ import pytest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from fracpilot_actuator.service import ActuatorService, ActuatorSettings
-from fracpilot_decision.service import DecisionService, DecisionSettings
-from fracpilot_ingest.service import IngestService, IngestSettings
+from fracpilot_actuator.app import ActuatorService
+from fracpilot_actuator.settings import ActuatorSettings
+from fracpilot_decision.service import DecisionService
+from fracpilot_decision.settings import DecisionSettings
+from fracpilot_ingest.service import IngestService
+from fracpilot_ingest.settings import IngestSettings
 from fracpilot_libs import subjects
 from fracpilot_libs.contracts import ActuationResult, Outcome
 from helpers import read_stream, reset_nats, running, wait_for
@@ -29,13 +32,13 @@ async def test_one_trace_spans_the_three_services(nats_url: str) -> None:
     # One small workload seeded far too small, so its first samples cause an upsize.
     actuator = ActuatorService(
         ActuatorSettings(
-            nats_url=nats_url, sim_cluster="demo", sim_pods="inference/chat-llama-8b=0.125"
+            nats_url=nats_url, sim={"cluster": "demo", "pods": "inference/chat-llama-8b=0.125"}
         ),
         processor,
     )
     decision = DecisionService(DecisionSettings(nats_url=nats_url), processor)
     ingest = IngestService(
-        IngestSettings(nats_url=nats_url, sim_workloads=1, sim_speed=3600, sim_duration_s=1800),
+        IngestSettings(nats_url=nats_url, sim={"workloads": 1, "speed": 3600, "duration_s": 1800}),
         processor,
     )
     async with running(actuator), running(decision), running(ingest):

@@ -13,6 +13,8 @@ builder / metric                     what                                       
 dcgm  ``DCGM_FI_DEV_GPU_UTIL``       device utilisation; per pod in per-process  percent 0-100
 dcgm  ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` graphics engine active                   ratio 0-1
 dcgm  ``DCGM_FI_DEV_FB_USED/_FREE``  framebuffer used / free; per pod (USED)     MiB
+dcgm  ``DCGM_FI_DEV_FB_RESERVED``    framebuffer the driver reserves (4.3.1+)    MiB
+dcgm  ``DCGM_FI_DEV_FB_TOTAL``       framebuffer total (only when configured)    MiB
 HAMi  ``*_bytes``                    memory used / limit                         bytes
 HAMi  ``*_utilization_ratio`` and    SM / core utilisation, despite "ratio"      percent 0-100
       legacy ``HostCoreUtilization``,
@@ -21,6 +23,7 @@ HAMi  ``*_last_kernel_*``            seconds since the container's last kernel  
 vLLM  ``vllm:gpu_cache_usage_perc``, KV-cache blocks in use, despite "perc"       ratio 0-1
       ``vllm:kv_cache_usage_perc``
 vLLM  ``vllm:num_requests_*``        requests waiting / running                  count
+vLLM  ``vllm:num_preemptions_total`` requests preempted (a counter)              count
 ==================================  ==========================================  =============
 
 Label sets (``gpu``-level labels first; see each builder for details):
@@ -29,6 +32,13 @@ Label sets (``gpu``-level labels first; see each builder for details):
   [DCGM_FI_DRIVER_VERSION], container, namespace, pod`` (``container_name, pod_namespace,
   pod_name`` with ``use_old_namespace``); pod labels are "" on an idle GPU. With
   ``virtual_gpus`` every sharing pod gets a copy with the *device* value plus ``vgpu``.
+- dcgm MIG (``internal/pkg/collector/gpu_collector.go``, ``rendermetrics/render_metrics.go``
+  at d5e5f510): a GPU with GPU instances exports, in the default flex mode, one series per
+  instance and none for the GPU itself; each carries the parent's labels plus
+  ``GPU_I_PROFILE`` (e.g. ``3g.40gb``) and ``GPU_I_ID`` right after ``modelName``, and the
+  pod labels of the pod holding that instance. ``DCGM_FI_DEV_GPU_UTIL`` has no value on an
+  instance (NVML does not give it), so it is left out; ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` and
+  the FB figures are the instance's own.
 - dcgm per-process (dcgm-exporter >= 4.5.3-4.8.2 with ``--kubernetes-virtual-gpus``): the
   device labels + ``container, namespace, pod, pod_uid, vgpu`` with the *pod's* value, only for
   ``DCGM_FI_DEV_GPU_UTIL`` and ``DCGM_FI_DEV_FB_USED``. ``pod_uid`` tells them apart from the
@@ -51,6 +61,7 @@ Only the standard library is used.
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
@@ -66,6 +77,7 @@ __all__ = [
     "Exposition",
     "GpuState",
     "GpuTestExporter",
+    "MigInstanceState",
     "PodOnGpu",
     "Sample",
     "VllmState",
@@ -73,6 +85,8 @@ __all__ = [
     "dcgm_metrics",
     "dcgm_per_process_metrics",
     "hami_metrics",
+    "hami_node_register",
+    "hami_scheduler_metrics",
     "vllm_metrics",
     "vllm_metrics_for_pod",
 ]
@@ -96,6 +110,7 @@ class VllmState:
     kv_cache_usage: float = 0.0
     num_requests_waiting: int = 0
     num_requests_running: int = 0
+    num_preemptions: int = 0  # the counter ``vllm:num_preemptions_total``
 
     def __post_init__(self) -> None:
         _check_range("kv_cache_usage", self.kv_cache_usage, 0.0, 1.0)
@@ -143,13 +158,41 @@ class PodOnGpu:
 
 
 @dataclass(frozen=True)
+class MigInstanceState:
+    """One MIG GPU instance of a GpuState, and the pod holding it (if any).
+
+    ``gr_engine_active`` (0-1) is relative to the instance, as DCGM reports it;
+    ``fb_metrics=False`` renders an instance that exports no FB figures (dcgm-exporter
+    issues 380 and 512)."""
+
+    instance_id: int
+    profile: str
+    memory_total_mib: int
+    gr_engine_active: float
+    pod: PodOnGpu | None = None
+    fb_metrics: bool = True
+
+    def __post_init__(self) -> None:
+        _check_range("gr_engine_active", self.gr_engine_active, 0.0, 1.0)
+        if self.fb_used_mib > self.memory_total_mib:
+            raise ValueError(f"GI {self.instance_id}: memory used above its total")
+
+    @property
+    def fb_used_mib(self) -> int:
+        return self.pod.memory_used_mib if self.pod is not None else 0
+
+
+@dataclass(frozen=True)
 class GpuState:
     """One physical GPU and the pods sharing it.
 
     ``util_pct`` is the device's utilisation (``DCGM_FI_DEV_GPU_UTIL``, HAMi host utilisation).
     ``memory_used_mib`` defaults to the sum of the pods' memory; ``gr_engine_active`` (0-1)
     defaults to ``util_pct / 100``. ``index`` gives ``gpu``, ``device=nvidia<index>`` and
-    HAMi's ``device_index``.
+    HAMi's ``device_index``. ``memory_reserved_mib`` (the driver's reserve) renders
+    ``DCGM_FI_DEV_FB_RESERVED`` and is not free (free = total - used - reserved);
+    ``fb_total`` renders ``DCGM_FI_DEV_FB_TOTAL``. ``mig`` lists GPU instances: dcgm then
+    renders those instead of the GPU (``pods`` is ignored by dcgm).
     """
 
     uuid: str
@@ -163,14 +206,18 @@ class GpuState:
     gr_engine_active: float | None = None
     memory_util_pct: float = 0.0
     pci_bus_id: str | None = None
+    memory_reserved_mib: int | None = None
+    fb_total: bool = False
+    mig: Sequence[MigInstanceState] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pods", tuple(self.pods))
+        object.__setattr__(self, "mig", tuple(self.mig))
         _check_range("util_pct", self.util_pct, 0.0, 100.0)
         _check_range("memory_util_pct", self.memory_util_pct, 0.0, 100.0)
         if self.gr_engine_active is not None:
             _check_range("gr_engine_active", self.gr_engine_active, 0.0, 1.0)
-        if not 0 <= self.fb_used_mib <= self.memory_total_mib:
+        if not 0 <= self.fb_used_mib + (self.memory_reserved_mib or 0) <= self.memory_total_mib:
             raise ValueError(
                 f"{self.uuid}: memory used {self.fb_used_mib} MiB "
                 f"outside 0..{self.memory_total_mib}"
@@ -187,7 +234,7 @@ class GpuState:
 
     @property
     def fb_free_mib(self) -> int:
-        return self.memory_total_mib - self.fb_used_mib
+        return self.memory_total_mib - self.fb_used_mib - (self.memory_reserved_mib or 0)
 
     @property
     def gr_active(self) -> float:
@@ -266,6 +313,8 @@ METRIC_INFO: dict[str, tuple[str, str]] = {
     "DCGM_FI_PROF_GR_ENGINE_ACTIVE": ("gauge", "Ratio of time the graphics engine is active."),
     "DCGM_FI_DEV_FB_USED": ("gauge", "Framebuffer memory used (in MiB)."),
     "DCGM_FI_DEV_FB_FREE": ("gauge", "Framebuffer memory free (in MiB)."),
+    "DCGM_FI_DEV_FB_RESERVED": ("gauge", "Framebuffer memory reserved (in MiB)."),
+    "DCGM_FI_DEV_FB_TOTAL": ("gauge", "Framebuffer memory total (in MiB)."),
     "hami_host_gpu_memory_used_bytes": ("gauge", "Physical GPU memory used, bytes."),
     "hami_host_gpu_utilization_ratio": ("gauge", "Physical GPU core utilization, 0-100."),
     "hami_host_gpu_memory_controller_utilization_ratio": (
@@ -280,6 +329,8 @@ METRIC_INFO: dict[str, tuple[str, str]] = {
     "hami_vgpu_memory_context_bytes": ("gauge", "Container CUDA context memory, bytes."),
     "hami_vgpu_memory_module_bytes": ("gauge", "Container module memory, bytes."),
     "hami_vgpu_memory_buffer_bytes": ("gauge", "Container buffer memory, bytes."),
+    "hami_gpu_memory_limit_bytes": ("gauge", "Registered memory of a GPU, bytes."),
+    "GPUDeviceMemoryLimit": ("gauge", "Registered memory of a GPU, bytes (legacy name)."),
     "HostGPUMemoryUsage": ("gauge", "Physical GPU memory used, bytes (legacy name)."),
     "HostCoreUtilization": ("gauge", "Physical GPU core utilization, 0-100 (legacy name)."),
     "vGPU_device_memory_usage_in_bytes": ("gauge", "Container vGPU memory used (legacy name)."),
@@ -291,6 +342,7 @@ METRIC_INFO: dict[str, tuple[str, str]] = {
     "vllm:kv_cache_usage_perc": ("gauge", "KV-cache usage, 1 means 100 percent."),
     "vllm:num_requests_waiting": ("gauge", "Requests waiting to be processed."),
     "vllm:num_requests_running": ("gauge", "Requests running on the GPU."),
+    "vllm:num_preemptions_total": ("counter", "Cumulative number of preemptions."),
 }
 
 
@@ -354,11 +406,19 @@ class Exposition:
 
 # ---- dcgm-exporter -----------------------------------------------------------------------------
 
-_DCGM_DEVICE_METRICS: tuple[tuple[str, Callable[[GpuState], float]], ...] = (
+# A reader returns None where the exporter has no value (the series is left out).
+_DCGM_DEVICE_METRICS: tuple[tuple[str, Callable[[GpuState], float | None]], ...] = (
     ("DCGM_FI_DEV_GPU_UTIL", lambda g: g.util_pct),
     ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", lambda g: g.gr_active),
     ("DCGM_FI_DEV_FB_USED", lambda g: g.fb_used_mib),
     ("DCGM_FI_DEV_FB_FREE", lambda g: g.fb_free_mib),
+    ("DCGM_FI_DEV_FB_RESERVED", lambda g: g.memory_reserved_mib),
+    ("DCGM_FI_DEV_FB_TOTAL", lambda g: g.memory_total_mib if g.fb_total else None),
+)
+_DCGM_MIG_METRICS: tuple[tuple[str, Callable[[MigInstanceState], float | None]], ...] = (
+    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", lambda i: i.gr_engine_active),
+    ("DCGM_FI_DEV_FB_USED", lambda i: i.fb_used_mib if i.fb_metrics else None),
+    ("DCGM_FI_DEV_FB_FREE", lambda i: i.memory_total_mib - i.fb_used_mib if i.fb_metrics else None),
 )
 # dcgm-exporter's per-process (per-PID, summed per pod) values: SM % and MiB.
 _DCGM_PER_PROCESS_METRICS: tuple[tuple[str, Callable[[PodOnGpu], float]], ...] = (
@@ -415,7 +475,12 @@ def dcgm_device_metrics(
     for name, read in _DCGM_DEVICE_METRICS:
         for gpu in gpus:
             base = _dcgm_gpu_labels(gpu, hostname_label, driver_version)
+            if gpu.mig:
+                _add_mig_series(out, name, gpu, base, use_old_namespace)
+                continue
             value = read(gpu)
+            if value is None:
+                continue
             if virtual_gpus and gpu.pods:
                 for i, pod in enumerate(gpu.pods):
                     labels = [*base, *_dcgm_pod_labels(pod, use_old_namespace)]
@@ -425,6 +490,26 @@ def dcgm_device_metrics(
                 first = gpu.pods[0] if gpu.pods else None
                 out.add(name, [*base, *_dcgm_pod_labels(first, use_old_namespace)], value)
     return out
+
+
+def _add_mig_series(
+    out: Exposition,
+    name: str,
+    gpu: GpuState,
+    base: list[tuple[str, str]],
+    use_old_namespace: bool,
+) -> None:
+    read = dict(_DCGM_MIG_METRICS).get(name)
+    if read is None:
+        return
+    at = [k for k, _ in base].index("modelName") + 1
+    for instance in gpu.mig:
+        value = read(instance)
+        if value is None:
+            continue
+        mig = [("GPU_I_PROFILE", instance.profile), ("GPU_I_ID", str(instance.instance_id))]
+        labels = [*base[:at], *mig, *base[at:], *_dcgm_pod_labels(instance.pod, use_old_namespace)]
+        out.add(name, labels, value)
 
 
 def dcgm_per_process_metrics(
@@ -601,6 +686,57 @@ def hami_metrics(
     return out
 
 
+def hami_scheduler_metrics(gpus: Iterable[GpuState], *, names: HamiNames = "current") -> Exposition:
+    """HAMi scheduler (``:9395``) per-device memory series (``cmd/scheduler/metrics.go`` at
+    4707fb02): the registered memory (``Totalmem`` MiB) in bytes, labelled
+    ``node, device_uuid, device_index, device_type`` (legacy: ``GPUDeviceMemoryLimit`` with
+    ``nodeid, deviceuuid, deviceidx, devicetype``). No ``zone`` label: not vGPUmonitor's."""
+    out = Exposition()
+    for gpu in gpus:
+        values = (gpu.node, gpu.uuid, str(gpu.index), gpu.hami_device_type)
+        if names in ("current", "both"):
+            keys = ("node", "device_uuid", "device_index", "device_type")
+            labels = list(zip(keys, values, strict=True))
+            out.add("hami_gpu_memory_limit_bytes", labels, gpu.memory_total_mib * MIB)
+        if names in ("legacy", "both"):
+            keys = ("nodeid", "deviceuuid", "deviceidx", "devicetype")
+            labels = list(zip(keys, values, strict=True))
+            out.add("GPUDeviceMemoryLimit", labels, gpu.memory_total_mib * MIB)
+    return out
+
+
+def hami_node_register(gpus: Iterable[GpuState], *, legacy: bool = False) -> str:
+    """The node annotation ``hami.io/node-nvidia-register`` for these GPUs.
+
+    Current HAMi (``MarshalNodeDevices`` in ``pkg/device/devices.go`` at 4707fb02) writes a JSON
+    array of ``DeviceInfo`` (fields in struct order, zero values omitted):
+    ``[{"id":"GPU-…","count":10,"devmem":81920,"devcore":100,"type":"NVIDIA-…","mode":
+    "hami-core","health":true}]``; ``legacy`` gives the older
+    ``UUID,count,memMiB,cores,type,numa,health,index,mode:`` per device (``EncodeNodeDevices``).
+    """
+    gpus = list(gpus)
+    if legacy:
+        return "".join(
+            f"{g.uuid},10,{g.memory_total_mib},100,{g.hami_device_type},0,true,{g.index},hami-core:"
+            for g in gpus
+        )
+    entries = []
+    for g in gpus:
+        entry: dict[str, object] = {"id": g.uuid}
+        if g.index:
+            entry["index"] = g.index
+        entry |= {
+            "count": 10,
+            "devmem": g.memory_total_mib,
+            "devcore": 100,
+            "type": g.hami_device_type,
+            "mode": "hami-core",
+            "health": True,
+        }
+        entries.append(entry)
+    return json.dumps(entries, separators=(",", ":"))
+
+
 # ---- vLLM ---------------------------------------------------------------------------------------
 
 
@@ -624,6 +760,7 @@ def _vllm_samples(
         out.add("vllm:kv_cache_usage_perc", labels, state.kv_cache_usage)
     out.add("vllm:num_requests_waiting", labels, state.num_requests_waiting)
     out.add("vllm:num_requests_running", labels, state.num_requests_running)
+    out.add("vllm:num_preemptions_total", labels, state.num_preemptions)
     return out
 
 

@@ -17,7 +17,6 @@ from datetime import UTC, datetime, timedelta
 
 from prometheus_client import CollectorRegistry
 
-from fracpilot_decision.engine import WorkloadState, decide, dump_state
 from fracpilot_libs import subjects
 from fracpilot_libs.bus import Bus
 from fracpilot_libs.config import ServiceSettings
@@ -33,6 +32,8 @@ from fracpilot_libs.contracts import (
     UsageSample,
     WorkloadRef,
 )
+from fracpilot_libs.sizing.engine import decide
+from fracpilot_libs.sizing.state import WorkloadState, dump_state
 
 GIB = 1024**3
 DEVICE = 80 * GIB

@@ -19,7 +19,11 @@ Timing: ready in well under a second, but Prometheus 2.x applies scrape targets 
 tick, so the first scrape comes about 5 s after each (re)start (and after a config reload);
 ``wait_for_series`` / ``wait_for_targets_up`` cover it, and their default timeouts allow for it.
 
-Only the standard library is used (``urllib`` for HTTP).
+TLS: with ``tls=TlsFiles`` (:mod:`support.tls_proxy`) the server serves HTTPS through a
+``--web.config.file`` with ``tls_server_config``; ``url`` is then ``https://…`` and this
+helper's own requests verify it against the CA.
+
+Only the standard library is used (``urllib`` for HTTP), and ``support.tls_proxy`` for TLS.
 """
 
 from __future__ import annotations
@@ -45,7 +49,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
+
+if TYPE_CHECKING:
+    import ssl
+
+    from support.tls_proxy import TlsFiles
 
 __all__ = [
     "PrometheusError",
@@ -214,6 +223,7 @@ class PrometheusServer:
         binary: str | None = None,
         base_dir: Path | str | None = None,
         extra_args: Sequence[str] = (),
+        tls: TlsFiles | None = None,
         log_level: str = "warn",
         startup_timeout: float = 30.0,
         start: bool = False,
@@ -231,7 +241,16 @@ class PrometheusServer:
         self.config_path = self.base_dir / "prometheus.yml"
         self.log_path = self.base_dir / "prometheus.log"
         self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.tls = tls
+        self.web_config_path = self.base_dir / "web-config.yml"
+        self._context: ssl.SSLContext | None = tls.client_context() if tls else None
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        if tls is not None:
+            self.web_config_path.write_text(
+                "tls_server_config:\n"
+                f"  cert_file: {_yaml_str(str(tls.cert_file))}\n"
+                f"  key_file: {_yaml_str(str(tls.key_file))}\n"
+            )
         self._targets: list[ScrapeTarget] = list(targets)
         self._proc: subprocess.Popen[bytes] | None = None
         self._write_config()
@@ -264,6 +283,7 @@ class PrometheusServer:
             # Debian's defaults point at /usr/share/prometheus/...; they are not needed.
             f"--web.console.templates={self.base_dir}",
             f"--web.console.libraries={self.base_dir}",
+            *([f"--web.config.file={self.web_config_path}"] if self.tls else []),
             *self.extra_args,
         ]
 
@@ -300,7 +320,9 @@ class PrometheusServer:
                     f"prometheus exited with {code} before it was ready:\n{self.log_tail()}"
                 )
             try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:
+                with urllib.request.urlopen(
+                    f"{self.url}/-/ready", timeout=2, context=self._context
+                ) as response:
                     if response.status == 200:
                         return
             except (urllib.error.URLError, ConnectionError, TimeoutError):
@@ -373,7 +395,7 @@ class PrometheusServer:
     def reload(self) -> None:
         request = urllib.request.Request(f"{self.url}/-/reload", method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=10):
+            with urllib.request.urlopen(request, timeout=10, context=self._context):
                 pass
         except urllib.error.HTTPError as err:
             body = err.read().decode(errors="replace")
@@ -386,7 +408,7 @@ class PrometheusServer:
         query = urllib.parse.urlencode({k: str(v) for k, v in (params or {}).items()})
         url = f"{self.url}/api/v1/{path}" + (f"?{query}" if query else "")
         try:
-            with urllib.request.urlopen(url, timeout=10) as response:
+            with urllib.request.urlopen(url, timeout=10, context=self._context) as response:
                 payload = json.load(response)
         except urllib.error.HTTPError as err:
             body = err.read().decode(errors="replace")

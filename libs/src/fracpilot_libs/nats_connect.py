@@ -7,7 +7,8 @@ mode), or none; TLS verified against ``FRACPILOT_NATS_TLS_CA_FILE``, mutual TLS 
 :class:`fracpilot_libs.bus.Bus`) and the CLI connect with :func:`open_connection`, so both read
 the same settings and fail the same way: a setting that can never work, a certificate the
 server does not trust or credentials it refuses raise :class:`NatsSecurityError` at once with
-the reason, instead of being retried forever as if the server were down.
+the reason, instead of being retried forever as if the server were down. A command of the CLI
+connects once with :func:`connect_once`.
 """
 
 from __future__ import annotations
@@ -18,12 +19,17 @@ import ssl
 from pathlib import Path
 from typing import Any
 
+import nats.errors
 from nats.aio.client import Client as NatsClient
 
 from fracpilot_libs.config import ServiceSettings
+from fracpilot_libs.nats_errors import NatsUnreachableError, PermanentNatsError
+
+# What a connection attempt fails with while the server cannot be reached (yet).
+_UNREACHABLE = (OSError, nats.errors.NoServersError, TimeoutError)
 
 
-class NatsSecurityError(RuntimeError):
+class NatsSecurityError(PermanentNatsError):
     """A NATS connection that retrying cannot fix: bad settings, refused credentials or TLS."""
 
 
@@ -142,8 +148,9 @@ async def open_connection(settings: ServiceSettings, **options: Any) -> NatsClie
 
     nats-py retries a refused identity or an untrusted certificate as it retries an
     unreachable server (forever, with ``max_reconnect_attempts=-1``); here such an error ends
-    the attempt with :class:`NatsSecurityError`. Other failures are raised as nats-py raises
-    them, for the caller's retry policy.
+    the attempt with :class:`NatsSecurityError` (permanent); an unreachable server raises
+    :class:`~fracpilot_libs.nats_errors.NatsUnreachableError` (transient), for the caller's
+    retry policy.
     """
     all_options = {**options, **connect_options(settings)}
     caller_error_cb = options.get("error_cb")
@@ -175,6 +182,8 @@ async def open_connection(settings: ServiceSettings, **options: Any) -> NatsClie
     if (exc := connecting.exception()) is not None:
         if (why := permanent_error(exc, settings)) is not None:
             raise NatsSecurityError(why) from exc
+        if isinstance(exc, _UNREACHABLE):
+            raise NatsUnreachableError(str(exc)) from exc
         raise exc
     if all_options.get("tls") is not None and not _server_requires_tls(nc):
         await nc.close()
@@ -188,3 +197,39 @@ async def open_connection(settings: ServiceSettings, **options: Any) -> NatsClie
 def _server_requires_tls(nc: NatsClient) -> bool:
     info: dict[str, Any] = getattr(nc, "_server_info", None) or {}
     return bool(info.get("tls_required"))
+
+
+async def connect_once(
+    settings: ServiceSettings,
+    *,
+    timeout_s: float,
+    name: str | None = None,
+    errors: list[Exception] | None = None,
+) -> NatsClient:
+    """Connect once, no reconnecting, failing fast (a command, not a service, is waiting).
+
+    Raises :class:`NatsSecurityError`, or :class:`NatsUnreachableError` with the last error
+    nats-py reported (instead of its logged tracebacks). ``errors`` collects every error the
+    connection reports, during and after connecting (a refused publish, for instance)."""
+    seen = errors if errors is not None else []
+
+    async def remember(exc: Exception) -> None:
+        seen.append(exc)
+
+    options: dict[str, Any] = {
+        "servers": [u.strip() for u in settings.nats_url.split(",")],
+        "connect_timeout": timeout_s,
+        "allow_reconnect": False,
+        "max_reconnect_attempts": 1,  # each server twice, then give up
+        "reconnect_time_wait": 0.1,
+        "error_cb": remember,
+    }
+    if name is not None:
+        options["name"] = name
+    try:
+        return await open_connection(settings, **options)
+    except NatsSecurityError:
+        raise
+    except Exception as exc:
+        cause = seen[-1] if seen else exc
+        raise NatsUnreachableError(str(cause)) from exc

@@ -1,12 +1,13 @@
 """Which controller a pod's workload is: the owner walk ingest and the actuator share.
 
 Pure: callers pass what they read from the Kubernetes API (the pod's controller and the
-controllers of ReplicaSets and Jobs).
+controllers of ReplicaSets and Jobs), as the API's JSON.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 OwnerKey = tuple[str, str, str]  # namespace, kind, name
 Controller = tuple[str, str]  # kind, name
@@ -30,3 +31,11 @@ def top_owner(
             break
         kind, name = parent
     return kind, name
+
+
+def controller_of(obj: Mapping[str, Any]) -> Controller | None:
+    """The controller owner reference of an object (the API's JSON), if any."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or ():
+        if ref.get("controller"):
+            return str(ref.get("kind")), str(ref.get("name"))
+    return None

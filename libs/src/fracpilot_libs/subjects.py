@@ -133,3 +133,60 @@ def retired_usage_subjects(partition: int) -> tuple[str, ...]:
 def decision_consumer(partition: int) -> str:
     """The durable consumer of one usage partition (whichever decision replica owns it)."""
     return f"{DECISION_CONSUMER_PREFIX}{partition}"
+
+
+# --- parsing what the server hands back ---------------------------------------------------
+
+
+def stream_position(reply: str) -> tuple[int, int]:
+    """Stream sequence and stored time (ns) of a JetStream message, from its reply subject
+    (``$JS.ACK.<stream>.<consumer>.<delivered>.<seq>.<cseq>.<ns>.<pending>``, or the form
+    with domain and account hash, 12 tokens); the cheap part of nats-py's ``Msg.metadata``.
+    A message read with ``get_last_msg`` carries ``|<seq>|<ns>`` instead."""
+    if reply.startswith("|"):
+        _, seq, ns = reply.split("|")
+        return int(seq), int(ns)
+    tokens = reply.split(".")
+    if len(tokens) == 9:
+        return int(tokens[5]), int(tokens[7])
+    return int(tokens[7]), int(tokens[9])
+
+
+def on_own_subject(subject: str, namespace: str, name: str, *, slot_too: bool) -> bool:
+    """Whether a stored sample's subject ends in its own workload's tokens, and (``slot_too``)
+    its slot is theirs: the partition was chosen from the slot. Names that are tokens already
+    skip the escaping; the slot, a hash, is checked on a workload's first sample in the
+    partition only (a sample on another slot of the same workload lands in a partition where
+    the workload is new, or in this one, where its order is kept)."""
+    _, slot, ns_token, name_token = subject.rsplit(".", 3)
+    if ns_token != namespace and ns_token != token(namespace):
+        return False
+    if name_token != name and name_token != token(name):
+        return False
+    return not slot_too or slot == str(slot_of(ns_token, name_token))
+
+
+def of_another_partition(subject: str, partitions: int, partition: int) -> bool:
+    """Whether a stored sample's slot belongs to another partition now: stored before the
+    partition count changed and not consumed since. Decided there, from an empty history, it
+    would overwrite its workload's checkpoint, which its new partition's owner carries on."""
+    slot = subject.rsplit(".", 3)[1]
+    return not slot.isdigit() or int(slot) % partitions != partition
+
+
+def kv_key_parts(key: str) -> tuple[str, str, str, str] | None:
+    """``(cluster, namespace, kind, name)`` of a workload's KV key (``cluster/ns/kind/name``,
+    see :func:`kv_key`); None for a key of another shape."""
+    parts = key.split("/")
+    if len(parts) != 4 or not all(parts):
+        return None
+    return parts[0], parts[1], parts[2], parts[3]
+
+
+def partition_of_kv_key(key: str, partitions: int) -> int | None:
+    """The usage partition of the workload a KV key names; None for a key of another shape.
+    (Only the namespace and the name matter: a cluster name may hold a slash.)"""
+    parts = key.rsplit("/", 3)
+    if len(parts) != 4 or not parts[1] or not parts[3]:
+        return None
+    return slot_of(token(parts[1]), token(parts[3])) % partitions

@@ -17,6 +17,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from k8s_control_plane import ControlPlane, k8s_version, wait_for
+from support.kube import gpu_node, running_pod
 
 pytestmark = pytest.mark.integration
 
@@ -31,47 +32,17 @@ def _status_of(call: Any) -> int:
 
 
 def _create_gpu_node(core: client.CoreV1Api, name: str, gpus: int) -> client.V1Node:
-    core.create_node(
-        client.V1Node(
-            metadata=client.V1ObjectMeta(
-                name=name,
-                labels={"nvidia.com/gpu.present": "true", "fracpilot.io/pool": "inference"},
-            )
-        )
-    )
-    resources = {"cpu": "16", "memory": "64Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
-    return core.patch_node_status(
-        name,
-        {"status": {"capacity": resources, "allocatable": resources}},
-        _content_type=MERGE_PATCH,
-    )
+    labels = {"nvidia.com/gpu.present": "true", "fracpilot.io/pool": "inference"}
+    gpu_node(core, name, gpus, labels)
+    return core.read_node(name)
 
 
 def _create_running_pod(
-    core: client.CoreV1Api, namespace: str, name: str, node: str | None, labels: dict[str, str]
+    core: client.CoreV1Api, namespace: str, name: str, node: str, labels: dict[str, str]
 ) -> None:
-    core.create_namespaced_pod(
-        namespace,
-        client.V1Pod(
-            metadata=client.V1ObjectMeta(name=name, labels=labels),
-            spec=client.V1PodSpec(
-                node_name=node,
-                containers=[
-                    client.V1Container(
-                        name="server",
-                        image="registry.invalid/inference:1",
-                        resources=client.V1ResourceRequirements(limits={"nvidia.com/gpu": "1"}),
-                    )
-                ],
-            ),
-        ),
-    )
     # What a kubelet would report. A Pending or unready pod may be evicted whatever the budget.
-    core.patch_namespaced_pod_status(
-        name,
-        namespace,
-        {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
-        _content_type=MERGE_PATCH,
+    running_pod(
+        core, namespace, name, node, labels=labels, annotations=None, limits={"nvidia.com/gpu": "1"}
     )
 
 

@@ -36,12 +36,14 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from kubernetes import client
 from kubernetes.dynamic import DynamicClient
+from pydantic import BaseModel
 
-from fracpilot_actuator.service import ActuatorSettings
-from fracpilot_decision.service import DecisionSettings, cluster_default
-from fracpilot_ingest.service import IngestSettings
+from fracpilot_actuator.settings import ActuatorSettings
+from fracpilot_decision.service import DecisionSettings
+from fracpilot_ingest.settings import IngestSettings
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import Policy
+from fracpilot_libs.sizing.policies import cluster_default
 from k8s_control_plane import REPO_ROOT, ControlPlane, k8s_version, wait_for
 
 pytestmark = pytest.mark.integration
@@ -64,6 +66,19 @@ SETTINGS: dict[str, type[ServiceSettings]] = {
     "decision": DecisionSettings,
     "actuator": ActuatorSettings,
 }
+
+
+def env_fields(settings_class: type[ServiceSettings]) -> set[str]:
+    """The settings' names as the environment spells them (lowercase, without FRACPILOT_): a
+    nested group ``kube`` with a field ``timeout_s`` is ``kube_timeout_s``."""
+    names: set[str] = set()
+    for name, info in settings_class.model_fields.items():
+        group = info.annotation
+        if isinstance(group, type) and issubclass(group, BaseModel):
+            names |= {f"{name}_{sub}" for sub in group.model_fields}
+        else:
+            names.add(name)
+    return names
 
 
 # --- helm --------------------------------------------------------------------------------------
@@ -347,7 +362,7 @@ def test_every_variable_is_a_real_setting_that_parses(
 ) -> None:
     for component, settings_class in SETTINGS.items():
         env = container_env(rendered[case], component)
-        fields = set(settings_class.model_fields)
+        fields = env_fields(settings_class)
         unknown = {n for n in env if n.removeprefix("FRACPILOT_").lower() not in fields}
         assert not unknown, f"{component}: {sorted(unknown)} are no settings of {settings_class}"
         with monkeypatch.context() as patch:
@@ -357,7 +372,7 @@ def test_every_variable_is_a_real_setting_that_parses(
         assert settings.metrics_host == "0.0.0.0"
         if component == "decision":
             assert isinstance(settings, DecisionSettings)
-            policy = cluster_default(settings)
+            policy = cluster_default(settings.policy_json)
             path = CASES[case]
             values = yaml.safe_load(path.read_text()) if path else {}
             expected = Policy.model_validate(values.get("policy", {}))

@@ -26,10 +26,10 @@ from typing import Any
 import nats
 import pytest
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from factories import decision
-from fracpilot_actuator.service import ActuatorService, ActuatorSettings
+from fracpilot_actuator.app import ActuatorService
+from fracpilot_actuator.settings import ActuatorSettings
 from fracpilot_libs import subjects
 from fracpilot_libs.contracts import (
     ActuationResult,
@@ -43,12 +43,10 @@ from fracpilot_libs.contracts import (
     utcnow,
 )
 from helpers import counter, read_stream, reset_nats, running, wait_for
+from support import kube
+from support.kube import MEM_MIB
 
 pytestmark = pytest.mark.integration
-
-MERGE_PATCH = "application/merge-patch+json"
-MEM_MIB = 81920
-RESERVATION_NS = "kai-resource-reservation"
 
 
 # --- the cluster as controllers would leave it ----------------------------------------------------
@@ -68,39 +66,7 @@ class Cluster:
         return f"fracpilot.io/test={self.ns}"
 
     def node(self, name: str, gpus: int) -> str:
-        name = f"{name}-{self.ns}"
-        self.core.create_node(
-            client.V1Node(
-                metadata=client.V1ObjectMeta(
-                    name=name,
-                    labels={"fracpilot.io/test": self.ns, "nvidia.com/gpu.memory": str(MEM_MIB)},
-                )
-            )
-        )
-        resources = {"cpu": "16", "memory": "64Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
-        self.core.patch_node_status(
-            name,
-            {"status": {"capacity": resources, "allocatable": resources}},
-            _content_type=MERGE_PATCH,
-        )
-        return name
-
-    @staticmethod
-    def template(
-        name: str, annotations: dict[str, str] | None, limits: dict[str, str] | None
-    ) -> client.V1PodTemplateSpec:
-        return client.V1PodTemplateSpec(
-            metadata=client.V1ObjectMeta(labels={"app": name}, annotations=annotations),
-            spec=client.V1PodSpec(
-                containers=[
-                    client.V1Container(
-                        name="main",
-                        image="x",
-                        resources=client.V1ResourceRequirements(limits=limits),
-                    )
-                ]
-            ),
-        )
+        return kube.gpu_node(self.core, f"{name}-{self.ns}", gpus, {"fracpilot.io/test": self.ns})
 
     def deployment(
         self,
@@ -110,26 +76,8 @@ class Cluster:
         template_annotations: dict[str, str] | None = None,
     ) -> client.V1OwnerReference:
         """A Deployment and its ReplicaSet; returns the owner reference for its pods."""
-        selector = client.V1LabelSelector(match_labels={"app": name})
-        template = self.template(name, template_annotations, None)
-        deploy = self.apps.create_namespaced_deployment(
-            self.ns,
-            client.V1Deployment(
-                metadata=client.V1ObjectMeta(name=name, labels=labels),
-                spec=client.V1DeploymentSpec(selector=selector, template=template),
-            ),
-        )
-        rs = self.apps.create_namespaced_replica_set(
-            self.ns,
-            client.V1ReplicaSet(
-                metadata=client.V1ObjectMeta(
-                    name=f"{name}-6b7f9c",
-                    owner_references=[_owner("Deployment", deploy)],
-                ),
-                spec=client.V1ReplicaSetSpec(selector=selector, template=template),
-            ),
-        )
-        return _owner("ReplicaSet", rs)
+        template = kube.pod_template(name, template_annotations)
+        return kube.deployment(self.apps, self.ns, name, labels=labels, template=template)
 
     def statefulset(self, name: str, limits: dict[str, str]) -> client.V1OwnerReference:
         """A StatefulSet whose pod template has these limits; the owner reference for its pods."""
@@ -140,11 +88,11 @@ class Cluster:
                 spec=client.V1StatefulSetSpec(
                     selector=client.V1LabelSelector(match_labels={"app": name}),
                     service_name=name,
-                    template=self.template(name, None, limits),
+                    template=kube.pod_template(name, None, limits),
                 ),
             ),
         )
-        return _owner("StatefulSet", sts)
+        return kube.owner_ref("StatefulSet", sts)
 
     def pod(
         self,
@@ -155,39 +103,17 @@ class Cluster:
         annotations: dict[str, str] | None = None,
         labels: dict[str, str] | None = None,
         limits: dict[str, str] | None = None,
-        namespace: str | None = None,
     ) -> None:
-        namespace = namespace or self.ns
-        self.core.create_namespaced_pod(
-            namespace,
-            client.V1Pod(
-                metadata=client.V1ObjectMeta(
-                    name=name,
-                    labels={
-                        "app": owner.name.rsplit("-", 1)[0] if owner else name,
-                        **(labels or {}),
-                    },
-                    annotations=annotations,
-                    owner_references=[owner] if owner else None,
-                ),
-                spec=client.V1PodSpec(
-                    node_name=node,
-                    termination_grace_period_seconds=30,
-                    containers=[
-                        client.V1Container(
-                            name="main",
-                            image="registry.invalid/inference:1",
-                            resources=client.V1ResourceRequirements(limits=limits),
-                        )
-                    ],
-                ),
-            ),
-        )
-        self.core.patch_namespaced_pod_status(
+        app = owner.name.rsplit("-", 1)[0] if owner else name
+        kube.running_pod(
+            self.core,
+            self.ns,
             name,
-            namespace,
-            {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
-            _content_type=MERGE_PATCH,
+            node,
+            labels={"app": app, **(labels or {})},
+            annotations=annotations,
+            limits=limits,
+            owner=owner,
         )
 
     def kai_pod(
@@ -198,25 +124,12 @@ class Cluster:
             node,
             owner,
             annotations={"gpu-fraction": fraction},
-            labels={"runai-gpu-group": f"{group}-{self.ns}"},
+            labels={kube.KAI_GROUP: f"{group}-{self.ns}"},
         )
 
     def reservation(self, group: str, node: str, gpu_uuid: str) -> None:
         """KAI's reservation pod of a GPU group, with the UUID it reports."""
-        with contextlib.suppress(ApiException):
-            self.core.create_namespace(
-                client.V1Namespace(metadata=client.V1ObjectMeta(name=RESERVATION_NS))
-            )
-        group = f"{group}-{self.ns}"
-        self.pod(
-            f"gpu-reservation-{group}",
-            node,
-            None,
-            namespace=RESERVATION_NS,
-            labels={"runai-gpu-group": group, "app": "kai-resource-reservation"},
-            annotations={"run.ai/reserve_for_gpu_index": gpu_uuid},
-            limits={"nvidia.com/gpu": "1"},
-        )
+        kube.kai_reservation(self.core, f"{group}-{self.ns}", node, gpu_uuid)
 
     def hami_pod(
         self, name: str, node: str, owner: client.V1OwnerReference, memory_mib: int, gpu: str
@@ -230,57 +143,20 @@ class Cluster:
         )
 
     def pdb(self, app: str, disruptions_allowed: int) -> None:
-        with contextlib.suppress(ApiException):
-            self.policy.create_namespaced_pod_disruption_budget(
-                self.ns,
-                client.V1PodDisruptionBudget(
-                    metadata=client.V1ObjectMeta(name=app),
-                    spec=client.V1PodDisruptionBudgetSpec(
-                        min_available=1,
-                        selector=client.V1LabelSelector(match_labels={"app": app}),
-                    ),
-                ),
-            )
-        generation = self.policy.read_namespaced_pod_disruption_budget(app, self.ns).metadata
-        status = {
-            "observedGeneration": generation.generation,
-            "disruptionsAllowed": disruptions_allowed,
-            "currentHealthy": 2,
-            "desiredHealthy": 2 - disruptions_allowed,
-            "expectedPods": 2,
-        }
-        self.policy.patch_namespaced_pod_disruption_budget_status(
-            app, self.ns, {"status": status}, _content_type=MERGE_PATCH
-        )
+        kube.pdb(self.policy, self.ns, app, disruptions_allowed)
 
     def read_pod(self, name: str) -> client.V1Pod | None:
-        try:
-            return self.core.read_namespaced_pod(name, self.ns)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return kube.read_pod(self.core, self.ns, name)
 
     def evicted(self, name: str) -> bool:
         """Gone, or marked for deletion (no kubelet finishes a graceful deletion)."""
-        pod = self.read_pod(name)
-        return pod is None or pod.metadata.deletion_timestamp is not None
+        return kube.pod_is_evicted(self.core, self.ns, name)
 
     def events(self, pod: str) -> dict[str, client.CoreV1Event]:
         listed = self.core.list_namespaced_event(
             self.ns, field_selector=f"involvedObject.name={pod}"
         )
         return {e.reason: e for e in listed.items}
-
-
-def _owner(kind: str, obj: Any) -> client.V1OwnerReference:
-    return client.V1OwnerReference(
-        api_version="apps/v1",
-        kind=kind,
-        name=obj.metadata.name,
-        uid=obj.metadata.uid,
-        controller=True,
-    )
 
 
 # --- the actuator ------------------------------------------------------------------------------
@@ -298,14 +174,13 @@ def settings_for(nats_url: str, cluster: Cluster, **changes: Any) -> ActuatorSet
         "cluster": "test",
         "gpu_node_selector": cluster.selector,
         "allow_single_replica": True,
-        "eviction_attempts": 3,
-        "eviction_backoff_s": 0.05,
-        "eviction_backoff_max_s": 0.1,
-        "capacity_poll_s": 0.2,
-        "capacity_timeout_s": 60,
+        "eviction": {"attempts": 3, "backoff_s": 0.05, "backoff_max_s": 0.1},
+        "capacity": {"poll_s": 0.2, "timeout_s": 60},
         "namespace": cluster.ns,  # the Lease lives in the test's namespace
     }
-    fields.update(changes)
+    for name, value in changes.items():  # a group's changes update the group
+        group = fields.get(name)
+        fields[name] = {**group, **value} if isinstance(group, dict) else value
     return ActuatorSettings(**fields)
 
 
@@ -391,12 +266,12 @@ async def allocation_of(nats_url: str, wl: WorkloadRef) -> Allocation | None:
 
 @contextlib.contextmanager
 def backend_logs() -> Iterator[list[logging.LogRecord]]:
-    """The Kubernetes backend's log records (the service replaces the root's handlers, so
-    caplog would see nothing)."""
+    """The Kubernetes backend's log records (its modules under fracpilot_actuator.kube; the
+    service replaces the root's handlers, so caplog would see nothing)."""
     records: list[logging.LogRecord] = []
     handler = logging.Handler(logging.DEBUG)
     handler.emit = records.append  # type: ignore[method-assign]
-    logger = logging.getLogger("fracpilot_actuator.kube.backend")
+    logger = logging.getLogger("fracpilot_actuator.kube")
     logger.addHandler(handler)
     try:
         yield records
@@ -807,12 +682,12 @@ async def test_scale_up_resumes_after_a_restart_and_gives_up_without_capacity(
     cluster.kai_pod("chat-0", node, owner, "0.5", "g1")
     cluster.kai_pod("big-0", node, None, "0.5", "g1")
     made = decide(cluster, "chat", 0.5, 0.75)
-    async with actuator(nats_url, kube_admin, cluster, capacity_poll_s=30):
+    async with actuator(nats_url, kube_admin, cluster, capacity={"poll_s": 30}):
         [first] = await apply(nats_url, made)
         assert first.plan is PlanKind.SCALE_UP
     # A new actuator finds the placeholder, carries the scale-up on and times it out.
     service = ActuatorService(
-        settings_for(nats_url, cluster, capacity_timeout_s=0.5), kube_api=kube_admin
+        settings_for(nats_url, cluster, capacity={"timeout_s": 0.5}), kube_api=kube_admin
     )
     async with running(service):
         await wait_for(lambda: not service.backend.pending, timeout=20)  # type: ignore[union-attr]
@@ -841,16 +716,16 @@ async def test_two_actuators_only_the_leader_acts_and_the_standby_takes_over(
     cluster.kai_pod("chat-0", node, owner, "0.25", "g1")
     await reset_nats(nats_url)
     lease = {
-        "lease_duration_s": 2,
-        "lease_renew_deadline_s": 1.5,
-        "lease_renew_period_s": 0.5,
-        "lease_retry_period_s": 0.25,
+        "duration_s": 2,
+        "renew_deadline_s": 1.5,
+        "renew_period_s": 0.5,
+        "retry_period_s": 0.25,
     }
     first = ActuatorService(
-        settings_for(nats_url, cluster, identity="replica-a", **lease), kube_api=kube_admin
+        settings_for(nats_url, cluster, identity="replica-a", lease=lease), kube_api=kube_admin
     )
     second = ActuatorService(
-        settings_for(nats_url, cluster, identity="replica-b", **lease), kube_api=kube_admin
+        settings_for(nats_url, cluster, identity="replica-b", lease=lease), kube_api=kube_admin
     )
     async with running(first), running(second):
         electors = (first.elector, second.elector)
@@ -894,7 +769,7 @@ async def test_two_actuators_only_the_leader_acts_and_the_standby_takes_over(
             )
             == 1
         )
-    assert takeover_s <= lease["lease_duration_s"] + lease["lease_retry_period_s"] + 0.5
+    assert takeover_s <= lease["duration_s"] + lease["retry_period_s"] + 0.5
 
 
 # --- the watch-fed inventory cache ---------------------------------------------------------------

@@ -6,13 +6,14 @@ pods, a StatefulSet's pod, a CronJob's Job and its pod, each with controller own
 
 from __future__ import annotations
 
-import time
+import contextlib
 
 import pytest
 from kubernetes import client
 
 from fracpilot_ingest.owners import KubernetesOwners
 from fracpilot_libs.contracts import WorkloadRef
+from helpers import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +38,7 @@ def selector(app: str) -> tuple[client.V1LabelSelector, dict[str, str]]:
     return client.V1LabelSelector(match_labels={"app": app}), {"app": app}
 
 
-def test_owners_resolve_through_controllers_and_follow_new_pods(
+async def test_owners_resolve_through_controllers_and_follow_new_pods(
     kube_admin: client.ApiClient, kube_namespace: str
 ) -> None:
     ns = kube_namespace
@@ -93,12 +94,12 @@ def test_owners_resolve_through_controllers_and_follow_new_pods(
     owners = KubernetesOwners(kube_admin, cluster="test", resync_s=30)
     owners.start()
     try:
-        assert owners.wait_synced(30)
-        assert owners.resolve(ns, "llm-server-a") == WorkloadRef(
+        assert await owners.wait_synced(30)
+        assert await owners.resolve(ns, "llm-server-a") == WorkloadRef(
             cluster="test", namespace=ns, owner_kind="Deployment", owner_name="chat"
         )
-        assert owners.resolve(ns, "vector-db-0").owner_name == "vector-db"
-        assert owners.resolve(ns, "debug-shell").owner_kind == "Pod"
+        assert (await owners.resolve(ns, "vector-db-0")).owner_name == "vector-db"
+        assert (await owners.resolve(ns, "debug-shell")).owner_kind == "Pod"
         assert owners.misses == 0  # all three came from the watch cache
 
         # A CronJob's Job and its pod, created after the watches started.
@@ -134,16 +135,19 @@ def test_owners_resolve_through_controllers_and_follow_new_pods(
         core.create_namespaced_pod(
             ns, pod(ns, "nightly-eval-29001-xk2p9", owner_ref("Job", "batch/v1", job))
         )
-        deadline = time.monotonic() + 10
-        while (ns, "nightly-eval-29001-xk2p9") not in owners._pods and time.monotonic() < deadline:
-            time.sleep(0.05)
-        resolved = owners.resolve(ns, "nightly-eval-29001-xk2p9")
+        pending = (ns, "nightly-eval-29001-xk2p9")
+        with contextlib.suppress(TimeoutError):  # not there in time: the miss count says so
+            await wait_for(lambda: owners.pods.get(pending) is not None, timeout=10)
+        resolved = await owners.resolve(ns, "nightly-eval-29001-xk2p9")
         assert (resolved.owner_kind, resolved.owner_name) == ("CronJob", "nightly-eval")
         assert owners.misses == 0  # the watch delivered the new pod before it was asked for
 
         # A pod the API does not know falls back to the naming conventions.
-        guessed = owners.resolve(ns, "ghost-5c8d9f7b6-q2w4x")
+        guessed = await owners.resolve(ns, "ghost-5c8d9f7b6-q2w4x")
         assert (guessed.owner_kind, guessed.owner_name) == ("Deployment", "ghost")
         assert owners.misses == 1
+        again = await owners.resolve(ns, "ghost-5c8d9f7b6-q2w4x")
+        assert again == guessed
+        assert owners.misses == 1  # the miss is remembered: not read again
     finally:
         owners.stop()

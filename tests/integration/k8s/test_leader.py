@@ -11,14 +11,15 @@ from contextlib import asynccontextmanager
 import pytest
 from kubernetes import client
 
-from fracpilot_actuator.leader import (
+from fracpilot_actuator.leader_election import (
     DEFAULT_LEASE_NAME,
     ElectionTiming,
-    KubernetesLeaseStore,
-    LeaderElector,
-    LeaseRecord,
-    Outcome,
+    RoundOutcome,
 )
+from fracpilot_actuator.leader_elector import (
+    LeaderElector,
+)
+from fracpilot_actuator.lease_stores import KubernetesLeaseStore, SeverableLeaseStore
 from k8s_control_plane import ControlPlane
 
 pytestmark = pytest.mark.integration
@@ -90,7 +91,7 @@ async def just_renewed(leader: LeaderElector, timeout: float) -> None:
 
     def renewed() -> bool:
         now = leader.last_result
-        return now is not before and now is not None and now.outcome is Outcome.RENEWED
+        return now is not before and now is not None and now.outcome is RoundOutcome.RENEWED
 
     await seconds_until(renewed, timeout)
 
@@ -155,36 +156,12 @@ async def test_a_graceful_stop_hands_over_within_a_retry_period(
         assert takeover <= timing.retry_period_s + SLACK_S
 
 
-class CutOff:
-    """A Lease store that fails every call while ``down``: the leader's apiserver link is cut."""
-
-    def __init__(self, store: KubernetesLeaseStore) -> None:
-        self.store = store
-        self.down = False
-
-    def _check(self) -> None:
-        if self.down:
-            raise ConnectionError("apiserver unreachable")
-
-    def get(self) -> tuple[LeaseRecord, str] | None:
-        self._check()
-        return self.store.get()
-
-    def create(self, record: LeaseRecord) -> tuple[LeaseRecord, str]:
-        self._check()
-        return self.store.create(record)
-
-    def update(self, record: LeaseRecord, version: str) -> tuple[LeaseRecord, str]:
-        self._check()
-        return self.store.update(record, version)
-
-
 async def test_a_leader_that_cannot_renew_stops_before_the_standby_starts(
     kube: ControlPlane, kube_namespace: str
 ) -> None:
     timing = FAST
     with kube.admin_client() as api_a, kube.admin_client() as api_b:
-        cut = CutOff(KubernetesLeaseStore(api_a, kube_namespace))
+        cut = SeverableLeaseStore(KubernetesLeaseStore(api_a, kube_namespace))
         a = LeaderElector(cut, "actuator-a", timing)
         b = LeaderElector(KubernetesLeaseStore(api_b, kube_namespace), "actuator-b", timing)
         await a.start()

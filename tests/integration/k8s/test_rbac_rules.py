@@ -30,23 +30,30 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
 
 from factories import decision
-from fracpilot_actuator.backends import Actuation
+from fracpilot_actuator.actuation import Actuation
 from fracpilot_actuator.guardrails import GuardrailSettings
 from fracpilot_actuator.kube.api import KubeApi
-from fracpilot_actuator.kube.backend import PRIORITY_CLASS, KubeBackendSettings, KubernetesBackend
-from fracpilot_actuator.leader import (
+from fracpilot_actuator.kube.backend import KubernetesBackend
+from fracpilot_actuator.kube.placeholders import PRIORITY_CLASS
+from fracpilot_actuator.kube.settings import EvictionSettings, KubeBackendSettings
+from fracpilot_actuator.kv_stores import KvTargetStore
+from fracpilot_actuator.leader_election import (
     DEFAULT_LEASE_NAME,
     ElectionCore,
     ElectionTiming,
+    RoundOutcome,
+)
+from fracpilot_actuator.lease_stores import (
     KubernetesLeaseStore,
     microtime,
 )
-from fracpilot_actuator.leader import Outcome as RoundOutcome
 from fracpilot_libs import subjects
 from fracpilot_libs.bus import Bus
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import FractionDecision, Outcome, PlanKind, utcnow
+from helpers import wait_for as wait_until
 from k8s_control_plane import REPO_ROOT, ControlPlane, wait_for
+from support.kube import gpu_node, kai_reservation, running_pod
 
 pytestmark = pytest.mark.integration
 
@@ -559,61 +566,6 @@ def test_actuator_real_calls_outside_the_list_are_refused(
     assert admin_core.read_namespaced_pod("infer-0", ns).metadata.deletion_timestamp is None
 
 
-def _running_pod(
-    core: client.CoreV1Api,
-    namespace: str,
-    name: str,
-    node: str,
-    labels: dict[str, str],
-    annotations: dict[str, str],
-    owner: client.V1OwnerReference | None = None,
-    limits: dict[str, str] | None = None,
-) -> None:
-    core.create_namespaced_pod(
-        namespace,
-        client.V1Pod(
-            metadata=client.V1ObjectMeta(
-                name=name,
-                labels=labels,
-                annotations=annotations,
-                owner_references=[owner] if owner else None,
-            ),
-            spec=client.V1PodSpec(
-                node_name=node,
-                containers=[
-                    client.V1Container(
-                        name="main",
-                        image="registry.invalid/infer:1",
-                        resources=client.V1ResourceRequirements(limits=limits),
-                    )
-                ],
-            ),
-        ),
-    )
-    core.patch_namespaced_pod_status(
-        name,
-        namespace,
-        {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
-        _content_type=MERGE_PATCH,
-    )
-
-
-def _gpu_node(core: client.CoreV1Api, name: str, selector_value: str) -> None:
-    core.create_node(
-        client.V1Node(
-            metadata=client.V1ObjectMeta(
-                name=name,
-                labels={"fracpilot.io/test": selector_value, "nvidia.com/gpu.memory": "81920"},
-            )
-        )
-    )
-    resources = {"cpu": "16", "memory": "64Gi", "pods": "110", "nvidia.com/gpu": "1"}
-    core.patch_node_status(
-        name, {"status": {"capacity": resources, "allocatable": resources}},
-        _content_type=MERGE_PATCH,
-    )  # fmt: skip
-
-
 async def test_the_backend_runs_with_the_actuator_token(
     kube_admin: client.ApiClient,
     as_actuator: client.ApiClient,
@@ -639,16 +591,8 @@ async def test_the_backend_runs_with_the_actuator_token(
         assert http_status(cluster_scoped) in (200, 409)  # shared by the session
     # One GPU holding two KAI pods at 0.5 each: growing one fits nowhere, so a scale-up.
     node, group = f"gpu-a-{own}", f"group-{own}"
-    _gpu_node(core, node, own)
-    _running_pod(
-        core,
-        "kai-resource-reservation",
-        f"gpu-reservation-{group}",
-        node,
-        labels={"runai-gpu-group": group, "app": "kai-resource-reservation"},
-        annotations={"run.ai/reserve_for_gpu_index": f"GPU-{own}"},
-        limits={"nvidia.com/gpu": "1"},
-    )
+    gpu_node(core, node, 1, {"fracpilot.io/test": own})
+    kai_reservation(core, group, node, f"GPU-{own}")
     for name in ("chat", "embed"):
         deployment = apps.create_namespaced_deployment(
             ns,
@@ -672,7 +616,7 @@ async def test_the_backend_runs_with_the_actuator_token(
             uid=deployment.metadata.uid,
             controller=True,
         )
-        _running_pod(
+        running_pod(
             core,
             ns,
             f"{name}-0",
@@ -694,12 +638,12 @@ async def test_the_backend_runs_with_the_actuator_token(
     try:
         backend = KubernetesBackend(
             KubeApi(as_actuator),
-            await bus.kv(subjects.TARGET_BUCKET),
+            KvTargetStore(await bus.kv(subjects.TARGET_BUCKET)),
             KubeBackendSettings(
                 cluster="test",
                 node_selector=f"fracpilot.io/test={own}",
                 capacity_namespace=own,  # placeholders only where the Role allows them
-                eviction_attempts=1,
+                eviction=EvictionSettings(attempts=1),
                 guardrails=GuardrailSettings(allow_single_replica=True),
             ),
             report,
@@ -728,19 +672,15 @@ async def test_the_backend_runs_with_the_actuator_token(
         )
         placeholders = core.list_namespaced_pod(own).items
         assert [p.spec.priority_class_name for p in placeholders] == [PRIORITY_CLASS]
-        _gpu_node(core, f"gpu-b-{own}", own)  # the autoscaler's answer
+        gpu_node(core, f"gpu-b-{own}", 1, {"fracpilot.io/test": own})  # the autoscaler's answer
         if (cache := backend.cache) is not None:  # the node reaches the cache by its watch
-            wait_for(
-                lambda: (
-                    any(
-                        n["metadata"]["name"] == f"gpu-b-{own}"
-                        and "nvidia.com/gpu" in ((n.get("status") or {}).get("allocatable") or {})
-                        for n in cache.snapshot().nodes
-                    )
-                    or None
+            await wait_until(  # on the loop, where the cache's watches run
+                lambda: any(
+                    n["metadata"]["name"] == f"gpu-b-{own}"
+                    and "nvidia.com/gpu" in ((n.get("status") or {}).get("allocatable") or {})
+                    for n in cache.snapshot().nodes
                 ),
                 timeout=10,
-                what="the new node in the inventory cache",
             )
         await backend.reconcile(utcnow())
         assert [(a.outcome, a.error) for a in finished] == [(Outcome.APPLIED, None)]
@@ -770,7 +710,7 @@ def test_ingest_may_make_every_listed_call_and_nothing_else(
     assert_every_rule_is_used(ingest, INGEST_CALLS)
 
 
-def test_ingest_owner_watches_run_with_its_token(
+async def test_ingest_owner_watches_run_with_its_token(
     kube_admin: client.ApiClient, as_ingest: client.ApiClient, ingest: Installed
 ) -> None:
     from fracpilot_ingest.owners import KubernetesOwners
@@ -819,8 +759,8 @@ def test_ingest_owner_watches_run_with_its_token(
     owners = KubernetesOwners(as_ingest, "test")
     owners.start()
     try:
-        assert owners.wait_synced(10)
-        resolved = owners.resolve(ns, "chat-5c8d9f7b6-q2w4x")
+        assert await owners.wait_synced(10)
+        resolved = await owners.resolve(ns, "chat-5c8d9f7b6-q2w4x")
         assert (resolved.owner_kind, resolved.owner_name) == ("Deployment", "chat")
     finally:
         owners.stop()

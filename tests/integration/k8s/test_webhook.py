@@ -42,6 +42,7 @@ from fracpilot_actuator.admission import (
     TARGET_ANNOTATION,
     webhook_configuration,
 )
+from fracpilot_actuator.settings import WebhookSettings
 from fracpilot_actuator.targets import TargetCache
 from fracpilot_actuator.webhook import WebhookServer, start_webhook
 from fracpilot_libs import subjects
@@ -165,11 +166,10 @@ async def webhook(bus: Bus, tls: Tls) -> AsyncIterator[Webhook]:
     server, cache = await start_webhook(
         bus,
         registry,
-        cert_file=tls.cert,
-        key_file=tls.key,
+        WebhookSettings(
+            enabled=True, cert_file=str(tls.cert), key_file=str(tls.key), host="127.0.0.1", port=0
+        ),
         cluster=CLUSTER,
-        host="127.0.0.1",
-        port=0,
     )
     assert await cache.wait_synced(10)
     try:

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fracpilot_actuator.guardrails import (
-    Action,
+    Disruption,
     GuardrailSettings,
     GuardState,
     Subject,
@@ -44,7 +44,7 @@ def acted(*actions: tuple[str, float]) -> GuardState:
     state = GuardState()
     for namespace, ago in sorted(actions, key=lambda a: -a[1]):
         state = state.record(
-            Action(f"w/{namespace}/{ago}", namespace, T0 - timedelta(seconds=ago)), 1e9
+            Disruption(f"w/{namespace}/{ago}", namespace, T0 - timedelta(seconds=ago)), 1e9
         )
     return state
 
@@ -154,7 +154,7 @@ def test_non_disruptive_plans_skip_the_replica_and_rate_guards() -> None:
 
 def test_guard_state_is_immutable() -> None:
     state = GuardState()
-    state.begin("w").record(Action("w", "ns", T0), 600)
+    state.begin("w").record(Disruption("w", "ns", T0), 600)
     assert state == GuardState()
 
 
@@ -182,7 +182,7 @@ def test_no_window_ever_holds_more_than_the_limits(
         now = T0 + timedelta(seconds=offset)
         wanted = subject(namespace=namespace, workload=f"w-{offset}")
         if check(wanted, disruptive=True, state=state, settings=limits, now=now).allowed:
-            state = state.record(Action(wanted.workload, namespace, now), window)
+            state = state.record(Disruption(wanted.workload, namespace, now), window)
             done.append((now, namespace))
     for end, _ in done:  # every window that ends at an action
         inside = [(t, ns) for t, ns in done if end - timedelta(seconds=window) < t <= end]

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from kubernetes.client.exceptions import ApiException
 from tenacity import RetryCallState, Retrying
 
-from fracpilot_actuator.kube.api import ApiRetry, retry_after_s, transient, unanswered
+from fracpilot_actuator.kube.api import ApiRetry, retry_after_s, transient, unanswered, wrapped
+from fracpilot_actuator.kube.errors import KubeError, PermanentKubeError, TransientKubeError
 
 
 def failed(status: int, retry_after: str | None = None) -> ApiException:
@@ -45,6 +46,40 @@ def test_only_failures_without_an_answer_leave_the_outcome_unknown() -> None:
     assert unanswered(urllib3.exceptions.ReadTimeoutError(None, "/api", "timed out"))
     assert not unanswered(failed(500))
     assert not unanswered(failed(429))
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind", "status"),
+    [
+        (failed(429), TransientKubeError, 429),
+        (failed(503), TransientKubeError, 503),
+        (failed(409), PermanentKubeError, 409),
+        (failed(404), PermanentKubeError, 404),
+        (ApiException(status=0, reason="SSLError"), TransientKubeError, None),
+        (urllib3.exceptions.ReadTimeoutError(None, "/api", "timed out"), TransientKubeError, None),
+        (ConnectionRefusedError(), TransientKubeError, None),
+    ],
+)
+def test_client_failures_enter_as_transient_or_permanent_errors(
+    exc: BaseException, kind: type[KubeError], status: int | None
+) -> None:
+    error = wrapped(exc)
+    assert type(error) is kind
+    assert isinstance(error, KubeError)
+    assert error.status == status
+    assert error.unanswered is (status is None)
+    assert error.server_failed is (status is None or status >= 500)
+    assert str(error) == str(exc)
+
+
+def test_the_server_message_is_read_from_the_body_and_a_bug_is_not_wrapped() -> None:
+    refused = failed(429)
+    refused.body = '{"kind": "Status", "message": "Cannot evict pod as it would violate the PDB"}'
+    error = wrapped(refused)
+    assert isinstance(error, KubeError)
+    assert error.message == "Cannot evict pod as it would violate the PDB"
+    bug = ValueError("a bug")
+    assert wrapped(bug) is bug
 
 
 def state_after(attempt: int, exc: BaseException) -> RetryCallState:

@@ -6,7 +6,7 @@ models instead. Bad values must become problems that name the pod, never excepti
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -15,87 +15,23 @@ from hypothesis import strategies as st
 from kubernetes import client
 
 from fracpilot_actuator.kube.inventory import (
-    HamiDevice,
     Inventory,
     build_inventory,
-    is_opted_out,
     last_change,
     owner_parents,
+)
+from fracpilot_actuator.kube.object_values import (
+    HamiDevice,
+    is_opted_out,
     parse_hami_devices,
     parse_kai_fraction,
 )
 from fracpilot_actuator.planner import ClusterState, apply_pod_plan, plan_workload
 from fracpilot_libs.contracts import MIB, GpuBackend, PlanKind, WorkloadRef
+from support.kube_objects import MEM_MIB, T0, hami, kai, node, pod, reservation
 
-MEM_MIB = 81920
-T0 = datetime(2026, 3, 2, 12, tzinfo=UTC)
 UUID_A = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"
 UUID_B = "GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52"
-
-
-def node(name: str, gpus: int = 2, memory_mib: int | None = MEM_MIB) -> dict[str, Any]:
-    labels = {"nvidia.com/gpu.memory": str(memory_mib)} if memory_mib else {}
-    return {
-        "metadata": {"name": name, "labels": labels},
-        "status": {"allocatable": {"nvidia.com/gpu": str(gpus)}},
-    }
-
-
-def pod(
-    name: str,
-    node_name: str | None = "n1",
-    namespace: str = "inference",
-    annotations: dict[str, str] | None = None,
-    labels: dict[str, str] | None = None,
-    limits: dict[str, str] | None = None,
-    owner: tuple[str, str] | None = None,
-    phase: str = "Running",
-    created: datetime = T0,
-    terminating: bool = False,
-) -> dict[str, Any]:
-    meta: dict[str, Any] = {
-        "name": name,
-        "namespace": namespace,
-        "uid": f"uid-{name}",
-        "resourceVersion": "1",
-        "creationTimestamp": created.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "annotations": annotations or {},
-        "labels": labels or {},
-    }
-    if owner:
-        meta["ownerReferences"] = [{"kind": owner[0], "name": owner[1], "controller": True}]
-    if terminating:
-        meta["deletionTimestamp"] = created.strftime("%Y-%m-%dT%H:%M:%SZ")
-    spec: dict[str, Any] = {"containers": [{"name": "main", "resources": {"limits": limits or {}}}]}
-    if node_name:
-        spec["nodeName"] = node_name
-    return {"metadata": meta, "spec": spec, "status": {"phase": phase}}
-
-
-def kai(name: str, fraction: str, group: str | None = None, **kw: Any) -> dict[str, Any]:
-    labels = {"runai-gpu-group": group} if group else {}
-    return pod(name, annotations={"gpu-fraction": fraction}, labels=labels, **kw)
-
-
-def reservation(group: str, uuid: str | None, node_name: str = "n1") -> dict[str, Any]:
-    return pod(
-        f"gpu-reservation-{group}",
-        node_name=node_name,
-        namespace="kai-resource-reservation",
-        labels={"runai-gpu-group": group, "app": "kai-resource-reservation"},
-        annotations={"run.ai/reserve_for_gpu_index": uuid} if uuid else {},
-        limits={"nvidia.com/gpu": "1"},
-    )
-
-
-def hami(name: str, devices: str | None, limits: dict[str, str] | None = None, **kw: Any) -> Any:
-    annotations = {"hami.io/vgpu-devices-allocated": devices} if devices else {}
-    return pod(
-        name,
-        annotations=annotations,
-        limits=limits or {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"},
-        **kw,
-    )
 
 
 def inventory(nodes: list[Any], pods: list[Any]) -> Inventory:

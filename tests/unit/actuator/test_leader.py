@@ -14,19 +14,24 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from fracpilot_actuator.leader import (
-    Action,
+from fracpilot_actuator.leader_election import (
     Attempt,
     ElectionCore,
     ElectionTiming,
-    LeaderElector,
+    LeaseAction,
     LeaseConflictError,
     LeaseRecord,
-    MemoryLeaseStore,
-    Outcome,
     Reason,
+    RoundOutcome,
     RoundResult,
-    decide,
+    decide_lease,
+)
+from fracpilot_actuator.leader_elector import (
+    LeaderElector,
+)
+from fracpilot_actuator.lease_stores import (
+    MemoryLeaseStore,
+    SeverableLeaseStore,
 )
 
 T0 = datetime(2026, 3, 2, tzinfo=UTC)
@@ -44,56 +49,56 @@ def held(holder: str, renewed: float, duration: int = 15, transitions: int = 3) 
 
 
 def test_no_lease_is_created_with_me_as_holder() -> None:
-    d = decide(None, "a", at(0), 15)
-    assert (d.action, d.reason) == (Action.ACQUIRE, Reason.NO_LEASE)
+    d = decide_lease(None, "a", at(0), 15)
+    assert (d.action, d.reason) == (LeaseAction.ACQUIRE, Reason.NO_LEASE)
     assert d.record == LeaseRecord("a", at(0), 15, 0, at(0))
 
 
 def test_my_lease_is_renewed_keeping_acquire_time_and_transitions() -> None:
-    d = decide(held("a", renewed=0), "a", at(4), 15)
-    assert (d.action, d.reason) == (Action.RENEW, Reason.HELD_BY_ME)
+    d = decide_lease(held("a", renewed=0), "a", at(4), 15)
+    assert (d.action, d.reason) == (LeaseAction.RENEW, Reason.HELD_BY_ME)
     assert d.record == LeaseRecord("a", at(4), 15, 3, at(-100))
 
 
 def test_my_lease_is_renewed_even_after_it_expired() -> None:
     # Nobody took it over (that would have changed the holder): renewing is still safe.
-    assert decide(held("a", renewed=0), "a", at(60), 15).action is Action.RENEW
+    assert decide_lease(held("a", renewed=0), "a", at(60), 15).action is LeaseAction.RENEW
 
 
 def test_a_fresh_lease_of_another_means_standing_by_until_it_expires() -> None:
-    d = decide(held("b", renewed=0), "a", at(14.999), 15)
-    assert (d.action, d.reason, d.record) == (Action.STAND_BY, Reason.HELD_BY_OTHER, None)
+    d = decide_lease(held("b", renewed=0), "a", at(14.999), 15)
+    assert (d.action, d.reason, d.record) == (LeaseAction.STAND_BY, Reason.HELD_BY_OTHER, None)
     assert (d.holder, d.expires_at) == ("b", at(15))
     assert "held by b" in d.detail
 
 
 def test_an_expired_lease_is_taken_over_at_its_expiry_exactly() -> None:
-    d = decide(held("b", renewed=0), "a", at(15), 15)
-    assert (d.action, d.reason, d.holder) == (Action.ACQUIRE, Reason.EXPIRED, "b")
+    d = decide_lease(held("b", renewed=0), "a", at(15), 15)
+    assert (d.action, d.reason, d.holder) == (LeaseAction.ACQUIRE, Reason.EXPIRED, "b")
     assert d.record == LeaseRecord("a", at(15), 15, 4, at(15))
 
 
 def test_the_holders_lease_duration_counts_not_mine() -> None:
     lease = held("b", renewed=0, duration=30)
-    assert decide(lease, "a", at(20), 15).action is Action.STAND_BY
-    assert decide(lease, "a", at(30), 15).record == LeaseRecord("a", at(30), 15, 4, at(30))
+    assert decide_lease(lease, "a", at(20), 15).action is LeaseAction.STAND_BY
+    assert decide_lease(lease, "a", at(30), 15).record == LeaseRecord("a", at(30), 15, 4, at(30))
 
 
 def test_a_released_lease_is_taken_over_at_once() -> None:
     released = LeaseRecord("", at(10), 15, 3, at(0))
-    d = decide(released, "a", at(10), 15)
-    assert (d.action, d.reason) == (Action.ACQUIRE, Reason.RELEASED)
+    d = decide_lease(released, "a", at(10), 15)
+    assert (d.action, d.reason) == (LeaseAction.ACQUIRE, Reason.RELEASED)
     assert d.record == LeaseRecord("a", at(10), 15, 4, at(10))
 
 
 def test_a_holder_without_renew_time_has_expired() -> None:
-    d = decide(LeaseRecord("b", None, 15, 1), "a", at(0), 15)
-    assert (d.action, d.reason) == (Action.ACQUIRE, Reason.EXPIRED)
+    d = decide_lease(LeaseRecord("b", None, 15, 1), "a", at(0), 15)
+    assert (d.action, d.reason) == (LeaseAction.ACQUIRE, Reason.EXPIRED)
 
 
 def test_an_empty_identity_is_refused() -> None:
     with pytest.raises(ValueError, match="identity"):
-        decide(None, "", at(0), 15)
+        decide_lease(None, "", at(0), 15)
 
 
 leases = st.one_of(
@@ -113,10 +118,11 @@ leases = st.one_of(
 def test_stand_by_exactly_while_another_holds_an_unexpired_lease(
     lease: LeaseRecord | None, now: datetime
 ) -> None:
-    d = decide(lease, "a", now, 15)
+    d = decide_lease(lease, "a", now, 15)
     expires = lease.expires_at() if lease else None
     other_holds = lease is not None and lease.holder not in ("", "a")
-    assert (d.action is Action.STAND_BY) == (other_holds and expires is not None and now < expires)
+    standing_by = other_holds and expires is not None and now < expires
+    assert (d.action is LeaseAction.STAND_BY) == standing_by
     if d.record is not None:
         assert (d.record.holder, d.record.renew_time, d.record.lease_duration_s) == ("a", now, 15)
         before = lease.transitions if lease else 0
@@ -151,22 +157,22 @@ def test_rounds_acquire_renew_and_stand_by() -> None:
     store = MemoryLeaseStore()
     a, b = ElectionCore(store, "a", FAST), ElectionCore(store, "b", FAST)
     first = a.round(at(0))
-    assert (first.outcome, first.leading_until) == (Outcome.ACQUIRED, at(10))
+    assert (first.outcome, first.leading_until) == (RoundOutcome.ACQUIRED, at(10))
     assert a.is_leader(at(9.999))
     assert not a.is_leader(at(10))
-    assert b.round(at(1)).outcome is Outcome.STANDING_BY
-    assert a.round(at(5)).outcome is Outcome.RENEWED
+    assert b.round(at(1)).outcome is RoundOutcome.STANDING_BY
+    assert a.round(at(5)).outcome is RoundOutcome.RENEWED
     assert a.is_leader(at(14))
     # a stops renewing (dies): b takes over once the lease has run out, not before.
-    assert b.round(at(19.999)).outcome is Outcome.STANDING_BY
+    assert b.round(at(19.999)).outcome is RoundOutcome.STANDING_BY
     taken = b.round(at(20))
-    assert (taken.outcome, taken.decision.reason) == (Outcome.ACQUIRED, Reason.EXPIRED)
+    assert (taken.outcome, taken.decision.reason) == (RoundOutcome.ACQUIRED, Reason.EXPIRED)
     record = store.get()
     assert record is not None
     assert (record[0].holder, record[0].transitions) == ("b", 1)
     # a comes back: it sees b's lease and gives up at once, before its own deadline would.
     a.leading_until = at(100)  # as if a's clock had stalled
-    assert a.round(at(21)).outcome is Outcome.STANDING_BY
+    assert a.round(at(21)).outcome is RoundOutcome.STANDING_BY
     assert not a.is_leader(at(21))
 
 
@@ -211,7 +217,7 @@ class MemoryLeaseStoreView:
 def test_a_lost_race_to_create_rereads_and_stands_by() -> None:
     store = RacingStore("b", at(0))
     result = ElectionCore(store, "a", FAST).round(at(0))
-    assert result.outcome is Outcome.STANDING_BY
+    assert result.outcome is RoundOutcome.STANDING_BY
     assert result.decision.holder == "b"
 
 
@@ -222,7 +228,7 @@ def test_a_lost_race_for_an_expired_lease_rereads_and_stands_by() -> None:
     store.raced = False
     a = ElectionCore(store, "a", FAST)
     result = a.round(at(30))
-    assert (result.outcome, result.decision.holder) == (Outcome.STANDING_BY, "b")
+    assert (result.outcome, result.decision.holder) == (RoundOutcome.STANDING_BY, "b")
     assert not a.is_leader(at(30))
 
 
@@ -240,7 +246,7 @@ def test_a_conflict_while_leading_keeps_the_old_deadline_only() -> None:
     a.round(at(0))
     store.fail = True
     result = a.round(at(5))
-    assert (result.outcome, result.leading_until) == (Outcome.CONFLICT, at(10))
+    assert (result.outcome, result.leading_until) == (RoundOutcome.CONFLICT, at(10))
 
 
 def test_release_hands_the_lease_over_at_once() -> None:
@@ -253,7 +259,7 @@ def test_release_hands_the_lease_over_at_once() -> None:
     assert record is not None
     assert (record[0].holder, record[0].renew_time) == ("", at(1))
     taken = b.round(at(1.5))
-    assert (taken.outcome, taken.decision.reason) == (Outcome.ACQUIRED, Reason.RELEASED)
+    assert (taken.outcome, taken.decision.reason) == (RoundOutcome.ACQUIRED, Reason.RELEASED)
     assert not a.release(at(2))  # b holds it now: nothing of a's to release
 
 
@@ -398,31 +404,6 @@ QUICK = ElectionTiming(
 )
 
 
-class FlakyStore(MemoryLeaseStore):
-    """Fails every call while ``down`` (an apiserver out of reach)."""
-
-    def __init__(self, shared: MemoryLeaseStore) -> None:
-        super().__init__()
-        self.shared = shared
-        self.down = False
-
-    def _check(self) -> None:
-        if self.down:
-            raise ConnectionError("apiserver unreachable")
-
-    def get(self) -> tuple[LeaseRecord, str] | None:
-        self._check()
-        return self.shared.get()
-
-    def create(self, record: LeaseRecord) -> tuple[LeaseRecord, str]:
-        self._check()
-        return self.shared.create(record)
-
-    def update(self, record: LeaseRecord, version: str) -> tuple[LeaseRecord, str]:
-        self._check()
-        return self.shared.update(record, version)
-
-
 async def watch_leaders(
     electors: list[LeaderElector], until: asyncio.Event, overlaps: list[float]
 ) -> None:
@@ -517,7 +498,7 @@ async def test_a_graceful_stop_hands_over_within_a_retry_period() -> None:
 
 async def test_a_leader_cut_off_from_the_apiserver_stops_before_the_other_starts() -> None:
     shared = MemoryLeaseStore()
-    cut_off = FlakyStore(shared)
+    cut_off = SeverableLeaseStore(shared)
     a = LeaderElector(cut_off, "a", QUICK)
     b = LeaderElector(shared, "b", QUICK)
     stop, overlaps = asyncio.Event(), list[float]()

@@ -21,7 +21,6 @@ from fracpilot_cli.status import (
     status_row,
     workload_from_key,
 )
-from fracpilot_decision.engine import WorkloadState, decide
 from fracpilot_libs import subjects
 from fracpilot_libs.contracts import (
     ActuationResult,
@@ -32,6 +31,8 @@ from fracpilot_libs.contracts import (
     WorkloadRef,
 )
 from fracpilot_libs.pricing import GpuPrices
+from fracpilot_libs.sizing.engine import decide
+from fracpilot_libs.sizing.state import WorkloadState
 
 PRICES = GpuPrices()
 WALL = datetime(2026, 12, 2, tzinfo=UTC)  # the wall clock: months after the samples' clock

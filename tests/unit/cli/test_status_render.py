@@ -14,10 +14,11 @@ from hypothesis import strategies as st
 from factories import GIB, T0, sample, workload
 from fracpilot_cli import render
 from fracpilot_cli.status import FleetSnapshot, StatusRow, build_status_rows
-from fracpilot_decision.engine import WorkloadState, decide
 from fracpilot_libs import subjects
 from fracpilot_libs.contracts import Allocation, Policy
 from fracpilot_libs.pricing import GpuPrices
+from fracpilot_libs.sizing.engine import decide
+from fracpilot_libs.sizing.state import WorkloadState
 
 
 def rows(n: int = 3) -> list[StatusRow]:

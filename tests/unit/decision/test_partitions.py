@@ -10,12 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fracpilot_decision.checkpoints import partition_of_key
 from fracpilot_decision.partitions import moves_for, quotas, rebalance
-from fracpilot_decision.policy_store import _chain_keys, scope_chain, workload_scope
-from fracpilot_decision.service import _of_another_partition, _on_its_subject, position_of
 from fracpilot_libs import subjects
 from fracpilot_libs.contracts import WorkloadRef
+from fracpilot_libs.sizing.policies import scope_chain, workload_scope
+from fracpilot_libs.sizing.policies import workload_chain_keys as _chain_keys
 
 NAMES = [f"r{i}" for i in range(8)]
 members_st = st.lists(st.sampled_from(NAMES), min_size=1, max_size=6, unique=True)
@@ -185,7 +184,9 @@ def test_a_checkpoint_key_names_the_partition_of_its_workload(
 ) -> None:
     wl = WorkloadRef(cluster=cluster, namespace=namespace, owner_name=name)
     for n in (1, 7, 16):
-        assert partition_of_key(subjects.kv_key(wl), n) == subjects.usage_partition(wl, n)
+        assert subjects.partition_of_kv_key(subjects.kv_key(wl), n) == subjects.usage_partition(
+            wl, n
+        )
 
 
 @given(namespace=names, name=names)
@@ -205,7 +206,7 @@ def test_usage_stream_names_give_back_their_partition() -> None:
 
 @pytest.mark.parametrize("key", ["", "no-slashes", "a/b", "c/ns/Kind/"])
 def test_a_key_of_another_shape_has_no_partition(key: str) -> None:
-    assert partition_of_key(key, 16) is None
+    assert subjects.partition_of_kv_key(key, 16) is None
 
 
 @given(namespace=names, name=names)
@@ -218,8 +219,8 @@ def test_policy_keys_are_spelled_as_the_scopes_spell_them(namespace: str, name: 
 def test_the_position_comes_from_either_form_of_the_reply_subject() -> None:
     v1 = "$JS.ACK.FRACPILOT_USAGE_3.decision-p3.1.4021.17.1764693600000000000.5"
     v2 = "$JS.ACK.hub.ACCHASH.FRACPILOT_USAGE_3.decision-p3.1.4021.17.1764693600000000000.5.tok"
-    assert position_of(v1) == (4021, 1764693600000000000)
-    assert position_of(v2) == (4021, 1764693600000000000)
+    assert subjects.stream_position(v1) == (4021, 1764693600000000000)
+    assert subjects.stream_position(v2) == (4021, 1764693600000000000)
 
 
 CHAT = subjects.slot_of("inference", "chat")
@@ -244,8 +245,8 @@ CHAT = subjects.slot_of("inference", "chat")
 def test_a_sample_belongs_on_its_own_workloads_subject(
     namespace: str, name: str, subject: str, ok: bool
 ) -> None:
-    assert _on_its_subject(subject, namespace, name, slot_too=True) is ok
-    assert _on_its_subject(
+    assert subjects.on_own_subject(subject, namespace, name, slot_too=True) is ok
+    assert subjects.on_own_subject(
         subjects.usage_subject(WorkloadRef(namespace=namespace, owner_name=name)),
         namespace,
         name,
@@ -255,12 +256,12 @@ def test_a_sample_belongs_on_its_own_workloads_subject(
 
 def test_the_slot_is_checked_only_when_asked() -> None:
     wrong_slot = f"fracpilot.usage.v1.{(CHAT + 1) % 1024}.inference.chat"
-    assert _on_its_subject(wrong_slot, "inference", "chat", slot_too=False)
+    assert subjects.on_own_subject(wrong_slot, "inference", "chat", slot_too=False)
 
 
 def test_a_sample_left_from_another_partition_count_is_told_apart() -> None:
     subject = f"fracpilot.usage.v1.{CHAT}.inference.chat"
-    assert not _of_another_partition(subject, 16, CHAT % 16)
-    assert _of_another_partition(subject, 16, (CHAT + 1) % 16)
-    assert not _of_another_partition(subject, 4, CHAT % 4)
-    assert _of_another_partition("fracpilot.usage.v1.x.inference.chat", 16, 0)
+    assert not subjects.of_another_partition(subject, 16, CHAT % 16)
+    assert subjects.of_another_partition(subject, 16, (CHAT + 1) % 16)
+    assert not subjects.of_another_partition(subject, 4, CHAT % 4)
+    assert subjects.of_another_partition("fracpilot.usage.v1.x.inference.chat", 16, 0)

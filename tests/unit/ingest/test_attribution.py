@@ -665,14 +665,44 @@ def test_exactly_100_percent_is_accepted() -> None:
 
 
 def test_a_pod_missing_a_quantity_is_rejected_as_incomplete() -> None:
-    points = dcgm(GPU_A, CHAT, gr=0.5, used_mib=math.nan, free_mib=1024)
+    points = dcgm(GPU_A, CHAT, gr=0.5, free_mib=1024)
     inventory = GpuInventory(device_memory_bytes={GPU_A: 80 * GIB})
     observations, rejections = observe_points(points, TABLE, inventory)
     assert observations == []
-    assert reasons(rejections) == ["incomplete", "nan"]
-    incomplete = next(r for r in rejections if r.reason == "incomplete")
-    assert "memory" in incomplete.detail
-    assert CHAT.pod in incomplete.detail
+    assert reasons(rejections) == ["incomplete"]
+    assert "memory" in rejections[0].detail
+    assert CHAT.pod in rejections[0].detail
+
+
+@pytest.mark.parametrize(
+    ("used", "free", "reason"),
+    [(math.nan, 1024, "nan"), (-1, 1024, "negative"), (1024, -1, "negative")],
+)
+def test_a_bad_fb_point_is_counted_once_not_again_as_what_it_leaves_missing(
+    used: float, free: float, reason: str
+) -> None:
+    observations, rejections = observe_points(
+        dcgm(GPU_A, CHAT, gr=0.5, used_mib=used, free_mib=free), TABLE, GpuInventory()
+    )
+    assert observations == []
+    assert reasons(rejections) == [reason]
+
+
+@pytest.mark.parametrize(
+    "series",
+    [
+        process(GPU_A, CHAT, util=20, used_mib=1024)[0],
+        point("hami_vgpu_memory_used_bytes", 1024, device_uuid=GPU_A, container="x"),
+        point("vllm:num_requests_waiting", 3, model_name="m"),
+    ],
+    ids=["dcgm-process", "hami-container", "vllm"],
+)
+def test_a_per_pod_series_without_its_pod_label_is_counted(series: MetricPoint) -> None:
+    labels = {k: v for k, v in series.labels.items() if k not in ("pod", "namespace")}
+    bare = MetricPoint(series.metric, labels, series.value, series.timestamp)
+    observations, rejections = observe_points([bare], TABLE, GpuInventory())
+    assert observations == []
+    assert reasons(rejections) == ["no_pod"]
 
 
 def test_unknown_device_memory_is_rejected() -> None:

@@ -17,9 +17,9 @@ from fracpilot_ingest.dcgm_exporter_simulator import (
     placed_pods,
 )
 from fracpilot_ingest.mappings import MappingTable
-from fracpilot_ingest.simulator import demo_workloads, usage_at
 from fracpilot_ingest.sources.scrape import parse_exposition
 from fracpilot_libs.contracts import Allocation, WorkloadRef
+from fracpilot_libs.simulation.workloads import demo_workloads, usage_at
 from support.gpu_exporter import GpuState, PodOnGpu, dcgm_metrics
 
 GIB = 1024**3

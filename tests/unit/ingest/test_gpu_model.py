@@ -82,3 +82,28 @@ def test_a_series_without_a_model_label_leaves_it_empty() -> None:
 )
 def test_gpu_model_name(label: str, model: str) -> None:
     assert gpu_model_name(label) == model
+
+
+def test_the_test_exporter_renders_mig_instances_and_reserved_memory_as_dcgm_does() -> None:
+    from support.gpu_exporter import MigInstanceState, dcgm_device_metrics
+
+    pod = PodOnGpu("team-a", "chat-0", "server", util_pct=0, memory_used_mib=1_000)
+    mig = GpuState(
+        "GPU-0ccc",
+        "node-3",
+        "NVIDIA A100-SXM4-80GB",
+        81_920,
+        0,
+        mig=[MigInstanceState(2, "3g.40gb", 40_192, 0.5, pod=pod)],
+    )
+    out = dcgm_device_metrics([mig])
+    assert "DCGM_FI_DEV_GPU_UTIL" not in out.names()  # no value on an instance
+    (labels,) = out.label_sets("DCGM_FI_PROF_GR_ENGINE_ACTIVE")
+    assert labels[:7] == (
+        "gpu", "UUID", "pci_bus_id", "device", "modelName", "GPU_I_PROFILE", "GPU_I_ID"
+    )  # fmt: skip
+    assert out.value("DCGM_FI_DEV_FB_FREE", GPU_I_ID="2") == 40_192 - 1_000
+    t4 = GpuState("GPU-1ddd", "n", "Tesla T4", 15_360, 0, [pod], memory_reserved_mib=447)
+    rendered = dcgm_device_metrics([t4])
+    assert rendered.value("DCGM_FI_DEV_FB_RESERVED", UUID="GPU-1ddd") == 447
+    assert rendered.value("DCGM_FI_DEV_FB_FREE", UUID="GPU-1ddd") == 15_360 - 1_000 - 447

@@ -16,7 +16,7 @@ from fracpilot_ingest.mappings import (
     MetricMapping,
     Quantity,
 )
-from fracpilot_libs.bus import describe_validation_error
+from fracpilot_libs.validation import describe_validation_error
 
 UUID = "GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52"
 ROWS = TypeAdapter(list[MetricMapping])
@@ -214,8 +214,10 @@ def test_metric_names_are_unique_and_keep_first_seen_order() -> None:
         "DCGM_FI_DEV_GPU_UTIL",
         "DCGM_FI_DEV_FB_USED",
         "DCGM_FI_DEV_FB_FREE",
+        "DCGM_FI_DEV_FB_RESERVED",
+        "DCGM_FI_DEV_FB_TOTAL",
     )
-    assert len(table.rows) == 2 * 4 + 2
+    assert len(table.rows) == 2 * 6 + 2
 
 
 def test_every_built_in_name_is_selected_once_in_the_default_table() -> None:

@@ -62,9 +62,9 @@ def test_pods_of_one_statefulset_share_a_workload() -> None:
     assert {owner(f"triton-{i}") for i in range(12)} == {("StatefulSet", "triton")}
 
 
-def test_resolver_uses_its_cluster() -> None:
+async def test_resolver_uses_its_cluster() -> None:
     resolver: OwnerResolver = PodNameOwners("edge")
-    ref = resolver.resolve("team-a", "web-1")
+    ref = await resolver.resolve("team-a", "web-1")
     assert (ref.cluster, ref.namespace, ref.owner_kind, ref.owner_name) == (
         "edge",
         "team-a",

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from factories import sample
-from fracpilot_ingest.usage_metrics import OTHER, WorkloadUsageMetrics, sample_cost
+from fracpilot_ingest.metrics import OTHER, WorkloadUsageMetrics, sample_cost
 from fracpilot_libs.pricing import GpuPrices
 
 A100 = "NVIDIA A100-SXM4-80GB"

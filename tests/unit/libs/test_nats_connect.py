@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 
 from fracpilot_libs.config import ServiceSettings
-from fracpilot_libs.nats_connect import NatsSecurityError, connect_options, permanent_error
+from fracpilot_libs.nats_connect import (
+    NatsSecurityError,
+    connect_once,
+    connect_options,
+    permanent_error,
+)
+from fracpilot_libs.nats_errors import NatsUnreachableError, PermanentNatsError, TransientNatsError
 from support.nats_auth import make_tls_files, make_user_nkey
 
 THIS_FILE = __file__  # an existing file that is neither creds nor a certificate
@@ -86,3 +92,12 @@ def test_which_connection_errors_are_permanent() -> None:
     why = permanent_error(untrusted, s)
     assert why is not None
     assert "set FRACPILOT_NATS_TLS_CA_FILE" in why
+
+
+async def test_an_unreachable_server_is_a_transient_error_and_refusals_are_permanent() -> None:
+    settings = ServiceSettings(nats_url="nats://127.0.0.1:1")
+    errors: list[Exception] = []
+    with pytest.raises(NatsUnreachableError) as caught:
+        await connect_once(settings, timeout_s=0.5, errors=errors)
+    assert isinstance(caught.value, TransientNatsError)
+    assert issubclass(NatsSecurityError, PermanentNatsError)

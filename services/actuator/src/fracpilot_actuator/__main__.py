@@ -1,3 +1,3 @@
-from fracpilot_actuator.service import main
+from fracpilot_actuator.app import main
 
 main()

@@ -52,8 +52,9 @@ class Verdict:
 
 
 @dataclass(frozen=True)
-class Action:
-    """One disruptive action, remembered for the rate limits."""
+class Disruption:
+    """One disruptive action (pods evicted or a template rolled out), remembered for the rate
+    limits."""
 
     workload: str  # WorkloadRef.key
     namespace: str
@@ -62,10 +63,10 @@ class Action:
 
 @dataclass(frozen=True)
 class GuardState:
-    recent: tuple[Action, ...] = ()
+    recent: tuple[Disruption, ...] = ()
     in_flight: frozenset[str] = field(default_factory=frozenset)
 
-    def record(self, action: Action, window_s: float) -> GuardState:
+    def record(self, action: Disruption, window_s: float) -> GuardState:
         """Remember a disruptive action; forget those older than the window."""
         return replace(self, recent=(*self.pruned(action.at, window_s).recent, action))
 

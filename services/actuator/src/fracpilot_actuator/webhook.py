@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 
 from fracpilot_actuator.admission import (
     MUTATE_PATH,
@@ -35,6 +35,8 @@ from fracpilot_actuator.admission import (
     parse_review,
     pod_name,
 )
+from fracpilot_actuator.metrics import WebhookMetrics
+from fracpilot_actuator.settings import WebhookSettings
 from fracpilot_actuator.targets import TargetCache
 from fracpilot_libs.bus import Bus
 from fracpilot_libs.contracts import WorkloadTarget
@@ -42,40 +44,6 @@ from fracpilot_libs.contracts import WorkloadTarget
 log = logging.getLogger(__name__)
 
 # --- the HTTPS server -----------------------------------------------------------------------------
-
-_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-
-
-class WebhookMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.admissions = Counter(
-            "fracpilot_webhook_admissions_total",
-            "AdmissionReviews answered, by outcome (error: malformed, or failed: admitted as is)",
-            ["outcome"],
-            registry=registry,
-        )
-        for outcome in AdmissionOutcome:
-            self.admissions.labels(outcome.value)
-        self.malformed = Counter(
-            "fracpilot_webhook_malformed_requests_total",
-            "Requests to /mutate refused with 400 (not an AdmissionReview); also counted as error",
-            registry=registry,
-        )
-        self.seconds = Histogram(
-            "fracpilot_webhook_admission_seconds",
-            "Time to answer one AdmissionReview, from the request headers to the response sent",
-            buckets=_LATENCY_BUCKETS,
-            registry=registry,
-        )
-        self.targets = Gauge(
-            "fracpilot_webhook_targets", "Workload targets held in memory", registry=registry
-        )
-        self.tls_reloads = Counter(
-            "fracpilot_webhook_tls_reloads_total",
-            "Serving certificate reloads, by result",
-            ["result"],
-            registry=registry,
-        )
 
 
 class _BadRequestError(Exception):
@@ -388,12 +356,9 @@ class WebhookServer:
 async def start_webhook(
     bus: Bus,
     registry: CollectorRegistry,
+    settings: WebhookSettings,
     *,
-    cert_file: str | os.PathLike[str],
-    key_file: str | os.PathLike[str],
     cluster: str,
-    host: str = "0.0.0.0",
-    port: int = 8443,
 ) -> tuple[WebhookServer, TargetCache]:
     """Follow the targets bucket and serve the webhook: what the actuator's start runs.
 
@@ -407,10 +372,10 @@ async def start_webhook(
     server = WebhookServer(
         cache,
         registry,
-        cert_file=cert_file,
-        key_file=key_file,
+        cert_file=settings.cert_file,
+        key_file=settings.key_file,
         cluster=cluster,
         ready=lambda: cache.synced,
     )
-    await server.start(host, port)
+    await server.start(settings.host, settings.port)
     return server, cache

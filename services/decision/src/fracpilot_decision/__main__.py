@@ -1,3 +1,3 @@
-from fracpilot_decision.service import main
+from fracpilot_decision.app import main
 
 main()

@@ -2,7 +2,7 @@
 restart of the decision service and a move of its partition to another replica.
 
 States live in the KV bucket ``fracpilot_decision_state`` under ``subjects.kv_key(workload)``,
-as :func:`fracpilot_decision.engine.dump_state` writes them (each carries the stream position
+as :func:`fracpilot_libs.sizing.state.dump_state` writes them (each carries the stream position
 of the last sample in it). The service writes the states that changed in batches (every
 ``checkpoint_interval_s``, and when it hands a partition over or stops), pipelined rather than
 one round trip each, then the partition's **mark**: the stream position up to which every
@@ -26,15 +26,15 @@ from collections.abc import AsyncIterator, Collection, Mapping
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
-from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.errors import KeyNotFoundError, NotFoundError
+from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
 
-from fracpilot_decision.engine import WorkloadState, dump_state, load_state
+from fracpilot_decision.metrics import CheckpointMetrics
 from fracpilot_libs import subjects
+from fracpilot_libs.kv_snapshot import SnapshotStalledError, kv_chunks
+from fracpilot_libs.sizing.state import WorkloadState, dump_state, load_state
 
 log = logging.getLogger(__name__)
 
@@ -43,15 +43,6 @@ _READ_BATCH = 1000
 CHECKPOINT_CHUNK = 100  # states serialised and in flight at once
 _MAX_PAUSE_S = 0.05  # between two chunks of a spread checkpoint
 _ACK_TIMEOUT_S = 10.0
-
-
-def partition_of_key(key: str, partitions: int) -> int | None:
-    """The usage partition of the workload a checkpoint key names (``cluster/ns/kind/name``,
-    see :func:`fracpilot_libs.subjects.kv_key`); None for a key of another shape."""
-    parts = key.rsplit("/", 3)
-    if len(parts) != 4 or not parts[1] or not parts[3]:
-        return None
-    return subjects.slot_of(subjects.token(parts[1]), subjects.token(parts[3])) % partitions
 
 
 def mark_key(partition: int) -> str:
@@ -70,26 +61,10 @@ class Checkpointer:
         self.js: JetStreamContext = nc.jetstream()
         self.bucket = subjects.DECISION_STATE_BUCKET
         self._prefix = f"$KV.{self.bucket}."
-        self.written = Counter(
-            "fracpilot_decision_checkpoints_written_total",
-            "Workload state checkpoints written",
-            registry=registry,
-        )
-        self.write_failures = Counter(
-            "fracpilot_decision_checkpoint_write_failures_total",
-            "Checkpoint writes that failed (retried at the next interval)",
-            registry=registry,
-        )
-        self.restored = Counter(
-            "fracpilot_decision_checkpoints_restored_total",
-            "Workload states restored from checkpoints (on start and on claiming partitions)",
-            registry=registry,
-        )
-        self.corrupt = Counter(
-            "fracpilot_decision_checkpoints_corrupt_total",
-            "Checkpoints that did not load and were skipped",
-            registry=registry,
-        )
+        self.metrics = CheckpointMetrics(registry)
+        m = self.metrics
+        self.written, self.write_failures = m.written, m.write_failures
+        self.restored, self.corrupt = m.restored, m.corrupt
 
     async def open(self) -> None:
         """Create the bucket if it does not exist yet."""
@@ -228,7 +203,7 @@ class Checkpointer:
         seen = corrupt = 0
         async for batch in self._read_all():
             for key, data in batch:
-                partition = partition_of_key(key, count)
+                partition = subjects.partition_of_kv_key(key, count)
                 if partition is None or partition not in states:
                     continue
                 seen += 1
@@ -255,46 +230,13 @@ class Checkpointer:
         return states
 
     async def _read_all(self) -> AsyncIterator[list[tuple[str, bytes]]]:
-        """The current value of every key (deleted keys left out), in batches as read with a
-        pull consumer: at 100,000 keys far quicker than a KV watch, and never all in memory."""
-        stream = f"KV_{self.bucket}"
+        """The current value of every key (deleted keys left out), in batches as read by a
+        snapshot (:mod:`fracpilot_libs.kv_snapshot`): at 100,000 keys far quicker than a KV
+        watch, and never all in memory."""
         try:
-            info = await self.js.stream_info(stream)
-        except NotFoundError:
-            return
-        if not info.state.messages:
-            return
-        sub = await self.js.pull_subscribe(
-            f"{self._prefix}>",
-            stream=stream,
-            config=ConsumerConfig(
-                ack_policy=AckPolicy.NONE,
-                deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-                inactive_threshold=60.0,
-                mem_storage=True,
-            ),
-        )
-        try:
-            pending = (await sub.consumer_info()).num_pending or 0
-            received = 0
-            while received < pending:
-                try:
-                    msgs = await sub.fetch(min(_READ_BATCH, pending - received), timeout=5)
-                except (NatsTimeoutError, TimeoutError):
-                    log.warning(
-                        "checkpoint read ended early", extra={"read": received, "of": pending}
-                    )
-                    break
-                received += len(msgs)
-                out: list[tuple[str, bytes]] = []
-                for m in msgs:
-                    operation = m.headers.get("KV-Operation") if m.headers else None
-                    if operation in ("DEL", "PURGE") or not m.data:
-                        continue
-                    out.append((m.subject[len(self._prefix) :], m.data))
-                yield out
-        finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-            with contextlib.suppress(Exception):  # rather than after its inactive threshold
-                await self.js.delete_consumer(stream, (await sub.consumer_info()).name)
+            async for part in kv_chunks(
+                self.nc, self.bucket, chunk=_READ_BATCH, stall_s=5.0, name_prefix="decision-restore"
+            ):
+                yield [(key, m.data) for key, m in part]
+        except SnapshotStalledError as exc:
+            log.warning("checkpoint read ended early", extra={"read": exc.read, "of": exc.of})

@@ -22,7 +22,10 @@ import gc
 import logging
 import time
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram
+from prometheus_client import CollectorRegistry
+
+from fracpilot_decision.metrics import HeapMetrics
+from fracpilot_decision.settings import HeapSettings
 
 log = logging.getLogger(__name__)
 
@@ -35,18 +38,13 @@ class HeapFreezer:
     ) -> None:
         self.freeze_every_s = freeze_every_s
         self.full_collection_every_s = full_collection_every_s
-        self.full_pause = Histogram(
-            "fracpilot_gc_full_collection_seconds",
-            "The periodic full garbage collections (everything unfrozen, collected, frozen)",
-            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
-            registry=registry,
-        )
-        self.frozen = Gauge(
-            "fracpilot_gc_frozen_objects",
-            "Objects in the permanent generation, out of the collector's way",
-            registry=registry,
-        )
+        metrics = HeapMetrics(registry)
+        self.full_pause, self.frozen = metrics.full_pause, metrics.frozen
         self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def configured(cls, settings: HeapSettings, registry: CollectorRegistry) -> HeapFreezer:
+        return cls(settings.freeze_interval_s, settings.full_interval_s, registry)
 
     def start(self) -> None:
         if self.freeze_every_s > 0 and self._task is None:

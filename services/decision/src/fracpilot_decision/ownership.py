@@ -34,9 +34,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from nats.aio.client import Client as NatsClient
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, KeyValueConfig, StorageType
+from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import (
     BucketNotFoundError,
     KeyNotFoundError,
@@ -44,9 +45,12 @@ from nats.js.errors import (
     NotFoundError,
 )
 from nats.js.kv import KeyValue
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
+from fracpilot_decision.metrics import OwnershipMetrics
 from fracpilot_decision.partitions import Moves, moves_for
+from fracpilot_decision.settings import PartitionLeaseSettings
+from fracpilot_libs.kv_snapshot import read_kv
 
 log = logging.getLogger(__name__)
 
@@ -83,45 +87,26 @@ class View:
     revisions: dict[int, int]  # partition -> revision of its lease
 
 
-class OwnershipMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.owned = Gauge(
-            "fracpilot_decision_partitions_owned",
-            "Usage partitions this replica owns and consumes",
-            registry=registry,
-        )
-        self.replicas = Gauge(
-            "fracpilot_decision_replicas",
-            "Decision replicas alive, as this replica last saw them",
-            registry=registry,
-        )
-        self.moves = Counter(
-            "fracpilot_decision_partition_moves_total",
-            "Partitions this replica claimed, handed over, or dropped (its lease lost)",
-            ["move"],
-            registry=registry,
-        )
-
-
 class Ownership:
     """This replica's leases; :meth:`holds` says whether it may still act on a partition."""
 
     def __init__(
         self,
-        js: JetStreamContext,
+        nc: NatsClient,
         holder: PartitionHolder,
         *,
         partitions: int,
         replica: str,
-        lease_s: float,
+        lease: PartitionLeaseSettings,
         registry: CollectorRegistry,
         bucket: str,
     ) -> None:
-        self.js = js
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream()
         self.holder = holder
         self.partitions = partitions
         self.replica = replica
-        self.lease_s = lease_s
+        self.lease_s = lease.lease_s
         self.bucket = bucket
         self.metrics = OwnershipMetrics(registry)
         self.kv: KeyValue | None = None
@@ -293,47 +278,21 @@ class Ownership:
 
     async def read(self) -> View:
         """Every live member and lease in the bucket: the last message of each key, read up to
-        the count there was when the read began (a KV watch waits for a moment with nothing
-        pending, which a busy bucket may not have)."""
-        stream = f"KV_{self.bucket}"
-        prefix = f"$KV.{self.bucket}."
+        the count there was when the read began (a snapshot, :mod:`fracpilot_libs.kv_snapshot`:
+        a KV watch waits for a moment with nothing pending, which a busy bucket may not have)."""
         members: set[str] = set()
         owners: dict[int, str] = {}
         revisions: dict[int, int] = {}
-        sub = await self.js.pull_subscribe(
-            f"{prefix}>",
-            stream=stream,
-            config=ConsumerConfig(
-                ack_policy=AckPolicy.NONE,
-                deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-                inactive_threshold=30.0,
-                mem_storage=True,
-            ),
-        )
-        try:
-            async with asyncio.timeout(10):
-                pending = (await sub.consumer_info()).num_pending or 0
-                received = 0
-                while received < pending:
-                    msgs = await sub.fetch(pending - received, timeout=5)
-                    received += len(msgs)
-                    for m in msgs:
-                        operation = m.headers.get("KV-Operation") if m.headers else None
-                        if operation in ("DEL", "PURGE") or not m.data:
-                            continue
-                        key = m.subject[len(prefix) :]
-                        if key.startswith(MEMBER):
-                            members.add(key[len(MEMBER) :])
-                        elif key.startswith(PARTITION):
-                            with contextlib.suppress(ValueError):
-                                p = int(key[len(PARTITION) :])
-                                owners[p] = m.data.decode()
-                                revisions[p] = m.metadata.sequence.stream
-        finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-            with contextlib.suppress(Exception):  # rather than after its inactive threshold
-                await self.js.delete_consumer(stream, (await sub.consumer_info()).name)
+        async with asyncio.timeout(10):
+            entries = await read_kv(self.nc, self.bucket, name_prefix="decision-leases")
+        for key, m in entries.items():
+            if key.startswith(MEMBER):
+                members.add(key[len(MEMBER) :])
+            elif key.startswith(PARTITION):
+                with contextlib.suppress(ValueError):
+                    p = int(key[len(PARTITION) :])
+                    owners[p] = m.data.decode()
+                    revisions[p] = m.sequence
         return View(frozenset(members), owners, revisions)
 
     async def rebalance(self) -> Moves:

@@ -3,12 +3,8 @@
 Policies live in the KV bucket ``fracpilot_policies`` under their scope's key: ``cluster``,
 ``namespace.<ns>`` or ``workload.<ns>.<name>``.
 
-**Resolution.** A workload is sized by the *most specific* stored policy, taken *as a whole*:
-workload > namespace > cluster > the configured cluster default (``FRACPILOT_POLICY_JSON``) >
-the built-in defaults of :class:`~fracpilot_libs.contracts.Policy`. Fields are never merged
-across levels (a namespace policy that sets only ``max_fraction`` still brings every other
-field's default), so the policy ``fracpilot policy get`` shows is exactly the one the engine
-uses, and its ``scope`` says where it came from.
+**Resolution** is :mod:`fracpilot_libs.sizing.policies` (pure): the most specific stored policy,
+taken as a whole, else the configured cluster default, else the built-in defaults.
 
 **Requests** (core NATS request/reply in the queue group ``subjects.POLICY_QUEUE``, so decision
 replicas share them; every reply is a :class:`~fracpilot_libs.contracts.PolicyReply`):
@@ -22,118 +18,32 @@ replicas share them; every reply is a :class:`~fracpilot_libs.contracts.PolicyRe
 * ``subjects.POLICY_LIST``: any payload. Reply: every stored policy, ordered by scope key.
 
 An invalid request is answered ``ok=False`` with the reason, dead-lettered with the raw
-payload, and changes nothing. Functions above :class:`LivePolicies` are pure.
+payload, and changes nothing.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 from collections.abc import Callable, Mapping
 
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from fracpilot_libs import subjects
-from fracpilot_libs.bus import Bus, DecodeError, ErrorKind, decode
-from fracpilot_libs.contracts import Policy, PolicyLevel, PolicyReply, PolicyScope, WorkloadRef
+from fracpilot_libs.bus import Bus
+from fracpilot_libs.contracts import Policy, PolicyReply, PolicyScope
+from fracpilot_libs.decoding import DecodeError, ErrorKind, decode
+from fracpilot_libs.sizing.policies import (
+    next_revision,
+    parse_scope,
+    resolve,
+    scope_chain,
+    scope_problem,
+)
 
 log = logging.getLogger(__name__)
 
-_NAMESPACE = re.compile(r"[-/_=A-Za-z0-9]+")
-_WORKLOAD = re.compile(r"[-/_=A-Za-z0-9]+(\.[-/_=A-Za-z0-9]+)*")
 _CAS_ATTEMPTS = 5
-
-# --- pure resolution ------------------------------------------------------------------------
-
-
-def scope_chain(scope: PolicyScope) -> tuple[PolicyScope, ...]:
-    """The scope and the scopes above it, most specific first."""
-    chain = [scope]
-    if scope.level is PolicyLevel.WORKLOAD:
-        chain.append(PolicyScope(level=PolicyLevel.NAMESPACE, namespace=scope.namespace))
-    if scope.level is not PolicyLevel.CLUSTER:
-        chain.append(PolicyScope())
-    return tuple(chain)
-
-
-def workload_scope(workload: WorkloadRef) -> PolicyScope:
-    return PolicyScope(
-        level=PolicyLevel.WORKLOAD, namespace=workload.namespace, workload=workload.owner_name
-    )
-
-
-def _chain_keys(namespace: str, name: str) -> tuple[str, str, str]:
-    """The keys of a workload's scope chain, as ``PolicyScope.key`` spells them; plain string
-    work, no model (this runs for every sample, of every one of 100,000 workloads)."""
-    return (
-        f"{PolicyLevel.WORKLOAD.value}.{namespace}.{name}",
-        f"{PolicyLevel.NAMESPACE.value}.{namespace}",
-        PolicyLevel.CLUSTER.value,
-    )
-
-
-def resolve(stored: Mapping[str, Policy], keys: tuple[str, ...], default: Policy) -> Policy:
-    """The first policy stored under ``keys`` (most specific first), else ``default``."""
-    for key in keys:
-        if (policy := stored.get(key)) is not None:
-            return policy
-    return default
-
-
-def scope_problem(scope: PolicyScope) -> str | None:
-    """Why a scope cannot name a KV entry (None when it can)."""
-    if scope.namespace is not None and not _NAMESPACE.fullmatch(scope.namespace):
-        return f"scope.namespace {scope.namespace!r} may contain only letters, digits and '-_=/'"
-    if scope.workload is not None and not _WORKLOAD.fullmatch(scope.workload):
-        return (
-            f"scope.workload {scope.workload!r} may contain only letters, digits, '-_=/' "
-            "and single dots inside the name"
-        )
-    return None
-
-
-def parse_scope(data: bytes) -> PolicyScope:
-    """A get request: empty (the cluster), a PolicyScope, or a WorkloadRef (its workload).
-
-    Raises :class:`~fracpilot_libs.bus.DecodeError` with a readable reason.
-    """
-    if not data.strip():
-        return PolicyScope()
-    try:
-        body = json.loads(data)
-    except (ValueError, RecursionError) as exc:  # also too deep, or an integer too long
-        raise DecodeError("decode", f"not valid JSON: {str(exc)[:500]}") from exc
-    if isinstance(body, dict) and "owner_name" in body:
-        return workload_scope(decode(WorkloadRef, data))
-    return decode(PolicyScope, data)
-
-
-def next_revision(policy: Policy, previous: Policy | None) -> Policy:
-    """The policy as the store keeps it: the previous revision + 1, or 1."""
-    return policy.model_copy(update={"revision": (previous.revision if previous else 0) + 1})
-
-
-class LivePolicies:
-    """The stored policies as last seen, kept current by the KV watch; resolves per workload."""
-
-    def __init__(self, default: Policy) -> None:
-        self.default = default
-        self.stored: dict[str, Policy] = {}
-
-    def apply(self, key: str, policy: Policy | None) -> None:
-        if policy is None:
-            self.stored.pop(key, None)
-        else:
-            self.stored[key] = policy
-
-    def for_workload(self, workload: WorkloadRef) -> Policy:
-        if not self.stored:
-            return self.default
-        keys = _chain_keys(workload.namespace, workload.owner_name)
-        return resolve(self.stored, keys, self.default)
-
 
 # --- the KV adapter and the request endpoints -----------------------------------------------
 
@@ -196,10 +106,9 @@ class PolicyStore:
 
     async def effective(self, scope: PolicyScope) -> Policy:
         """The policy that applies at ``scope``, read from the bucket (see the module doc)."""
-        for s in scope_chain(scope):
-            if (policy := await self.get(s.key)) is not None:
-                return policy
-        return self.default
+        keys = tuple(s.key for s in scope_chain(scope))
+        stored = {key: policy for key in keys if (policy := await self.get(key)) is not None}
+        return resolve(stored, keys, self.default)
 
     async def put(self, policy: Policy) -> Policy:
         """Store a valid policy with the next revision (compare-and-set against the entry)."""

@@ -1,3 +1,3 @@
-from fracpilot_ingest.service import main
+from fracpilot_ingest.app import main
 
 main()

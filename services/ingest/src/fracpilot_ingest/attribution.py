@@ -3,18 +3,23 @@
 Per GPU, the most specific numbers win: a container's or a process's own numbers are exact;
 when only whole-device numbers exist, a GPU used by one pod gives that pod the device's numbers
 (exact), and a GPU shared by several pods is split between them by their allocated fractions
-(equal shares when unknown) and marked *estimated*. Every point that cannot be used is
-rejected with a reason, and one bad series never stops the others.
+(equal shares when unknown) and marked *estimated*. A MIG GPU instance is a device of its own
+(:mod:`fracpilot_ingest.mig`). Every point that cannot be used is rejected once, with one
+reason (a pod left without numbers by a rejected point is not counted again), and one bad
+series never stops the others.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from fracpilot_ingest.mappings import Level, MappingTable, MetricMapping, Quantity, gpu_model_name
+from fracpilot_ingest.mig import compute_share, mig_instance, profile_memory_bytes
 from fracpilot_libs.contracts import WorkloadRef
 
 _EPS = 1e-9
@@ -58,15 +63,19 @@ class Observation:
     kv_cache_usage: float | None = None
     waiting_requests: int | None = None
     gpu_model: str = ""  # as the exporter names the card (prices the GPU-hours)
+    preemptions_total: float | None = None  # vLLM's counter (contention, see signals.py)
+    oom_event: bool = False
+    contention_event: bool = False
 
 
 @dataclass
 class GpuInventory:
-    """What the cluster says about GPUs: device memory, who holds which fraction, and the
-    workload each of those pods belongs to (as the actuator recorded it)."""
+    """What the cluster says about GPUs: device memory, who holds which fraction (None: a pod
+    known to share the GPU, its fraction not), and the workload each of those pods belongs to
+    (as the actuator recorded it)."""
 
     device_memory_bytes: dict[str, int] = field(default_factory=dict)
-    fractions: dict[str, dict[PodKey, float]] = field(default_factory=dict)  # gpu -> pod ->
+    fractions: dict[str, dict[PodKey, float | None]] = field(default_factory=dict)  # gpu -> pod
     default_device_memory_bytes: int | None = None
     workloads: dict[PodKey, WorkloadRef] = field(default_factory=dict)  # (ns, pod) -> owner
 
@@ -75,6 +84,8 @@ class GpuInventory:
 class _Gpu:
     node: str = ""
     model: str = ""
+    profile: str = ""  # a MIG instance's profile ("" for a whole GPU)
+    rejected: bool = False  # a point of this device was rejected (its cause is counted)
     device: dict[Quantity, tuple[int, float]] = field(default_factory=dict)  # (priority, v)
     pods: dict[PodKey, dict[Quantity, float]] = field(default_factory=dict)  # exact numbers
     seen_pods: set[PodKey] = field(default_factory=set)
@@ -125,7 +136,13 @@ def _pod_of(
 
 def _is_exporter_pod(pod: str, names: tuple[str, ...]) -> bool:
     """``dcgm-exporter-x7k2p`` and a Helm release's ``gpu-mon-dcgm-exporter-x7k2p`` alike."""
-    return any(pod.startswith(f"{n}-") or f"-{n}-" in pod for n in names)
+    return _exporter_pod_pattern(names).search(pod) is not None
+
+
+@functools.cache
+def _exporter_pod_pattern(names: tuple[str, ...]) -> re.Pattern[str]:
+    alternatives = "|".join(re.escape(n) for n in names)
+    return re.compile(f"(?:^|-)(?:{alternatives})-")
 
 
 def _checked_value(
@@ -157,22 +174,44 @@ def observe_points(
         if mapping is None:
             continue
         value, rejection = _checked_value(point, mapping)
+        uuid = _role(point.labels, mapping.roles.gpu_uuid)
+        instance = mig_instance(uuid, point.labels) if uuid else None
+        device = instance.device_id if instance is not None else uuid  # MIG: the instance
         if rejection is not None:
             rejections.append(rejection)
+            if device:
+                gpus[device].rejected = True
             continue
         assert value is not None
         pod = _pod_of(point, mapping, renamed)
+        if pod is None and mapping.level is not Level.DEVICE:  # nobody to attribute it to
+            rejections.append(Rejection("no_pod", f"no pod label: {_describe(point)}"))
+            continue
         if mapping.level is Level.APP:
             if pod is not None:
-                app[(pod.namespace, pod.pod)][mapping.quantity] = value
+                own = app[(pod.namespace, pod.pod)]
+                if mapping.quantity is Quantity.PREEMPTIONS:  # a counter per engine: the sum
+                    own[mapping.quantity] = own.get(mapping.quantity, 0.0) + value
+                else:
+                    own[mapping.quantity] = value
             continue
-        uuid = _role(point.labels, mapping.roles.gpu_uuid)
-        if not uuid:
+        if not device:
             rejections.append(Rejection("no_gpu", f"no GPU UUID label: {_describe(point)}"))
             continue
-        gpu = gpus[uuid]
+        gpu = gpus[device]
         gpu.node = gpu.node or _role(point.labels, mapping.roles.node)
         gpu.model = gpu.model or gpu_model_name(_role(point.labels, mapping.roles.model))
+        if instance is not None:
+            gpu.profile = instance.profile
+            if mapping.quantity is Quantity.COMPUTE:
+                share = compute_share(instance.profile, gpu.model)
+                if share is None:
+                    rejections.append(
+                        Rejection("unknown_mig_profile", f"MIG profile unknown: {_describe(point)}")
+                    )
+                    gpu.rejected = True
+                    continue
+                value *= share  # the instance's ratio as a share of the whole card
         if mapping.level is Level.DEVICE:
             rank = priority[mapping]
             held = gpu.device.get(mapping.quantity)
@@ -205,25 +244,34 @@ def _with_signals(obs: Observation, signals: dict[Quantity, float] | None) -> Ob
         obs,
         kv_cache_usage=signals.get(Quantity.KV_CACHE),
         waiting_requests=int(waiting) if waiting is not None else None,
+        preemptions_total=signals.get(Quantity.PREEMPTIONS),
     )
 
 
-def _device_total(uuid: str, gpu: _Gpu, inventory: GpuInventory) -> int | None:
+def _device_total(uuid: str, gpu: _Gpu, inventory: GpuInventory) -> tuple[int | None, bool]:
+    """The device's memory and whether it is measured (False: a MIG profile's nominal size).
+
+    dcgm-exporter: FB_TOTAL when exported, else used + free + reserved (the driver's reserve
+    is part of the card; without FB_RESERVED, older exporters, used + free)."""
     used = gpu.device.get(Quantity.MEMORY_USED)
     free = gpu.device.get(Quantity.MEMORY_FREE)
     total = gpu.device.get(Quantity.MEMORY_TOTAL)
     if total is not None:
-        return int(total[1])
+        return int(total[1]), True
     if used is not None and free is not None:
-        both = used[1] + free[1]
-        return int(both) if math.isfinite(both) else None  # two huge numbers: no total
-    return inventory.device_memory_bytes.get(uuid) or inventory.default_device_memory_bytes
+        reserved = gpu.device.get(Quantity.MEMORY_RESERVED)
+        summed = used[1] + free[1] + (reserved[1] if reserved is not None else 0.0)
+        return (int(summed) if math.isfinite(summed) else None), True  # huge numbers: none
+    if gpu.profile and (nominal := profile_memory_bytes(gpu.profile)) is not None:
+        return nominal, False
+    known = inventory.device_memory_bytes.get(uuid) or inventory.default_device_memory_bytes
+    return known, True
 
 
 def _split_gpu(
     uuid: str, gpu: _Gpu, inventory: GpuInventory, timestamp: float, rejections: list[Rejection]
 ) -> list[Observation]:
-    total = _device_total(uuid, gpu, inventory)
+    total, measured = _device_total(uuid, gpu, inventory)
     allocated = inventory.fractions.get(uuid, {})
     # Pods seen in the series, plus pods the inventory places on this GPU that no series
     # names (dcgm without virtual GPUs labels one sharing pod or none).
@@ -234,8 +282,11 @@ def _split_gpu(
     )
     if not pods:
         return []
+    # A rejected point of this device is counted already; a missing total or number that
+    # follows from it is not counted again.
+    follow_ups: list[Rejection] = [] if gpu.rejected else rejections
     if total is None:
-        rejections.append(
+        follow_ups.append(
             Rejection(
                 "unknown_device_memory",
                 f"GPU {uuid}: device memory unknown (no FB_FREE, no inventory, no default)",
@@ -251,7 +302,7 @@ def _split_gpu(
         memory = values[Quantity.MEMORY_USED].get(pod)
         if compute is None or memory is None:
             missing = "compute" if compute is None else "memory"
-            rejections.append(
+            follow_ups.append(
                 Rejection(
                     "incomplete",
                     f"GPU {uuid} pod {pod.namespace}/{pod.pod}: no "
@@ -268,15 +319,15 @@ def _split_gpu(
                 compute=min(compute[0], 1.0),
                 memory_used_bytes=int(memory[0]),
                 memory_total_bytes=total,
-                exact=compute[1] and memory[1],
-                gpu_model=gpu.model,
+                exact=compute[1] and memory[1] and measured,
+                gpu_model=f"{gpu.model} MIG {gpu.profile}"[:128] if gpu.profile else gpu.model,
             )
         )
     return out
 
 
 def _per_pod(
-    quantity: Quantity, pods: list[PodKey], gpu: _Gpu, allocated: dict[PodKey, float]
+    quantity: Quantity, pods: list[PodKey], gpu: _Gpu, allocated: dict[PodKey, float | None]
 ) -> dict[PodKey, tuple[float, bool]]:
     """Each pod's value and whether it is exact: its own number when it has one; otherwise
     its share (by allocated fraction, equal when unknown) of what the device number leaves
@@ -305,7 +356,7 @@ def _per_pod(
     return result
 
 
-def _fraction_of(pod: PodKey, allocated: dict[PodKey, float]) -> float | None:
+def _fraction_of(pod: PodKey, allocated: dict[PodKey, float | None]) -> float | None:
     if pod in allocated:
         return allocated[pod]
     for key, fraction in allocated.items():  # inventory keys may lack the container

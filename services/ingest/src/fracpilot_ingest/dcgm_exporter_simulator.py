@@ -3,7 +3,7 @@ sources): ``/metrics`` in dcgm-exporter's format for the demo's inference worklo
 
 It follows the allocations bucket, where the actuator (with its simulated cluster) records
 which pod of each workload runs on which GPU of which node, and serves, for every placed pod,
-the usage the demo's workload simulator (:mod:`fracpilot_ingest.simulator`) gives at the
+the usage the demo's workload simulator (:mod:`fracpilot_libs.simulation.workloads`) gives at the
 simulated time. So the loop closes as in a cluster: Prometheus scrapes this, ingest reads it
 from Prometheus, decision sizes the workload, the actuator resizes or moves its pod, and the
 next scrape shows the pod where the actuator put it.
@@ -33,13 +33,14 @@ from datetime import UTC, datetime, timedelta
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
-from pydantic import Field
+from pydantic import BaseModel, Field
 
-from fracpilot_ingest.simulator import SimulatedWorkload, demo_workloads, usage_at
+from fracpilot_ingest.settings import SimulatorSettings
 from fracpilot_libs import subjects
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import Allocation
 from fracpilot_libs.runtime import ServiceRuntime
+from fracpilot_libs.simulation.workloads import SimulatedWorkload, demo_workloads, usage_at
 from fracpilot_libs.telemetry import TelemetryServer
 
 log = logging.getLogger(__name__)
@@ -55,19 +56,25 @@ HELP = {
 }
 
 
-class DcgmSimulatorSettings(ServiceSettings):
-    exporter_host: str = Field(default="127.0.0.1", description="where /metrics is served")
-    exporter_port: int = Field(default=9400, ge=0, le=65535, description="dcgm-exporter's port")
-    sim_start: datetime = Field(
+class ExporterSettings(BaseModel):
+    """FRACPILOT_EXPORTER_*: where /metrics is served."""
+
+    host: str = Field(default="127.0.0.1", description="where /metrics is served")
+    port: int = Field(default=9400, ge=0, le=65535, description="dcgm-exporter's port")
+
+
+class ExporterSimulationSettings(SimulatorSettings):
+    """FRACPILOT_SIM_*, as the exporter reads them (its clock starts at noon)."""
+
+    start: datetime = Field(
         default=datetime(2026, 3, 2, 12, tzinfo=UTC),
         description="simulated time when the simulator starts",
     )
-    sim_speed: float = Field(
-        default=720.0, gt=0, description="simulated seconds per real second (720: a day in 2 min)"
-    )
-    sim_workloads: int = Field(default=8, ge=1, le=8)
-    sim_namespace: str = "inference"
-    sim_cluster: str = "demo"
+
+
+class DcgmSimulatorSettings(ServiceSettings):
+    exporter: ExporterSettings = Field(default_factory=ExporterSettings)
+    sim: ExporterSimulationSettings = Field(default_factory=ExporterSimulationSettings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,11 +199,10 @@ class DcgmExporterSimulator:
     def __init__(self, settings: DcgmSimulatorSettings) -> None:
         self.settings = settings
         self.runtime = ServiceRuntime(SERVICE, settings)
-        self.workloads = demo_workloads(settings.sim_namespace, settings.sim_cluster)[
-            : settings.sim_workloads
-        ]
+        sim = settings.sim
+        self.workloads = demo_workloads(sim.namespace, sim.cluster)[: sim.workloads]
         self.allocations: dict[str, Allocation] = {}
-        self.clock = SimulatedClock(settings.sim_start, settings.sim_speed)
+        self.clock = SimulatedClock(sim.start, sim.speed)
         registry = CollectorRegistry()
         registry.register(_Collector(self))
         self.exporter = TelemetryServer(registry, self.runtime.health)
@@ -216,15 +222,15 @@ class DcgmExporterSimulator:
             subjects.ALLOCATION_BUCKET, Allocation, self._on_allocation
         )
         await asyncio.wait_for(initial.wait(), timeout=30)
-        await self.exporter.start(self.settings.exporter_host, self.settings.exporter_port)
+        await self.exporter.start(self.settings.exporter.host, self.settings.exporter.port)
         log.info(
             "dcgm-exporter simulator serving /metrics",
             extra={
-                "host": self.settings.exporter_host,
+                "host": self.settings.exporter.host,
                 "port": self.exporter.port,
                 "placed_pods": len(self.allocations),
-                "sim_start": self.settings.sim_start.isoformat(),
-                "sim_speed": self.settings.sim_speed,
+                "sim_start": self.settings.sim.start.isoformat(),
+                "sim_speed": self.settings.sim.speed,
             },
         )
 

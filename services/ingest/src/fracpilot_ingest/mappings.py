@@ -9,6 +9,7 @@ vGPUmonitor in the v2.9+ and legacy names, vLLM).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -18,10 +19,12 @@ from pydantic import BaseModel, ConfigDict, Field
 class Quantity(StrEnum):
     COMPUTE = "compute"  # share of the GPU's compute, 0..1 after scaling
     MEMORY_USED = "memory_used"  # bytes after scaling
-    MEMORY_FREE = "memory_free"  # bytes after scaling (device total = used + free)
+    MEMORY_FREE = "memory_free"  # bytes after scaling (device total = used + free + reserved)
+    MEMORY_RESERVED = "memory_reserved"  # bytes after scaling (the driver's, never a pod's)
     MEMORY_TOTAL = "memory_total"  # bytes after scaling
     KV_CACHE = "kv_cache"  # application signal, 0..1
     WAITING = "waiting"  # application signal, requests
+    PREEMPTIONS = "preemptions"  # application counter: a rise is a contention event
 
 
 class Level(StrEnum):
@@ -139,6 +142,25 @@ DCGM = (
         family="dcgm",
         excludes_labels=("pod_uid",),
     ),
+    # Exported by default since 4.3.1-4.4.0: without it used + free is short by the driver's reserve
+    # (447 MiB of a T4's 15360). FB_TOTAL is not in the default counters but is used when a
+    # counters file adds it.
+    MetricMapping(
+        metric="DCGM_FI_DEV_FB_RESERVED",
+        quantity=Quantity.MEMORY_RESERVED,
+        level=Level.DEVICE,
+        scale=MIB,
+        family="dcgm",
+        excludes_labels=("pod_uid",),
+    ),
+    MetricMapping(
+        metric="DCGM_FI_DEV_FB_TOTAL",
+        quantity=Quantity.MEMORY_TOTAL,
+        level=Level.DEVICE,
+        scale=MIB,
+        family="dcgm",
+        excludes_labels=("pod_uid",),
+    ),
 )
 DCGM_PROCESS = (
     MetricMapping(
@@ -186,6 +208,15 @@ HAMI = (
         level=Level.CONTAINER,
         family="hami",
     ),
+    # HAMi's scheduler (``:9395``, scraped by HAMi's chart's ServiceMonitor like vGPUmonitor):
+    # each GPU's registered memory in bytes, the only device total HAMi exports (NVML memory
+    # times ``deviceMemoryScaling``: above the card when HAMi oversubscribes).
+    MetricMapping(
+        metric="hami_gpu_memory_limit_bytes",
+        quantity=Quantity.MEMORY_TOTAL,
+        level=Level.DEVICE,
+        family="hami",
+    ),
 )
 # HAMi up to v2.8 (and v2.9+ with --legacy-metrics): the same series under older names.
 HAMI_LEGACY = (
@@ -215,6 +246,12 @@ HAMI_LEGACY = (
         level=Level.CONTAINER,
         family="hami-legacy",
     ),
+    MetricMapping(
+        metric="GPUDeviceMemoryLimit",
+        quantity=Quantity.MEMORY_TOTAL,
+        level=Level.DEVICE,
+        family="hami-legacy",
+    ),
 )
 # vLLM's own metrics: application signals, per pod.
 VLLM = (
@@ -233,6 +270,13 @@ VLLM = (
     MetricMapping(
         metric="vllm:num_requests_waiting",
         quantity=Quantity.WAITING,
+        level=Level.APP,
+        family="vllm",
+    ),
+    # A counter (``model_name``, V1 ``engine``): requests preempted for want of KV-cache room.
+    MetricMapping(
+        metric="vllm:num_preemptions_total",
+        quantity=Quantity.PREEMPTIONS,
         level=Level.APP,
         family="vllm",
     ),
@@ -268,7 +312,15 @@ class MappingTable:
         return tuple(dict.fromkeys(r.metric for r in self.rows))
 
     def match(self, metric: str, labels: dict[str, str]) -> MetricMapping | None:
-        for row in self.rows:
-            if row.metric == metric and row.selects(labels):
+        for row in self._by_metric.get(metric, ()):
+            if row.selects(labels):
                 return row
         return None
+
+    @functools.cached_property
+    def _by_metric(self) -> dict[str, tuple[MetricMapping, ...]]:
+        """The rows of each metric name, in table order (``match`` runs once per point)."""
+        by_metric: dict[str, list[MetricMapping]] = {}
+        for row in self.rows:
+            by_metric.setdefault(row.metric, []).append(row)
+        return {metric: tuple(rows) for metric, rows in by_metric.items()}

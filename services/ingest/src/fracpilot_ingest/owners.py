@@ -1,20 +1,27 @@
 """Which workload a pod belongs to: decisions are per workload, not per pod.
 
 The Kubernetes resolver follows owner references (Pod -> ReplicaSet -> Deployment, Pod ->
-StatefulSet, Pod -> Job -> CronJob) from a cache kept current by watches. Without API access,
-the pod-name resolver reads the controllers' naming conventions and says so in the
-workload's kind when it has to guess (``Pod``).
+StatefulSet, Pod -> Job -> CronJob) from informers (:mod:`fracpilot_libs.kube.informer`: list
+and watch on the event loop, a pod not cached yet read once, a miss remembered; the pods
+cache also keeps what :mod:`fracpilot_ingest.pod_facts` reads). Without API access, the
+pod-name resolver reads the controllers' naming conventions and says so in the workload's
+kind when it has to guess (``Pod``).
 """
 
 from __future__ import annotations
 
 import logging
 import re
-import threading
+from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
+from fracpilot_ingest.node_facts import node_projection
+from fracpilot_ingest.pod_facts import pod_projection
 from fracpilot_libs.contracts import WorkloadRef
-from fracpilot_libs.owners import INTERMEDIATE_KINDS, Controller, OwnerKey, top_owner
+from fracpilot_libs.kube.client import make_api_client
+from fracpilot_libs.kube.informer import Informer
+from fracpilot_libs.kube.store import metadata_only
+from fracpilot_libs.owners import Controller, OwnerKey, controller_of, top_owner
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +34,7 @@ _STATEFUL_POD = re.compile(r"^(?P<name>.+)-(?P<ordinal>\d+)$")
 
 
 class OwnerResolver(Protocol):
-    def resolve(self, namespace: str, pod: str) -> WorkloadRef: ...
+    async def resolve(self, namespace: str, pod: str) -> WorkloadRef: ...
 
 
 class PodNameOwners:
@@ -36,7 +43,7 @@ class PodNameOwners:
     def __init__(self, cluster: str) -> None:
         self.cluster = cluster
 
-    def resolve(self, namespace: str, pod: str) -> WorkloadRef:
+    async def resolve(self, namespace: str, pod: str) -> WorkloadRef:
         return owner_from_pod_name(self.cluster, namespace, pod)
 
 
@@ -53,123 +60,139 @@ def owner_from_pod_name(cluster: str, namespace: str, pod: str) -> WorkloadRef:
 # --- the Kubernetes resolver ------------------------------------------------------------------
 
 
-def controller_of(metadata: Any) -> Controller | None:
-    """The controller owner reference of an object's metadata, if any."""
-    for ref in metadata.owner_references or ():
-        if ref.controller:
-            return str(ref.kind), str(ref.name)
-    return None
+class _Parents(Mapping[OwnerKey, Controller]):
+    """The controllers of cached ReplicaSets and Jobs, as :func:`top_owner` reads them."""
+
+    def __init__(self, by_kind: Mapping[str, Informer]) -> None:
+        self._by_kind = by_kind
+
+    def __getitem__(self, key: OwnerKey) -> Controller:
+        namespace, kind, name = key
+        informer = self._by_kind.get(kind)
+        obj = informer.get((namespace, name)) if informer is not None else None
+        parent = controller_of(obj) if obj is not None else None
+        if parent is None:
+            raise KeyError(key)
+        return parent
+
+    def __iter__(self) -> Iterator[OwnerKey]:
+        for kind, informer in self._by_kind.items():
+            for (namespace, name), obj in informer.store.items():
+                if controller_of(obj) is not None:
+                    yield namespace, kind, name
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 class KubernetesOwners:
-    """Owners from the Kubernetes API, cached and kept current by watches.
+    """Owners from the Kubernetes API: pods, ReplicaSets and Jobs kept by informers.
 
-    Three watches (pods, ReplicaSets, Jobs) run in daemon threads with the blocking client; a
-    pod not in the cache yet (it appeared since the last event) is read once directly. Needs
-    ``get``/``list``/``watch`` on pods, replicasets and jobs.
+    A pod not in the cache yet (it appeared since the last event) is read once directly,
+    within ``lookup_timeout_s``; one that is not there is remembered for ``miss_ttl_s`` and
+    named by the conventions meanwhile. Needs ``get``/``list``/``watch`` on pods, replicasets
+    and jobs. Start and resolve on the event loop.
     """
 
-    def __init__(self, api: Any, cluster: str, resync_s: int = 300) -> None:
+    def __init__(
+        self,
+        api: Any,
+        cluster: str,
+        resync_s: int = 300,
+        *,
+        page_size: int = 500,
+        lookup_timeout_s: float = 5.0,
+        miss_ttl_s: float = 60.0,
+        nodes: bool = False,
+    ) -> None:
         from kubernetes import client
 
         self.cluster = cluster
-        self._core = client.CoreV1Api(api)
-        self._apps = client.AppsV1Api(api)
-        self._batch = client.BatchV1Api(api)
-        self._resync_s = resync_s
-        self._pods: dict[tuple[str, str], Controller | None] = {}
-        self._parents: dict[OwnerKey, Controller] = {}
-        self._stop = threading.Event()
-        self._synced = {name: threading.Event() for name in ("pods", "replicasets", "jobs")}
-        self.misses = 0
+        core, apps, batch = client.CoreV1Api(api), client.AppsV1Api(api), client.BatchV1Api(api)
+
+        def informer(name: str, lister: Any, reader: Any, project: Any = metadata_only) -> Informer:
+            return Informer(
+                name,
+                lister,
+                reader=reader,
+                project=project,
+                page_size=page_size,
+                resync_s=resync_s,
+                lookup_timeout_s=lookup_timeout_s,
+                miss_ttl_s=miss_ttl_s,
+                log_as="owner",
+            )
+
+        # Pods keep a little more than their owners: KAI's GPU groups, OOM kills (pod_facts).
+        self.pods = informer(
+            "pods", core.list_pod_for_all_namespaces, core.read_namespaced_pod, pod_projection
+        )
+        self.replicasets = informer(
+            "replicasets",
+            apps.list_replica_set_for_all_namespaces,
+            apps.read_namespaced_replica_set,
+        )
+        self.jobs = informer("jobs", batch.list_job_for_all_namespaces, batch.read_namespaced_job)
+        # Nodes only when asked (HAMi's register annotation; needs get/list/watch on nodes).
+        self.nodes = (
+            Informer(
+                "nodes",
+                core.list_node,
+                project=node_projection,
+                page_size=page_size,
+                resync_s=resync_s,
+                log_as="node",
+            )
+            if nodes
+            else None
+        )
+        self._by_kind = {"ReplicaSet": self.replicasets, "Job": self.jobs}
+        self._parents = _Parents(self._by_kind)
+
+    @property
+    def informers(self) -> tuple[Informer, ...]:
+        extra = (self.nodes,) if self.nodes is not None else ()
+        return self.pods, self.replicasets, self.jobs, *extra
+
+    @property
+    def misses(self) -> int:
+        """Pods read from the API because they were not in the cache."""
+        return self.pods.lookups
 
     def start(self) -> None:
-        for name, lister, on_event in (
-            ("pods", self._core.list_pod_for_all_namespaces, self._on_pod),
-            ("replicasets", self._apps.list_replica_set_for_all_namespaces, self._on_parent),
-            ("jobs", self._batch.list_job_for_all_namespaces, self._on_parent),
-        ):
-            threading.Thread(
-                target=self._watch,
-                args=(name, lister, on_event),
-                name=f"owners-{name}",
-                daemon=True,
-            ).start()
+        for informer in self.informers:
+            informer.start()
 
-    def wait_synced(self, timeout_s: float = 30.0) -> bool:
-        return all(event.wait(timeout_s) for event in self._synced.values())
+    async def wait_synced(self, timeout_s: float = 30.0) -> bool:
+        return all([await i.wait_synced(timeout_s) for i in self.informers])
 
     def stop(self) -> None:
-        self._stop.set()
+        for informer in self.informers:
+            informer.stop()
 
-    def resolve(self, namespace: str, pod: str) -> WorkloadRef:
-        key = (namespace, pod)
-        if key not in self._pods:
-            self.misses += 1
-            try:
-                obj = self._core.read_namespaced_pod(pod, namespace)
-                self._pods[key] = controller_of(obj.metadata)
-            except Exception:  # not there (any more) or API trouble: name conventions
-                return owner_from_pod_name(self.cluster, namespace, pod)
-        kind, name = top_owner(namespace, self._pods[key], self._parents, pod)
-        if kind in INTERMEDIATE_KINDS and (namespace, kind, name) not in self._parents:
-            self._read_parent(namespace, kind, name)
-            kind, name = top_owner(namespace, self._pods[key], self._parents, pod)
+    async def resolve(self, namespace: str, pod: str) -> WorkloadRef:
+        obj = await self.pods.get_or_read((namespace, pod))
+        if obj is None:  # not there (any more) or API trouble: name conventions
+            return owner_from_pod_name(self.cluster, namespace, pod)
+        direct = controller_of(obj)
+        kind, name = top_owner(namespace, direct, self._parents, pod)
+        # Stopped at a ReplicaSet or Job: one not cached yet is read once (a cached one has
+        # no controller of its own, and reading it costs nothing).
+        parents = self._by_kind.get(kind)
+        if parents is not None and await parents.get_or_read((namespace, name)) is not None:
+            kind, name = top_owner(namespace, direct, self._parents, pod)
         return WorkloadRef(
             cluster=self.cluster, namespace=namespace, owner_kind=kind, owner_name=name
         )
 
-    def _read_parent(self, namespace: str, kind: str, name: str) -> None:
-        try:
-            obj = (
-                self._apps.read_namespaced_replica_set(name, namespace)
-                if kind == "ReplicaSet"
-                else self._batch.read_namespaced_job(name, namespace)
-            )
-        except Exception:
-            return
-        self._on_parent("ADDED", obj)
 
-    def _on_pod(self, event: str, obj: Any) -> None:
-        key = (obj.metadata.namespace, obj.metadata.name)
-        if event == "DELETED":
-            self._pods.pop(key, None)
-        else:
-            self._pods[key] = controller_of(obj.metadata)
-
-    def _on_parent(self, event: str, obj: Any) -> None:
-        key = (obj.metadata.namespace, str(obj.kind or _kind_of(obj)), obj.metadata.name)
-        parent = controller_of(obj.metadata)
-        if event == "DELETED" or parent is None:
-            self._parents.pop(key, None)
-        else:
-            self._parents[key] = parent
-
-    def _watch(self, name: str, lister: Any, on_event: Any) -> None:
-        from kubernetes import watch
-
-        while not self._stop.is_set():
-            try:
-                listing = lister()
-                for item in listing.items:
-                    on_event("ADDED", item)
-                self._synced[name].set()
-                stream = watch.Watch().stream(  # type: ignore[no-untyped-call]
-                    lister,
-                    resource_version=listing.metadata.resource_version,
-                    timeout_seconds=self._resync_s,
-                )
-                for event in stream:
-                    if self._stop.is_set():
-                        return
-                    on_event(event["type"], event["object"])
-            except Exception as exc:  # expired resourceVersion, API down: list again
-                log.warning(
-                    "owner watch restarting", extra={"watch": name, "error": str(exc)[:200]}
-                )
-                self._stop.wait(1.0)
-
-
-def _kind_of(obj: Any) -> str:
-    """Items of a list carry no ``kind``; the client's class name says it (V1ReplicaSet)."""
-    return type(obj).__name__.removeprefix("V1")
+def make_owners(
+    kind: str, cluster: str, kubeconfig: str | None = None, *, nodes: bool = False
+) -> OwnerResolver:
+    """``FRACPILOT_OWNERS``: ``pod-name`` (conventions) or ``kubernetes`` (informers; with
+    ``nodes``, HAMi's node register too)."""
+    if kind == "kubernetes":
+        return KubernetesOwners(make_api_client(kubeconfig), cluster, nodes=nodes)
+    if kind == "pod-name":
+        return PodNameOwners(cluster)
+    raise ValueError(f"unknown owners resolver {kind!r}")

@@ -14,8 +14,8 @@ from datetime import UTC, datetime
 from pydantic import ValidationError
 
 from fracpilot_ingest.attribution import Observation, Rejection
-from fracpilot_libs.bus import describe_validation_error
 from fracpilot_libs.contracts import AppSignals, Attribution, UsageSample, WorkloadRef
+from fracpilot_libs.validation import describe_validation_error
 
 
 @dataclass
@@ -73,9 +73,17 @@ def to_sample(
             f"{where}: {obs.memory_used_bytes} B used of {obs.memory_total_bytes} B",
         )
     signals = None
-    if obs.kv_cache_usage is not None or obs.waiting_requests is not None:
+    if (
+        obs.kv_cache_usage is not None
+        or obs.waiting_requests is not None
+        or obs.oom_event
+        or obs.contention_event
+    ):
         signals = AppSignals(
-            kv_cache_usage=obs.kv_cache_usage, waiting_requests=obs.waiting_requests
+            kv_cache_usage=obs.kv_cache_usage,
+            waiting_requests=obs.waiting_requests,
+            oom_event=obs.oom_event,
+            contention_event=obs.contention_event,
         )
     try:
         sample = UsageSample(

@@ -1,9 +1,21 @@
 """The Kubernetes backend: KAI Scheduler (annotations) and HAMi (limits) GPU shares.
 
-- :mod:`.inventory` (pure): Node and Pod objects -> the planner's ``ClusterState``, each pod's
-  GPU share and owner, and the problems found on the way (a bad annotation names its pod);
-- :mod:`.api` (I/O): the few Kubernetes API calls the backend makes, each awaitable;
-- :mod:`.backend` (I/O): reads the inventory, checks the guardrails, plans, and executes the
-  plan: annotation patch (KAI in place), eviction (recreate), placeholder pod (scale-up),
-  with a Kubernetes Event on the pod for each action and the workload's target in NATS KV.
+Pure:
+- :mod:`.object_values`: the names on Kubernetes objects and the parsing of their values;
+- :mod:`.inventory`: Node and Pod objects -> the planner's ``ClusterState``, each pod's GPU
+  share and owner, and the problems found on the way (a bad annotation names its pod);
+- :mod:`.judge`: one decision and the cluster -> a plan or a skip (opt-out, validity, the
+  guardrails, dry-run, resume);
+- :mod:`.placeholders`: the scale-up placeholder pods; :mod:`.errors`: API failures as types;
+  :mod:`.settings`: the backend's settings.
+
+I/O:
+- :mod:`.api`: the few Kubernetes API calls the backend makes, each awaitable; client failures
+  become :mod:`.errors` types here;
+- :mod:`.cache`: nodes, pods, ReplicaSets and Jobs kept current by watches;
+- :mod:`.reader`: the cluster as one decision sees it (cache or lists);
+- :mod:`.executor`: the steps carried out (annotation patch, eviction, placeholder pod,
+  template patch), each with a Kubernetes Event on the pod;
+- :mod:`.backend`: read, judge, execute; the target, disruption and allocation stores
+  (:mod:`fracpilot_actuator.ports`); :mod:`.scale_ups`: scale-ups waiting for capacity.
 """

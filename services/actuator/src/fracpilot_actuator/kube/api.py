@@ -30,6 +30,11 @@ jittered, doubling wait, a bounded number of times, then the error is raised. A 
 safe to repeat (patches set values, creates answer 409 when the object exists, deletes and
 reads are idempotent); an eviction is retried by the backend, which first checks whether an
 unanswered one took effect (:meth:`KubeApi.pod_is_going`), so a pod is never evicted twice.
+
+Errors: every client failure leaves this module as a :class:`~fracpilot_actuator.kube.errors.
+TransientKubeError` (no answer, 429, 5xx) or :class:`~fracpilot_actuator.kube.errors.
+PermanentKubeError` (other statuses), with the HTTP status and the server's message; the
+predicates on raw client exceptions (:func:`transient`, :func:`unanswered`) are used here only.
 """  # noqa: E501
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+
+from fracpilot_actuator.kube.errors import KubeError, PermanentKubeError, TransientKubeError
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +90,25 @@ def unanswered(exc: BaseException) -> bool:
 def transient(exc: BaseException) -> bool:
     """Worth trying again: no answer, overloaded (429) or a server error (5xx)."""
     return unanswered(exc) or status_of(exc) in TRANSIENT_STATUSES
+
+
+def api_message(exc: BaseException) -> str:
+    """The server's message from an error's JSON body; the exception's text without one."""
+    body = getattr(exc, "body", None)
+    try:
+        return str(json.loads(body).get("message", "")) if body else str(exc)
+    except (ValueError, AttributeError):
+        return str(body)[:300]
+
+
+def wrapped(exc: BaseException) -> BaseException:
+    """A client failure as a :class:`KubeError` (transient or permanent); others unchanged."""
+    if isinstance(exc, KubeError):
+        return exc
+    if isinstance(exc, ApiException) or unanswered(exc):
+        kind = TransientKubeError if transient(exc) else PermanentKubeError
+        return kind(str(exc), status=status_of(exc), message=api_message(exc))
+    return exc
 
 
 def retry_after_s(exc: BaseException | None) -> float:
@@ -149,7 +175,19 @@ class KubeApi:
         reread: Callable[[], Awaitable[object]] | None = None,
     ) -> T:
         """One API call, tried again on transient failures; with ``reread``, a 409 conflict
-        reads the object again (``reread``) and retries as well."""
+        reads the object again (``reread``) and retries as well. A failure leaves as a
+        :class:`KubeError`."""
+        try:
+            return await self._retried(what, call, reread)
+        except Exception as exc:
+            raise wrapped(exc) from exc
+
+    async def _retried(
+        self,
+        what: str,
+        call: Callable[[], T],
+        reread: Callable[[], Awaitable[object]] | None,
+    ) -> T:
         conflicted = False
 
         def retryable(exc: BaseException) -> bool:
@@ -248,7 +286,7 @@ class KubeApi:
                     name, namespace, _preload_content=False, _request_timeout=self.timeout_s
                 ),
             )
-        except ApiException as exc:
+        except KubeError as exc:
             if exc.status == 404:
                 return None
             raise
@@ -301,11 +339,14 @@ class KubeApi:
             kind="Eviction",
             metadata=client.V1ObjectMeta(name=name, namespace=namespace),
         )
-        await _run(
-            lambda: self.core.create_namespaced_pod_eviction(
-                name, namespace, body, _request_timeout=self.timeout_s
+        try:
+            await _run(
+                lambda: self.core.create_namespaced_pod_eviction(
+                    name, namespace, body, _request_timeout=self.timeout_s
+                )
             )
-        )
+        except Exception as exc:
+            raise wrapped(exc) from exc
 
     async def read_pod_version(self, namespace: str, name: str) -> int | None:
         """A pod's resourceVersion now; None when it is gone."""
@@ -328,7 +369,7 @@ class KubeApi:
                     name, namespace, _request_timeout=self.timeout_s
                 ),
             )
-        except ApiException as exc:
+        except KubeError as exc:
             if exc.status == 404:
                 return None
             raise
@@ -354,7 +395,7 @@ class KubeApi:
                     name, namespace, grace_period_seconds=0, _request_timeout=self.timeout_s
                 ),
             )
-        except ApiException as exc:
+        except KubeError as exc:
             if exc.status != 404:
                 raise
 
@@ -366,7 +407,7 @@ class KubeApi:
                 lambda: self.scheduling.read_priority_class(name, _request_timeout=self.timeout_s),
             )
             return
-        except ApiException as exc:
+        except KubeError as exc:
             if exc.status != 404:
                 raise
         body = client.V1PriorityClass(
@@ -385,7 +426,7 @@ class KubeApi:
                     body, _request_timeout=self.timeout_s
                 ),
             )
-        except ApiException as exc:
+        except KubeError as exc:
             if exc.status != 409:
                 raise
 

@@ -1,4 +1,6 @@
-"""The ``prometheus`` source: range queries through prometheus-api-client.
+"""The ``prometheus`` source: range queries through prometheus-api-client, on an interval, from
+a cursor kept in NATS KV, so a restart or an outage of Prometheus is caught up (the missed
+range, once) and a first start back-fills.
 
 One query fetches every mapped metric (``{__name__=~"a|b|..."}``) over a time range at a fixed
 step; timestamps are aligned to the step so that a restart or a catch-up asks for exactly the
@@ -8,21 +10,29 @@ fetched in chunks that stay under Prometheus' 11,000 points per series.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import re
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from nats.js.errors import KeyNotFoundError
+from nats.js.kv import KeyValue
 from prometheus_api_client import PrometheusConnect
 from urllib3.util.retry import Retry
 
 from fracpilot_ingest.attribution import MetricPoint
+from fracpilot_ingest.settings import PrometheusSettings
+from fracpilot_ingest.sources.base import Reading, SourceContext
+from fracpilot_ingest.sources.http_auth import prometheus_session
 
 log = logging.getLogger(__name__)
 MAX_POINTS_PER_QUERY = 10_000
+CURSOR_KEY = "prometheus.cursor"
 
 
 def selector(metric_names: Sequence[str], matchers: str = "") -> str:
@@ -93,25 +103,33 @@ def points_by_instant(result: Any) -> dict[float, list[MetricPoint]]:
     return dict(instants)
 
 
-class PrometheusSource:
-    """Blocking client (requests underneath): call it from a worker thread."""
+class RangeQueryClient:
+    """Blocking client (requests underneath): call it from a worker thread.
+
+    TLS is verified (``ca_file`` or the system's CAs) unless ``verify_tls`` is off; a bearer
+    token file and extra headers are sent with every request (:mod:`.http_auth`)."""
 
     def __init__(
         self,
-        url: str,
+        settings: PrometheusSettings,
         metric_names: Sequence[str],
         step_s: float,
         timeout_s: float = 30.0,
-        matchers: str = "",
     ) -> None:
-        self.url = url
-        self.query = selector(metric_names, matchers)
+        self.url = settings.url
+        self.query = selector(metric_names, settings.matchers)
         self.step_s = step_s
         self.timeout_s = timeout_s
+        session, auth = prometheus_session(settings)
+        if not settings.verify_tls and settings.url.startswith("https:"):
+            log.warning("Prometheus' certificate is not verified", extra={"url": settings.url})
         # One quick retry: the polling loop itself retries on the next interval, from its
         # cursor, so a long client-side backoff would only delay noticing an outage.
         self._client = PrometheusConnect(
-            url=url, disable_ssl=True, retry=Retry(total=1, backoff_factor=0.1)
+            url=settings.url,
+            session=session,
+            auth=auth,  # any requests auth, despite its tuple hint
+            retry=Retry(total=1, backoff_factor=0.1),
         )
 
     def fetch(self, start: float, end: float) -> dict[float, list[MetricPoint]]:
@@ -127,3 +145,80 @@ class PrometheusSource:
             )
             merged.update(points_by_instant(result))
         return dict(sorted(merged.items()))
+
+
+class PrometheusSource:
+    """The source: one range query per interval, from the cursor to now (minus the delay)."""
+
+    name = "prometheus"
+
+    def __init__(
+        self,
+        settings: PrometheusSettings,
+        *,
+        interval_s: float,
+        backfill_s: float,
+        context: SourceContext,
+    ) -> None:
+        self.interval_s = interval_s
+        self.backfill_s = backfill_s
+        self.delay_s = settings.delay_s
+        self.context = context
+        self.client = RangeQueryClient(settings, context.metric_names, interval_s)
+        self.cursor = 0.0  # the last instant published
+        self._end = 0.0  # the last instant asked for
+        self._kv: KeyValue | None = None
+
+    async def open(self) -> None:
+        self._kv = await self.context.state()
+        cursor = await _read_cursor(self._kv)
+        if cursor is None:
+            cursor = aligned(time.time() - self.backfill_s, self.interval_s) - self.interval_s
+            log.info("first start: back-filling", extra={"seconds": self.backfill_s})
+        self.cursor = cursor
+
+    async def read(self) -> Reading:
+        step = self.interval_s
+        self._end = end = aligned(time.time() - self.delay_s, step)
+        if end <= self.cursor:
+            return Reading(step)
+        metrics = self.context.metrics
+        try:
+            with metrics.query_seconds.labels(self.name).time():
+                instants = await asyncio.to_thread(self.client.fetch, self.cursor + step, end)
+        except Exception as exc:  # Prometheus down or broken: keep the cursor
+            metrics.source_errors.labels(self.name).inc()
+            log.warning(
+                "prometheus query failed; will catch up",
+                extra={"error": str(exc)[:300], "since": self.cursor},
+            )
+            return Reading(step)
+        return Reading(step, instants=list(instants.values()), until=end)
+
+    async def published(self, reading: Reading) -> None:
+        if reading.until is None or self._kv is None:
+            return
+        end = reading.until
+        if end - self.cursor > 2 * self.interval_s:
+            log.info(
+                "caught up",
+                extra={"from": self.cursor, "to": end, "instants": len(reading.instants)},
+            )
+        self.cursor = end
+        await self._kv.put(CURSOR_KEY, f"{end:.3f}".encode())
+        self.context.published_series.forget_before(end - 2 * self.backfill_s - 3600)
+
+    def next_read_in(self) -> float:
+        return max(0.05, self._end + self.interval_s - time.time())
+
+
+async def _read_cursor(kv: KeyValue) -> float | None:
+    try:
+        entry = await kv.get(CURSOR_KEY)
+    except KeyNotFoundError:
+        return None
+    try:
+        return float((entry.value or b"").decode())
+    except ValueError:
+        log.error("ingest cursor is corrupt; back-filling again")
+        return None

@@ -7,6 +7,9 @@ step, so the two sources produce the same samples for the same exporter.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 import urllib.request
 from collections.abc import Sequence
 from urllib.parse import urlparse
@@ -14,7 +17,10 @@ from urllib.parse import urlparse
 from prometheus_client.parser import text_string_to_metric_families
 
 from fracpilot_ingest.attribution import MetricPoint
+from fracpilot_ingest.sources.base import Reading, SourceContext
 from fracpilot_ingest.sources.prometheus import aligned
+
+log = logging.getLogger(__name__)
 
 
 def parse_exposition(text: str, wanted: set[str], instance: str, at: float) -> list[MetricPoint]:
@@ -29,25 +35,60 @@ def parse_exposition(text: str, wanted: set[str], instance: str, at: float) -> l
     return points
 
 
+def scrape_targets(targets: str) -> list[str]:
+    """``FRACPILOT_SCRAPE_TARGETS``: comma-separated host:port or URLs."""
+    return [t.strip() for t in targets.split(",") if t.strip()]
+
+
 class ScrapeSource:
-    """Blocking HTTP (urllib): call it from a worker thread."""
+    """Every target once per interval; one target down never stops the others."""
+
+    name = "scrape"
 
     def __init__(
         self,
         targets: Sequence[str],
-        metric_names: Sequence[str],
-        step_s: float,
+        *,
+        interval_s: float,
+        context: SourceContext,
         timeout_s: float = 10.0,
     ) -> None:
         self.targets = list(targets)
-        self.wanted = set(metric_names)
-        self.step_s = step_s
+        self.wanted = set(context.metric_names)
+        self.step_s = interval_s
         self.timeout_s = timeout_s
+        self.context = context
+        self._now = 0.0
 
     def scrape(self, target: str, now: float) -> list[MetricPoint]:
-        """One target's points at ``now`` aligned to the step; raises OSError on failure."""
+        """One target's points at ``now`` aligned to the step; raises OSError on failure.
+
+        Blocking HTTP (urllib): call it from a worker thread.
+        """
         url = target if "://" in target else f"http://{target}/metrics"
         with urllib.request.urlopen(url, timeout=self.timeout_s) as response:
             text = response.read().decode("utf-8", errors="replace")
         instance = urlparse(url).netloc
         return parse_exposition(text, self.wanted, instance, aligned(now, self.step_s))
+
+    async def open(self) -> None:
+        return None
+
+    async def read(self) -> Reading:
+        self._now = now = time.time()
+        metrics = self.context.metrics
+        points: list[MetricPoint] = []
+        for target in self.targets:
+            try:
+                with metrics.query_seconds.labels(self.name).time():
+                    points.extend(await asyncio.to_thread(self.scrape, target, now))
+            except Exception as exc:  # one target down never stops the others
+                metrics.source_errors.labels(self.name).inc()
+                log.warning("scrape failed", extra={"target": target, "error": str(exc)[:300]})
+        return Reading(self.step_s, instants=[points] if points else ())
+
+    async def published(self, reading: Reading) -> None:
+        return None
+
+    def next_read_in(self) -> float:
+        return max(0.05, aligned(self._now, self.step_s) + self.step_s - time.time())

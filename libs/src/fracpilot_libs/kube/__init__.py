@@ -1,0 +1,1 @@
+"""Shared Kubernetes adapters: the client factory and the async informer layer."""

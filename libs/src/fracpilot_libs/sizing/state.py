@@ -1,0 +1,146 @@
+"""What the decision engine remembers of a workload, and its checkpoints.
+
+History per workload is bounded: compute lives in a decaying histogram of 1% buckets (as the
+VPA recommender keeps CPU), memory in per-slot peaks over the memory window, plus the last few
+samples for upsize confirmation. :func:`dump_state` and :func:`load_state` checkpoint it (the
+decision service keeps them in KV; ``fracpilot status`` reads them).
+"""
+
+from __future__ import annotations
+
+import json
+from array import array
+from dataclasses import dataclass, field
+from itertools import chain
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+BUCKETS = 101  # compute histogram: bucket i holds samples in ((i-1)%, i%]
+MEMORY_SLOTS = 24  # the memory window is kept as this many per-slot peaks
+
+
+def _empty_histogram() -> array[float]:
+    return array("d", bytes(8 * BUCKETS))
+
+
+_NO_SLOTS: array[float] = array("d")  # shared by every state without memory history (never
+# mutated: observe copies before it writes)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadState:
+    """What the engine remembers of one workload. Times are unix seconds.
+
+    About 2 KiB in memory once the memory window is full (``bench/decision_memory.py``):
+    numbers live in flat ``array('d')`` rather than tuples of boxed floats.
+    """
+
+    compute_weights: array[float] = field(default_factory=_empty_histogram)
+    compute_total: float = 0.0
+    compute_ref: float = 0.0  # reference time of the decaying weights
+    # Memory peaks per slot, flat: slot start, peak, slot start, peak..., oldest first.
+    memory_slots: array[float] = field(default_factory=lambda: _NO_SLOTS)
+    recent_compute: tuple[float, ...] = ()  # the last few compute samples, newest last
+    memory_over: int = 0  # consecutive samples with memory need above the fraction
+    first_seen: float | None = None
+    samples: int = 0
+    current_fraction: float | None = None  # as last observed or decided
+    decided_fraction: float | None = None  # the last fraction this engine asked for
+    decided_at: float | None = None
+    last_change_at: float | None = None
+    below_since: float | None = None  # when the need first fell a full step below
+    hold_until: float | None = None  # no downsize before this (after a signal)
+    # Where the last sample observed sits in its stream (set by the service, 0 elsewhere): a
+    # sample delivered again after a hand-over (at or before it) is not counted twice.
+    position: int = 0
+
+    @property
+    def memory_peaks(self) -> tuple[tuple[float, float], ...]:
+        """(slot start, peak) per memory slot, oldest first."""
+        slots = self.memory_slots
+        return tuple((slots[i], slots[i + 1]) for i in range(0, len(slots), 2))
+
+
+_FIELDS = WorkloadState.__slots__
+
+
+def evolve(state: WorkloadState, **changes: Any) -> WorkloadState:
+    """``dataclasses.replace`` without its generic overhead (this is the engine's hot path)."""
+    return WorkloadState(*[changes[f] if f in changes else getattr(state, f) for f in _FIELDS])
+
+
+_STATE_VERSION = 1
+
+
+def dump_state(state: WorkloadState) -> bytes:
+    """A compact JSON checkpoint of one workload's state (under 2 KiB)."""
+    body: dict[str, Any] = {}
+    for name in WorkloadState.__slots__:
+        if name == "memory_slots":
+            body["memory_peaks"] = state.memory_peaks
+        else:
+            body[name] = getattr(state, name)
+    # Exact floats (a rounded weight no longer sums to compute_total), trailing empties dropped.
+    weights = state.compute_weights
+    last = len(weights)
+    while last and weights[last - 1] == 0.0:
+        last -= 1
+    body["compute_weights"] = weights[:last].tolist()
+    body["v"] = _STATE_VERSION
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+class _Checkpoint(BaseModel):
+    """The checkpoint's shape, checked on load: a field missing or of the wrong type fails,
+    and so does NaN or an infinity (it would poison every later decision of the workload)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    v: Literal[1]
+    compute_weights: list[float] = Field(max_length=BUCKETS)
+    compute_total: float = Field(ge=0)
+    compute_ref: float
+    memory_peaks: list[tuple[float, float]] = Field(max_length=4 * MEMORY_SLOTS)
+    recent_compute: list[float] = Field(max_length=20)
+    memory_over: int = Field(ge=0)
+    first_seen: float | None
+    samples: int = Field(ge=0)
+    current_fraction: float | None
+    decided_fraction: float | None
+    decided_at: float | None
+    last_change_at: float | None
+    below_since: float | None
+    hold_until: float | None
+    position: int = Field(default=0, ge=0)  # absent from checkpoints written before it
+
+
+def load_state(data: bytes) -> WorkloadState:
+    """Restore a checkpoint written by :func:`dump_state`; raises ValueError if it is not one."""
+    try:
+        c = _Checkpoint.model_validate_json(data)
+    except ValidationError as exc:
+        raise ValueError(f"not a decision-engine checkpoint: {exc}") from exc
+    # Straight from the validated fields: a restore of 100,000 workloads (or a fleet's
+    # ``fracpilot status``) pays for every step here.
+    weights = _empty_histogram()
+    n = len(c.compute_weights)
+    weights[0:n] = array("d", c.compute_weights)
+    slots = array("d", chain.from_iterable(c.memory_peaks)) if c.memory_peaks else _NO_SLOTS
+    return WorkloadState(
+        compute_weights=weights,
+        compute_total=c.compute_total,
+        compute_ref=c.compute_ref,
+        memory_slots=slots,
+        recent_compute=tuple(c.recent_compute),
+        memory_over=c.memory_over,
+        first_seen=c.first_seen,
+        samples=c.samples,
+        current_fraction=c.current_fraction,
+        decided_fraction=c.decided_fraction,
+        decided_at=c.decided_at,
+        last_change_at=c.last_change_at,
+        below_since=c.below_since,
+        hold_until=c.hold_until,
+        position=c.position,
+    )

@@ -1,0 +1,55 @@
+"""What a cluster backend does with a decision: the :class:`ClusterBackend` protocol and its
+answer, :class:`Actuation`.
+
+A backend turns one decision into an :class:`Actuation` (the plan it chose, what happened,
+where the pod was and goes); the service claims the decision, calls the backend and
+publishes the ``ActuationResult``. A backend whose action finishes later (a scale-up waits
+for capacity) reports the end through the ``report`` callback it was given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from fracpilot_libs.contracts import FractionDecision, Outcome, PlanKind
+
+
+@dataclass(frozen=True)
+class Actuation:
+    plan: PlanKind
+    outcome: Outcome
+    detail: str
+    fraction_before: float | None = None
+    fraction_after: float | None = None  # the fraction the pods hold once this is done
+    node_before: str = ""
+    node_after: str = ""
+    gpu_before: str = ""
+    gpu_after: str = ""
+    error: str | None = None
+
+
+Report = Callable[[FractionDecision, Actuation], Awaitable[None]]
+"""Publishes an actuation that finished after ``actuate`` returned (a scale-up's eviction)."""
+
+
+class ClusterBackend(Protocol):
+    """Where decisions are carried out: the simulated cluster or a Kubernetes cluster."""
+
+    async def start(self) -> None: ...
+
+    async def actuate(
+        self, decision: FractionDecision, *, dry_run: str, now: datetime, resumed: bool = False
+    ) -> Actuation:
+        """Plan and act; with ``dry_run`` (why: "dry-run", "recommend mode") change nothing.
+
+        ``resumed``: an earlier attempt at this decision started and never finished (the
+        actuator stopped in the middle): finish what is left, never repeat what was done."""
+
+    async def reconcile(self, now: datetime) -> None:
+        """Carry on with actions that wait for something (capacity); called periodically."""
+
+    def close(self) -> None:
+        """Stop what runs in the background (watches); nothing to do for some backends."""

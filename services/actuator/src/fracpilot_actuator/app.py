@@ -1,0 +1,210 @@
+"""The one place that wires the actuator: settings in, a running service out.
+
+:class:`ActuatorService` builds the cluster backend named by ``FRACPILOT_BACKEND``
+(``simulated``: :mod:`fracpilot_actuator.simulated_backend`; ``kubernetes``:
+:mod:`fracpilot_actuator.kube.backend` on its NATS KV stores), the admission webhook (every
+replica, leader or not), leader election (backend=kubernetes: only the Lease holder acts) and
+the :class:`~fracpilot_actuator.decision_handler.DecisionHandler` that consumes the decisions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from nats.js.kv import KeyValue
+from opentelemetry.sdk.trace import SpanProcessor
+from prometheus_client import Counter
+
+from fracpilot_actuator.actuation import Actuation, ClusterBackend
+from fracpilot_actuator.decision_handler import DecisionHandler
+from fracpilot_actuator.kv_stores import KvAllocationStore, KvDisruptionHistory, KvTargetStore
+from fracpilot_actuator.leader_election import ElectionTiming
+from fracpilot_actuator.leader_elector import LeaderElector
+from fracpilot_actuator.lease_stores import KubernetesLeaseStore
+from fracpilot_actuator.metrics import ActuatorMetrics
+from fracpilot_actuator.settings import CLUSTER_KINDS, ActuatorSettings
+from fracpilot_actuator.simulated_backend import SimulatedBackend
+from fracpilot_actuator.simulated_cluster import SimulatedCluster, parse_seed_pods, seed_cluster
+from fracpilot_actuator.webhook import WebhookServer, start_webhook
+from fracpilot_libs import subjects
+from fracpilot_libs.contracts import FractionDecision
+from fracpilot_libs.runtime import ServiceRuntime
+
+log = logging.getLogger(__name__)
+SERVICE = "actuator"
+GIB = 1024**3
+
+
+class ActuatorService:
+    def __init__(
+        self,
+        settings: ActuatorSettings,
+        span_processor: SpanProcessor | None = None,
+        kube_api: Any = None,
+    ):
+        """``kube_api``: an authenticated kubernetes ``ApiClient`` (else from the settings)."""
+        if settings.backend not in CLUSTER_KINDS:
+            raise ValueError(
+                f"unknown backend {settings.backend!r}; known: {', '.join(CLUSTER_KINDS)}"
+            )
+        self.settings = settings
+        self.runtime = ServiceRuntime(SERVICE, settings, span_processor)
+        self.metrics = ActuatorMetrics(self.runtime.registry)
+        self.backend: ClusterBackend | None = None
+        self.cluster: SimulatedCluster | None = None
+        self.handler: DecisionHandler | None = None
+        self._kube_api = kube_api
+        self._tasks: list[asyncio.Task[None]] = []
+        self.webhook: WebhookServer | None = None
+        self.elector: LeaderElector | None = None
+
+    @property
+    def resumed(self) -> Counter:
+        """Decisions taken up again after an attempt that stopped before it finished."""
+        return self.metrics.resumed
+
+    async def start(self) -> None:
+        bus = self.runtime.bus
+        s = self.settings
+        if s.webhook.enabled:
+            self.webhook, _ = await start_webhook(
+                bus, self.runtime.registry, s.webhook, cluster=s.cluster
+            )
+        claims = await bus.kv(subjects.ACTUATOR_STATE_BUCKET)
+        if s.backend == "kubernetes":
+            backend = await self._kubernetes_backend(claims)
+        else:
+            backend = await self._simulated_backend(claims)
+        self.backend = backend
+        await backend.start()
+        if s.backend == "kubernetes" and s.leader_election:
+            self.elector = LeaderElector(
+                KubernetesLeaseStore(self._kube_api, s.namespace),
+                s.identity,
+                ElectionTiming(
+                    lease_duration_s=s.lease.duration_s,
+                    renew_deadline_s=s.lease.renew_deadline_s,
+                    renew_period_s=s.lease.renew_period_s,
+                    retry_period_s=s.lease.retry_period_s,
+                ),
+                registry=self.runtime.registry,
+                on_stopped_leading=self._lost_leadership,
+            )
+        self.handler = DecisionHandler(s, bus, claims, backend, self.metrics, self.elector)
+        if self.elector is not None:
+            await self.elector.start()
+            self._tasks.append(asyncio.create_task(self._act_once_leading(), name="standby"))
+        else:
+            await self._begin_acting()
+
+    async def _act_once_leading(self) -> None:
+        assert self.elector is not None
+        log.info("standing by for the lease", extra={"identity": self.elector.identity})
+        await self.elector.wait_for_leadership()
+        await self._begin_acting()
+
+    def _lost_leadership(self) -> None:
+        # As controller-runtime does: a replica that lost the lease exits, and comes back
+        # (restarted by its Deployment) as a standby. Nothing acts after this point: every
+        # action checks is_leader under the action lock.
+        log.error("lost the lease: stopping so that only the new leader acts")
+        self.runtime.stop_requested.set()
+
+    async def _begin_acting(self) -> None:
+        assert self.handler is not None
+        self._tasks.append(asyncio.create_task(self.handler.reconcile_loop(), name="reconcile"))
+        await self.runtime.bus.consume(
+            stream=subjects.DECISION_STREAM,
+            durable=subjects.ACTUATOR_CONSUMER,
+            filter_subject=f"{subjects.DECISION_PREFIX}.>",
+            model=FractionDecision,
+            handler=self.handler.on_decision,
+        )
+
+    async def _simulated_backend(self, claims: KeyValue) -> SimulatedBackend:
+        sim = self.settings.sim
+        cluster = self.cluster = SimulatedCluster(
+            claims,
+            await self.runtime.bus.kv(subjects.ALLOCATION_BUCKET),
+            sim.gpus_per_node,
+            sim.gpu_memory_gib * GIB,
+        )
+        seed = seed_cluster(
+            sim.nodes,
+            sim.gpus_per_node,
+            sim.gpu_memory_gib * GIB,
+            parse_seed_pods(sim.pods, sim.cluster),
+        )
+        return SimulatedBackend(cluster, lambda: cluster.load_or_seed(seed))
+
+    async def _kubernetes_backend(self, claims: KeyValue) -> ClusterBackend:
+        from fracpilot_actuator.kube.api import ApiRetry, KubeApi, api_client
+        from fracpilot_actuator.kube.backend import KubernetesBackend
+        from fracpilot_actuator.kube.settings import KubeBackendSettings
+
+        s = self.settings
+        settings = KubeBackendSettings(
+            cluster=s.cluster,
+            node_selector=s.gpu_node_selector,
+            default_gpu_memory_mib=s.default_gpu_memory_mib,
+            eviction=s.eviction,
+            capacity_timeout_s=s.capacity.timeout_s,
+            capacity_namespace=s.capacity.namespace or s.namespace,
+            placeholder_image=s.placeholder_image,
+            targets_via=s.targets_via,
+            inventory_cache=s.inventory_cache,
+            guardrails=s.guardrails,
+        )
+        if self._kube_api is None:
+            self._kube_api = await asyncio.to_thread(api_client, s.kubeconfig)
+        kube = s.kube
+        api = KubeApi(
+            self._kube_api,
+            timeout_s=kube.timeout_s,
+            retry=ApiRetry(kube.retry_attempts, kube.retry_backoff_s, kube.retry_backoff_max_s),
+            on_retry=self.metrics.track_kube_retries(),
+        )
+        bus = self.runtime.bus
+        return KubernetesBackend(
+            api,
+            KvTargetStore(await bus.kv(subjects.TARGET_BUCKET)),
+            settings,
+            report=self._report_finished,
+            allocations=KvAllocationStore(await bus.kv(subjects.ALLOCATION_BUCKET)),
+            history=KvDisruptionHistory(claims),
+        )
+
+    async def _report_finished(self, decision: FractionDecision, actuation: Actuation) -> None:
+        assert self.handler is not None
+        await self.handler.report(decision, actuation, "finished")
+
+    async def stop(self) -> None:
+        if self.webhook is not None:
+            await self.webhook.stop()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self.elector is not None:
+            lock = self.handler.lock if self.handler is not None else asyncio.Lock()
+            async with lock:  # the action in hand finishes before the lease is released
+                await self.elector.stop(release=True)
+        if self.backend is not None:
+            self.backend.close()  # the Kubernetes backend's watches
+
+    async def run(self) -> None:
+        await self.runtime.run(self.start, self.stop)
+
+
+def main() -> None:
+    from fracpilot_libs.telemetry import setup_logging
+
+    settings = ActuatorSettings()
+    setup_logging(SERVICE, settings.log_level)
+    asyncio.run(ActuatorService(settings).run())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""The actuator's decision handling: decisions into cluster changes, one at a time.
+
+For each decision it claims the decision id in KV before acting (so a redelivered or
+republished decision is applied at most once), hands it to the cluster backend (which plans
+with the pure planner and executes the plan), and publishes an ``ActuationResult`` saying
+what it did and why. Recommend-mode decisions and dry-run are recorded without changing
+anything. Backends (``FRACPILOT_BACKEND``): ``simulated`` (the demo's cluster in NATS KV) and
+``kubernetes`` (KAI Scheduler and HAMi pods through the API server, with guardrails:
+:mod:`fracpilot_actuator.kube.backend`). A scale-up that waits for capacity is carried on by
+a periodic check, which reports its end separately. :mod:`fracpilot_actuator.app` wires it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from nats.aio.msg import Msg
+from nats.js.errors import KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+
+from fracpilot_actuator.actuation import Actuation, ClusterBackend
+from fracpilot_actuator.leader_elector import LeaderElector
+from fracpilot_actuator.metrics import ActuatorMetrics
+from fracpilot_actuator.settings import ActuatorSettings
+from fracpilot_libs import subjects
+from fracpilot_libs.bus import Bus
+from fracpilot_libs.contracts import ActuationResult, FractionDecision, Mode, utcnow
+
+log = logging.getLogger(__name__)
+
+
+class NotLeaderError(RuntimeError):
+    """Raised for a decision fetched just before the lease was lost: it is redelivered."""
+
+
+class DecisionHandler:
+    """Claims, actuates and reports each decision; the reconcile loop for waiting actions.
+
+    ``elector``: None when every replica acts (no leader election)."""
+
+    def __init__(
+        self,
+        settings: ActuatorSettings,
+        bus: Bus,
+        claims: KeyValue,
+        backend: ClusterBackend,
+        metrics: ActuatorMetrics,
+        elector: LeaderElector | None = None,
+    ) -> None:
+        self.settings = settings
+        self.bus = bus
+        self.claims = claims
+        self.backend = backend
+        self.metrics = metrics
+        self.elector = elector
+        self.lock = asyncio.Lock()
+
+    async def reconcile_loop(self) -> None:
+        """Carry on with actions that wait (a scale-up waiting for capacity)."""
+        while True:
+            await asyncio.sleep(self.settings.capacity.poll_s)
+            try:
+                async with self.lock:
+                    await self.backend.reconcile(utcnow())
+            except Exception:
+                log.exception("reconcile failed")
+
+    async def on_decision(self, decision: FractionDecision, _msg: Msg) -> None:
+        async with self.lock:  # one decision at a time
+            if self.elector is not None and not self.elector.is_leader:
+                raise NotLeaderError("not the leader any more: the new leader will act")
+            await self._handle(decision)
+
+    async def _claim(self, decision: FractionDecision) -> str | None:
+        """Record the decision before acting; returns the earlier record if there is one."""
+        key = f"decision.{decision.decision_id}"
+        try:
+            await self.claims.create(key, b"started")
+            return None
+        except KeyWrongLastSequenceError:
+            entry = await self.claims.get(key)
+            return (entry.value or b"").decode()
+
+    async def _handle(self, decision: FractionDecision) -> None:
+        earlier = await self._claim(decision)
+        if earlier is not None and earlier.startswith("done"):
+            log.info(
+                "decision already handled",
+                extra={"decision_id": decision.decision_id, "record": earlier},
+            )
+            self.metrics.actions.labels("none", "duplicate").inc()
+            return
+        resumed = earlier is not None  # "started": an attempt stopped before it finished
+        if resumed:
+            log.warning(
+                "resuming a decision whose earlier attempt did not finish",
+                extra={"decision_id": decision.decision_id, "workload": decision.workload.key},
+            )
+            self.metrics.resumed.inc()
+        why = ""
+        if decision.mode is Mode.RECOMMEND:
+            why = "recommend mode"
+        elif self.settings.dry_run:
+            why = "dry-run"
+        actuation = await self.backend.actuate(decision, dry_run=why, now=utcnow(), resumed=resumed)
+        await self.claims.put(
+            f"decision.{decision.decision_id}", f"done:{actuation.outcome}".encode()
+        )
+        await self.report(decision, actuation)
+
+    async def report(
+        self, decision: FractionDecision, actuation: Actuation, stage: str = ""
+    ) -> None:
+        """Publish the result; a later stage of the same decision (``stage``) is its own message."""
+        a = actuation
+        result = ActuationResult(
+            decision_id=decision.decision_id,
+            workload=decision.workload,
+            plan=a.plan,
+            outcome=a.outcome,
+            fraction_before=a.fraction_before,
+            fraction_after=a.fraction_after,
+            node_before=a.node_before,
+            node_after=a.node_after,
+            gpu_before=a.gpu_before,
+            gpu_after=a.gpu_after,
+            detail=a.detail[:4000],
+            error=a.error[:4000] if a.error else None,
+            finished_at=utcnow(),
+        )
+        msg_id = f"{decision.decision_id}:result" + (f":{stage}" if stage else "")
+        await self.bus.publish(subjects.actuation_subject(decision.workload), result, msg_id)
+        self.metrics.actions.labels(a.plan.value, a.outcome.value).inc()
+        log.info(
+            "actuation",
+            extra={
+                "workload": decision.workload.display,
+                "plan": a.plan.value,
+                "outcome": a.outcome.value,
+                "decision_id": decision.decision_id,
+                "detail": a.detail,
+            },
+        )

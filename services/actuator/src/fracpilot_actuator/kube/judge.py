@@ -1,0 +1,274 @@
+"""The Kubernetes backend's judge: one decision and the cluster as it is -> a plan or a skip.
+
+Pure: no Kubernetes client, no NATS, no asyncio; time is an argument. :func:`judge` decides,
+in this order, what the executor (:mod:`fracpilot_actuator.kube.executor`) is to do:
+
+1. no running pod: skip;
+2. opt-out (``fracpilot.io/opt-out`` on a pod or the workload object): skip, unlooked at;
+3. invalid shares (a bad annotation, an unknown GPU): skip with the error, and a Warning
+   event on each pod at fault (not in a dry run);
+4. pods that do not all hold one kind of fractional share (KAI or HAMi): skip;
+5. plan the workload with the pure planner (in place only for KAI);
+6. the guardrails (:func:`fracpilot_actuator.guardrails.check`), unless the decision is
+   resumed (an earlier attempt recorded its target, so it passed them);
+7. nothing to change: skip (or applied, when an earlier attempt did it); a dry run: what would
+   be done; a denial: skip with the guard's reason; else the plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from fracpilot_actuator.actuation import Actuation
+from fracpilot_actuator.guardrails import (
+    GuardrailSettings,
+    GuardState,
+    Subject,
+    Verdict,
+    check,
+    opt_out,
+)
+from fracpilot_actuator.kube.inventory import Inventory, PodInfo, last_change
+from fracpilot_actuator.kube.object_values import is_opted_out
+from fracpilot_actuator.planner import ResizePlan, WorkloadPlan, plan_workload
+from fracpilot_libs.contracts import (
+    FractionDecision,
+    GpuBackend,
+    Outcome,
+    PlanKind,
+    WorkloadTarget,
+)
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """The cluster as one decision sees it."""
+
+    inventory: Inventory
+    pods: tuple[PodInfo, ...]  # the workload's pods, terminating ones included
+    owner: Mapping[str, Any] | None = None  # the workload object, when it was read
+
+    @property
+    def live(self) -> tuple[PodInfo, ...]:
+        return tuple(p for p in self.pods if not p.terminating)
+
+
+@dataclass(frozen=True)
+class Guards:
+    """What the guardrails need besides the decision: their memory and their limits."""
+
+    state: GuardState
+    settings: GuardrailSettings
+    patches_templates: bool = False
+    """targets_via=template: every change patches the pod template (a rollout: disruptive)."""
+
+
+@dataclass(frozen=True)
+class PodWarning:
+    """A Warning event to leave on a pod (why its decision could not be planned)."""
+
+    pod: PodInfo
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Skip:
+    """Nothing to do in the cluster: the answer as it is."""
+
+    actuation: Actuation
+    disruptive: bool = False  # the plan that was not carried out would have disrupted
+    warnings: tuple[PodWarning, ...] = ()
+
+
+@dataclass(frozen=True)
+class ActuationPlan:
+    """A plan the guardrails let through: what the executor carries out."""
+
+    decision: FractionDecision
+    plan: WorkloadPlan
+    gpu_backend: GpuBackend  # the kind of share the workload's pods hold
+    primary: ResizePlan | None  # the step the result reports
+    inventory: Inventory
+    memory_mib: int  # the new share in MiB of the workload's GPUs
+    disruptive: bool
+    resuming: bool = False
+
+    def target(self, now: datetime) -> WorkloadTarget:
+        """The workload's target, recorded before any pod is touched."""
+        d = self.decision
+        return WorkloadTarget(
+            workload=d.workload,
+            fraction=d.new_fraction,
+            memory_mib=self.memory_mib,
+            backend=self.gpu_backend,
+            decision_id=d.decision_id,
+            updated_at=now,
+        )
+
+    def result(self, outcome: Outcome, detail: str, error: str | None = None) -> Actuation:
+        return actuation_of(self.inventory, self.plan.kind, self.primary, outcome, detail, error)
+
+
+Judgement = ActuationPlan | Skip
+
+
+def actuation_of(
+    inventory: Inventory,
+    kind: PlanKind,
+    step: ResizePlan | None,
+    outcome: Outcome,
+    detail: str,
+    error: str | None = None,
+) -> Actuation:
+    """The answer for a plan of ``kind`` reported by its ``step``."""
+    if step is None:
+        return Actuation(plan=kind, outcome=outcome, detail=detail, error=error)
+    applied = outcome is Outcome.APPLIED
+    return Actuation(
+        plan=kind,
+        outcome=outcome,
+        detail=detail,
+        fraction_before=step.fraction_before,
+        fraction_after=step.fraction_after if applied else step.fraction_before,
+        node_before=inventory.gpu_node(step.gpu_before),
+        node_after=inventory.gpu_node(step.gpu_after),
+        gpu_before=step.gpu_before,
+        gpu_after=step.gpu_after,
+        error=error,
+    )
+
+
+def memory_share_mib(decision: FractionDecision, view: ClusterView) -> int:
+    """The new share in MiB of the workload's GPUs (KAI divides by the node's label)."""
+    for placement in view.inventory.placements_of(view.live):
+        gpu = view.inventory.state.gpu(placement.gpu_uuid)
+        if gpu is not None:
+            return round(decision.new_fraction * gpu.memory_bytes / 2**20)
+    return decision.new_memory_mib
+
+
+def is_disruptive(plan: WorkloadPlan, patches_templates: bool) -> bool:
+    """Evicting pods is disruptive; so is every template patch (a rollout replaces every
+    pod), counted before we know whether the template already holds the target."""
+    return plan.disruptive or (patches_templates and plan.kind is not PlanKind.NONE)
+
+
+def primary_step(plan: WorkloadPlan, decision: FractionDecision) -> ResizePlan | None:
+    """The step reported in the result: the decision's pod, else the first."""
+    return next(
+        (s for s in plan.steps if s.pod == decision.pod),
+        plan.steps[0] if plan.steps else None,
+    )
+
+
+def _skipped(detail: str, error: str | None = None) -> Skip:
+    return Skip(Actuation(plan=PlanKind.NONE, outcome=Outcome.SKIPPED, detail=detail, error=error))
+
+
+def subject_of(decision: FractionDecision, view: ClusterView) -> Subject:
+    """What the guardrails look at: who opted out, when the workload last changed, ..."""
+    wl, live = decision.workload, view.live
+    opted_out_by = next((f"pod {p.key}" for p in live if is_opted_out(p.raw)), "")
+    if not opted_out_by and view.owner is not None and is_opted_out(view.owner):
+        opted_out_by = f"{wl.owner_kind} {wl.display}"
+    return Subject(
+        workload=wl.key,
+        namespace=wl.namespace,
+        decided_at=decision.decided_at,
+        last_change=last_change(view.pods),
+        replicas=len(live),
+        opted_out_by=opted_out_by,
+        busy=", ".join(f"pod {p.name} is terminating" for p in view.pods if p.terminating),
+    )
+
+
+def judge(
+    decision: FractionDecision,
+    view: ClusterView,
+    guards: Guards,
+    now: datetime,
+    *,
+    dry_run: str = "",
+    resuming: bool = False,
+) -> Judgement:
+    """A plan to carry out, or a skip saying why not (see the module docstring).
+
+    ``dry_run``: why nothing may change ("dry-run", "recommend mode"), "" when it may.
+    ``resuming``: an earlier attempt at this decision recorded its target: finish it."""
+    wl, live = decision.workload, view.live
+    if not live:
+        return _skipped(f"{wl.owner_kind} {wl.display} has no running pods")
+    subject = subject_of(decision, view)
+    if not (verdict := opt_out(subject)).allowed:  # an opted-out workload is not looked at
+        return _skipped(f"{verdict.guard}: {verdict.reason}")
+
+    problems = view.inventory.problems_of(live)
+    if problems:
+        text = "; ".join(map(str, problems))
+        warnings = tuple(
+            PodWarning(pod, "FractionInvalid", "; ".join(mine))
+            for pod in live
+            if not dry_run
+            and (mine := [p.message for p in problems if p.subject == f"pod {pod.key}"])
+        )
+        skip = _skipped(f"cannot plan {wl.display}: {text}", error=text)
+        return Skip(skip.actuation, warnings=warnings)
+    kinds = {p.backend for p in live}
+    if None in kinds or len(kinds) != 1:
+        what = sorted(b.value if b else "none" for b in kinds)
+        return _skipped(
+            f"{wl.display}'s pods do not all hold a fractional GPU share of one kind "
+            f"(KAI annotation or HAMi limits): {', '.join(what)}"
+        )
+    gpu_backend = next(b for b in kinds if b is not None)
+    plan = plan_workload(
+        view.inventory.state,
+        wl,
+        view.inventory.placements_of(live),
+        decision.new_fraction,
+        in_place=gpu_backend is GpuBackend.KAI,
+    )
+    if gpu_backend is GpuBackend.HAMI and plan.kind is not PlanKind.NONE:
+        plan = plan.model_copy(
+            update={"reason": f"HAMi cannot change a running pod's limits: {plan.reason}"}
+        )
+    disruptive = is_disruptive(plan, guards.patches_templates)
+    verdict = check(
+        subject, disruptive=disruptive, state=guards.state, settings=guards.settings, now=now
+    )
+    if resuming:
+        verdict = Verdict.allow("resumed", "an earlier attempt passed the guardrails")
+    chosen = ActuationPlan(
+        decision=decision,
+        plan=plan,
+        gpu_backend=gpu_backend,
+        primary=primary_step(plan, decision),
+        inventory=view.inventory,
+        memory_mib=memory_share_mib(decision, view),
+        disruptive=disruptive,
+        resuming=resuming,
+    )
+
+    def skipped_plan(outcome: Outcome, detail: str) -> Skip:
+        return Skip(chosen.result(outcome, detail), disruptive=disruptive)
+
+    if plan.kind is PlanKind.NONE:
+        if resuming:
+            done = f"finished by an earlier attempt that stopped before reporting: {plan.reason}"
+            return skipped_plan(Outcome.APPLIED, done)
+        return skipped_plan(Outcome.SKIPPED, plan.reason)
+    if dry_run:
+        would = f"{dry_run}: would {plan.kind.value} ({gpu_backend.value}): {plan.reason}"
+        if not verdict.allowed:
+            would += f"; but the guardrails would skip it: {verdict.guard}: {verdict.reason}"
+        return skipped_plan(Outcome.DRY_RUN, would)
+    if not verdict.allowed:
+        return skipped_plan(
+            Outcome.SKIPPED,
+            f"{verdict.guard}: {verdict.reason} (plan was {plan.kind.value}: {plan.reason})",
+        )
+    return chosen

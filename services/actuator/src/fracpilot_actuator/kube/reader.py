@@ -1,0 +1,90 @@
+"""How the Kubernetes backend reads the cluster for one decision.
+
+With ``inventory_cache`` on, nodes, pods, ReplicaSets and Jobs come from
+:class:`~fracpilot_actuator.kube.cache.InventoryCache`, kept current by watches, instead of
+being listed per decision. The cache is never older than the backend's own writes: each write
+leaves a :class:`Fence` (the write's resourceVersion, or the pod that must be gone), and a
+read waits up to ``cache_fence_timeout_s`` for the watches to pass it, else lists afresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from fracpilot_actuator.kube.api import KubeApi
+from fracpilot_actuator.kube.cache import Fence, InventoryCache
+from fracpilot_actuator.kube.inventory import build_inventory, owner_parents
+from fracpilot_actuator.kube.judge import ClusterView
+from fracpilot_actuator.kube.settings import KubeBackendSettings
+from fracpilot_libs.contracts import WorkloadRef
+
+log = logging.getLogger(__name__)
+
+RawLists = tuple[list[dict[str, Any]], list[dict[str, Any]], list[Any], list[Any]]
+
+
+class ClusterReader:
+    """Reads a workload's :class:`ClusterView`, from the cache when it is current."""
+
+    def __init__(self, api: KubeApi, settings: KubeBackendSettings) -> None:
+        self.api = api
+        self.settings = settings
+        self.cache = (
+            InventoryCache(api.api, settings.node_selector, timeout_s=api.timeout_s)
+            if settings.inventory_cache
+            else None
+        )
+        self._fences: list[Fence] = []
+        self._logged_problems: set[str] = set()
+        self.fresh_lists = 0  # decisions that listed because the cache was behind
+
+    def fence(self, fence: Fence) -> None:
+        """The next read must see the cluster as it is after this write."""
+        if self.cache is not None:
+            self._fences.append(fence)
+
+    async def _from_cache(self, namespace: str) -> RawLists | None:
+        """The inventory's inputs from the cache; None when it cannot be used (off, not
+        synced, or not caught up with our last write within the timeout)."""
+        cache = self.cache
+        if cache is None or not cache.synced.is_set():
+            return None
+        if self._fences:
+            if not await cache.wait_for(self._fences, self.settings.cache_fence_timeout_s):
+                self.fresh_lists += 1
+                log.info("inventory cache behind our last write: listing afresh")
+                return None
+            self._fences.clear()
+        snap = cache.snapshot()
+
+        def mine(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return [i for i in items if (i.get("metadata") or {}).get("namespace") == namespace]
+
+        return snap.nodes, snap.pods, mine(snap.replica_sets), mine(snap.jobs)
+
+    async def observe(self, workload: WorkloadRef) -> ClusterView:
+        """The cluster and the workload's pods (the workload object is not read here)."""
+        cached = await self._from_cache(workload.namespace)
+        if cached is not None:
+            nodes, pods, replica_sets, jobs = cached
+        else:
+            (nodes, pods), (replica_sets, jobs) = await asyncio.gather(
+                asyncio.gather(
+                    self.api.list_nodes(self.settings.node_selector), self.api.list_pods()
+                ),
+                self.api.list_owners(workload.namespace),
+            )
+        inventory = build_inventory(
+            nodes,
+            pods,
+            cluster=self.settings.cluster,
+            default_gpu_memory_mib=self.settings.default_gpu_memory_mib,
+        )
+        for problem in inventory.problems:
+            if (text := str(problem)) not in self._logged_problems:
+                self._logged_problems.add(text)
+                log.warning("cluster problem", extra={"problem": text})
+        parents = owner_parents(replica_sets, "ReplicaSet") | owner_parents(jobs, "Job")
+        return ClusterView(inventory, inventory.pods_of(workload, parents))

@@ -1,0 +1,53 @@
+"""The Kubernetes backend's settings (the service builds them from its own, grouped ones)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from fracpilot_actuator.guardrails import GuardrailSettings
+
+
+class EvictionSettings(BaseModel):
+    """``FRACPILOT_EVICTION_*``: how patiently an eviction a PDB refuses is tried again."""
+
+    attempts: int = Field(
+        default=8, ge=1, description="attempts of an eviction a PDB refuses (429) before failing"
+    )
+    backoff_s: float = Field(
+        default=1.0, gt=0, description="first wait between eviction attempts (doubles), seconds"
+    )
+    backoff_max_s: float = Field(
+        default=30.0, gt=0, description="longest wait between eviction attempts, seconds"
+    )
+
+
+@dataclass(frozen=True)
+class KubeBackendSettings:
+    cluster: str = "default"
+    """The cluster name in the WorkloadRefs of pods that no decision names."""
+    node_selector: str | None = None
+    """A label selector for the GPU nodes fracpilot may place pods on; None: every node."""
+    default_gpu_memory_mib: int = 81920
+    """GPU memory of a node without the label nvidia.com/gpu.memory (reported as a problem)."""
+    eviction: EvictionSettings = field(default_factory=EvictionSettings)
+    """How often and how patiently an eviction refused with 429 (a PDB allows no disruption)
+    is tried again."""
+    capacity_timeout_s: float = 900.0
+    """A scale-up gives up when no capacity appeared this long (cluster-autoscaler's default
+    max-node-provision-time is 15 minutes)."""
+    capacity_namespace: str | None = None
+    """Where placeholder pods go; None: the workload's namespace."""
+    placeholder_image: str = "registry.k8s.io/pause:3.10"
+    targets_via: Literal["webhook", "template"] = "webhook"
+    """How new pods get the target: the admission webhook, or (without it) a patch of the
+    workload's pod template, which starts a rollout replacing every pod."""
+    guardrails: GuardrailSettings = field(default_factory=GuardrailSettings)
+    inventory_cache: bool = True
+    """Read nodes, pods, ReplicaSets and Jobs from a watch-fed cache; False: list them for
+    every decision."""
+    cache_fence_timeout_s: float = 2.0
+    """How long a decision waits for the cache to catch up with the backend's last write
+    before it lists afresh."""

@@ -1,0 +1,99 @@
+"""Every Prometheus metric of the actuator (names unchanged), by the component that counts:
+
+- :class:`ActuatorMetrics`: decisions handled, resumed, Kubernetes API retries;
+- :class:`LeaderMetrics`: leader election (:mod:`fracpilot_actuator.leader_elector`);
+- :class:`WebhookMetrics`: the admission webhook (:mod:`fracpilot_actuator.webhook`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from fracpilot_actuator.admission import AdmissionOutcome
+
+OnRetry = Callable[[str, str], None]
+
+
+class ActuatorMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.actions = Counter(
+            "fracpilot_actuator_actions_total",
+            "Decisions handled",
+            ["plan", "outcome"],
+            registry=registry,
+        )
+        self.resumed = Counter(
+            "fracpilot_actuator_resumed_total",
+            "Decisions taken up again after an attempt that stopped before it finished",
+            registry=registry,
+        )
+        self.kube_retries: Counter | None = None
+
+    def track_kube_retries(self) -> OnRetry:
+        """Register the Kubernetes API retry counter (backend=kubernetes) and count into it."""
+        retries = self.kube_retries = Counter(
+            "fracpilot_actuator_kube_retries_total",
+            "Kubernetes API calls tried again (429, 5xx, no answer, 409 on a patch)",
+            ["call", "reason"],
+            registry=self.registry,
+        )
+        return lambda call, reason: retries.labels(call, reason).inc()
+
+
+class LeaderMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.leader = Gauge(
+            "fracpilot_actuator_leader",
+            "1 while this actuator holds the leader Lease and may act, else 0",
+            registry=registry,
+        )
+        self.transitions = Counter(
+            "fracpilot_actuator_leader_transitions_total",
+            "Times this actuator started or stopped leading",
+            ["to"],
+            registry=registry,
+        )
+        self.rounds = Counter(
+            "fracpilot_actuator_lease_rounds_total",
+            "Lease rounds (read, decide, write) by outcome",
+            ["outcome"],
+            registry=registry,
+        )
+
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class WebhookMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.admissions = Counter(
+            "fracpilot_webhook_admissions_total",
+            "AdmissionReviews answered, by outcome (error: malformed, or failed: admitted as is)",
+            ["outcome"],
+            registry=registry,
+        )
+        for outcome in AdmissionOutcome:
+            self.admissions.labels(outcome.value)
+        self.malformed = Counter(
+            "fracpilot_webhook_malformed_requests_total",
+            "Requests to /mutate refused with 400 (not an AdmissionReview); also counted as error",
+            registry=registry,
+        )
+        self.seconds = Histogram(
+            "fracpilot_webhook_admission_seconds",
+            "Time to answer one AdmissionReview, from the request headers to the response sent",
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.targets = Gauge(
+            "fracpilot_webhook_targets", "Workload targets held in memory", registry=registry
+        )
+        self.tls_reloads = Counter(
+            "fracpilot_webhook_tls_reloads_total",
+            "Serving certificate reloads, by result",
+            ["result"],
+            registry=registry,
+        )

@@ -1,0 +1,151 @@
+"""The actuator's settings: flat ones, and groups whose environment names share a prefix.
+
+A group ``kube`` with a field ``timeout_s`` reads ``FRACPILOT_KUBE_TIMEOUT_S`` (the base
+settings' nested delimiter), so every environment name is what it was when they were flat.
+Each group goes whole to the component that uses it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from fracpilot_actuator.guardrails import GuardrailSettings
+from fracpilot_actuator.kube.settings import EvictionSettings
+from fracpilot_libs.config import ServiceSettings
+
+ClusterKind = Literal["simulated", "kubernetes"]
+"""Where decisions are carried out (``FRACPILOT_BACKEND``)."""
+CLUSTER_KINDS: tuple[ClusterKind, ...] = ("simulated", "kubernetes")
+
+
+class KubeApiSettings(BaseModel):
+    """``FRACPILOT_KUBE_*``: how the Kubernetes API is called (backend=kubernetes)."""
+
+    timeout_s: float = Field(default=30.0, gt=0, description="how long one API call may take")
+    retry_attempts: int = Field(
+        default=5,
+        ge=1,
+        description="tries of an API call answered 429 or 5xx or not answered, first included",
+    )
+    retry_backoff_s: float = Field(
+        default=0.2, gt=0, description="first wait before an API call is tried again (doubles)"
+    )
+    retry_backoff_max_s: float = Field(
+        default=5.0, gt=0, description="longest wait before an API call is tried again"
+    )
+
+
+class CapacitySettings(BaseModel):
+    """``FRACPILOT_CAPACITY_*``: scale-ups waiting for a GPU."""
+
+    timeout_s: float = Field(
+        default=900.0, gt=0, description="a scale-up gives up when no capacity came this long"
+    )
+    poll_s: float = Field(
+        default=10.0, gt=0, description="how often waiting scale-ups look for capacity, seconds"
+    )
+    namespace: str | None = Field(
+        default=None,
+        description="namespace of placeholder pods; unset: the actuator's own (the RBAC in "
+        "deploy/rbac/actuator.yaml allows creating pods only there)",
+    )
+
+
+class LeaseSettings(BaseModel):
+    """``FRACPILOT_LEASE_*``: leader election timing."""
+
+    duration_s: int = Field(default=15, ge=1)
+    renew_deadline_s: float = Field(default=10.0, gt=0)
+    renew_period_s: float = Field(default=5.0, gt=0)
+    retry_period_s: float = Field(default=2.0, gt=0)
+
+
+class WebhookSettings(BaseModel):
+    """``FRACPILOT_WEBHOOK_*``: the admission webhook (every replica serves it)."""
+
+    enabled: bool = Field(
+        default=False, description="serve the mutating admission webhook that sizes new pods"
+    )
+    host: str = "0.0.0.0"
+    port: int = Field(default=8443, ge=0, le=65535)
+    cert_file: str = "/etc/fracpilot/webhook/tls.crt"
+    key_file: str = "/etc/fracpilot/webhook/tls.key"
+
+
+class SimSettings(BaseModel):
+    """``FRACPILOT_SIM_*``: the simulated cluster (backend=simulated)."""
+
+    cluster: str = "demo"
+    nodes: int = Field(default=2, ge=0)
+    gpus_per_node: int = Field(default=2, ge=1)
+    gpu_memory_gib: int = Field(default=80, ge=1)
+    pods: str = Field(default="", description="seed pods: ns/name=fraction,...")
+
+
+class ActuatorSettings(ServiceSettings):
+    backend: str = Field(
+        default="simulated",
+        description="cluster backend (a ClusterKind): simulated (the demo) or kubernetes; "
+        "another value is refused when the service is built",
+    )
+    dry_run: bool = Field(default=False, description="plan and log, change nothing")
+    # kubernetes backend
+    kubeconfig: str | None = Field(
+        default=None, description="kubeconfig file for backend=kubernetes; in-cluster if unset"
+    )
+    cluster: str = Field(default="default", description="cluster name in workload keys")
+    gpu_node_selector: str | None = Field(
+        default=None, description="label selector of the GPU nodes to plan on; unset: all"
+    )
+    max_disruptions: int = Field(
+        default=5, ge=0, description="disruptive actions (evictions) per window, cluster-wide"
+    )
+    max_disruptions_per_namespace: int = Field(
+        default=2, ge=0, description="disruptive actions per window and namespace"
+    )
+    disruption_window_s: float = Field(
+        default=600.0, gt=0, description="sliding window of the two limits above, seconds"
+    )
+    allow_single_replica: bool = Field(
+        default=False, description="whether a workload with one pod may be recreated"
+    )
+    eviction: EvictionSettings = Field(default_factory=EvictionSettings)
+    kube: KubeApiSettings = Field(default_factory=KubeApiSettings)
+    capacity: CapacitySettings = Field(default_factory=CapacitySettings)
+    namespace: str = Field(
+        default="fracpilot", description="the actuator's own namespace (its Lease, placeholders)"
+    )
+    leader_election: bool = Field(
+        default=True, description="backend=kubernetes: only the Lease holder acts"
+    )
+    identity: str | None = Field(default=None, description="leader identity; the hostname")
+    lease: LeaseSettings = Field(default_factory=LeaseSettings)
+    placeholder_image: str = "registry.k8s.io/pause:3.10"
+    default_gpu_memory_mib: int = Field(
+        default=81920, gt=0, description="GPU memory of nodes without nvidia.com/gpu.memory"
+    )
+    targets_via: Literal["webhook", "template"] = Field(
+        default="webhook",
+        description="backend=kubernetes: how new pods get a workload's target: the admission "
+        "webhook, or (without it) a patch of the Deployment's / StatefulSet's pod template, "
+        "which starts a rollout replacing every pod",
+    )
+    inventory_cache: bool = Field(
+        default=True,
+        description="backend=kubernetes: read nodes, pods, ReplicaSets and Jobs from caches "
+        "kept current by watches; false: list them for every decision",
+    )
+    webhook: WebhookSettings = Field(default_factory=WebhookSettings)
+    sim: SimSettings = Field(default_factory=SimSettings)
+
+    @property
+    def guardrails(self) -> GuardrailSettings:
+        """The guardrails' limits (flat here: their names share no prefix)."""
+        return GuardrailSettings(
+            max_disruptions=self.max_disruptions,
+            max_disruptions_per_namespace=self.max_disruptions_per_namespace,
+            window_s=self.disruption_window_s,
+            allow_single_replica=self.allow_single_replica,
+        )

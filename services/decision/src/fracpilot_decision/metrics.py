@@ -1,0 +1,101 @@
+"""Every metric the decision service exports (besides the bus's), by the part that counts it."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class DecisionMetrics:
+    """The hot path: samples decided, decisions published, workloads held, lag."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.samples = Counter(
+            "fracpilot_decision_samples_total", "Samples decided on", registry=registry
+        )
+        self.duplicates = Counter(
+            "fracpilot_decision_duplicate_samples_total",
+            "Samples delivered again after a hand-over or restart, already in the history",
+            registry=registry,
+        )
+        self.decisions = Counter(
+            "fracpilot_decision_decisions_total",
+            "Decisions published",
+            ["direction", "reason"],
+            registry=registry,
+        )
+        self.workloads = Gauge(
+            "fracpilot_decision_workloads",
+            "Workloads with history on this replica",
+            registry=registry,
+        )
+        self.lag = Histogram(
+            "fracpilot_decision_sample_lag_seconds",
+            "From a sample stored in the usage stream to its decision by this replica",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+            registry=registry,
+        )
+
+
+class CheckpointMetrics:
+    """Checkpoints written, failed, restored and skipped as corrupt."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.written = Counter(
+            "fracpilot_decision_checkpoints_written_total",
+            "Workload state checkpoints written",
+            registry=registry,
+        )
+        self.write_failures = Counter(
+            "fracpilot_decision_checkpoint_write_failures_total",
+            "Checkpoint writes that failed (retried at the next interval)",
+            registry=registry,
+        )
+        self.restored = Counter(
+            "fracpilot_decision_checkpoints_restored_total",
+            "Workload states restored from checkpoints (on start and on claiming partitions)",
+            registry=registry,
+        )
+        self.corrupt = Counter(
+            "fracpilot_decision_checkpoints_corrupt_total",
+            "Checkpoints that did not load and were skipped",
+            registry=registry,
+        )
+
+
+class OwnershipMetrics:
+    """Partitions owned, replicas seen, partition moves."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.owned = Gauge(
+            "fracpilot_decision_partitions_owned",
+            "Usage partitions this replica owns and consumes",
+            registry=registry,
+        )
+        self.replicas = Gauge(
+            "fracpilot_decision_replicas",
+            "Decision replicas alive, as this replica last saw them",
+            registry=registry,
+        )
+        self.moves = Counter(
+            "fracpilot_decision_partition_moves_total",
+            "Partitions this replica claimed, handed over, or dropped (its lease lost)",
+            ["move"],
+            registry=registry,
+        )
+
+
+class HeapMetrics:
+    """The garbage collector kept off the workload states (:mod:`fracpilot_decision.heap`)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.full_pause = Histogram(
+            "fracpilot_gc_full_collection_seconds",
+            "The periodic full garbage collections (everything unfrozen, collected, frozen)",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=registry,
+        )
+        self.frozen = Gauge(
+            "fracpilot_gc_frozen_objects",
+            "Objects in the permanent generation, out of the collector's way",
+            registry=registry,
+        )

@@ -1,0 +1,136 @@
+"""What ingest reads from cached pods besides their owners: pure functions over pod objects.
+
+- **KAI GPU groups** (facts: ``shared/reference/kai-hami-semantics.md``): KAI's binder makes a
+  reservation pod per shared GPU (label ``runai-gpu-group=<group>``, annotation
+  ``run.ai/reserve_for_gpu_index=<GPU UUID>``); each fraction pod of that GPU carries the same
+  group label and its ``gpu-fraction`` (or ``gpu-memory``, MiB) annotation. So the pods of a
+  group share that GPU, whether or not an exporter names them (dcgm labels one pod per GPU).
+  Multi-device fraction pods (``runai-gpu-group/<g>`` labels only) are not read.
+- **Out-of-memory kills**: a container whose last termination says ``OOMKilled``.
+
+The pods informer keeps only what these read (:func:`pod_projection`), besides the owners.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fracpilot_libs.kube.store import metadata_only
+
+KAI_GROUP = "runai-gpu-group"
+KAI_RESERVED_GPU = "run.ai/reserve_for_gpu_index"
+KAI_FRACTION = "gpu-fraction"
+KAI_MEMORY = "gpu-memory"
+_LABELS = (KAI_GROUP,)
+_ANNOTATIONS = (KAI_RESERVED_GPU, KAI_FRACTION, KAI_MEMORY)
+_DONE = ("Succeeded", "Failed")
+
+PodRef = tuple[str, str]  # (namespace, pod)
+Obj = dict[str, Any]
+
+
+def pod_projection(obj: Obj) -> Obj:
+    """Owners' fields plus the KAI labels and annotations, the phase and each container's
+    last termination (reason, exit code, time)."""
+    kept = metadata_only(obj)
+    meta = obj.get("metadata") or {}
+    labels = {k: v for k, v in (meta.get("labels") or {}).items() if k in _LABELS}
+    notes = {k: v for k, v in (meta.get("annotations") or {}).items() if k in _ANNOTATIONS}
+    if labels:
+        kept["metadata"]["labels"] = labels
+    if notes:
+        kept["metadata"]["annotations"] = notes
+    status = obj.get("status") or {}
+    ended = []
+    for c in status.get("containerStatuses") or ():
+        last = ((c or {}).get("lastState") or {}).get("terminated")
+        if last:
+            ended.append(
+                {
+                    "name": c.get("name", ""),
+                    "restartCount": c.get("restartCount", 0),
+                    "lastState": {
+                        "terminated": {k: last.get(k) for k in ("reason", "exitCode", "finishedAt")}
+                    },
+                }
+            )
+    kept["status"] = {"phase": status.get("phase", "")}
+    if ended:
+        kept["status"]["containerStatuses"] = ended
+    return kept
+
+
+def _meta(pod: Mapping[str, Any], part: str) -> Mapping[str, str]:
+    value = (pod.get("metadata") or {}).get(part) or {}
+    return value if isinstance(value, Mapping) else {}
+
+
+def _ref(pod: Mapping[str, Any]) -> PodRef:
+    meta = pod.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+def _fraction(notes: Mapping[str, str], device_memory: int | None) -> float | None:
+    try:
+        if KAI_FRACTION in notes:
+            value = float(notes[KAI_FRACTION])
+            return value if 0 < value <= 1 else None
+        if KAI_MEMORY in notes and device_memory:
+            value = float(notes[KAI_MEMORY]) * 1024 * 1024 / device_memory
+            return value if 0 < value <= 1 else None
+    except ValueError:
+        return None
+    return None
+
+
+def kai_shared_gpus(
+    pods: Iterable[Mapping[str, Any]], device_memory: Mapping[str, int] | None = None
+) -> dict[str, dict[PodRef, float | None]]:
+    """GPU UUID -> the KAI fraction pods placed on it and their fractions (None: unknown)."""
+    group_gpu: dict[str, str] = {}
+    members: dict[str, dict[PodRef, Mapping[str, str]]] = {}
+    for pod in pods:
+        if str((pod.get("status") or {}).get("phase") or "") in _DONE:
+            continue
+        group = _meta(pod, "labels").get(KAI_GROUP)
+        if not group:
+            continue
+        notes = _meta(pod, "annotations")
+        if uuid := notes.get(KAI_RESERVED_GPU):
+            group_gpu[group] = uuid
+        else:
+            members.setdefault(group, {})[_ref(pod)] = notes
+    shared: dict[str, dict[PodRef, float | None]] = {}
+    for group, pods_of_group in members.items():
+        uuid = group_gpu.get(group)
+        if uuid is None:  # reservation pod not there (yet): the GPU is not known
+            continue
+        memory = (device_memory or {}).get(uuid)
+        on_gpu = shared.setdefault(uuid, {})
+        for ref, notes in pods_of_group.items():
+            on_gpu[ref] = _fraction(notes, memory)
+    return shared
+
+
+@dataclass(frozen=True, slots=True)
+class OomKill:
+    namespace: str
+    pod: str
+    container: str
+    finished_at: str  # RFC 3339, as the API has it (identifies the kill)
+
+
+def oom_kills(pods: Iterable[Mapping[str, Any]]) -> list[OomKill]:
+    """Containers whose last termination was an out-of-memory kill."""
+    found = []
+    for pod in pods:
+        namespace, name = _ref(pod)
+        for c in (pod.get("status") or {}).get("containerStatuses") or ():
+            last = ((c or {}).get("lastState") or {}).get("terminated") or {}
+            if last.get("reason") == "OOMKilled":
+                found.append(
+                    OomKill(namespace, name, str(c.get("name", "")), str(last.get("finishedAt")))
+                )
+    return found

@@ -1,0 +1,112 @@
+"""The ingest service's settings: ``FRACPILOT_*`` environment variables, grouped.
+
+Groups are nested models whose variables stay flat (``FRACPILOT_SIM_SPEED`` is
+``sim.speed``, ``FRACPILOT_PROMETHEUS_URL`` is ``prometheus.url``); each group is passed whole
+to the component that reads it.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from pydantic import BaseModel, Field, TypeAdapter
+
+from fracpilot_ingest.mappings import MappingTable, MetricMapping
+from fracpilot_libs.config import ServiceSettings
+
+
+class PrometheusSettings(BaseModel):
+    """FRACPILOT_PROMETHEUS_*: where Prometheus is, how to reach it safely, what to ask it."""
+
+    url: str = "http://127.0.0.1:9090"
+    matchers: str = Field(
+        default="", description='extra PromQL label matchers, e.g. job="dcgm-exporter"'
+    )
+    delay_s: float = Field(
+        default=0.0, ge=0, description="query only up to now minus this (ingestion delay)"
+    )
+    verify_tls: bool = Field(
+        default=True, description="verify an https server's certificate (false: do not)"
+    )
+    ca_file: str | None = Field(
+        default=None, description="CA bundle to verify the server with (default: the system's)"
+    )
+    bearer_token_file: str | None = Field(
+        default=None, description="file holding a bearer token; re-read when it changes"
+    )
+    headers: dict[str, str] = Field(
+        default_factory=dict,
+        description='extra request headers as JSON, e.g. {"X-Scope-OrgID": "team-a"}',
+    )
+
+
+class SimulatorSettings(BaseModel):
+    """FRACPILOT_SIM_*: the demo's workload simulator."""
+
+    start: datetime = Field(
+        default=datetime(2026, 3, 2, tzinfo=UTC), description="simulated time of the first sample"
+    )
+    step_s: float = Field(default=60.0, gt=0, description="simulated seconds between samples")
+    speed: float = Field(
+        default=720.0, gt=0, description="simulated seconds per real second (720: a day in 2 min)"
+    )
+    duration_s: float = Field(
+        default=86_400.0, ge=0, description="simulated span to produce; 0 runs forever"
+    )
+    workloads: int = Field(default=8, ge=1, le=8)
+    namespace: str = "inference"
+    cluster: str = "demo"
+
+
+class IngestSettings(ServiceSettings):
+    sources: str = Field(
+        default="simulator", description="comma-separated: simulator, prometheus, scrape"
+    )
+    interval_s: float = Field(default=15.0, gt=0, description="query and scrape interval")
+    cluster: str = Field(default="default", description="cluster name in workload identities")
+    prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
+    backfill_s: float = Field(
+        default=3600.0, ge=0, description="history read on a first start, seconds"
+    )
+    max_sample_age_s: float = Field(
+        default=7 * 86_400.0, gt=0, description="older samples are rejected as stale"
+    )
+    scrape_targets: str = Field(default="", description="comma-separated host:port or URLs")
+    mapping_families: str = "dcgm,dcgm-process,hami,hami-legacy,vllm"
+    extra_mappings_json: str | None = Field(
+        default=None, description="more MetricMapping rows as a JSON list"
+    )
+    owners: str = Field(
+        default="pod-name",
+        description="how pods map to workloads: pod-name (conventions) or kubernetes (watches)",
+    )
+    kubeconfig: str | None = Field(
+        default=None, description="kubeconfig file for owners=kubernetes; in-cluster if unset"
+    )
+    default_device_memory_gib: float | None = Field(
+        default=None, gt=0, description="device memory when no metric or allocation says"
+    )
+    hami_nodes: bool = Field(
+        default=False,
+        description="owners=kubernetes: also watch nodes for HAMi's device memory "
+        "(annotation hami.io/node-nvidia-register; needs get/list/watch on nodes)",
+    )
+    sim: SimulatorSettings = Field(default_factory=SimulatorSettings)
+    workload_metrics_limit: int = Field(
+        default=500,
+        ge=0,
+        description="workloads with their own series in the per-workload metrics; the rest "
+        'are counted under workload="_other"',
+    )
+
+    @property
+    def source_list(self) -> list[str]:
+        return [s.strip() for s in self.sources.split(",") if s.strip()]
+
+
+def mapping_table(settings: IngestSettings) -> MappingTable:
+    extra: tuple[MetricMapping, ...] = ()
+    if settings.extra_mappings_json:
+        extra = tuple(TypeAdapter(list[MetricMapping]).validate_json(settings.extra_mappings_json))
+    families = tuple(f.strip() for f in settings.mapping_families.split(",") if f.strip())
+    return MappingTable.of(families, extra)

@@ -1,0 +1,136 @@
+"""What ingest reads from cached pods: KAI's GPU groups and out-of-memory kills."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from fracpilot_ingest.attribution import GpuInventory, MetricPoint, PodKey, observe_points
+from fracpilot_ingest.mappings import MappingTable
+from fracpilot_ingest.pod_facts import OomKill, kai_shared_gpus, oom_kills, pod_projection
+
+GPU = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"
+MIB = 1024**2
+
+
+def pod(
+    namespace: str,
+    name: str,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    phase: str = "Running",
+    statuses: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    return {
+        "kind": "Pod",
+        "metadata": {
+            "namespace": namespace,
+            "name": name,
+            "resourceVersion": "7",
+            "labels": {"app": "x", **(labels or {})},
+            "annotations": {"other": "y", **(annotations or {})},
+            "ownerReferences": [{"kind": "ReplicaSet", "name": "rs", "controller": True}],
+        },
+        "spec": {"containers": [{"name": "main"}]},
+        "status": {"phase": phase, "containerStatuses": statuses or []},
+    }
+
+
+RESERVATION = pod(
+    "kai-resource-reservation",
+    "gpu-reservation-1a2b",
+    {"runai-gpu-group": "g1"},
+    {"run.ai/reserve_for_gpu_index": GPU},
+)
+CHAT = pod("team-a", "chat-0", {"runai-gpu-group": "g1"}, {"gpu-fraction": "0.5"})
+EMBED = pod("team-b", "embed-0", {"runai-gpu-group": "g1"}, {"gpu-memory": "20480"})
+
+
+def test_pods_of_a_kai_group_share_its_reserved_gpu() -> None:
+    shared = kai_shared_gpus([RESERVATION, CHAT, EMBED], {GPU: 81_920 * MIB})
+    assert shared == {GPU: {("team-a", "chat-0"): 0.5, ("team-b", "embed-0"): 0.25}}
+
+
+def test_group_without_its_reservation_pod_names_no_gpu() -> None:
+    assert kai_shared_gpus([CHAT, EMBED]) == {}
+
+
+def test_finished_pods_and_unknown_fractions() -> None:
+    done = pod("team-a", "old-0", {"runai-gpu-group": "g1"}, {"gpu-fraction": "0.5"}, "Succeeded")
+    odd = pod("team-a", "odd-0", {"runai-gpu-group": "g1"}, {"gpu-fraction": "lots"})
+    shared = kai_shared_gpus([RESERVATION, done, odd, EMBED])  # no device memory known
+    assert shared == {GPU: {("team-a", "odd-0"): None, ("team-b", "embed-0"): None}}
+
+
+def test_projection_keeps_owners_kai_fields_and_last_terminations_only() -> None:
+    oom = {
+        "name": "main",
+        "restartCount": 3,
+        "ready": True,
+        "lastState": {
+            "terminated": {
+                "reason": "OOMKilled",
+                "exitCode": 137,
+                "finishedAt": "2026-03-02T10:00:00Z",
+                "containerID": "containerd://abc",
+            }
+        },
+    }
+    fresh = {"name": "side", "restartCount": 0, "lastState": {}}
+    kept = pod_projection(
+        pod(
+            "team-a",
+            "chat-0",
+            {"runai-gpu-group": "g1"},
+            {"gpu-fraction": "0.5"},
+            statuses=[oom, fresh],
+        )
+    )
+    assert kept["metadata"]["labels"] == {"runai-gpu-group": "g1"}
+    assert kept["metadata"]["annotations"] == {"gpu-fraction": "0.5"}
+    assert kept["metadata"]["ownerReferences"][0]["kind"] == "ReplicaSet"
+    assert "spec" not in kept
+    assert kept["status"] == {
+        "phase": "Running",
+        "containerStatuses": [
+            {
+                "name": "main",
+                "restartCount": 3,
+                "lastState": {
+                    "terminated": {
+                        "reason": "OOMKilled",
+                        "exitCode": 137,
+                        "finishedAt": "2026-03-02T10:00:00Z",
+                    }
+                },
+            }
+        ],
+    }
+    assert oom_kills([kept]) == [OomKill("team-a", "chat-0", "main", "2026-03-02T10:00:00Z")]
+
+
+def test_other_terminations_are_no_oom() -> None:
+    error = {"name": "main", "lastState": {"terminated": {"reason": "Error", "exitCode": 1}}}
+    assert oom_kills([pod("a", "p", statuses=[error])]) == []
+
+
+def test_a_kai_neighbour_no_series_names_gets_an_estimated_share() -> None:
+    labels = {"UUID": GPU, "gpu": "0", "Hostname": "n", "modelName": "NVIDIA A100-SXM4-80GB"}
+    labels |= {"pod": "chat-0", "namespace": "team-a", "container": "main"}
+    points = [
+        MetricPoint("DCGM_FI_PROF_GR_ENGINE_ACTIVE", labels, 0.9, 1.0),
+        MetricPoint("DCGM_FI_DEV_FB_USED", labels, 30_000, 1.0),
+        MetricPoint("DCGM_FI_DEV_FB_FREE", labels, 51_920, 1.0),
+    ]
+    shared = kai_shared_gpus([RESERVATION, CHAT, EMBED], {GPU: 81_920 * MIB})
+    inventory = GpuInventory(
+        fractions={GPU: {PodKey(ns, name): f for (ns, name), f in shared[GPU].items()}}
+    )
+    observations, rejections = observe_points(points, MappingTable.of(), inventory)
+    assert rejections == []
+    by_pod = {o.pod.pod: o for o in observations}
+    assert by_pod["chat-0"].compute == pytest.approx(0.6)
+    assert by_pod["embed-0"].compute == pytest.approx(0.3)
+    assert not by_pod["chat-0"].exact
+    assert not by_pod["embed-0"].exact
