@@ -311,7 +311,7 @@ async def through_nats(
     nats_url: str, cluster: Cluster, make: ExecutorFactory, n: int, rate: float | None
 ) -> tuple[Row, Executor]:
     """Publish n decisions (all first, or at ``rate`` per second) and apply each as consumed."""
-    settings = ServiceSettings(nats_url=nats_url)
+    settings = ServiceSettings(nats={"url": nats_url})
     consumer = Bus("bench-actuator", settings, CollectorRegistry())
     publisher = Bus("bench-decision", settings, CollectorRegistry())
     await consumer.connect()

@@ -86,7 +86,7 @@ def sample_size(response: list[dict[str, Any]]) -> int:
 async def run(workloads: int, interval: float) -> None:
     with EmbeddedNats() as server:
         settings = IngestSettings(
-            nats_url=server.url, sources="prometheus", cluster="bench", interval_s=interval
+            nats={"url": server.url}, sources="prometheus", cluster="bench", interval_s=interval
         )
         service = IngestService(settings)
         await service.runtime.bus.connect()
@@ -152,7 +152,7 @@ async def latency(source: str, interval: float, scrape_interval: float, trials: 
             prom.start()
             prom.wait_for_series("DCGM_FI_DEV_GPU_UTIL", timeout=60)
         settings = IngestSettings(
-            nats_url=server.url,
+            nats={"url": server.url},
             sources=source,
             cluster="bench",
             interval_s=interval,

@@ -336,7 +336,7 @@ async def declare_streams(url: str, partitions: int) -> None:
     from fracpilot_libs.bus import Bus
     from fracpilot_libs.config import ServiceSettings
 
-    bus = Bus("bench", ServiceSettings(nats_url=url, decision_partitions=partitions),
+    bus = Bus("bench", ServiceSettings(nats={"url": url}, decision_partitions=partitions),
               CollectorRegistry())  # fmt: skip
     await bus.connect(retry_for_s=10)
     await bus.ensure_streams(assign_partitions=True)

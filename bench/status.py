@@ -109,7 +109,7 @@ async def populate(url: str, n: int) -> None:
     for name in (*(spec.name for spec in default_streams()), *usage):
         with contextlib.suppress(NotFoundError):
             await js.delete_stream(name)
-    bus = Bus("bench", ServiceSettings(nats_url=url), CollectorRegistry())
+    bus = Bus("bench", ServiceSettings(nats={"url": url}), CollectorRegistry())
     await bus.connect(retry_for_s=10)
     await bus.ensure_streams()
     for bucket in (subjects.ALLOCATION_BUCKET, subjects.DECISION_STATE_BUCKET):
@@ -209,7 +209,7 @@ async def kv_keys(url: str) -> int:
 
 async def read_rows(url: str) -> list[object]:
     """What the command does between connecting and printing (operator_cli.status_rows)."""
-    rows, _ = await status_rows(CliSettings(nats_url=url), GpuPrices(), None)
+    rows, _ = await status_rows(CliSettings(nats={"url": url}), GpuPrices(), None)
     return list(rows)
 
 

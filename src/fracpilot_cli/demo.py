@@ -94,7 +94,7 @@ class StreamFollower:
     async def start(self, url: str) -> None:
         # The FRACPILOT_NATS_* identity and TLS settings, as the services read them.
         self.nc = await open_connection(
-            ServiceSettings(nats_url=url), servers=url, name="fracpilot-demo"
+            ServiceSettings(nats={"url": url}), servers=url, name="fracpilot-demo"
         )
         js = self.nc.jetstream()
         for stream in await usage_streams(js):  # one per usage partition

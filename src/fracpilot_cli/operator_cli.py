@@ -68,7 +68,9 @@ def _settings(command: str, nats_url: str | None) -> CliSettings:
     except ValidationError as exc:
         _fail(command, f"invalid settings: {exc.errors(include_url=False)[0]['msg']}", EXIT_USAGE)
     if nats_url:
-        settings = settings.model_copy(update={"nats_url": nats_url})
+        settings = settings.model_copy(
+            update={"nats": settings.nats.model_copy(update={"url": nats_url})}
+        )
     return settings
 
 
@@ -306,7 +308,7 @@ def status_command(
     if not rows and fmt not in ("json", "yaml"):
         where = f" in namespace {namespace}" if namespace else ""
         typer.echo(
-            f"No workloads{where}: NATS at {settings.nats_url} holds no allocations, engine "
+            f"No workloads{where}: NATS at {settings.nats.url} holds no allocations, engine "
             "state, samples or actions.",
             err=True,
         )
@@ -365,7 +367,7 @@ def explain_command(
     except NatsUnavailableError as exc:
         _fail("explain", str(exc))
     if not timeline.entries and timeline.status is None:
-        _fail("explain", f"nothing recorded about {namespace}/{name} at {settings.nats_url}")
+        _fail("explain", f"nothing recorded about {namespace}/{name} at {settings.nats.url}")
     if output == "json":
         typer.echo(render.to_json(timeline.as_dict()))
     elif output == "yaml":
@@ -455,7 +457,7 @@ def report_command(
         _fail("report", f"cannot write to {out}: {exc.strerror or exc}")
     err = Console(stderr=True, highlight=False)
     if not report.workloads:
-        err.print(f"nothing stored in the last {since} at {settings.nats_url}: an empty report")
+        err.print(f"nothing stored in the last {since} at {settings.nats.url}: an empty report")
     f = document["fleet"]
     err.print(
         f"{len(report.workloads)} workloads, {f['fraction_hours']:,.1f} of "

@@ -65,9 +65,9 @@ async def connect(settings: CliSettings, timeout_s: float = 5.0) -> NatsClient:
     try:
         return await connect_once(settings, timeout_s=timeout_s, name="fracpilot-cli")
     except NatsSecurityError as exc:
-        raise NatsUnavailableError(f"NATS at {settings.nats_url}: {exc}") from exc
+        raise NatsUnavailableError(f"NATS at {settings.nats.url}: {exc}") from exc
     except NatsUnreachableError as exc:
-        raise NatsUnavailableError(f"cannot connect to NATS at {settings.nats_url}: {exc}") from exc
+        raise NatsUnavailableError(f"cannot connect to NATS at {settings.nats.url}: {exc}") from exc
 
 
 async def read_stream(

@@ -50,7 +50,7 @@ async def _request(url: str, subject: str, payload: bytes, wait_s: float) -> Pol
     errors: list[Exception] = []  # also a publish the server's permissions refuse, later
     try:  # with the services' FRACPILOT_NATS_* identity and TLS settings
         nc = await connect_once(
-            ServiceSettings(nats_url=url), timeout_s=min(wait_s, 5.0), errors=errors
+            ServiceSettings(nats={"url": url}), timeout_s=min(wait_s, 5.0), errors=errors
         )
     except (NatsSecurityError, NatsUnreachableError) as exc:
         raise RequestFailedError(f"cannot connect to NATS at {url}: {exc}") from exc

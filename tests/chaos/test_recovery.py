@@ -57,7 +57,7 @@ def allocation(fraction: float) -> Allocation:
 
 async def test_kv_watch_and_publishes_carry_on_across_a_nats_restart(tmp_path: Path) -> None:
     server = EmbeddedNats(store_dir=str(tmp_path / "store")).start()
-    bus = Bus("test", ServiceSettings(nats_url=server.url), CollectorRegistry())
+    bus = Bus("test", ServiceSettings(nats={"url": server.url}), CollectorRegistry())
     try:
         await bus.connect(retry_for_s=5)
         await bus.ensure_streams()
@@ -111,7 +111,7 @@ async def test_kv_watch_and_publishes_carry_on_across_a_nats_restart(tmp_path: P
 
 async def test_readiness_follows_the_nats_connection(tmp_path: Path) -> None:
     server = EmbeddedNats(store_dir=str(tmp_path / "store")).start()
-    runtime = ServiceRuntime("test", ServiceSettings(nats_url=server.url))
+    runtime = ServiceRuntime("test", ServiceSettings(nats={"url": server.url}))
 
     async def start() -> None:
         return None
@@ -137,7 +137,7 @@ async def test_readiness_follows_the_nats_connection(tmp_path: Path) -> None:
 async def test_an_executed_decision_is_not_executed_again_after_a_crash(tmp_path: Path) -> None:
     server = EmbeddedNats(store_dir=str(tmp_path / "store")).start()
     settings = ActuatorSettings(
-        nats_url=server.url,
+        nats={"url": server.url},
         sim={"pods": "inference/chat=0.5", "cluster": "test"},
         ack_wait_s=2,
     )

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.integration
 
 
 async def connected_bus(url: str, **settings: object) -> Bus:
-    bus = Bus("test", ServiceSettings(nats_url=url, **settings), CollectorRegistry())
+    bus = Bus("test", ServiceSettings(nats={"url": url}, **settings), CollectorRegistry())
     await bus.connect(retry_for_s=5)
     await bus.ensure_streams()
     return bus
@@ -141,7 +141,7 @@ def http_get(url: str) -> tuple[int, str]:
 
 async def test_service_serves_metrics_health_and_readiness(nats_url: str) -> None:
     await reset_nats(nats_url)
-    service = DecisionService(DecisionSettings(nats_url=nats_url))
+    service = DecisionService(DecisionSettings(nats={"url": nats_url}))
     async with running(service):
         base = f"http://127.0.0.1:{service.runtime.http.port}"
         status, body = await asyncio.to_thread(http_get, f"{base}/readyz")

@@ -51,7 +51,7 @@ async def test_a_graceful_restart_keeps_each_workloads_history(nats_url: str) ->
     key = subjects.kv_key(feed[0].workload)
     # A long interval: only the checkpoint on shutdown is written.
     settings = DecisionSettings(
-        nats_url=nats_url, checkpoint={"interval_s": 3600, "when_idle_s": 0}
+        nats={"url": nats_url}, checkpoint={"interval_s": 3600, "when_idle_s": 0}
     )
     first = DecisionService(settings)
     async with running(first):
@@ -78,7 +78,9 @@ async def test_a_graceful_restart_keeps_each_workloads_history(nats_url: str) ->
 
 async def test_changed_workloads_are_checkpointed_on_the_interval(nats_url: str) -> None:
     await reset_nats(nats_url)
-    service = DecisionService(DecisionSettings(nats_url=nats_url, checkpoint={"interval_s": 0.1}))
+    service = DecisionService(
+        DecisionSettings(nats={"url": nats_url}, checkpoint={"interval_s": 0.1})
+    )
     s = sample(compute=0.2, memory_share=0.2, allocated=0.5)
     key = subjects.kv_key(s.workload)
     nc = await nats.connect(nats_url)
@@ -119,7 +121,7 @@ async def test_a_corrupt_checkpoint_is_skipped_and_counted(nats_url: str) -> Non
     await kv.put(subjects.kv_key(sample(name="asr").workload), b'{"v": 99}')
     await nc.close()
 
-    service = DecisionService(DecisionSettings(nats_url=nats_url))
+    service = DecisionService(DecisionSettings(nats={"url": nats_url}))
     async with running(service):
         reg = service.runtime.registry
         assert counter(reg, "fracpilot_decision_checkpoints_restored_total") == 1

@@ -39,7 +39,7 @@ async def test_the_lag_gauges_follow_each_consumer(
     monkeypatch.setattr(consumer_module, "LAG_INTERVAL_S", 0.1)
     await reset_nats(nats_url)
     registry = CollectorRegistry()
-    bus = Bus("test", ServiceSettings(nats_url=nats_url, fetch_batch=2), registry)
+    bus = Bus("test", ServiceSettings(nats={"url": nats_url}, fetch_batch=2), registry)
     await bus.connect(retry_for_s=5)
     await bus.ensure_streams()
     release = asyncio.Event()
@@ -91,7 +91,7 @@ async def test_a_service_with_its_own_consumers_exports_their_lag_until_it_lets_
     monkeypatch.setattr(consumer_module, "LAG_INTERVAL_S", 0.1)
     await reset_nats(nats_url)
     registry = CollectorRegistry()
-    bus = Bus("test", ServiceSettings(nats_url=nats_url), registry)
+    bus = Bus("test", ServiceSettings(nats={"url": nats_url}), registry)
     await bus.connect(retry_for_s=5)
     await bus.ensure_streams()
     try:

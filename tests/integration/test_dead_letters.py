@@ -30,7 +30,7 @@ async def dead_letters(url: str, service: str) -> list[DeadLetter]:
 async def test_usage_subject_dead_letters_every_malformed_sample(nats_url: str) -> None:
     await reset_nats(nats_url)
     bad = malformed_payloads(sample(), "compute")
-    service = DecisionService(DecisionSettings(nats_url=nats_url))
+    service = DecisionService(DecisionSettings(nats={"url": nats_url}))
     async with running(service):
         nc = await nats.connect(nats_url)
         js = nc.jetstream()
@@ -74,7 +74,9 @@ async def test_decision_subject_dead_letters_every_malformed_decision(nats_url: 
         {**json.loads(valid.model_dump_json()), "direction": "down"}
     ).encode()
     service = ActuatorService(
-        ActuatorSettings(nats_url=nats_url, sim={"pods": "inference/chat=0.5", "cluster": "test"})
+        ActuatorSettings(
+            nats={"url": nats_url}, sim={"pods": "inference/chat=0.5", "cluster": "test"}
+        )
     )
     async with running(service):
         nc = await nats.connect(nats_url)
@@ -105,7 +107,7 @@ async def test_decision_subject_dead_letters_every_malformed_decision(nats_url: 
 async def test_allocation_bucket_dead_letters_a_corrupt_entry(nats_url: str) -> None:
     await reset_nats(nats_url)
     service = IngestService(
-        IngestSettings(nats_url=nats_url, sim={"duration_s": 60, "workloads": 1, "speed": 60})
+        IngestSettings(nats={"url": nats_url}, sim={"duration_s": 60, "workloads": 1, "speed": 60})
     )
     async with running(service):
         nc = await nats.connect(nats_url)

@@ -44,7 +44,7 @@ WORKLOADS = [f"svc-{i:02d}" for i in range(24)]
 
 def settings(url: str, name: str, checkpoint_interval_s: float = 0.2) -> DecisionSettings:
     return DecisionSettings(
-        nats_url=url,
+        nats={"url": url},
         replica_id=name,
         decision_partitions=PARTITIONS,
         partition={"lease_s": LEASE_S},
@@ -145,7 +145,7 @@ async def published_by_ingest(url: str, rounds: Iterable[int]) -> None:
     """Rounds published as ingest does, its streams declared at its start."""
     bus = Bus(
         "ingest",
-        ServiceSettings(nats_url=url, decision_partitions=PARTITIONS),
+        ServiceSettings(nats={"url": url}, decision_partitions=PARTITIONS),
         CollectorRegistry(),
     )
     await bus.connect(retry_for_s=5)

@@ -123,7 +123,7 @@ async def test_junk_usage_samples_are_each_dead_lettered(nats_url: str, n: int) 
     await reset_nats(nats_url)
     junk = draw(rejected_junk(UsageSample, sample()), n)
     started = time.monotonic()
-    service = DecisionService(DecisionSettings(nats_url=nats_url))
+    service = DecisionService(DecisionSettings(nats={"url": nats_url}))
     async with running(service):
         subject = subjects.usage_subject(sample().workload)
         await publish_all(nats_url, subject, junk)
@@ -148,7 +148,9 @@ async def test_junk_decisions_are_each_dead_lettered(nats_url: str, n: int) -> N
     junk = draw(rejected_junk(FractionDecision, valid), n)
     started = time.monotonic()
     service = ActuatorService(
-        ActuatorSettings(nats_url=nats_url, sim={"pods": "inference/chat=0.5", "cluster": "test"})
+        ActuatorSettings(
+            nats={"url": nats_url}, sim={"pods": "inference/chat=0.5", "cluster": "test"}
+        )
     )
     async with running(service):
         subject = subjects.decision_subject(valid.workload)
@@ -189,7 +191,7 @@ async def test_junk_policy_requests_are_refused_and_dead_lettered(nats_url: str,
     sets = draw(rejected_junk(Policy, POLICY), n)
     gets = draw(junk_payloads(POLICY.scope).filter(_get_refused), n)
     started = time.monotonic()
-    service = DecisionService(DecisionSettings(nats_url=nats_url))
+    service = DecisionService(DecisionSettings(nats={"url": nats_url}))
     async with running(service):
         nc = await nats.connect(nats_url)
         for subject, payloads in ((subjects.POLICY_SET, sets), (subjects.POLICY_GET, gets)):
@@ -246,7 +248,7 @@ async def _put_all(url: str, bucket: str, payloads: list[bytes], key: str = "fuz
 @pytest.fixture
 def ingest_settings(nats_url: str) -> IngestSettings:
     return IngestSettings(
-        nats_url=nats_url, sim={"duration_s": 60, "workloads": 1, "speed": 60, "step_s": 60}
+        nats={"url": nats_url}, sim={"duration_s": 60, "workloads": 1, "speed": 60, "step_s": 60}
     )
 
 
@@ -285,7 +287,7 @@ async def test_junk_stored_policies_are_each_dead_lettered_by_decision(
     await reset_nats(nats_url)
     junk = draw(rejected_junk(Policy, POLICY).filter(bool), n)
     started = time.monotonic()
-    service = DecisionService(DecisionSettings(nats_url=nats_url))
+    service = DecisionService(DecisionSettings(nats={"url": nats_url}))
     async with running(service):
         await _put_all(nats_url, subjects.POLICY_BUCKET, junk)
         prefix = f"$KV.{subjects.POLICY_BUCKET}"
@@ -312,7 +314,7 @@ async def test_junk_checkpoints_are_counted_and_skipped_on_start(nats_url: str, 
     await _put_all(
         nats_url, subjects.DECISION_STATE_BUCKET, junk, key="fuzz/inference/Deployment/w{i}"
     )
-    service = DecisionService(DecisionSettings(nats_url=nats_url))
+    service = DecisionService(DecisionSettings(nats={"url": nats_url}))
     async with running(service):
         reg = service.runtime.registry
         corrupt = reg.get_sample_value("fracpilot_decision_checkpoints_corrupt_total") or 0.0
@@ -339,7 +341,7 @@ async def test_a_scrape_target_serving_junk_never_stops_ingest(nats_url: str) ->
     with JunkHttpServer(bodies) as server:
         service = IngestService(
             IngestSettings(
-                nats_url=nats_url, sources="scrape", scrape_targets=server.url, interval_s=0.05
+                nats={"url": nats_url}, sources="scrape", scrape_targets=server.url, interval_s=0.05
             )
         )
         async with running(service):

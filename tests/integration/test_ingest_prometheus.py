@@ -95,7 +95,7 @@ def prom(exporter: GpuTestExporter) -> Iterator[PrometheusServer]:
 
 def settings(nats_url: str, **overrides: object) -> IngestSettings:
     base: dict[str, object] = {
-        "nats_url": nats_url,
+        "nats": {"url": nats_url},
         "interval_s": STEP,
         "backfill_s": 5.0,
         "cluster": "test",

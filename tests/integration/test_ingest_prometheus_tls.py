@@ -53,7 +53,7 @@ def proxy(prom: PrometheusServer, tls: TlsFiles) -> Iterator[BearerTokenProxy]:
 
 def _settings(nats_url: str, prometheus: dict[str, object]) -> IngestSettings:
     return IngestSettings(
-        nats_url=nats_url,
+        nats={"url": nats_url},
         interval_s=STEP,
         backfill_s=3.0,
         cluster="test",

@@ -335,7 +335,7 @@ async def test_only_policy_admin_changes_a_policy(secured: SecuredNats) -> None:
 
 async def test_a_refused_identity_fails_at_once_with_the_reason(secured: SecuredNats) -> None:
     settings = ServiceSettings(
-        nats_url=secured.url, nats_user="decision", nats_password="not-the-password"
+        nats={"url": secured.url, "user": "decision", "password": "not-the-password"}
     )
     bus = Bus("decision", settings, CollectorRegistry())
     with pytest.raises(NatsSecurityError, match="refused this identity"):
@@ -352,7 +352,7 @@ async def test_an_nkey_identity_gets_the_permissions_it_is_bound_to(tmp_path: Pa
         async def remember(exc: Exception) -> None:
             errors.append(exc)
 
-        settings = ServiceSettings(nats_url=server.url, nats_nkey_seed_file=str(seed))
+        settings = ServiceSettings(nats={"url": server.url, "nkey_seed_file": str(seed)})
         nc = await open_connection(settings, servers=server.url, error_cb=remember)
         try:
             js = nc.jetstream()
@@ -379,7 +379,7 @@ async def test_tls_connects_with_the_ca_and_fails_clearly_without(
 ) -> None:
     with SecuredNats(tmp_path / "nats", tls=tls_files) as server:
         with_ca = DecisionSettings(**server.identity("decision"))
-        assert with_ca.nats_tls_ca_file == str(tls_files.ca)
+        assert with_ca.nats.tls_ca_file == str(tls_files.ca)
         async with running(DecisionService(with_ca)) as svc:
             assert svc.runtime.bus.connected
             code, output = await cli(server.env("operator"), "policy", "get")
@@ -393,14 +393,21 @@ async def test_tls_connects_with_the_ca_and_fails_clearly_without(
             assert "FRACPILOT_NATS_TLS_CA_FILE" in output
 
         no_ca = DecisionSettings(
-            **{k: v for k, v in server.identity("decision").items() if k != "nats_tls_ca_file"}
+            nats={
+                k: v for k, v in server.identity("decision")["nats"].items() if k != "tls_ca_file"
+            }
         )
         with pytest.raises(NatsSecurityError, match=r"not trusted.*FRACPILOT_NATS_TLS_CA_FILE"):
             async with running(DecisionService(no_ca)):
                 pass
 
         other_ca = make_tls_files(tmp_path / "other").ca
-        wrong = DecisionSettings(**{**with_ca.model_dump(), "nats_tls_ca_file": str(other_ca)})
+        wrong = DecisionSettings(
+            **{
+                **with_ca.model_dump(),
+                "nats": {**with_ca.nats.model_dump(), "tls_ca_file": str(other_ca)},
+            }
+        )
         with pytest.raises(NatsSecurityError, match="does not verify against"):
             async with running(DecisionService(wrong)):
                 pass
@@ -412,18 +419,14 @@ async def test_mutual_tls_needs_the_client_certificate(tmp_path: Path, tls_files
         with pytest.raises(NatsSecurityError):
             async with running(DecisionService(server_only)):
                 pass
-        mutual = DecisionSettings(
-            **server.identity("decision"),
-            nats_tls_cert_file=str(tls_files.client_cert),
-            nats_tls_key_file=str(tls_files.client_key),
-        )
+        client_pair = {
+            "tls_cert_file": str(tls_files.client_cert),
+            "tls_key_file": str(tls_files.client_key),
+        }
+        mutual = DecisionSettings(**server.identity("decision", **client_pair))
         async with running(DecisionService(mutual)) as svc:
             assert svc.runtime.bus.connected
-            reader = ServiceSettings(
-                **server.identity("operator"),
-                nats_tls_cert_file=str(tls_files.client_cert),
-                nats_tls_key_file=str(tls_files.client_key),
-            )
+            reader = ServiceSettings(**server.identity("operator", **client_pair))
             nc = await open_connection(reader, servers=server.url)
             reply = await nc.request(subjects.POLICY_LIST, b"", timeout=5)
             await nc.close()
@@ -432,8 +435,6 @@ async def test_mutual_tls_needs_the_client_certificate(tmp_path: Path, tls_files
 
 async def test_tls_settings_refuse_a_plain_text_server(tmp_path: Path, tls_files: TlsFiles) -> None:
     with SecuredNats(tmp_path / "nats") as server:
-        settings = ServiceSettings(
-            **server.identity("decision"), nats_tls_ca_file=str(tls_files.ca)
-        )
+        settings = ServiceSettings(**server.identity("decision", tls_ca_file=str(tls_files.ca)))
         with pytest.raises(NatsSecurityError, match="does not offer it"):
             await open_connection(settings, servers=server.url)

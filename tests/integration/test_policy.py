@@ -38,7 +38,7 @@ CHAT = PolicyScope(level=PolicyLevel.WORKLOAD, namespace="inference", workload="
 @pytest.fixture
 async def service(nats_url: str) -> AsyncIterator[DecisionService]:
     await reset_nats(nats_url)
-    async with running(DecisionService(DecisionSettings(nats_url=nats_url))) as svc:
+    async with running(DecisionService(DecisionSettings(nats={"url": nats_url}))) as svc:
         yield svc
 
 
@@ -255,8 +255,8 @@ async def test_a_live_policy_change_alters_the_next_decision(
 
 async def test_replicas_share_the_requests_and_see_each_others_changes(nats_url: str) -> None:
     await reset_nats(nats_url)
-    one = DecisionService(DecisionSettings(nats_url=nats_url))
-    two = DecisionService(DecisionSettings(nats_url=nats_url))
+    one = DecisionService(DecisionSettings(nats={"url": nats_url}))
+    two = DecisionService(DecisionSettings(nats={"url": nats_url}))
     async with running(one), running(two):
         stored = await set_policy(nats_url, Policy(scope=INFERENCE, max_fraction=0.5))
         for _ in range(10):

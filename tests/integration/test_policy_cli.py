@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 async def service(nats_url: str) -> AsyncIterator[DecisionService]:
     await reset_nats(nats_url)
-    async with running(DecisionService(DecisionSettings(nats_url=nats_url))) as svc:
+    async with running(DecisionService(DecisionSettings(nats={"url": nats_url}))) as svc:
         yield svc
 
 

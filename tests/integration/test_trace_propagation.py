@@ -32,13 +32,15 @@ async def test_one_trace_spans_the_three_services(nats_url: str) -> None:
     # One small workload seeded far too small, so its first samples cause an upsize.
     actuator = ActuatorService(
         ActuatorSettings(
-            nats_url=nats_url, sim={"cluster": "demo", "pods": "inference/chat-llama-8b=0.125"}
+            nats={"url": nats_url}, sim={"cluster": "demo", "pods": "inference/chat-llama-8b=0.125"}
         ),
         processor,
     )
-    decision = DecisionService(DecisionSettings(nats_url=nats_url), processor)
+    decision = DecisionService(DecisionSettings(nats={"url": nats_url}), processor)
     ingest = IngestService(
-        IngestSettings(nats_url=nats_url, sim={"workloads": 1, "speed": 3600, "duration_s": 1800}),
+        IngestSettings(
+            nats={"url": nats_url}, sim={"workloads": 1, "speed": 3600, "duration_s": 1800}
+        ),
         processor,
     )
     async with running(actuator), running(decision), running(ingest):

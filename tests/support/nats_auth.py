@@ -201,16 +201,17 @@ class SecuredNats:
             if who in line and "Violation" in line and (client is None or f':{client}"' in line)
         ]
 
-    def identity(self, name: str) -> dict[str, str]:
-        """``ServiceSettings`` fields (as keyword arguments) for one example identity."""
-        fields = {"nats_url": self.url, "nats_user": name, "nats_password": self.passwords[name]}
+    def identity(self, name: str, **nats: str) -> dict[str, dict[str, str]]:
+        """``ServiceSettings`` keyword arguments (the ``nats`` group) for one example identity,
+        with any further ``nats`` fields given."""
+        fields = {"url": self.url, "user": name, "password": self.passwords[name]}
         if self.tls is not None:
-            fields["nats_tls_ca_file"] = str(self.tls.ca)
-        return fields
+            fields["tls_ca_file"] = str(self.tls.ca)
+        return {"nats": fields | nats}
 
     def env(self, name: str) -> dict[str, str]:
         """The same identity as FRACPILOT_ environment variables (for the CLI)."""
-        return {f"FRACPILOT_{k.upper()}": v for k, v in self.identity(name).items()}
+        return {f"FRACPILOT_NATS_{k.upper()}": v for k, v in self.identity(name)["nats"].items()}
 
     def start(self) -> SecuredNats:
         self.server.start()

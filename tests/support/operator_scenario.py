@@ -166,7 +166,7 @@ def namespace_policy(namespace: str, revision: int) -> Policy:
 
 async def publish(url: str, rec: Recording, extra_states: dict[str, bytes] | None = None) -> None:
     """Put the recording where the services would have (streams in publishing order)."""
-    bus = Bus("recording", ServiceSettings(nats_url=url), CollectorRegistry())
+    bus = Bus("recording", ServiceSettings(nats={"url": url}), CollectorRegistry())
     await bus.connect(retry_for_s=10)
     try:
         await bus.ensure_streams()

@@ -114,9 +114,9 @@ class Bus:
         """Connect, retrying with exponential backoff; afterwards nats-py reconnects forever."""
         s = self.settings
         options: dict[str, Any] = {
-            "servers": [u.strip() for u in s.nats_url.split(",")],
+            "servers": [u.strip() for u in s.nats.url.split(",")],
             "name": f"fracpilot-{self.service}",
-            "connect_timeout": s.nats_connect_timeout_s,
+            "connect_timeout": s.nats.connect_timeout_s,
             "max_reconnect_attempts": -1,
             "reconnect_time_wait": 1,
             "allow_reconnect": True,
@@ -136,7 +136,7 @@ class Bus:
         self._js = self.nc.jetstream()
         log.info(
             "connected to NATS",
-            extra={"url": self.nc.connected_url.netloc if self.nc.connected_url else s.nats_url},
+            extra={"url": self.nc.connected_url.netloc if self.nc.connected_url else s.nats.url},
         )
 
     async def _sync_with_server(self) -> None:

@@ -5,10 +5,41 @@ All settings come from the environment with the prefix ``FRACPILOT_`` (pydantic-
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fracpilot_libs.pricing import GpuPrices, UsdPerHour
+
+
+class NatsSettings(BaseModel):
+    """``FRACPILOT_NATS_*``: where NATS is and who this process is to it."""
+
+    url: str = Field(
+        default="nats://127.0.0.1:4222", description="NATS server URL(s), comma-separated"
+    )
+    user: str | None = Field(default=None, description="user name (with nats_password)")
+    password: str | None = None
+    creds_file: str | None = Field(
+        default=None, description="a .creds file (user JWT and nkey seed, NATS operator mode)"
+    )
+    nkey_seed_file: str | None = Field(
+        default=None, description="a file holding a user's nkey seed (SU...)"
+    )
+    tls_ca_file: str | None = Field(
+        default=None, description="PEM CA that signed the server's certificate: TLS"
+    )
+    tls_cert_file: str | None = Field(
+        default=None, description="PEM client certificate (with nats_tls_key_file): mutual TLS"
+    )
+    tls_key_file: str | None = None
+    connect_timeout_s: float = 5.0
+
+
+class MetricsEndpointSettings(BaseModel):
+    """``FRACPILOT_METRICS_*``: where /metrics, /healthz and /readyz are served."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=0, description="0 picks a free port; it is logged at start")
 
 
 class ServiceSettings(BaseSettings):
@@ -23,27 +54,8 @@ class ServiceSettings(BaseSettings):
         env_nested_max_split=1,
     )
 
-    nats_url: str = Field(
-        default="nats://127.0.0.1:4222", description="NATS server URL(s), comma-separated"
-    )
-    nats_user: str | None = Field(default=None, description="user name (with nats_password)")
-    nats_password: str | None = None
-    nats_creds_file: str | None = Field(
-        default=None, description="a .creds file (user JWT and nkey seed, NATS operator mode)"
-    )
-    nats_nkey_seed_file: str | None = Field(
-        default=None, description="a file holding a user's nkey seed (SU...)"
-    )
-    nats_tls_ca_file: str | None = Field(
-        default=None, description="PEM CA that signed the server's certificate: TLS"
-    )
-    nats_tls_cert_file: str | None = Field(
-        default=None, description="PEM client certificate (with nats_tls_key_file): mutual TLS"
-    )
-    nats_tls_key_file: str | None = None
-    nats_connect_timeout_s: float = 5.0
-    metrics_host: str = "127.0.0.1"
-    metrics_port: int = Field(default=0, description="0 picks a free port; it is logged at start")
+    nats: NatsSettings = Field(default_factory=lambda: NatsSettings())
+    metrics: MetricsEndpointSettings = Field(default_factory=lambda: MetricsEndpointSettings())
     otlp_endpoint: str | None = Field(
         default=None, description="OTLP/HTTP base URL; no export when unset"
     )

@@ -365,8 +365,8 @@ class Allocation(WireModel):
     updated_at: UtcDatetime
 
 
-class GpuBackend(StrEnum):
-    """How a workload's pods hold their GPU share."""
+class GpuSharing(StrEnum):
+    """How a workload's pods hold their GPU share: the GPU-sharing scheduler (KAI or HAMi)."""
 
     KAI = "kai"  # annotation gpu-fraction (portion of one GPU) or gpu-memory (MiB)
     HAMI = "hami"  # limits nvidia.com/gpumem(-percentage) and nvidia.com/gpucores
@@ -380,6 +380,6 @@ class WorkloadTarget(WireModel):
     workload: WorkloadRef
     fraction: Fraction
     memory_mib: Annotated[int, Field(ge=0)]
-    backend: GpuBackend
+    backend: GpuSharing
     decision_id: str = Field(min_length=1, max_length=200)
     updated_at: UtcDatetime

@@ -47,25 +47,25 @@ def _readable(setting: str, path: str) -> Path:
 def tls_context(settings: ServiceSettings) -> ssl.SSLContext | None:
     """The client's TLS context, or None when no TLS setting is given."""
     s = settings
-    if not (s.nats_tls_ca_file or s.nats_tls_cert_file or s.nats_tls_key_file):
+    if not (s.nats.tls_ca_file or s.nats.tls_cert_file or s.nats.tls_key_file):
         return None
-    if bool(s.nats_tls_cert_file) != bool(s.nats_tls_key_file):
+    if bool(s.nats.tls_cert_file) != bool(s.nats.tls_key_file):
         raise NatsSecurityError(
             "mutual TLS needs both FRACPILOT_NATS_TLS_CERT_FILE and FRACPILOT_NATS_TLS_KEY_FILE"
         )
     try:
-        if s.nats_tls_ca_file:
-            ca = _readable("nats_tls_ca_file", s.nats_tls_ca_file)
+        if s.nats.tls_ca_file:
+            ca = _readable("nats_tls_ca_file", s.nats.tls_ca_file)
             context = ssl.create_default_context(cafile=str(ca))
         else:  # the server's certificate is signed by a public CA
             context = ssl.create_default_context()
     except ssl.SSLError as exc:
         raise NatsSecurityError(
-            f"FRACPILOT_NATS_TLS_CA_FILE={s.nats_tls_ca_file}: not a PEM CA certificate ({exc})"
+            f"FRACPILOT_NATS_TLS_CA_FILE={s.nats.tls_ca_file}: not a PEM CA certificate ({exc})"
         ) from exc
-    if s.nats_tls_cert_file and s.nats_tls_key_file:
-        cert = _readable("nats_tls_cert_file", s.nats_tls_cert_file)
-        key = _readable("nats_tls_key_file", s.nats_tls_key_file)
+    if s.nats.tls_cert_file and s.nats.tls_key_file:
+        cert = _readable("nats_tls_cert_file", s.nats.tls_cert_file)
+        key = _readable("nats_tls_key_file", s.nats.tls_key_file)
         try:
             context.load_cert_chain(str(cert), str(key))
         except ssl.SSLError as exc:
@@ -79,33 +79,33 @@ def tls_context(settings: ServiceSettings) -> ssl.SSLContext | None:
 def connect_options(settings: ServiceSettings) -> dict[str, Any]:
     """nats-py ``connect`` options for the configured identity and TLS (checked here)."""
     s = settings
-    if bool(s.nats_user) != bool(s.nats_password):
+    if bool(s.nats.user) != bool(s.nats.password):
         raise NatsSecurityError(
             "FRACPILOT_NATS_USER and FRACPILOT_NATS_PASSWORD go together: set both or neither"
         )
     identities = [
         name
         for name, value in (
-            ("FRACPILOT_NATS_USER", s.nats_user),
-            ("FRACPILOT_NATS_CREDS_FILE", s.nats_creds_file),
-            ("FRACPILOT_NATS_NKEY_SEED_FILE", s.nats_nkey_seed_file),
+            ("FRACPILOT_NATS_USER", s.nats.user),
+            ("FRACPILOT_NATS_CREDS_FILE", s.nats.creds_file),
+            ("FRACPILOT_NATS_NKEY_SEED_FILE", s.nats.nkey_seed_file),
         )
         if value
     ]
     if len(identities) > 1:
         raise NatsSecurityError(f"choose one NATS identity, not {' and '.join(identities)}")
     options: dict[str, Any] = {}
-    if s.nats_user:
-        options["user"], options["password"] = s.nats_user, s.nats_password
-    if s.nats_creds_file:
-        creds = _readable("nats_creds_file", s.nats_creds_file)
+    if s.nats.user:
+        options["user"], options["password"] = s.nats.user, s.nats.password
+    if s.nats.creds_file:
+        creds = _readable("nats_creds_file", s.nats.creds_file)
         if b"BEGIN NATS USER JWT" not in creds.read_bytes():
             raise NatsSecurityError(
                 f"FRACPILOT_NATS_CREDS_FILE={creds}: not a NATS creds file (no user JWT)"
             )
         options["user_credentials"] = str(creds)
-    if s.nats_nkey_seed_file:
-        seed = _readable("nats_nkey_seed_file", s.nats_nkey_seed_file)
+    if s.nats.nkey_seed_file:
+        seed = _readable("nats_nkey_seed_file", s.nats.nkey_seed_file)
         if not seed.read_bytes().strip().startswith(b"SU"):
             raise NatsSecurityError(
                 f"FRACPILOT_NATS_NKEY_SEED_FILE={seed}: not a user nkey seed (one line, SU...)"
@@ -120,15 +120,15 @@ def permanent_error(exc: BaseException, settings: ServiceSettings) -> str | None
     """Why a connection attempt will fail again however often it is retried (None: it may not)."""
     if isinstance(exc, ssl.SSLCertVerificationError):
         hint = (
-            f"it does not verify against FRACPILOT_NATS_TLS_CA_FILE={settings.nats_tls_ca_file}"
-            if settings.nats_tls_ca_file
+            f"it does not verify against FRACPILOT_NATS_TLS_CA_FILE={settings.nats.tls_ca_file}"
+            if settings.nats.tls_ca_file
             else "set FRACPILOT_NATS_TLS_CA_FILE to the CA that signed it"
         )
         return f"the NATS server's TLS certificate is not trusted ({exc.verify_message}): {hint}"
     if isinstance(exc, ssl.SSLError):
         hint = (
             ""
-            if settings.nats_tls_cert_file
+            if settings.nats.tls_cert_file
             else " (a server verifying clients needs FRACPILOT_NATS_TLS_CERT_FILE and _KEY_FILE)"
         )
         return f"TLS handshake with the NATS server failed: {exc}{hint}"
@@ -189,7 +189,7 @@ async def open_connection(settings: ServiceSettings, **options: Any) -> NatsClie
         await nc.close()
         raise NatsSecurityError(
             "TLS is configured (FRACPILOT_NATS_TLS_*) but the NATS server at "
-            f"{settings.nats_url} does not offer it: refusing to talk in plain text"
+            f"{settings.nats.url} does not offer it: refusing to talk in plain text"
         )
     return nc
 
@@ -217,7 +217,7 @@ async def connect_once(
         seen.append(exc)
 
     options: dict[str, Any] = {
-        "servers": [u.strip() for u in settings.nats_url.split(",")],
+        "servers": [u.strip() for u in settings.nats.url.split(",")],
         "connect_timeout": timeout_s,
         "allow_reconnect": False,
         "max_reconnect_attempts": 1,  # each server twice, then give up

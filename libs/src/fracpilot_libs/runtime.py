@@ -55,10 +55,10 @@ class ServiceRuntime:
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop_requested.set)
-        await self.http.start(self.settings.metrics_host, self.settings.metrics_port)
+        await self.http.start(self.settings.metrics.host, self.settings.metrics.port)
         log.info(
             "telemetry endpoint listening",
-            extra={"host": self.settings.metrics_host, "port": self.http.port},
+            extra={"host": self.settings.metrics.host, "port": self.http.port},
         )
         try:
             await self.bus.connect()

@@ -369,7 +369,7 @@ def test_every_variable_is_a_real_setting_that_parses(
             for name, value in env.items():
                 patch.setenv(name, value)
             settings = settings_class()
-        assert settings.metrics_host == "0.0.0.0"
+        assert settings.metrics.host == "0.0.0.0"
         if component == "decision":
             assert isinstance(settings, DecisionSettings)
             policy = cluster_default(settings.policy_json)

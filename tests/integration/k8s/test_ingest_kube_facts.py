@@ -89,7 +89,7 @@ def _service(
     nats_url: str, prom: PrometheusServer, api: client.ApiClient, job: str = "dcgm"
 ) -> IngestService:
     settings = IngestSettings(
-        nats_url=nats_url,
+        nats={"url": nats_url},
         interval_s=STEP,
         backfill_s=3.0,
         cluster="test",

@@ -35,7 +35,7 @@ from fracpilot_libs.contracts import (
     ActuationResult,
     Allocation,
     FractionDecision,
-    GpuBackend,
+    GpuSharing,
     Outcome,
     PlanKind,
     WorkloadRef,
@@ -169,7 +169,7 @@ def cluster(kube_admin: client.ApiClient, kube_namespace: str) -> Cluster:
 
 def settings_for(nats_url: str, cluster: Cluster, **changes: Any) -> ActuatorSettings:
     fields: dict[str, Any] = {
-        "nats_url": nats_url,
+        "nats": {"url": nats_url},
         "backend": "kubernetes",
         "cluster": "test",
         "gpu_node_selector": cluster.selector,
@@ -317,7 +317,7 @@ async def test_kai_in_place_patches_the_annotation_records_the_target_and_an_eve
     assert target is not None
     assert (target.fraction, target.backend, target.decision_id) == (
         0.375,
-        GpuBackend.KAI,
+        GpuSharing.KAI,
         made.decision_id,
     )
     assert target.memory_mib == round(0.375 * MEM_MIB)
@@ -452,7 +452,7 @@ async def test_hami_change_is_a_recreate_even_when_it_fits(
     assert cluster.evicted("embed-1")
     target = await target_of(nats_url, made.workload)
     assert target is not None
-    assert (target.backend, target.memory_mib) == (GpuBackend.HAMI, 10240)
+    assert (target.backend, target.memory_mib) == (GpuSharing.HAMI, 10240)
 
 
 # --- without the webhook: pod template patches ----------------------------------------------------

@@ -175,17 +175,20 @@ ACTUATOR_FORBIDDEN: tuple[Call, ...] = (
     Call("create", "", "serviceaccounts", "token", scope="own"),
 )
 
-# What fracpilot_ingest.owners.KubernetesOwners calls (owners=kubernetes).
+# What fracpilot_ingest.owners.KubernetesOwners calls (owners=kubernetes; nodes with
+# FRACPILOT_HAMI_NODES, for HAMi's device register annotation).
 INGEST_CALLS: tuple[Call, ...] = (
     *_reads("", "pods", "the pod's controller"),
     *_reads("apps", "replicasets", "ReplicaSet -> Deployment"),
     *_reads("batch", "jobs", "Job -> CronJob"),
+    Call("list", "", "nodes", scope="cluster", why="HAMi device register (hami_nodes)"),
+    Call("watch", "", "nodes", scope="cluster", why="HAMi device register (hami_nodes)"),
 )
 
 INGEST_FORBIDDEN: tuple[Call, ...] = (
     Call("patch", "", "pods"),
     Call("create", "", "pods", "eviction"),
-    Call("list", "", "nodes", scope="cluster"),
+    Call("patch", "", "nodes", scope="cluster"),
     Call("get", "", "secrets"),
     Call("get", "apps", "deployments"),
     Call("create", "", "events"),
@@ -627,7 +630,7 @@ async def test_the_backend_runs_with_the_actuator_token(
         )
     wait_bound(as_actuator, actuator, ACTUATOR_CALLS)
 
-    bus = Bus("rbac-test", ServiceSettings(nats_url=nats_url), CollectorRegistry())
+    bus = Bus("rbac-test", ServiceSettings(nats={"url": nats_url}), CollectorRegistry())
     await bus.connect()
     finished: list[Actuation] = []
 
@@ -756,7 +759,7 @@ async def test_ingest_owner_watches_run_with_its_token(
     client.CoreV1Api(kube_admin).create_namespaced_pod(ns, pod)
     wait_bound(as_ingest, ingest, INGEST_CALLS)
 
-    owners = KubernetesOwners(as_ingest, "test")
+    owners = KubernetesOwners(as_ingest, "test", nodes=True)  # nodes: HAMi's register
     owners.start()
     try:
         assert await owners.wait_synced(10)
@@ -765,7 +768,10 @@ async def test_ingest_owner_watches_run_with_its_token(
     finally:
         owners.stop()
     core = client.CoreV1Api(as_ingest)
-    assert status_of(lambda: core.list_node()) == 403
+    assert status_of(lambda: core.read_node("any-node")) == 403
+    assert (
+        status_of(lambda: core.patch_node("any-node", {"metadata": {"labels": {"x": "y"}}})) == 403
+    )
     assert status_of(lambda: core.patch_namespaced_pod(
         pod.metadata.name, ns, {"metadata": {"annotations": {"x": "y"}}},
         _content_type=MERGE_PATCH)) == 403  # fmt: skip

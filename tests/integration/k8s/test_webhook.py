@@ -48,7 +48,7 @@ from fracpilot_actuator.webhook import WebhookServer, start_webhook
 from fracpilot_libs import subjects
 from fracpilot_libs.bus import Bus
 from fracpilot_libs.config import ServiceSettings
-from fracpilot_libs.contracts import GpuBackend, WorkloadRef, WorkloadTarget
+from fracpilot_libs.contracts import GpuSharing, WorkloadRef, WorkloadTarget
 from helpers import reset_nats
 from helpers import wait_for as until
 from k8s_control_plane import _issue, _Issued, _write_cert, _write_key, wait_for
@@ -107,7 +107,7 @@ def target(
     wl: WorkloadRef,
     fraction: float,
     decision_id: str,
-    backend: GpuBackend = GpuBackend.KAI,
+    backend: GpuSharing = GpuSharing.KAI,
     memory_mib: int = 0,
 ) -> WorkloadTarget:
     return WorkloadTarget(
@@ -150,7 +150,7 @@ class Webhook:
 @pytest.fixture
 async def bus(nats_url: str) -> AsyncIterator[Bus]:
     await reset_nats(nats_url)
-    bus = Bus("actuator", ServiceSettings(nats_url=nats_url), CollectorRegistry())
+    bus = Bus("actuator", ServiceSettings(nats={"url": nats_url}), CollectorRegistry())
     await bus.connect(retry_for_s=10)
     try:
         yield bus
@@ -317,7 +317,7 @@ async def test_apiserver_stores_new_pods_with_their_workloads_targets(
         for name in ("chat", "embed", "other")
     }
     await put(webhook.kv, target(chat, 0.375, "d-chat-1"))
-    await put(webhook.kv, target(embed, 0.25, "d-embed-1", GpuBackend.HAMI, memory_mib=20480))
+    await put(webhook.kv, target(embed, 0.25, "d-embed-1", GpuSharing.HAMI, memory_mib=20480))
     await webhook.holds(chat, "d-chat-1")
     await webhook.holds(embed, "d-embed-1")
 

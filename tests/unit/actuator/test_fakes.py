@@ -14,7 +14,7 @@ from fracpilot_actuator.fakes import (
 from fracpilot_actuator.guardrails import Disruption
 from fracpilot_actuator.ports import AllocationStore, DisruptionHistory, TargetStore
 from fracpilot_libs import subjects
-from fracpilot_libs.contracts import Allocation, GpuBackend, WorkloadTarget
+from fracpilot_libs.contracts import Allocation, GpuSharing, WorkloadTarget
 
 T0 = datetime(2026, 3, 2, tzinfo=UTC)
 
@@ -24,7 +24,7 @@ def target(name: str, fraction: float, decision_id: str = "d-1") -> WorkloadTarg
         workload=workload(name),
         fraction=fraction,
         memory_mib=int(fraction * 81920),
-        backend=GpuBackend.KAI,
+        backend=GpuSharing.KAI,
         decision_id=decision_id,
         updated_at=T0,
     )

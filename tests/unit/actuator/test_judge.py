@@ -19,7 +19,7 @@ from fracpilot_actuator.kube.judge import (
     judge,
     memory_share_mib,
 )
-from fracpilot_libs.contracts import FractionDecision, GpuBackend, Outcome, PlanKind
+from fracpilot_libs.contracts import FractionDecision, GpuSharing, Outcome, PlanKind
 from support.kube_objects import MEM_MIB, T0, hami, kai, node, pod, reservation
 
 UUID_A = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"
@@ -102,7 +102,7 @@ def test_a_kai_growth_that_fits_is_an_in_place_plan_with_its_target() -> None:
     assert isinstance(result, ActuationPlan)
     assert result.plan.kind is PlanKind.IN_PLACE
     assert (result.gpu_backend, result.disruptive, result.resuming) == (
-        GpuBackend.KAI,
+        GpuSharing.KAI,
         False,
         False,
     )

@@ -23,7 +23,7 @@ from fracpilot_actuator.kube.backend import KubernetesBackend
 from fracpilot_actuator.kube.errors import PermanentKubeError
 from fracpilot_actuator.kube.settings import EvictionSettings, KubeBackendSettings
 from fracpilot_libs import subjects
-from fracpilot_libs.contracts import FractionDecision, GpuBackend, Outcome, PlanKind, WorkloadTarget
+from fracpilot_libs.contracts import FractionDecision, GpuSharing, Outcome, PlanKind, WorkloadTarget
 from support.kube_objects import MEM_MIB, T0, hami, kai, node, reservation
 
 UUID_A = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"
@@ -164,7 +164,7 @@ def backend_target(made: FractionDecision) -> WorkloadTarget:
         workload=made.workload,
         fraction=made.new_fraction,
         memory_mib=made.new_memory_mib,
-        backend=GpuBackend.HAMI,
+        backend=GpuSharing.HAMI,
         decision_id=made.decision_id,
         updated_at=NOW,
     )

@@ -27,7 +27,7 @@ from fracpilot_actuator.kube.object_values import (
     parse_kai_fraction,
 )
 from fracpilot_actuator.planner import ClusterState, apply_pod_plan, plan_workload
-from fracpilot_libs.contracts import MIB, GpuBackend, PlanKind, WorkloadRef
+from fracpilot_libs.contracts import MIB, GpuSharing, PlanKind, WorkloadRef
 from support.kube_objects import MEM_MIB, T0, hami, kai, node, pod, reservation
 
 UUID_A = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"
@@ -108,7 +108,7 @@ def test_kai_gpu_memory_is_a_fraction_of_the_node_label() -> None:
     assert shares(inv) == {"chat-0": ("n1/unknown", 0.25)}
     share = inv.pods["inference/chat-0"].share
     assert share is not None
-    assert (share.backend, share.memory_mib, share.kai_key) == (GpuBackend.KAI, 20480, "gpu-memory")
+    assert (share.backend, share.memory_mib, share.kai_key) == (GpuSharing.KAI, 20480, "gpu-memory")
 
 
 @pytest.mark.parametrize(
@@ -137,7 +137,7 @@ def test_bad_kai_annotations_are_problems_naming_the_pod(
     assert message in problem.message
     assert shares(inv) == {"ok-0": ("n1/unknown", 0.25)}  # the rest is read as usual
     bad = inv.pods["inference/chat-0"]
-    assert (bad.backend, bad.share) == (GpuBackend.KAI, None)
+    assert (bad.backend, bad.share) == (GpuSharing.KAI, None)
     assert inv.problems_of([bad]) == (problem,)
     assert inv.problems_of([inv.pods["inference/ok-0"]]) == ()
 
@@ -186,7 +186,7 @@ def test_hami_pods_from_the_allocated_annotation() -> None:
     )
     assert shares(inv) == {"chat-0": (UUID_A, 0.25), "embed-0": (UUID_A, 0.5)}
     assert sorted(g.uuid for g in inv.state.gpus) == sorted([UUID_A, "n1/free-0"])
-    assert inv.pods["inference/chat-0"].backend is GpuBackend.HAMI
+    assert inv.pods["inference/chat-0"].backend is GpuSharing.HAMI
 
 
 def test_hami_pods_before_scheduling_read_their_limits() -> None:

@@ -45,7 +45,7 @@ from fracpilot_actuator.admission import (
     workload_candidates,
 )
 from fracpilot_libs import subjects
-from fracpilot_libs.contracts import GpuBackend, WorkloadRef, WorkloadTarget
+from fracpilot_libs.contracts import GpuSharing, WorkloadRef, WorkloadTarget
 
 CLUSTER = "test"
 NS = "inference"
@@ -122,7 +122,7 @@ def test_the_applier_follows_rfc_6902_and_6901() -> None:
 
 def target(
     fraction: float = 0.375,
-    backend: GpuBackend = GpuBackend.KAI,
+    backend: GpuSharing = GpuSharing.KAI,
     memory_mib: int = 30720,
     workload: WorkloadRef = CHAT,
     decision_id: str = "d-42",
@@ -326,7 +326,7 @@ def test_a_pod_without_gpu_is_left_alone() -> None:
     pod = kai_pod(None)
     assert admitted(pod, targets_of(target(0.5)))[::2] == (AdmissionOutcome.UNCHANGED, [])
     pod["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
-    hami = target(0.5, backend=GpuBackend.HAMI)
+    hami = target(0.5, backend=GpuSharing.HAMI)
     assert admitted(pod, targets_of(hami))[::2] == (AdmissionOutcome.UNCHANGED, [])
 
 
@@ -337,7 +337,7 @@ def test_hami_limits_are_set_in_the_gpu_container_with_escaped_paths() -> None:
     pod = hami_pod({HAMI_MEMORY: "4000", HAMI_CORES: "30"}, requests={HAMI_MEMORY: "4000"})
     pod["metadata"]["annotations"] = None  # null annotations
     outcome, stored, ops = admitted(
-        pod, targets_of(target(0.25, backend=GpuBackend.HAMI, memory_mib=20480))
+        pod, targets_of(target(0.25, backend=GpuSharing.HAMI, memory_mib=20480))
     )
     assert outcome is AdmissionOutcome.PATCHED
     server = stored["spec"]["containers"][1]["resources"]
@@ -354,7 +354,7 @@ def test_hami_limits_are_set_in_the_gpu_container_with_escaped_paths() -> None:
 
 
 def test_hami_only_touches_what_the_pod_uses() -> None:
-    hami = target(0.375, backend=GpuBackend.HAMI, memory_mib=30720)
+    hami = target(0.375, backend=GpuSharing.HAMI, memory_mib=30720)
     _, stored, _ = admitted(hami_pod({HAMI_MEMORY_PERCENT: "50"}), targets_of(hami))
     assert stored["spec"]["containers"][1]["resources"]["limits"] == {
         GPU: "1",
@@ -362,7 +362,7 @@ def test_hami_only_touches_what_the_pod_uses() -> None:
     }
     outcome, _, ops = admitted(hami_pod({}), targets_of(hami))  # whole GPUs: left alone
     assert (outcome, ops) == (AdmissionOutcome.UNCHANGED, [])
-    no_size = target(0.375, backend=GpuBackend.HAMI, memory_mib=0)
+    no_size = target(0.375, backend=GpuSharing.HAMI, memory_mib=0)
     outcome, _, ops = admitted(hami_pod({HAMI_MEMORY: "4000"}), targets_of(no_size))
     assert (outcome, ops) == (AdmissionOutcome.UNCHANGED, [])
 
@@ -468,7 +468,7 @@ def test_other_requests_are_allowed_untouched() -> None:
 def test_a_failure_while_patching_still_admits_the_pod() -> None:
     pod = hami_pod({HAMI_CORES: "50"})
     pod["metadata"]["annotations"] = "not a map"  # the trace annotation cannot go in
-    answer = admit(review(pod), targets_of(target(0.5, backend=GpuBackend.HAMI)), CLUSTER)
+    answer = admit(review(pod), targets_of(target(0.5, backend=GpuSharing.HAMI)), CLUSTER)
     assert answer.outcome is AdmissionOutcome.ERROR
     assert isinstance(answer.error, ValueError)
     assert answer.review["response"] == {"uid": "705ab4f5-6393-11e8-b7cc", "allowed": True}
@@ -673,7 +673,7 @@ workload_targets = st.builds(
         st.sampled_from([0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875]),
         st.floats(min_value=0.001, max_value=1.0),
     ),
-    backend=st.sampled_from(GpuBackend),
+    backend=st.sampled_from(GpuSharing),
     memory_mib=st.one_of(st.just(0), st.integers(1, 81920)),
     decision_id=st.sampled_from(["d-1", "d/2~x"]),
 )
@@ -755,7 +755,7 @@ def test_the_patch_applies_and_gives_the_pod_its_target(
         assert KAI_MEMORY not in notes
         assert not gpu_containers(stored)
 
-    if goal.backend is GpuBackend.KAI and took_it:
+    if goal.backend is GpuSharing.KAI and took_it:
         if form == "kai-memory":
             assert notes[KAI_MEMORY] == str(goal.memory_mib)
         elif goal.fraction < 1:
@@ -765,11 +765,11 @@ def test_the_patch_applies_and_gives_the_pod_its_target(
             assert KAI_FRACTION not in notes
             assert KAI_MPS not in notes
             assert gpu_containers(stored)
-    if goal.backend is GpuBackend.KAI and not took_it:
+    if goal.backend is GpuSharing.KAI and not took_it:
         assert form in ("none", "hami", "kai-memory") or (
             form == "whole" and pod["spec"].get("schedulerName") != "kai-scheduler"
         )
-    if goal.backend is GpuBackend.HAMI:
+    if goal.backend is GpuSharing.HAMI:
         before, after = gpu_containers(pod), gpu_containers(stored)
         assert len(before) == len(after)
         if took_it:
@@ -817,7 +817,7 @@ def test_template_patch_sizes_the_pod_template_with_paths_from_the_workload() ->
     assert annotations == {KAI_FRACTION: "0.375", TARGET_ANNOTATION: "d-42"}
 
     hami = deployment_of(hami_pod({HAMI_MEMORY: "20480"}, {HAMI_MEMORY: "20480"}))
-    _, ops = template_patch(hami, target(0.125, GpuBackend.HAMI, memory_mib=10240))
+    _, ops = template_patch(hami, target(0.125, GpuSharing.HAMI, memory_mib=10240))
     resources = apply_patch(hami, ops)["spec"]["template"]["spec"]["containers"][1]["resources"]
     assert resources["limits"][HAMI_MEMORY] == resources["requests"][HAMI_MEMORY] == "10240"
 

@@ -22,7 +22,9 @@ THIS_FILE = __file__  # an existing file that is neither creds nor a certificate
 
 
 def settings(**fields: str) -> ServiceSettings:
-    return ServiceSettings(nats_url="nats://127.0.0.1:4222", **fields)  # type: ignore[arg-type]
+    """Settings with these ``nats`` group fields, named as in the environment (``nats_user``)."""
+    nats = {name.removeprefix("nats_"): value for name, value in fields.items()}
+    return ServiceSettings(nats={"url": "nats://127.0.0.1:4222", **nats})
 
 
 def test_no_settings_mean_no_identity_and_no_tls() -> None:
@@ -95,7 +97,7 @@ def test_which_connection_errors_are_permanent() -> None:
 
 
 async def test_an_unreachable_server_is_a_transient_error_and_refusals_are_permanent() -> None:
-    settings = ServiceSettings(nats_url="nats://127.0.0.1:1")
+    settings = ServiceSettings(nats={"url": "nats://127.0.0.1:1"})
     errors: list[Exception] = []
     with pytest.raises(NatsUnreachableError) as caught:
         await connect_once(settings, timeout_s=0.5, errors=errors)

@@ -133,7 +133,7 @@ class KubernetesOwners:
             apps.read_namespaced_replica_set,
         )
         self.jobs = informer("jobs", batch.list_job_for_all_namespaces, batch.read_namespaced_job)
-        # Nodes only when asked (HAMi's register annotation; needs get/list/watch on nodes).
+        # Nodes only when asked (HAMi's register annotation; needs list/watch on nodes).
         self.nodes = (
             Informer(
                 "nodes",

@@ -89,7 +89,7 @@ class IngestSettings(ServiceSettings):
     hami_nodes: bool = Field(
         default=False,
         description="owners=kubernetes: also watch nodes for HAMi's device memory "
-        "(annotation hami.io/node-nvidia-register; needs get/list/watch on nodes)",
+        "(annotation hami.io/node-nvidia-register; needs list/watch on nodes)",
     )
     sim: SimulatorSettings = Field(default_factory=SimulatorSettings)
     workload_metrics_limit: int = Field(

@@ -42,7 +42,7 @@ from fracpilot_actuator.admission.pods import (
     as_list,
     as_mapping,
 )
-from fracpilot_libs.contracts import GpuBackend, WorkloadTarget
+from fracpilot_libs.contracts import GpuSharing, WorkloadTarget
 
 KAI_FRACTION = "gpu-fraction"
 KAI_MEMORY = "gpu-memory"
@@ -212,7 +212,7 @@ def _hami(pod: Mapping[str, Any], target: WorkloadTarget, patch: PatchBuilder) -
 def sizing_patch(pod: Mapping[str, Any], target: WorkloadTarget) -> Sizing:
     """The ops that give ``pod`` the target, and whether the pod can take it at all."""
     builder = PatchBuilder(pod)
-    if target.backend is GpuBackend.KAI:
+    if target.backend is GpuSharing.KAI:
         applies, reason = _kai(pod, target, builder)
     else:
         applies, reason = _hami(pod, target, builder)

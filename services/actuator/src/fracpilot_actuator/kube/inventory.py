@@ -58,7 +58,7 @@ from fracpilot_actuator.kube.object_values import (
     parse_time,
 )
 from fracpilot_actuator.planner import ClusterState, Gpu, Placement
-from fracpilot_libs.contracts import MIB, GpuBackend, WorkloadRef
+from fracpilot_libs.contracts import MIB, GpuSharing, WorkloadRef
 from fracpilot_libs.owners import Controller, OwnerKey, top_owner
 
 # --- the model --------------------------------------------------------------------------------
@@ -77,7 +77,7 @@ class Problem:
 
 @dataclass(frozen=True)
 class GpuShare:
-    backend: GpuBackend
+    backend: GpuSharing
     fraction: float
     gpu_uuid: str  # real UUID, or a synthetic id when the pod's GPU is not known
     memory_mib: int | None = None
@@ -96,7 +96,7 @@ class PodInfo:
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
     controller: Controller | None
-    backend: GpuBackend | None  # what the pod uses, even when its value is bad
+    backend: GpuSharing | None  # what the pod uses, even when its value is bad
     share: GpuShare | None  # None: no share, or a bad value (see problems)
     whole_gpus: int
     resource_version: str
@@ -246,7 +246,7 @@ def _kai_share(
         uuid = f"{node.name}/group/{group}"
     else:
         uuid = f"{node.name}/unknown"
-    return GpuShare(GpuBackend.KAI, fraction, uuid, memory, key)
+    return GpuShare(GpuSharing.KAI, fraction, uuid, memory, key)
 
 
 def _hami_share(annotations: Mapping[str, str], limits: Mapping[str, str], node: _Node) -> GpuShare:
@@ -260,7 +260,7 @@ def _hami_share(annotations: Mapping[str, str], limits: Mapping[str, str], node:
         memory = device.memory_mib
         if not 0 < memory <= node.memory_mib:
             raise ValueError(f"{HAMI_ALLOCATED} holds {memory} MiB of a {node.memory_mib} MiB GPU")
-        return GpuShare(GpuBackend.HAMI, memory / node.memory_mib, device.uuid, memory)
+        return GpuShare(GpuSharing.HAMI, memory / node.memory_mib, device.uuid, memory)
     # Not scheduled by HAMi yet (or the annotation was removed): the limits say how much.
     if HAMI_MEMORY in limits:
         memory = parse_mib(limits[HAMI_MEMORY], HAMI_MEMORY)
@@ -274,17 +274,17 @@ def _hami_share(annotations: Mapping[str, str], limits: Mapping[str, str], node:
         fraction, memory = percent / 100, round(percent / 100 * node.memory_mib)
     else:
         raise ValueError(f"{HAMI_CORES} without {HAMI_MEMORY}: no memory share to resize")
-    return GpuShare(GpuBackend.HAMI, fraction, f"{node.name}/unknown", memory)
+    return GpuShare(GpuSharing.HAMI, fraction, f"{node.name}/unknown", memory)
 
 
-def backend_of(annotations: Mapping[str, str], limits: Mapping[str, str]) -> GpuBackend | None:
+def backend_of(annotations: Mapping[str, str], limits: Mapping[str, str]) -> GpuSharing | None:
     """KAI when a KAI annotation is there, HAMi when a HAMi limit or annotation is."""
     if KAI_FRACTION in annotations or KAI_MEMORY in annotations:
-        return GpuBackend.KAI
+        return GpuSharing.KAI
     if HAMI_ALLOCATED in annotations or any(
         r in limits for r in (HAMI_MEMORY, HAMI_MEMORY_PERCENT, HAMI_CORES)
     ):
-        return GpuBackend.HAMI
+        return GpuSharing.HAMI
     return None
 
 
@@ -339,7 +339,7 @@ def build_inventory(
         whole_gpus = 0
         try:
             if backend is not None and node is not None:
-                if backend is GpuBackend.KAI:
+                if backend is GpuSharing.KAI:
                     share = _kai_share(annotations, labels.get(KAI_GROUP), node, reserved)
                 else:
                     share = _hami_share(annotations, limits, node)

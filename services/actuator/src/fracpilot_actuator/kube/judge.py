@@ -36,7 +36,7 @@ from fracpilot_actuator.kube.object_values import is_opted_out
 from fracpilot_actuator.planner import ResizePlan, WorkloadPlan, plan_workload
 from fracpilot_libs.contracts import (
     FractionDecision,
-    GpuBackend,
+    GpuSharing,
     Outcome,
     PlanKind,
     WorkloadTarget,
@@ -90,7 +90,7 @@ class ActuationPlan:
 
     decision: FractionDecision
     plan: WorkloadPlan
-    gpu_backend: GpuBackend  # the kind of share the workload's pods hold
+    gpu_backend: GpuSharing  # the kind of share the workload's pods hold
     primary: ResizePlan | None  # the step the result reports
     inventory: Inventory
     memory_mib: int  # the new share in MiB of the workload's GPUs
@@ -230,9 +230,9 @@ def judge(
         wl,
         view.inventory.placements_of(live),
         decision.new_fraction,
-        in_place=gpu_backend is GpuBackend.KAI,
+        in_place=gpu_backend is GpuSharing.KAI,
     )
-    if gpu_backend is GpuBackend.HAMI and plan.kind is not PlanKind.NONE:
+    if gpu_backend is GpuSharing.HAMI and plan.kind is not PlanKind.NONE:
         plan = plan.model_copy(
             update={"reason": f"HAMi cannot change a running pod's limits: {plan.reason}"}
         )

@@ -16,7 +16,7 @@ from fracpilot_actuator.kube.inventory import Inventory
 from fracpilot_actuator.kube.judge import actuation_of, memory_share_mib
 from fracpilot_actuator.kube.placeholders import PendingScaleUp
 from fracpilot_actuator.planner import ResizePlan, apply_pod_plan, plan_pod
-from fracpilot_libs.contracts import GpuBackend, Outcome, PlanKind
+from fracpilot_libs.contracts import GpuSharing, Outcome, PlanKind
 
 if TYPE_CHECKING:
     from fracpilot_actuator.kube.backend import KubernetesBackend
@@ -54,7 +54,7 @@ class ScaleUps:
             pod, placement = live.get(pod_name), placements.get(pod_name)
             if pod is not None and placement is not None:
                 step = plan_pod(
-                    state, placement, decision.new_fraction, in_place=pod.backend is GpuBackend.KAI
+                    state, placement, decision.new_fraction, in_place=pod.backend is GpuSharing.KAI
                 )
                 node = bound.get((namespace, placeholder))
                 if step.kind is PlanKind.SCALE_UP and node is None:  # no capacity yet
