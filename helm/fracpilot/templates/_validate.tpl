@@ -23,4 +23,11 @@
 {{- fail (printf "actuator.leaderElection.renewPeriodSeconds %v must be below renewDeadlineSeconds %v" $e.renewPeriodSeconds $e.renewDeadlineSeconds) -}}
 {{- end -}}
 {{- end -}}
+{{- $i := .Values.ingest -}}
+{{- if and $i.prometheus.ca.secretName $i.prometheus.ca.configMapName -}}
+{{- fail (printf "ingest.prometheus.ca names both a Secret (%s) and a ConfigMap (%s): name one" $i.prometheus.ca.secretName $i.prometheus.ca.configMapName) -}}
+{{- end -}}
+{{- if and $i.enabled $i.hamiNodes (ne $i.owners "kubernetes") -}}
+{{- fail (printf "ingest.hamiNodes needs ingest.owners kubernetes (it is %s): nodes are watched with the pods" $i.owners) -}}
+{{- end -}}
 {{- end -}}

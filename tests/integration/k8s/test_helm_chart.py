@@ -293,6 +293,27 @@ def test_the_apiserver_accepts_every_object(
             ["--set", "actuator.leaderElection.renewDeadlineSeconds=20"],
             "renewDeadlineSeconds 20 must not exceed leaseDurationSeconds 15",
         ),
+        (
+            ["--set", "ingest.prometheus.verifyTls=maybe"],
+            "at '/ingest/prometheus/verifyTls': got string, want boolean",
+        ),
+        (
+            ["--set-json", 'ingest.prometheus.headers={"X-Scope-OrgID": 7}'],
+            "at '/ingest/prometheus/headers/X-Scope-OrgID': got number, want string",
+        ),
+        (
+            ["--set-json", 'ingest.prometheus.bearerToken={"secretName": "t", "file": "x"}'],
+            "at '/ingest/prometheus/bearerToken': additional properties 'file'",
+        ),
+        (["--set", "ingest.hamiNodes=yes"], "at '/ingest/hamiNodes': got string, want boolean"),
+        (
+            ["--set", "ingest.prometheus.ca.secretName=a,ingest.prometheus.ca.configMapName=b"],
+            "ingest.prometheus.ca names both a Secret (a) and a ConfigMap (b): name one",
+        ),
+        (
+            ["--set", "ingest.hamiNodes=true,ingest.owners=pod-name"],
+            "ingest.hamiNodes needs ingest.owners kubernetes (it is pod-name)",
+        ),
     ],
     ids=lambda v: v[1] if isinstance(v, list) else None,
 )
@@ -399,6 +420,77 @@ def test_values_reach_the_services(rendered: dict[str, list[dict[str, Any]]]) ->
     )
     default = container_env(rendered["default"], "decision")
     assert default["FRACPILOT_NATS_URL"] == "nats://fracpilot-nats.fracpilot.svc:4222"
+
+
+def ingest_files(docs: list[dict[str, Any]]) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Each file the ingest container can read from a mounted volume: path -> (key in the
+    source, the volume's source)."""
+    pod = find(docs, "Deployment", "fracpilot-ingest")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    files: dict[str, tuple[str, dict[str, Any]]] = {}
+    for mount in container["volumeMounts"]:
+        # A subPath mount is never updated by the kubelet: a rotated token would not be seen.
+        assert "subPath" not in mount, mount
+        volume = volumes[mount["name"]]
+        source = volume.get("secret") or volume.get("configMap") or {}
+        for item in source.get("items", ()):
+            files[f"{mount['mountPath']}/{item['path']}"] = (item["key"], source)
+    return files
+
+
+def test_prometheus_client_values_reach_ingest(
+    helm: Helm, rendered: dict[str, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verifyTls, the CA (ConfigMap or Secret), the bearer token Secret, headers and hamiNodes
+    become IngestSettings, and the files they name are mounted from their sources."""
+    docs = rendered["all-on-values"]
+    env = container_env(docs, "ingest")
+    with monkeypatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        settings = IngestSettings()
+    assert settings.prometheus.verify_tls is True
+    assert settings.prometheus.headers == {"X-Scope-OrgID": "gpu-platform"}
+    assert settings.hami_nodes is True
+    files = ingest_files(docs)
+    assert settings.prometheus.ca_file is not None
+    assert settings.prometheus.bearer_token_file is not None
+    ca_key, ca_source = files[settings.prometheus.ca_file]
+    assert (ca_key, ca_source["name"]) == ("service-ca.crt", "prometheus-ca")
+    token_key, token_source = files[settings.prometheus.bearer_token_file]
+    assert (token_key, token_source["secretName"]) == ("token", "prometheus-reader")
+
+    # The defaults: verified with the system's CAs, no token, no headers, no nodes watched.
+    default = container_env(rendered["default"], "ingest")
+    assert default["FRACPILOT_PROMETHEUS_VERIFY_TLS"] == "true"
+    unset = ("CA_FILE", "BEARER_TOKEN_FILE", "HEADERS")
+    assert not {f"FRACPILOT_PROMETHEUS_{n}" for n in unset} & set(default)
+    assert "FRACPILOT_HAMI_NODES" not in default
+    assert not {p for p in ingest_files(rendered["default"]) if "prometheus" in p}
+
+    # A CA from a Secret, and verification turned off, which parses as off.
+    docs = helm.template(
+        "default",
+        "fracpilot",
+        "--set",
+        "ingest.prometheus.ca.secretName=prom-ca,ingest.prometheus.verifyTls=false",
+    )
+    env = container_env(docs, "ingest")
+    with monkeypatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        settings = IngestSettings()
+    assert settings.prometheus.verify_tls is False
+    assert settings.prometheus.ca_file is not None
+    assert settings.prometheus.bearer_token_file is None
+    key, source = ingest_files(docs)[settings.prometheus.ca_file]
+    assert (key, source["secretName"]) == ("ca.crt", "prom-ca")
+
+    # No prometheus source: nothing of its client is set or mounted.
+    docs = helm.template("all-on-values", "fracpilot", "--set", "ingest.sources={scrape}")
+    assert not {n for n in container_env(docs, "ingest") if "PROMETHEUS" in n}
+    assert not {p for p in ingest_files(docs) if "prometheus" in p}
 
 
 def test_pods_are_locked_down(rendered: dict[str, list[dict[str, Any]]]) -> None:

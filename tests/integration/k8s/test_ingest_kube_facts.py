@@ -4,8 +4,9 @@ cached pods tell ingest besides owners.
 - KAI's GPU group (a reservation pod naming the GPU, two fraction pods with the group label):
   dcgm labels only one of the pods, and both get an estimated split by their fractions;
 - HAMi's node register annotation gives the device memory HAMi's metrics lack;
-- a container OOM-killed (its last state, as the kubelet reports it) marks one sample of its
-  pod ``oom_event``, and the engine upsizes on it.
+- a container OOM-killed, or exited on a CUDA out-of-memory error (its log tail in the
+  termination message, as the kubelet reports it with FallbackToLogsOnError), marks one sample
+  of its pod ``oom_event``, and the engine upsizes on it.
 """
 
 from __future__ import annotations
@@ -170,9 +171,34 @@ async def test_hami_device_memory_from_the_node_register_annotation(
     assert sample.memory_used_bytes == 7_000 * MIB
 
 
-def _oom_killed(at: datetime) -> dict[str, object]:
-    """A container status as the kubelet writes it after an OOM kill and a restart."""
+CUDA_OOM_TAIL = (
+    "Traceback (most recent call last):\n"
+    '  File "/app/train.py", line 140, in step\n'
+    "    loss.backward()\n"
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has a total "
+    "capacity of 79.15 GiB of which 2.31 GiB is free. Process 1 has 76.84 GiB memory in use.\n"
+)
+# (reason, exit code, message) of the last termination: the kernel's kill, and a CUDA OOM crash
+# whose log tail the kubelet put in the message (terminationMessagePolicy FallbackToLogsOnError)
+ENDINGS = {
+    "oom-killed": ("OOMKilled", 137, None),
+    "cuda-out-of-memory": ("Error", 1, CUDA_OOM_TAIL),
+}
+
+
+def _oom_killed(at: datetime, ending: str) -> dict[str, object]:
+    """A container status as the kubelet writes it after an OOM and a restart."""
+    reason, code, message = ENDINGS[ending]
     stamp = at.strftime("%Y-%m-%dT%H:%M:%SZ")
+    terminated: dict[str, object] = {
+        "exitCode": code,
+        "reason": reason,
+        "startedAt": (at - timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "finishedAt": stamp,
+        "containerID": "containerd://1",
+    }
+    if message is not None:
+        terminated["message"] = message
     return {
         "name": "main",
         "image": "registry.invalid/inference:1",
@@ -182,19 +208,13 @@ def _oom_killed(at: datetime) -> dict[str, object]:
         "started": True,
         "restartCount": 1,
         "state": {"running": {"startedAt": stamp}},
-        "lastState": {
-            "terminated": {
-                "exitCode": 137,
-                "reason": "OOMKilled",
-                "startedAt": (at - timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                "finishedAt": stamp,
-                "containerID": "containerd://1",
-            }
-        },
+        "lastState": {"terminated": terminated},
     }
 
 
+@pytest.mark.parametrize("ending", list(ENDINGS))
 async def test_an_oom_kill_is_one_signal_and_the_engine_upsizes_on_it(
+    ending: str,
     nats_url: str,
     prom: PrometheusServer,
     exporter: GpuTestExporter,
@@ -229,20 +249,20 @@ async def test_an_oom_kill_is_one_signal_and_the_engine_upsizes_on_it(
     service = _service(nats_url, prom, kube_admin)
     async with running(service):
         await wait_for(lambda: _published(service) >= 2, timeout=30)
-        assert not any(_oom(s) for s in await _samples(nats_url))
+        assert not any(_oom(s, ns) for s in await _samples(nats_url))
         core.patch_namespaced_pod_status(
             "trainer-0",
             ns,
-            {"status": {"containerStatuses": [_oom_killed(datetime.now(UTC))]}},
+            {"status": {"containerStatuses": [_oom_killed(datetime.now(UTC), ending)]}},
             _content_type=MERGE_PATCH,
         )
         deadline = time.monotonic() + 20
-        while not any(_oom(s) for s in await _samples(nats_url)):
+        while not any(_oom(s, ns) for s in await _samples(nats_url)):
             assert time.monotonic() < deadline, "no OOM signal"
             await asyncio.sleep(0.2)
         published = _published(service)
         await wait_for(lambda: _published(service) >= published + 2, timeout=15)
-    events = [s for s in await _samples(nats_url) if _oom(s)]
+    events = [s for s in await _samples(nats_url) if _oom(s, ns)]
     assert len(events) == 1  # one kill, one event, though the last state stays
     _, decision = decide(WorkloadState(current_fraction=0.5), events[0], Policy())
     assert decision is not None
@@ -250,5 +270,9 @@ async def test_an_oom_kill_is_one_signal_and_the_engine_upsizes_on_it(
     assert decision.new_fraction > 0.5
 
 
-def _oom(sample: UsageSample) -> bool:
-    return bool(sample.signals and sample.signals.oom_event)
+def _oom(sample: UsageSample, namespace: str) -> bool:
+    """An OOM signal of this test's pod (an earlier test's killed pod, still in the cluster
+    and in Prometheus' recent data, signals in its own namespace)."""
+    return sample.workload.namespace == namespace and bool(
+        sample.signals and sample.signals.oom_event
+    )

@@ -115,6 +115,58 @@ def test_other_terminations_are_no_oom() -> None:
     assert oom_kills([pod("a", "p", statuses=[error])]) == []
 
 
+# Log tails as the kubelet puts them in the termination message (FallbackToLogsOnError).
+TORCH_OOM = (
+    '  File "/app/serve.py", line 88, in forward\n'
+    "    hidden = self.mlp(hidden)\n"
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+    "capacity of 39.38 GiB of which 1.12 GiB is free. Process 4211 has 38.25 GiB memory in use."
+)
+DRIVER_OOM = "RuntimeError: CUDA driver error: CUDA_ERROR_OUT_OF_MEMORY (out of memory)"
+RUNTIME_OOM = "cudaMalloc failed: cudaErrorMemoryAllocation: out of memory"
+VLLM_OOM = (
+    "ValueError: No available memory for the cache blocks. Try increasing "
+    "`gpu_memory_utilization` when initializing the engine."
+)
+
+
+@pytest.mark.parametrize("message", [TORCH_OOM, DRIVER_OOM, RUNTIME_OOM, VLLM_OOM])
+def test_a_cuda_out_of_memory_exit_is_an_oom_and_its_message_is_kept(message: str) -> None:
+    ended = {
+        "name": "main",
+        "restartCount": 1,
+        "lastState": {
+            "terminated": {
+                "reason": "Error",
+                "exitCode": 1,
+                "finishedAt": "2026-03-02T10:00:00Z",
+                "message": message,
+            }
+        },
+    }
+    kept = pod_projection(pod("team-a", "chat-0", statuses=[ended]))
+    assert kept["status"]["containerStatuses"][0]["lastState"]["terminated"]["message"] == message
+    assert oom_kills([kept]) == [OomKill("team-a", "chat-0", "main", "2026-03-02T10:00:00Z")]
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "Exception in thread main java.lang.OutOfMemoryError: Java heap space",
+        "MemoryError: Unable to allocate 3.00 GiB for an array",
+        "RuntimeError: CUDA error: device-side assert triggered",
+    ],
+)
+def test_other_failure_messages_are_no_oom_and_not_cached(message: str) -> None:
+    ended = {
+        "name": "main",
+        "lastState": {"terminated": {"reason": "Error", "exitCode": 1, "message": message}},
+    }
+    kept = pod_projection(pod("a", "p", statuses=[ended]))
+    assert "message" not in kept["status"]["containerStatuses"][0]["lastState"]["terminated"]
+    assert oom_kills([kept]) == []
+
+
 def test_a_kai_neighbour_no_series_names_gets_an_estimated_share() -> None:
     labels = {"UUID": GPU, "gpu": "0", "Hostname": "n", "modelName": "NVIDIA A100-SXM4-80GB"}
     labels |= {"pod": "chat-0", "namespace": "team-a", "container": "main"}

@@ -6,7 +6,10 @@
   group label and its ``gpu-fraction`` (or ``gpu-memory``, MiB) annotation. So the pods of a
   group share that GPU, whether or not an exporter names them (dcgm labels one pod per GPU).
   Multi-device fraction pods (``runai-gpu-group/<g>`` labels only) are not read.
-- **Out-of-memory kills**: a container whose last termination says ``OOMKilled``.
+- **Out-of-memory exits**: a container whose last termination says ``OOMKilled`` (the kernel's
+  cgroup OOM killer), or whose termination message names a GPU out-of-memory error. With
+  ``terminationMessagePolicy: FallbackToLogsOnError`` the kubelet puts the log tail of a failed
+  container there, so a CUDA OOM crash is in the pod status like a kill (:data:`CUDA_OOM`).
 
 The pods informer keeps only what these read (:func:`pod_projection`), besides the owners.
 """
@@ -26,6 +29,20 @@ KAI_MEMORY = "gpu-memory"
 _LABELS = (KAI_GROUP,)
 _ANNOTATIONS = (KAI_RESERVED_GPU, KAI_FRACTION, KAI_MEMORY)
 _DONE = ("Succeeded", "Failed")
+# What GPU out-of-memory failures print, as their sources spell it: PyTorch's caching allocator
+# ("CUDA out of memory. Tried to allocate ...", raised as torch.OutOfMemoryError, formerly
+# torch.cuda.OutOfMemoryError; c10/cuda/CUDACachingAllocator.cpp), the CUDA driver API's error
+# name (cuGetErrorName) and the runtime's (cudaGetErrorName), and vLLM when the memory it was
+# given leaves no room for its KV cache (its engine's KV cache size check). Bare
+# "OutOfMemoryError" is not one: the JVM's heap error is spelt so too.
+CUDA_OOM = (
+    "CUDA out of memory",
+    "torch.OutOfMemoryError",
+    "torch.cuda.OutOfMemoryError",
+    "CUDA_ERROR_OUT_OF_MEMORY",
+    "cudaErrorMemoryAllocation",
+    "No available memory for the cache blocks",
+)
 
 PodRef = tuple[str, str]  # (namespace, pod)
 Obj = dict[str, Any]
@@ -33,7 +50,8 @@ Obj = dict[str, Any]
 
 def pod_projection(obj: Obj) -> Obj:
     """Owners' fields plus the KAI labels and annotations, the phase and each container's
-    last termination (reason, exit code, time)."""
+    last termination (reason, exit code, time, and its message only when it names a GPU
+    out-of-memory error: the cache does not hold log tails)."""
     kept = metadata_only(obj)
     meta = obj.get("metadata") or {}
     labels = {k: v for k, v in (meta.get("labels") or {}).items() if k in _LABELS}
@@ -47,19 +65,25 @@ def pod_projection(obj: Obj) -> Obj:
     for c in status.get("containerStatuses") or ():
         last = ((c or {}).get("lastState") or {}).get("terminated")
         if last:
+            terminated = {k: last.get(k) for k in ("reason", "exitCode", "finishedAt")}
+            if names_cuda_oom(last.get("message")):
+                terminated["message"] = last["message"]
             ended.append(
                 {
                     "name": c.get("name", ""),
                     "restartCount": c.get("restartCount", 0),
-                    "lastState": {
-                        "terminated": {k: last.get(k) for k in ("reason", "exitCode", "finishedAt")}
-                    },
+                    "lastState": {"terminated": terminated},
                 }
             )
     kept["status"] = {"phase": status.get("phase", "")}
     if ended:
         kept["status"]["containerStatuses"] = ended
     return kept
+
+
+def names_cuda_oom(message: object) -> bool:
+    """Whether a termination message names a GPU out-of-memory error."""
+    return isinstance(message, str) and any(marker in message for marker in CUDA_OOM)
 
 
 def _meta(pod: Mapping[str, Any], part: str) -> Mapping[str, str]:
@@ -123,13 +147,14 @@ class OomKill:
 
 
 def oom_kills(pods: Iterable[Mapping[str, Any]]) -> list[OomKill]:
-    """Containers whose last termination was an out-of-memory kill."""
+    """Containers whose last termination was an out-of-memory kill or a GPU out-of-memory
+    exit."""
     found = []
     for pod in pods:
         namespace, name = _ref(pod)
         for c in (pod.get("status") or {}).get("containerStatuses") or ():
             last = ((c or {}).get("lastState") or {}).get("terminated") or {}
-            if last.get("reason") == "OOMKilled":
+            if last.get("reason") == "OOMKilled" or names_cuda_oom(last.get("message")):
                 found.append(
                     OomKill(namespace, name, str(c.get("name", "")), str(last.get("finishedAt")))
                 )

@@ -4,7 +4,8 @@ The engine upsizes at once on a sample whose ``signals`` say ``oom_event`` or
 ``contention_event`` (:mod:`fracpilot_libs.sizing.engine`), so each event must reach exactly
 one sample of its pod:
 
-- **OOM**: a container whose last termination was ``OOMKilled`` (the pods cache,
+- **OOM**: a container whose last termination was ``OOMKilled`` or a CUDA out-of-memory exit
+  (the pods cache,
   :func:`fracpilot_ingest.pod_facts.oom_kills`); a kill is identified by its pod, container
   and finish time, and one older than ``window_s`` when first seen (ingest restarted since)
   is history, not news.
