@@ -14,7 +14,9 @@ No I/O: the backend that executes the plan (simulated cluster, Kubernetes) lives
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -111,7 +113,7 @@ def plan_resize(state: ClusterState, decision: FractionDecision) -> ResizePlan:
             fraction_after=new,
             reason=f"{wl.display} has no pod in the cluster",
         )
-    base = {
+    base: dict[str, Any] = {
         "workload": wl,
         "fraction_before": current.fraction,
         "fraction_after": new,
@@ -125,24 +127,34 @@ def plan_resize(state: ClusterState, decision: FractionDecision) -> ResizePlan:
             reason=f"{new:g} fits on its GPU {current.gpu_uuid} "
             f"({state.free(current.gpu_uuid, wl):g} free without it)",
         )
-    candidates = [
-        g for g in state.gpus if g.uuid != current.gpu_uuid and fits(state, g.uuid, new, wl)
-    ]
+    return move_or_scale_up(state, current.gpu_uuid, new, base, lambda g: state.free(g, wl))
+
+
+def move_or_scale_up(
+    state: ClusterState,
+    gpu: str,
+    fraction: float,
+    base: dict[str, Any],
+    free: Callable[[str], float],
+) -> ResizePlan:
+    """The plan for a share that does not fit on its GPU: recreate it on the best-fitting other
+    GPU (the least free that holds it), or, where none holds it, wait for capacity.
+    ``free(uuid)`` is a GPU's free share without the share being planned."""
+    candidates = [g for g in state.gpus if g.uuid != gpu and free(g.uuid) + EPSILON >= fraction]
     if candidates:
-        best = min(candidates, key=lambda g: (state.free(g.uuid, wl), g.uuid))
+        best = min(candidates, key=lambda g: (free(g.uuid), g.uuid))
         return ResizePlan(
             kind=PlanKind.RECREATE_ELSEWHERE,
             gpu_after=best.uuid,
             **base,
-            reason=f"{new:g} does not fit on {current.gpu_uuid} "
-            f"({state.free(current.gpu_uuid, wl):g} free without it); "
-            f"best fit is {best.uuid} on {best.node} ({state.free(best.uuid, wl):g} free)",
+            reason=f"{fraction:g} does not fit on {gpu} ({free(gpu):g} free without it); "
+            f"best fit is {best.uuid} on {best.node} ({free(best.uuid):g} free)",
         )
+    largest = max((free(g.uuid) for g in state.gpus), default=0.0)
     return ResizePlan(
         kind=PlanKind.SCALE_UP,
         **base,
-        reason=f"{new:g} fits on no GPU (largest hole "
-        f"{max((state.free(g.uuid, wl) for g in state.gpus), default=0.0):g}); "
+        reason=f"{fraction:g} fits on no GPU (largest hole {largest:g}); "
         "capacity must be added before the pod moves",
     )
 
@@ -215,7 +227,7 @@ def plan_pod(
     may put the new pod back on it), reported as ``recreate_elsewhere`` with that GPU.
     """
     wl, key, gpu = placement.workload, placement.pod_key, placement.gpu_uuid
-    base = {
+    base: dict[str, Any] = {
         "workload": wl,
         "pod": placement.pod,
         "fraction_before": placement.fraction,
@@ -245,27 +257,8 @@ def plan_pod(
             reason=f"{new_fraction:g} fits on its GPU {gpu} ({here:g} free without it), but "
             "the backend cannot change a running pod: recreate it",
         )
-    candidates = [
-        g
-        for g in state.gpus
-        if g.uuid != gpu and state.free(g.uuid, excluding_pod=key) + EPSILON >= new_fraction
-    ]
-    if candidates:
-        best = min(candidates, key=lambda g: (state.free(g.uuid, excluding_pod=key), g.uuid))
-        return ResizePlan(
-            kind=PlanKind.RECREATE_ELSEWHERE,
-            gpu_after=best.uuid,
-            **base,
-            reason=f"{new_fraction:g} does not fit on {gpu} ({here:g} free without it); "
-            f"best fit is {best.uuid} on {best.node} "
-            f"({state.free(best.uuid, excluding_pod=key):g} free)",
-        )
-    largest = max((state.free(g.uuid, excluding_pod=key) for g in state.gpus), default=0.0)
-    return ResizePlan(
-        kind=PlanKind.SCALE_UP,
-        **base,
-        reason=f"{new_fraction:g} fits on no GPU (largest hole {largest:g}); "
-        "capacity must be added before the pod moves",
+    return move_or_scale_up(
+        state, gpu, new_fraction, base, lambda g: state.free(g, excluding_pod=key)
     )
 
 
