@@ -36,6 +36,13 @@ RUN --mount=type=cache,target=/root/.cache/uv \
     uv sync --locked --no-dev --no-editable --package fracpilot-ingest
 
 FROM python:${PYTHON_VERSION}-slim
+# OCI labels; the version is the release's (tests/unit/test_version.py checks it against
+# pyproject.toml and the chart).
+LABEL org.opencontainers.image.title="fracpilot-ingest" \
+      org.opencontainers.image.description="fracpilot ingest: GPU usage from Prometheus or exporters in, UsageSample messages out" \
+      org.opencontainers.image.source="https://github.com/fracpilot/fracpilot" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="0.1.0"
 # The base image ships the standard library without bytecode: compile it once here.
 RUN python -m compileall -q "$(python -c 'import sysconfig; print(sysconfig.get_path("stdlib"))')" \
     && groupadd --system --gid 10001 fracpilot \

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.metadata
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -79,8 +80,30 @@ app = typer.Typer(
 )
 
 
+def version() -> str:
+    """The release: the ``fracpilot`` distribution's version, which the workspace members, the
+    chart (version and appVersion) and the images' labels share (tests/unit/test_version.py)."""
+    return importlib.metadata.version("fracpilot")
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        print(f"fracpilot {version()}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    _version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print the version and exit.",
+        ),
+    ] = False,
+) -> None:
     """fracpilot: observe GPU usage, decide fractions, apply them safely."""
 
 

@@ -239,6 +239,9 @@ class ComposeStack:
         server.port = self.port("prometheus", 9090)
         server.url = f"http://127.0.0.1:{server.port}"
         server.config_path.write_text(config)
+        # The compose file mounts the alert rules beside the config, which names them relatively.
+        rules = PROMETHEUS_CONFIG.parent / "fracpilot-alerts.yml"
+        (server.config_path.parent / rules.name).write_text(rules.read_text())
         server.start()  # waits for /-/ready, the compose healthcheck's path
         self.prometheus = server
         return server

@@ -7,7 +7,8 @@ option on):
 - ``helm template`` (with the Prometheus Operator and cert-manager APIs announced) renders, and
   every built-in kind validates offline against the Kubernetes OpenAPI schemas of this
   Kubernetes version (kubernetes-validate, strict: unknown fields fail); the custom resources
-  (ServiceMonitor, PodMonitor, Certificate, Issuer) are validated by the apiserver instead,
+  (ServiceMonitor, PodMonitor, PrometheusRule, Certificate, Issuer) are validated by the
+  apiserver instead,
   against their CRDs vendored in tests/integration/k8s/crds/;
 - the apiserver accepts every object: a server-side apply with ``dryRun=All``.
 
@@ -57,6 +58,7 @@ CASES: dict[str, Path | None] = {"default": None} | {
 CRD_APIS = (
     "monitoring.coreos.com/v1/ServiceMonitor",
     "monitoring.coreos.com/v1/PodMonitor",
+    "monitoring.coreos.com/v1/PrometheusRule",
     "cert-manager.io/v1/Certificate",
     "cert-manager.io/v1/Issuer",
 )
@@ -202,6 +204,31 @@ def validate_offline(docs: list[dict[str, Any]]) -> int:
             raise AssertionError(f"{doc['kind']} {doc['metadata']['name']}: {exc}") from exc
         checked += 1
     return checked
+
+
+def test_the_prometheus_rule_is_the_alert_rules_file(
+    helm: Helm, rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    """The PrometheusRule holds deploy/prometheus/fracpilot-alerts.yml's groups as they are
+    (its ``{{ $labels }}`` not templated by helm), with the values' labels; off when asked."""
+    rules = yaml.safe_load(
+        (REPO_ROOT / "deploy" / "prometheus" / "fracpilot-alerts.yml").read_text()
+    )
+    for case in ("default", "builtin-nats-values", "all-on-values"):
+        rule = find(rendered[case], "PrometheusRule", "fracpilot")
+        assert rule["metadata"]["namespace"] == "fracpilot"
+        assert rule["spec"] == rules, case
+        assert (
+            "{{ $labels.consumer }}"
+            in rule["spec"]["groups"][0]["rules"][0]["annotations"]["summary"]
+        )
+    labels = find(rendered["all-on-values"], "PrometheusRule", "fracpilot")["metadata"]["labels"]
+    assert labels["release"] == "kube-prometheus-stack"
+    assert labels["app.kubernetes.io/component"] == "metrics"
+    assert "PrometheusRule" not in kinds(rendered["minimal-values"])
+    off = helm.template("default", "fracpilot", "--set", "metrics.prometheusRule.enabled=false")
+    assert "PrometheusRule" not in kinds(off)
+    assert kinds(off) == kinds(rendered["default"]) - {"PrometheusRule"}
 
 
 # --- the apiserver accepts every object --------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 import fnmatch
 import http.server
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -241,3 +242,28 @@ print(sys.version_info[:2])
     assert result.returncode == 0, result.stderr[-3000:]
     major, minor = d.args["PYTHON_VERSION"].split(".")
     assert result.stdout.strip() == f"({major}, {minor})"
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_the_image_carries_the_oci_labels(service: str) -> None:
+    """Title, description, source, licence and version (the version's agreement with the
+    release is tests/unit/test_version.py's)."""
+    labels: dict[str, str] = {}
+    for args in dockerfile(service).final.all("LABEL"):
+        for pair in shlex.split(args):
+            key, _, value = pair.partition("=")
+            labels[key] = value
+    prefix = "org.opencontainers.image."
+    assert {k.removeprefix(prefix) for k in labels} == {
+        "title",
+        "description",
+        "source",
+        "licenses",
+        "version",
+    }
+    assert labels[prefix + "title"] == f"fracpilot-{service}"
+    assert labels[prefix + "description"].startswith(f"fracpilot {service}: ")
+    assert labels[prefix + "source"].startswith("https://github.com/")
+    license = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["license"]
+    assert labels[prefix + "licenses"] == license == "Apache-2.0"
+    assert (ROOT / "LICENSE").read_text().split()[:4] == ["Apache", "License", "Version", "2.0,"]
