@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
@@ -49,7 +50,13 @@ from fracpilot_libs.nats_errors import (
 )
 from fracpilot_libs.pull_feed import PullFeed
 from fracpilot_libs.request_reply import RequestHandler, error_reply, request_callback
-from fracpilot_libs.streams import StreamSpec, default_streams, ensure_streams
+from fracpilot_libs.streams import (
+    StreamSpec,
+    default_streams,
+    ensure_streams,
+    replicas_for,
+    set_replicas,
+)
 from fracpilot_libs.telemetry import inject_trace
 from fracpilot_libs.usage_streams import ensure_usage_streams
 
@@ -68,6 +75,18 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
+
+
+def jetstream_unavailable(reply: bytes) -> bool:
+    """A JetStream API reply with a server-side error (5xx: no meta leader, no stream leader,
+    the cluster cannot handle the request). Any other answer, a "not found" too, shows it
+    working."""
+    try:
+        error = json.loads(reply).get("error") or {}
+    except (ValueError, AttributeError):
+        return False
+    code = error.get("code") if isinstance(error, dict) else None
+    return isinstance(code, int) and code >= 500
 
 
 class Bus:
@@ -90,6 +109,7 @@ class Bus:
         self._tasks: list[asyncio.Task[None]] = []
         self._subscriptions: list[Subscription] = []
         self._stopping = asyncio.Event()
+        self._replicated: set[str] = set()  # buckets whose replicas were checked
         self.reconnects = 0  # KV watchers start again after each reconnect (see watch_kv)
 
     # --- connection -------------------------------------------------------------------------
@@ -107,8 +127,28 @@ class Bus:
         return self._js
 
     @property
+    def replicas(self) -> int:
+        """Replicas of every stream and KV bucket: the setting, else detected from the server
+        (3 in a cluster, 1 on a single server)."""
+        return replicas_for(self.settings.nats.replicas, self.nc._server_info)
+
+    @property
     def connected(self) -> bool:
         return self._nc is not None and self._nc.is_connected
+
+    async def jetstream_available(self, timeout_s: float = 2.0) -> bool:
+        """True when JetStream answers for the usage stream 0 (every service may ask for its
+        info, ``$JS.API.INFO`` is not in every identity's permissions): connected, and in a
+        cluster a meta leader and that stream's leader elected (a cluster that lost its
+        quorum answers with an error, or not at all)."""
+        if not self.connected:
+            return False
+        subject = f"{self.js._prefix}.STREAM.INFO.{subjects.usage_stream(0)}"
+        try:
+            reply = await self.nc.request(subject, b"", timeout=timeout_s)
+        except Exception:  # a timeout, no responders, a connection lost meanwhile
+            return False
+        return not jetstream_unavailable(reply.data)
 
     async def connect(self, retry_for_s: float = 60.0) -> None:
         """Connect, retrying with exponential backoff; afterwards nats-py reconnects forever."""
@@ -194,20 +234,33 @@ class Bus:
         """Create the streams, or update them to the specs; then the usage partition streams
         (:func:`fracpilot_libs.usage_streams.ensure_usage_streams`): only the decision
         service, which consumes the partitions, changes their number (``assign_partitions``)."""
-        await ensure_streams(self.js, specs or default_streams())
+        replicas = self.replicas
+        await ensure_streams(self.js, specs or default_streams(), replicas)
         if specs is None:
             s = self.settings
             await ensure_usage_streams(
-                self.js, s.decision_partitions, s.usage_max_age_s, assign=assign_partitions
+                self.js,
+                s.decision_partitions,
+                s.usage_max_age_s,
+                assign=assign_partitions,
+                replicas=replicas,
             )
 
     async def kv(self, bucket: str, history: int = 1) -> KeyValue:
+        """The bucket, made with :attr:`replicas` replicas, or raised to them once per
+        connection when an earlier version made it with fewer."""
         try:
-            return await self.js.key_value(bucket)
+            kv = await self.js.key_value(bucket)
         except BucketNotFoundError:
             return await self.js.create_key_value(
-                KeyValueConfig(bucket=bucket, history=history, storage=StorageType.FILE)
+                KeyValueConfig(
+                    bucket=bucket, history=history, storage=StorageType.FILE, replicas=self.replicas
+                )
             )
+        if bucket not in self._replicated:
+            await set_replicas(self.js, f"KV_{bucket}", self.replicas)
+            self._replicated.add(bucket)
+        return kv
 
     async def kv_values(self, bucket: str) -> dict[str, bytes]:
         """Every current value of a KV bucket, read in one pass (deleted keys left out)."""

@@ -33,6 +33,13 @@ class NatsSettings(BaseModel):
     )
     tls_key_file: str | None = None
     connect_timeout_s: float = 5.0
+    replicas: int | None = Field(
+        default=None,
+        ge=1,
+        le=5,
+        description="replicas of every stream and KV bucket; unset: 3 when the server is "
+        "clustered, 1 on a single server",
+    )
 
 
 class MetricsEndpointSettings(BaseModel):

@@ -1,7 +1,8 @@
 """The process shell every service runs in: telemetry, bus, signals and graceful shutdown.
 
 A service supplies a ``start`` coroutine (declare, subscribe, spawn loops) and optionally a
-``stop`` coroutine. Once started, ``/readyz`` follows the NATS connection. On SIGTERM or
+``stop`` coroutine. Once started, ``/readyz`` follows the NATS connection and JetStream's
+availability (in a cluster, a meta leader elected). On SIGTERM or
 SIGINT the runtime marks itself not ready, stops serving requests and lets the consumers
 finish the message in hand, then calls ``stop`` (the connection is still open, so it may
 publish or write a last checkpoint), flushes and closes the NATS connection and exits.
@@ -85,18 +86,42 @@ class ServiceRuntime:
             self.tracer_provider.shutdown()
             log.info("stopped")
 
-    async def _follow_connection(self, every_s: float = 0.2) -> None:
-        """Once started, the service is ready exactly while its NATS connection is up (nats-py
-        reconnects on its own; the consumers and watchers carry on after it)."""
-        was_connected = True
+    async def _follow_connection(
+        self, every_s: float = 0.2, jetstream_every_s: float = 2.0
+    ) -> None:
+        """Once started, the service is ready exactly while its NATS connection is up and
+        JetStream answers (nats-py reconnects on its own; the consumers and watchers carry on
+        after it). The connection is looked at every ``every_s``, JetStream asked every
+        ``jetstream_every_s``."""
+        was_problem: str | None = None
+        jetstream_up, asked_at = True, loop_time()
         while True:
             await asyncio.sleep(every_s)
             connected = self.bus.connected
-            if connected != was_connected:
-                was_connected = connected
-                self.health.set_ready(connected, "" if connected else "NATS connection lost")
-                self._up.set(1 if connected else 0)
+            if not connected:
+                jetstream_up = False  # asked again as soon as the connection is back
+            elif not jetstream_up or loop_time() - asked_at >= jetstream_every_s:
+                jetstream_up, asked_at = await self.bus.jetstream_available(), loop_time()
+                connected = self.bus.connected  # a lost connection is the reason given first
+            problem = readiness_problem(connected, jetstream_up)
+            if problem != was_problem:
+                was_problem = problem
+                self.health.set_ready(problem is None, problem or "")
+                self._up.set(1 if problem is None else 0)
                 log.log(
-                    logging.INFO if connected else logging.WARNING,
-                    "ready again" if connected else "not ready: NATS connection lost",
+                    logging.INFO if problem is None else logging.WARNING,
+                    "ready again" if problem is None else f"not ready: {problem}",
                 )
+
+
+def readiness_problem(connected: bool, jetstream_up: bool) -> str | None:
+    """Why a started service is not ready (None: it is)."""
+    if not connected:
+        return "NATS connection lost"
+    if not jetstream_up:
+        return "JetStream unavailable"
+    return None
+
+
+def loop_time() -> float:
+    return asyncio.get_running_loop().time()

@@ -1,18 +1,81 @@
 """The streams every deployment has, declared idempotently (created, or updated to the spec).
 
 Decisions, results and dead letters are kept for audit; the usage streams, one per partition
-and bounded in age, are :mod:`fracpilot_libs.usage_streams`.
+and bounded in age, are :mod:`fracpilot_libs.usage_streams`. Every stream and KV bucket has
+the same number of replicas (:func:`replicas_for`); one made with fewer, by an earlier version
+or on a smaller cluster, is raised in place (:func:`set_replicas`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import NotFoundError
+from nats.js.errors import NotFoundError, ServiceUnavailableError
 
 from fracpilot_libs import subjects
+
+log = logging.getLogger(__name__)
+
+CLUSTER_REPLICAS = 3
+
+
+def replicas_for(setting: int | None, server_info: Mapping[str, object]) -> int:
+    """The replicas of streams and buckets: the setting, else 3 when the server a client is
+    connected to is in a cluster (its INFO names one) and 1 on a single server."""
+    if setting is not None:
+        return setting
+    return CLUSTER_REPLICAS if server_info.get("cluster") else 1
+
+
+async def set_replicas(js: JetStreamContext, stream: str, replicas: int) -> None:
+    """Give an existing stream (a KV bucket's is ``KV_<bucket>``) ``replicas`` replicas, in
+    place: the server copies its messages to the new peers."""
+    info = await js.stream_info(stream)
+    current = info.config.num_replicas or 1
+    if current == replicas:
+        return
+    log.warning(
+        "changing the replicas of a stream",
+        extra={"stream": stream, "from": current, "to": replicas},
+    )
+    info.config.num_replicas = replicas
+    try:
+        await js.update_stream(info.config)
+    except NatsTimeoutError:  # not allowed to (deploy/nats/permissions.conf): runs as it is
+        log.warning(
+            "the stream's replicas were not changed (no answer: is $JS.API.STREAM.UPDATE "
+            "of it permitted?)",
+            extra={"stream": stream, "replicas": current},
+        )
+        return
+    await wait_until_replicated(js, stream, replicas)
+
+
+async def wait_until_replicated(
+    js: JetStreamContext, stream: str, replicas: int, timeout_s: float = 30.0
+) -> None:
+    """Return once the stream has a leader and its followers: a stream whose replicas just
+    changed elects a leader first, and a write meanwhile times out. After ``timeout_s`` it
+    logs and returns (the writers retry)."""
+    if replicas <= 1:
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            cluster = (await js.stream_info(stream)).cluster
+        except (NatsTimeoutError, ServiceUnavailableError):
+            cluster = None  # no leader to answer yet
+        if cluster and cluster.leader and len(cluster.replicas or ()) >= replicas - 1:
+            return
+        await asyncio.sleep(0.1)
+    log.warning("stream not replicated in time", extra={"stream": stream, "replicas": replicas})
 
 
 @dataclass(frozen=True)
@@ -48,7 +111,7 @@ def default_streams() -> tuple[StreamSpec, ...]:
     )
 
 
-def stream_config(spec: StreamSpec) -> StreamConfig:
+def stream_config(spec: StreamSpec, replicas: int = 1) -> StreamConfig:
     return StreamConfig(
         name=spec.name,
         description=spec.description,
@@ -58,16 +121,40 @@ def stream_config(spec: StreamSpec) -> StreamConfig:
         discard=DiscardPolicy.OLD,
         max_age=spec.max_age_s,
         duplicate_window=120.0,
+        num_replicas=replicas,
     )
 
 
-async def ensure_streams(js: JetStreamContext, specs: tuple[StreamSpec, ...]) -> None:
-    """Create each stream, or update it to its spec."""
+# A JetStream API request can time out while a replicated stream is being placed or its
+# leader elected (seen on a loaded 3-node cluster); creating and updating are idempotent.
+API_ATTEMPTS = 4
+
+
+async def ensure_streams(
+    js: JetStreamContext, specs: tuple[StreamSpec, ...], replicas: int = 1
+) -> None:
+    """Create each stream, or update it to its spec (its replicas included)."""
     for spec in specs:
-        config = stream_config(spec)
-        try:
-            await js.stream_info(spec.name)
-        except NotFoundError:
-            await js.add_stream(config)
-            continue
-        await js.update_stream(config)
+        for attempt in range(1, API_ATTEMPTS + 1):
+            try:
+                await _ensure_stream(js, spec, replicas)
+                break
+            except NatsTimeoutError:
+                if attempt == API_ATTEMPTS:
+                    raise
+                log.warning(
+                    "jetstream api timed out, trying again",
+                    extra={"stream": spec.name, "attempt": attempt},
+                )
+
+
+async def _ensure_stream(js: JetStreamContext, spec: StreamSpec, replicas: int) -> None:
+    config = stream_config(spec, replicas)
+    try:
+        before = await js.stream_info(spec.name)
+    except NotFoundError:
+        await js.add_stream(config)
+        return
+    await js.update_stream(config)
+    if (before.config.num_replicas or 1) != replicas:
+        await wait_until_replicated(js, spec.name, replicas)

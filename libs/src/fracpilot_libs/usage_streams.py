@@ -23,6 +23,7 @@ from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfi
 from nats.js.errors import NotFoundError
 
 from fracpilot_libs import subjects
+from fracpilot_libs.streams import wait_until_replicated
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,11 @@ async def usage_partition_count(js: JetStreamContext) -> int | None:
 
 
 def usage_stream_config(
-    partition: int, partitions: int, max_age_s: float | None, stream_subjects: tuple[str, ...]
+    partition: int,
+    partitions: int,
+    max_age_s: float | None,
+    stream_subjects: tuple[str, ...],
+    replicas: int = 1,
 ) -> StreamConfig:
     return StreamConfig(
         name=subjects.usage_stream(partition),
@@ -49,6 +54,7 @@ def usage_stream_config(
         discard=DiscardPolicy.OLD,
         max_age=max_age_s,
         duplicate_window=120.0,
+        num_replicas=replicas,
         metadata={subjects.USAGE_PARTITIONS_METADATA: str(partitions)},
     )
 
@@ -70,15 +76,22 @@ async def _put(js: JetStreamContext, config: StreamConfig) -> None:
 
 
 async def ensure_usage_streams(
-    js: JetStreamContext, partitions: int, max_age_s: float | None, *, assign: bool
+    js: JetStreamContext,
+    partitions: int,
+    max_age_s: float | None,
+    *,
+    assign: bool,
+    replicas: int = 1,
 ) -> None:
-    """Make the usage streams (or, with ``assign``, renumber them to ``partitions``)."""
+    """Make the usage streams (or, with ``assign``, renumber them to ``partitions``), each
+    with ``replicas`` replicas (an existing stream is raised to them)."""
     await retire_legacy_usage_stream(js)
     recorded = await usage_partition_count(js)
     if recorded is not None and (recorded == partitions or not assign):
         for p in range(recorded):  # the retention may have changed; the slots stay
             wanted = subjects.usage_stream_subjects(p, recorded)
-            await _put(js, usage_stream_config(p, recorded, max_age_s, wanted))
+            await _put(js, usage_stream_config(p, recorded, max_age_s, wanted, replicas))
+        await _wait_until_replicated(js, recorded, replicas)
         return
     if recorded is not None:
         log.warning(
@@ -102,14 +115,24 @@ async def ensure_usage_streams(
         )
         kept = tuple(s for s in now if s in keeps) or subjects.retired_usage_subjects(p)
         if kept != now:
-            await js.update_stream(usage_stream_config(p, recorded or partitions, max_age_s, kept))
+            await js.update_stream(
+                usage_stream_config(p, recorded or partitions, max_age_s, kept, replicas)
+            )
     for p in [*range(1, len(streams)), 0]:
         final = (
             subjects.usage_stream_subjects(p, partitions)
             if p < partitions
             else subjects.retired_usage_subjects(p)
         )
-        await _put(js, usage_stream_config(p, partitions, max_age_s, final))
+        await _put(js, usage_stream_config(p, partitions, max_age_s, final, replicas))
+    await _wait_until_replicated(js, len(streams), replicas)
+
+
+async def _wait_until_replicated(js: JetStreamContext, streams: int, replicas: int) -> None:
+    """Each stream made or raised to ``replicas`` has elected its leader (one request each
+    when it has)."""
+    for p in range(streams):
+        await wait_until_replicated(js, subjects.usage_stream(p), replicas)
 
 
 async def usage_streams(js: JetStreamContext) -> list[str]:

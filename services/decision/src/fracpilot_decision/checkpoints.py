@@ -35,6 +35,7 @@ from fracpilot_decision.metrics import CheckpointMetrics
 from fracpilot_libs import subjects
 from fracpilot_libs.kv_snapshot import SnapshotStalledError, kv_chunks
 from fracpilot_libs.sizing.state import WorkloadState, dump_state, load_state
+from fracpilot_libs.streams import set_replicas
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +57,9 @@ def mark_key(partition: int) -> str:
 class Checkpointer:
     """Writes and reads workload states in the checkpoint bucket."""
 
-    def __init__(self, nc: NatsClient, registry: CollectorRegistry) -> None:
+    def __init__(self, nc: NatsClient, registry: CollectorRegistry, replicas: int = 1) -> None:
         self.nc = nc
+        self.replicas = replicas
         self.js: JetStreamContext = nc.jetstream()
         self.bucket = subjects.DECISION_STATE_BUCKET
         self._prefix = f"$KV.{self.bucket}."
@@ -75,8 +77,15 @@ class Checkpointer:
 
             with contextlib.suppress(Exception):  # created by another replica meanwhile
                 await self.js.create_key_value(
-                    KeyValueConfig(bucket=self.bucket, history=1, storage=StorageType.FILE)
+                    KeyValueConfig(
+                        bucket=self.bucket,
+                        history=1,
+                        storage=StorageType.FILE,
+                        replicas=self.replicas,
+                    )
                 )
+            return
+        await set_replicas(self.js, f"KV_{self.bucket}", self.replicas)
 
     async def _kv(self) -> KeyValue:
         return await self.js.key_value(self.bucket)

@@ -51,6 +51,7 @@ from fracpilot_decision.metrics import OwnershipMetrics
 from fracpilot_decision.partitions import Moves, moves_for
 from fracpilot_decision.settings import PartitionLeaseSettings
 from fracpilot_libs.kv_snapshot import read_kv
+from fracpilot_libs.streams import set_replicas
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +101,10 @@ class Ownership:
         lease: PartitionLeaseSettings,
         registry: CollectorRegistry,
         bucket: str,
+        replicas: int = 1,
     ) -> None:
         self.nc = nc
+        self.replicas = replicas
         self.js: JetStreamContext = nc.jetstream()
         self.holder = holder
         self.partitions = partitions
@@ -149,6 +152,7 @@ class Ownership:
                 )
                 info.config.max_age = self.lease_s
                 await self.js.update_stream(info.config)
+            await set_replicas(self.js, f"KV_{self.bucket}", self.replicas)
         except (BucketNotFoundError, NotFoundError):
             self.kv = await self.js.create_key_value(
                 KeyValueConfig(
@@ -156,6 +160,7 @@ class Ownership:
                     history=1,
                     ttl=self.lease_s,
                     storage=StorageType.FILE,
+                    replicas=self.replicas,
                     description="decision replicas and their usage-partition leases",
                 )
             )

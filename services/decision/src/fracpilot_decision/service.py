@@ -139,7 +139,7 @@ class DecisionService:
         bus = self.runtime.bus
         # This service owns the partition count: it assigns the slots to the usage streams.
         await bus.ensure_streams(assign_partitions=True)
-        checkpoints = Checkpointer(bus.nc, self.runtime.registry)
+        checkpoints = Checkpointer(bus.nc, self.runtime.registry, bus.replicas)
         await checkpoints.open()
         # Policies first, so the first sample is decided as before a restart.
         policies_loaded = await bus.watch_kv(subjects.POLICY_BUCKET, Policy, self._on_policy_change)
@@ -157,6 +157,7 @@ class DecisionService:
             lease=self.settings.partition,
             registry=self.runtime.registry,
             bucket=subjects.DECISION_PARTITION_BUCKET,
+            replicas=bus.replicas,
         )
         await ownership.open()
         scheduler = CheckpointScheduler(

@@ -1,0 +1,191 @@
+"""Three real nats-server processes in one JetStream cluster on loopback (the issue 17 tests).
+
+Each node has its own client, route and monitoring ports (free ones) and its own store; the
+routes name all three nodes. :meth:`NatsCluster.start` returns once the JetStream meta leader
+is elected. One node can be killed (SIGKILL), restarted on the same ports and store, or
+frozen (SIGSTOP, a partition that looks like a hung machine) and thawed (SIGCONT).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import nats
+
+from fracpilot_libs.embedded_nats import free_port, nats_server_binary
+
+CLUSTER_NAME = "fracpilot"
+
+
+class ClusterNode:
+    """One nats-server of the cluster; ``kill()`` then ``start()`` keeps its ports and store."""
+
+    def __init__(self, name: str, store_dir: Path) -> None:
+        self.name = name
+        self.store_dir = store_dir
+        self.port, self.route_port, self.monitor_port = free_port(), free_port(), free_port()
+        self.log_path = store_dir / "nats-server.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    @property
+    def route_url(self) -> str:
+        return f"nats://127.0.0.1:{self.route_port}"
+
+    def start(self, routes: list[str]) -> None:
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        args = [
+            nats_server_binary(),
+            "-js",
+            "-n",
+            self.name,
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "-m",
+            str(self.monitor_port),
+            "-sd",
+            str(self.store_dir),
+            "--cluster_name",
+            CLUSTER_NAME,
+            "--cluster",
+            self.route_url,
+            "--routes",
+            ",".join(r for r in routes if r != self.route_url),
+        ]
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def jsz(self) -> dict[str, Any] | None:
+        """The node's /jsz monitoring page (None while it does not answer)."""
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.monitor_port}/jsz", timeout=1
+            ) as response:
+                return dict(json.loads(response.read()))
+        except OSError:
+            return None
+
+    def meta_leader(self) -> str | None:
+        jsz = self.jsz()
+        meta = (jsz or {}).get("meta_cluster") or {}
+        leader = meta.get("leader")
+        return str(leader) if leader else None
+
+    def kill(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.send_signal(signal.SIGCONT)  # a frozen process cannot die otherwise
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+        self.proc = None
+
+    def freeze(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+
+class NatsCluster:
+    """Three JetStream nodes routed to one another; a context manager."""
+
+    def __init__(self, size: int = 3) -> None:
+        self.base_dir = Path(tempfile.mkdtemp(prefix="fracpilot-nats-cluster-"))
+        self.nodes = [ClusterNode(f"n{i}", self.base_dir / f"n{i}") for i in range(size)]
+
+    @property
+    def routes(self) -> list[str]:
+        return [n.route_url for n in self.nodes]
+
+    @property
+    def url(self) -> str:
+        """Every node's client URL, comma-separated (as FRACPILOT_NATS_URL takes them)."""
+        return ",".join(n.url for n in self.nodes)
+
+    def node(self, name: str) -> ClusterNode:
+        return next(n for n in self.nodes if n.name == name)
+
+    def start(self, timeout_s: float = 30.0) -> NatsCluster:
+        for n in self.nodes:
+            n.start(self.routes)
+        self.wait_for_meta_leader(timeout_s)
+        return self
+
+    def restart(self, node: ClusterNode, timeout_s: float = 30.0) -> None:
+        """Start a killed node again on its ports and store; return once it has a meta leader."""
+        node.start(self.routes)
+        self.wait_for_meta_leader(timeout_s, nodes=[node])
+
+    def meta_leader(self, nodes: list[ClusterNode] | None = None) -> str | None:
+        """The meta leader every given running node (default: all running) agrees on."""
+        seen = {n.meta_leader() for n in (nodes or self.nodes) if n.running}
+        return seen.pop() if len(seen) == 1 else None
+
+    def wait_for_meta_leader(
+        self, timeout_s: float = 30.0, nodes: list[ClusterNode] | None = None
+    ) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for n in self.nodes:
+                if n.proc is not None and n.proc.poll() is not None:
+                    raise RuntimeError(f"{n.name} exited; see {n.log_path}")
+            leader = self.meta_leader(nodes)
+            if leader is not None:
+                return leader
+            time.sleep(0.1)
+        raise TimeoutError(f"no JetStream meta leader within {timeout_s}s; see {self.base_dir}")
+
+    def cleanup(self) -> None:
+        for n in self.nodes:
+            n.kill()
+        shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def __enter__(self) -> NatsCluster:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.cleanup()
+
+
+async def stream_info(url: str, stream: str) -> dict[str, Any]:
+    """``$JS.API.STREAM.INFO.<stream>`` as the server sends it (``cluster.leader``,
+    ``cluster.replicas``, ``config.num_replicas``); ``url``: client URLs, comma-separated."""
+    nc = await nats.connect(url.split(","))
+    try:
+        reply = await nc.request(f"$JS.API.STREAM.INFO.{stream}", b"", timeout=5)
+    finally:
+        await nc.close()
+    return dict(json.loads(reply.data))
+
+
+async def stream_leader(url: str, stream: str) -> str | None:
+    """The name of the node leading ``stream`` (None while it has no leader)."""
+    info = await stream_info(url, stream)
+    leader = (info.get("cluster") or {}).get("leader")
+    return str(leader) if leader else None
