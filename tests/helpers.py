@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from fracpilot_libs import subjects
 from fracpilot_libs.config import ServiceSettings
-from fracpilot_libs.contracts import WorkloadRef
+from fracpilot_libs.contracts import Allocation, WorkloadRef
 from fracpilot_libs.runtime import ServiceRuntime
 from fracpilot_libs.usage_streams import usage_streams
 
@@ -145,3 +145,14 @@ async def read_usage(url: str) -> list[tuple[str, bytes]]:
 def counter(registry: CollectorRegistry, name: str, **labels: str) -> float:
     value = registry.get_sample_value(name, labels)
     return value or 0.0
+
+
+async def put_allocations(url: str, *allocations: Allocation) -> None:
+    """Write Allocation records into the allocation bucket, as the actuator does."""
+    nc = await nats.connect(url)
+    try:
+        kv = await nc.jetstream().create_key_value(bucket=subjects.ALLOCATION_BUCKET)
+        for allocation in allocations:
+            await kv.put(subjects.kv_key(allocation.workload), allocation.to_json())
+    finally:
+        await nc.close()

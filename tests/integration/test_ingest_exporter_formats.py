@@ -19,12 +19,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import UTC, datetime
 
-import nats
 import pytest
 
 from fracpilot_ingest.service import IngestService
 from fracpilot_ingest.settings import IngestSettings
-from fracpilot_libs import subjects
 from fracpilot_libs.contracts import (
     Allocation,
     Attribution,
@@ -35,7 +33,7 @@ from fracpilot_libs.contracts import (
 )
 from fracpilot_libs.sizing.engine import decide
 from fracpilot_libs.sizing.state import WorkloadState
-from helpers import read_usage, reset_nats, running, wait_for
+from helpers import put_allocations, read_usage, reset_nats, running, wait_for
 from support.gpu_exporter import (
     GpuState,
     GpuTestExporter,
@@ -231,26 +229,26 @@ async def test_lone_labelled_pod_on_a_gpu_with_two_allocations_is_split(
     nats_url: str, prom: PrometheusServer
 ) -> None:
     await reset_nats(nats_url)
-    nc = await nats.connect(nats_url)
-    kv = await nc.jetstream().create_key_value(bucket=subjects.ALLOCATION_BUCKET)
-    for pod, owner, kind, fraction in (
-        (LONE, "rag", "Deployment", 0.5),
-        (NEIGHBOUR, "ocr", "StatefulSet", 0.25),
-    ):
-        ref = WorkloadRef(
-            cluster="test", namespace=pod.namespace, owner_kind=kind, owner_name=owner
-        )
-        alloc = Allocation(
-            workload=ref,
-            pod=pod.pod,
-            node="gpu-node-2",
-            gpu_uuid=SHARED_UUID,
-            fraction=fraction,
-            device_memory_bytes=80 * GIB,
-            updated_at=datetime.now(UTC),
-        )
-        await kv.put(subjects.kv_key(ref), alloc.to_json())
-    await nc.close()
+    await put_allocations(
+        nats_url,
+        *(
+            Allocation(
+                workload=WorkloadRef(
+                    cluster="test", namespace=pod.namespace, owner_kind=kind, owner_name=owner
+                ),
+                pod=pod.pod,
+                node="gpu-node-2",
+                gpu_uuid=SHARED_UUID,
+                fraction=fraction,
+                device_memory_bytes=80 * GIB,
+                updated_at=datetime.now(UTC),
+            )
+            for pod, owner, kind, fraction in (
+                (LONE, "rag", "Deployment", 0.5),
+                (NEIGHBOUR, "ocr", "StatefulSet", 0.25),
+            )
+        ),
+    )
     service = IngestService(
         settings(nats_url, prometheus={"url": prom.url, "matchers": 'job="shared"'})
     )
@@ -286,8 +284,6 @@ async def test_vllm_preemptions_rising_is_a_contention_signal_the_engine_upsizes
 ) -> None:
     await reset_nats(nats_url)
     workload = WorkloadRef(cluster="test", namespace=LLM.namespace, owner_name="llm")
-    nc = await nats.connect(nats_url)
-    kv = await nc.jetstream().create_key_value(bucket=subjects.ALLOCATION_BUCKET)
     allocation = Allocation(
         workload=workload,
         pod=LLM.pod,
@@ -297,8 +293,7 @@ async def test_vllm_preemptions_rising_is_a_contention_signal_the_engine_upsizes
         device_memory_bytes=LLM_GPU.memory_total_mib * MIB,
         updated_at=datetime.now(UTC),
     )
-    await kv.put(subjects.kv_key(workload), allocation.to_json())
-    await nc.close()
+    await put_allocations(nats_url, allocation)
     service = IngestService(
         settings(nats_url, prometheus={"url": prom.url, "matchers": 'job=~"llm-.*"'})
     )

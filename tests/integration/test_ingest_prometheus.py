@@ -19,14 +19,12 @@ from collections import defaultdict
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
-import nats
 import pytest
 
 from fracpilot_ingest.service import IngestService
 from fracpilot_ingest.settings import IngestSettings
-from fracpilot_libs import subjects
 from fracpilot_libs.contracts import Allocation, Attribution, UsageSample, WorkloadRef
-from helpers import read_usage, reset_nats, running, wait_for
+from helpers import put_allocations, read_usage, reset_nats, running, wait_for
 from support.gpu_exporter import (
     GpuState,
     GpuTestExporter,
@@ -165,26 +163,26 @@ async def test_device_only_metrics_are_split_by_allocated_fraction(
     nats_url: str, prom: PrometheusServer
 ) -> None:
     await reset_nats(nats_url)
-    nc = await nats.connect(nats_url)
-    kv = await nc.jetstream().create_key_value(bucket=subjects.ALLOCATION_BUCKET)
-    for pod, owner, kind, fraction in (
-        (CHAT, "chat", "Deployment", 0.5),
-        (EMBED, "embed", "StatefulSet", 0.25),
-    ):
-        ref = WorkloadRef(
-            cluster="test", namespace=pod.namespace, owner_kind=kind, owner_name=owner
-        )
-        alloc = Allocation(
-            workload=ref,
-            pod=pod.pod,
-            node="gpu-node-1",
-            gpu_uuid="GPU-0aaa",
-            fraction=fraction,
-            device_memory_bytes=80 * GIB,
-            updated_at=datetime.now(UTC),
-        )
-        await kv.put(subjects.kv_key(ref), alloc.to_json())
-    await nc.close()
+    await put_allocations(
+        nats_url,
+        *(
+            Allocation(
+                workload=WorkloadRef(
+                    cluster="test", namespace=pod.namespace, owner_kind=kind, owner_name=owner
+                ),
+                pod=pod.pod,
+                node="gpu-node-1",
+                gpu_uuid="GPU-0aaa",
+                fraction=fraction,
+                device_memory_bytes=80 * GIB,
+                updated_at=datetime.now(UTC),
+            )
+            for pod, owner, kind, fraction in (
+                (CHAT, "chat", "Deployment", 0.5),
+                (EMBED, "embed", "StatefulSet", 0.25),
+            )
+        ),
+    )
     service = IngestService(
         settings(
             nats_url,

@@ -16,14 +16,12 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
-import nats
 import pytest
 from kubernetes import client
 
 from fracpilot_ingest.owners import KubernetesOwners
 from fracpilot_ingest.service import IngestService
 from fracpilot_ingest.settings import IngestSettings
-from fracpilot_libs import subjects
 from fracpilot_libs.contracts import (
     Allocation,
     Attribution,
@@ -34,7 +32,7 @@ from fracpilot_libs.contracts import (
 )
 from fracpilot_libs.sizing.engine import decide
 from fracpilot_libs.sizing.state import WorkloadState
-from helpers import read_usage, reset_nats, running, wait_for
+from helpers import put_allocations, read_usage, reset_nats, running, wait_for
 from support.gpu_exporter import (
     GpuState,
     GpuTestExporter,
@@ -231,10 +229,8 @@ async def test_an_oom_kill_is_one_signal_and_the_engine_upsizes_on_it(
     prom.wait_for_series(f'DCGM_FI_DEV_FB_USED{{exported_namespace="{ns}"}}', timeout=30)
     await reset_nats(nats_url)
     workload = WorkloadRef(cluster="test", namespace=ns, owner_kind="Pod", owner_name="trainer-0")
-    nc = await nats.connect(nats_url)
-    kv = await nc.jetstream().create_key_value(bucket=subjects.ALLOCATION_BUCKET)
-    await kv.put(
-        subjects.kv_key(workload),
+    await put_allocations(
+        nats_url,
         Allocation(
             workload=workload,
             pod="trainer-0",
@@ -243,9 +239,8 @@ async def test_an_oom_kill_is_one_signal_and_the_engine_upsizes_on_it(
             fraction=0.5,
             device_memory_bytes=81_920 * MIB,
             updated_at=datetime.now(UTC),
-        ).to_json(),
+        ),
     )
-    await nc.close()
     service = _service(nats_url, prom, kube_admin)
     async with running(service):
         await wait_for(lambda: _published(service) >= 2, timeout=30)
