@@ -68,5 +68,17 @@ fuzz: $(SETUP)
 	FRACPILOT_FUZZ_LONG=1 $(BIN)/pytest tests/unit/fuzz tests/integration/test_fuzz_subjects.py -s \
 		-W ignore::hypothesis.errors.HypothesisWarning --timeout 3600
 
+# The chart carries copies of files kept elsewhere (a copied chart must render alone: no links
+# out of it): the RBAC of deploy/rbac/ and the alert rules of deploy/prometheus/. This copies
+# them and regenerates the chart's README from values.yaml; tests fail when either is stale.
+.PHONY: chart-sync chart-readme
+chart-sync: chart-readme
+	mkdir -p helm/fracpilot/files/rbac
+	cp deploy/rbac/*.yaml helm/fracpilot/files/rbac/
+	cp deploy/prometheus/fracpilot-alerts.yml helm/fracpilot/files/fracpilot-alerts.yml
+
+chart-readme: $(SETUP)
+	$(BIN)/python scripts/chart_readme.py
+
 clean:
 	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -149,6 +149,7 @@ class BackendExecutor:
         from fracpilot_actuator.kube.backend import KubernetesBackend
         from fracpilot_actuator.kube.settings import KubeBackendSettings
         from fracpilot_actuator.kv_stores import KvTargetStore
+        from fracpilot_actuator.opt_in import OptInSettings
 
         async def report(*_: object) -> None:
             return None
@@ -161,6 +162,7 @@ class BackendExecutor:
                 node_selector=self.selector,
                 guardrails=GuardrailSettings(allow_single_replica=True),
                 inventory_cache=self.inventory_cache,
+                opt_in=OptInSettings(default_mode="auto"),  # the bench's cluster opts in
             ),
             report,
             instance="bench",

@@ -256,6 +256,7 @@ def actuator_env(url: str, hot: list[int]) -> dict[str, str]:
         FRACPILOT_SIM_PODS=pods,
         FRACPILOT_SIM_NODES=str(max(1, math.ceil(len(hot) / 2))),  # a GPU each: in place
         FRACPILOT_SIM_GPUS_PER_NODE="2",
+        FRACPILOT_OPTIN_DEFAULT_MODE="auto",  # the bench's cluster opts every namespace in
         FRACPILOT_METRICS_PORT=str(free_port()),
     )
 

@@ -9,6 +9,7 @@ from typing import Any
 from fracpilot_libs.contracts import (
     Direction,
     FractionDecision,
+    Policy,
     ReasonCode,
     UsageSample,
     WorkloadRef,
@@ -16,6 +17,25 @@ from fracpilot_libs.contracts import (
 
 GIB = 1024**3
 T0 = datetime(2026, 3, 2, tzinfo=UTC)
+
+
+# The engine's rules as they were before issue 20 (a 1/8 grid, compute by its p95, one-step
+# hysteresis, 1 h holds): tests of those rules pin them, whatever the defaults are now.
+V1_POLICY: dict[str, Any] = {
+    "grid": "steps",
+    "grid_steps": 8,
+    "min_fraction": 0.125,
+    "compute_sizing": "percentile",
+    "downsize_min_change": 0.0,
+    "downsize_hold_s": 3600.0,
+    "cooldown_s": 1800.0,
+    "min_history_s": 3600.0,
+}
+
+
+def v1_policy(**changes: Any) -> Policy:
+    """A policy with the engine's rules before issue 20, with ``changes``."""
+    return Policy(**{**V1_POLICY, **changes})
 
 
 def workload(name: str = "chat", namespace: str = "inference") -> WorkloadRef:

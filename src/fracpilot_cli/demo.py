@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import tempfile
 import time
@@ -70,6 +71,11 @@ class DemoConfig:
                 "FRACPILOT_SIM_CLUSTER": self.cluster,
                 "FRACPILOT_SIM_NODES": str(self.nodes),
                 "FRACPILOT_SIM_GPUS_PER_NODE": str(self.gpus_per_node),
+                # The demo's cluster is the user's own: its namespace opts in to automatic
+                # resizing, as `kubectl label namespace <ns> fracpilot.io/mode=auto` would.
+                "FRACPILOT_SIM_NAMESPACE_LABELS": json.dumps(
+                    {self.namespace: {"fracpilot.io/mode": "auto"}}
+                ),
             },
             "decision": dict(common),
             "ingest": {

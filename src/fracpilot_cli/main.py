@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import importlib.metadata
+import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -18,6 +19,8 @@ from typing import Annotated, Any
 
 import typer
 from typer.core import TyperGroup
+
+from fracpilot_cli import options
 
 # command name -> (module, attribute): a command function, or a Typer app of subcommands
 LAZY_COMMANDS: dict[str, tuple[str, str]] = {
@@ -93,6 +96,7 @@ def _print_version(asked: bool) -> None:
 
 
 @app.callback()
+@options.takes(options.ALL)
 def _root(
     _version: Annotated[
         bool,
@@ -104,7 +108,16 @@ def _root(
         ),
     ] = False,
 ) -> None:
-    """fracpilot: observe GPU usage, decide fractions, apply them safely."""
+    """fracpilot: observe GPU usage, decide fractions, apply them safely.
+
+    The global options go before the command or after it (fracpilot -o json status and
+    fracpilot status -o json are the same). As a kubectl plugin (kubectl fracpilot ...) the
+    commands reach NATS through the kubeconfig: a port forward to the release's NATS, with the
+    credentials from its Secret.
+    """
+    # asyncio warns "returning true from eof_received() has no effect when using ssl" when a
+    # TLS NATS connection ends; that is noise in a command whose output is data (-o json).
+    logging.getLogger("asyncio").setLevel(logging.ERROR)
 
 
 @app.command()
@@ -125,12 +138,35 @@ def demo(
         raise typer.Exit(code=1)
 
 
+def command_name(argv: Sequence[str]) -> str | None:
+    """The command in ``argv`` (after the program), global options and their values skipped."""
+    takes_value = options.VALUE_FLAGS
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in takes_value:
+            skip = True
+        elif not arg.startswith("-"):
+            return arg
+    return None
+
+
 def main() -> None:
     """The ``fracpilot`` console script. Only here, in a process of its own, does a reader
     command keep the websocket client out; ``app`` run in-process (tests) changes nothing."""
-    if sys.argv[1:2] and sys.argv[1] in READERS:
+    if command_name(sys.argv[1:]) in READERS:
         without_websocket_client(sys.argv, os.environ)
     app()
+
+
+def kubectl_plugin() -> None:
+    """The ``kubectl-fracpilot`` console script: ``kubectl fracpilot ...`` runs this, which is
+    ``fracpilot`` reaching NATS through the kubeconfig (unless ``--nats-url`` is given)."""
+    options.set_via_kubeconfig(True)
+    if command_name(sys.argv[1:]) in READERS:
+        without_websocket_client(sys.argv, os.environ)
+    app(prog_name="kubectl fracpilot")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """``fracpilot status``, ``explain`` and ``report``: what fracpilot believes and did, from NATS.
 
-Glue only: options, the NATS reads (:mod:`fracpilot_cli.operator_data`), the pure cores
-(:mod:`~fracpilot_cli.status`, :mod:`~fracpilot_cli.explain`, :mod:`~fracpilot_cli.report`)
-and the renderers (:mod:`~fracpilot_cli.render`, :mod:`~fracpilot_cli.report_html`).
+Glue only: options (the global ones: :mod:`fracpilot_cli.options`; the connection:
+:mod:`fracpilot_cli.connection`), the NATS reads (:mod:`fracpilot_cli.operator_data`), the
+pure cores (:mod:`~fracpilot_cli.status`, :mod:`~fracpilot_cli.explain`,
+:mod:`~fracpilot_cli.report`), their data for the output layer (:mod:`~fracpilot_cli.render`,
+:mod:`~fracpilot_cli.output`) and the HTML report (:mod:`~fracpilot_cli.report_html`).
 Exit codes: 0 done, 1 NATS unreachable or nothing to show, 2 bad usage.
 """
 
@@ -21,13 +23,14 @@ from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from fracpilot_cli import render
+from fracpilot_cli import options, output, render
+from fracpilot_cli.connection import EXIT_UNAVAILABLE, EXIT_USAGE, cli_settings
 from fracpilot_cli.explain import DecisionTimeline, build_timeline
+from fracpilot_cli.mig_view import with_report_section
 from fracpilot_cli.operator_data import (
     NatsUnavailableError,
     Window,
@@ -43,35 +46,12 @@ from fracpilot_cli.status import RISK_HELP, StatusRow, build_status_rows
 from fracpilot_libs.contracts import WorkloadRef
 from fracpilot_libs.pricing import GpuPrices
 
-EXIT_UNAVAILABLE = 1
-EXIT_USAGE = 2
-
-NatsUrl = Annotated[
-    str | None,
-    typer.Option(
-        "--nats-url",
-        envvar="FRACPILOT_NATS_URL",
-        help="NATS server URL(s), comma-separated [default: nats://127.0.0.1:4222]",
-        show_default=False,
-    ),
-]
+__all__ = ["EXIT_UNAVAILABLE", "EXIT_USAGE"]
 
 
 def _fail(command: str, message: str, code: int = EXIT_UNAVAILABLE) -> NoReturn:
     typer.echo(f"fracpilot {command}: error: {message}", err=True)
     raise typer.Exit(code=code)
-
-
-def _settings(command: str, nats_url: str | None) -> CliSettings:
-    try:
-        settings = CliSettings()
-    except ValidationError as exc:
-        _fail(command, f"invalid settings: {exc.errors(include_url=False)[0]['msg']}", EXIT_USAGE)
-    if nats_url:
-        settings = settings.model_copy(
-            update={"nats": settings.nats.model_copy(update={"url": nats_url})}
-        )
-    return settings
 
 
 def _warn_problems(command: str, problems: list[str]) -> None:
@@ -84,10 +64,15 @@ def _warn_problems(command: str, problems: list[str]) -> None:
         )
 
 
-def _output(command: str, output: str) -> render.Output:
-    if output not in render.OUTPUTS:
-        _fail(command, f"-o {output}: choose one of {', '.join(render.OUTPUTS)}", EXIT_USAGE)
-    return output
+def _format(
+    command: str, opts: options.GlobalOptions, default: str, allowed: tuple[str, ...]
+) -> str:
+    try:
+        return output.choose(opts.format(), default, allowed)
+    except output.FormatError as exc:
+        _fail(command, str(exc), EXIT_USAGE)
+    except options.OptionsError as exc:  # --json with another -o
+        _fail(command, str(exc), EXIT_USAGE)
 
 
 def program() -> str:
@@ -167,40 +152,19 @@ async def status_rows(
     return rows, snapshot.problems
 
 
-def _print_status(
-    console: Console, rows: list[StatusRow], output: render.Output, generated_at: datetime
-) -> None:
-    if output in ("json", "yaml"):
-        document = render.status_document(rows, generated_at)
-        text = render.to_json(document) if output == "json" else render.to_yaml(document)
-        sys.stdout.write(text.rstrip("\n") + "\n")
-        return
-    lines = render.status_lines(rows, wide=output == "wide")
-    if console.is_terminal:
-        console.print(_styled(rows, lines), soft_wrap=True)
-    else:
-        sys.stdout.write("\n".join(lines) + "\n")
-
-
-def _styled(rows: list[StatusRow], lines: list[str]) -> Text:
-    text = Text(no_wrap=True, overflow="crop")
-    text.append(lines[0] + "\n", style="bold")
-    for row, line in zip(rows, lines[1:], strict=False):
-        text.append(line + "\n", style=render.RISK_STYLES[row.risk])
-    text.append("\n".join(lines[1 + len(rows) :]))
-    return text
+DOCUMENTS = ("json", "yaml")  # formats of one document; --watch prints one per refresh
 
 
 async def _watch(
     settings: CliSettings,
     prices: GpuPrices,
     namespace: str | None,
-    output: render.Output,
+    fmt: str,
     interval_s: float,
     console: Console,
     interrupted: Callable[[], bool],
 ) -> None:
-    wide = output == "wide"
+    wide = fmt == "wide"
     with Live(console=console, auto_refresh=False, vertical_overflow="crop") as live:
         while not interrupted():
             now = datetime.now(UTC)
@@ -217,10 +181,8 @@ async def _watch(
                     + "\n\n",
                     style="dim",
                 )
-                live.update(
-                    Text.assemble(head, _styled(rows, render.status_lines(rows, wide))),
-                    refresh=True,
-                )
+                listing = render.status_listing(rows, now)
+                live.update(Text.assemble(head, output.styled(listing, wide)), refresh=True)
             await asyncio.sleep(interval_s)
 
 
@@ -228,13 +190,14 @@ def _watch_documents(
     settings: CliSettings,
     prices: GpuPrices,
     namespace: str | None,
-    output: render.Output,
+    fmt: str,
     interval_s: float,
 ) -> None:
-    """-o json/yaml --watch: one document per refresh (JSON lines; YAML separated by ---)."""
+    """-o json/yaml/csv --watch: one document per refresh (JSON lines; YAML separated by ---;
+    CSV rows with a header each time)."""
     with interrupt_flag() as interrupted:
         while not interrupted():
-            _refresh_document(settings, prices, namespace, output, interrupted)
+            _refresh_document(settings, prices, namespace, fmt, interrupted)
             asyncio.run(asyncio.sleep(interval_s))
     raise KeyboardInterrupt
 
@@ -243,7 +206,7 @@ def _refresh_document(
     settings: CliSettings,
     prices: GpuPrices,
     namespace: str | None,
-    output: render.Output,
+    fmt: str,
     interrupted: Callable[[], bool],
 ) -> None:
     try:
@@ -253,28 +216,24 @@ def _refresh_document(
             typer.echo(f"fracpilot status: error: {exc}", err=True)
         return
     _warn_problems("status", problems)
-    document = render.status_document(rows, datetime.now(UTC))
-    if output == "json":
-        sys.stdout.write(json.dumps(document) + "\n")
+    listing = render.status_listing(rows, datetime.now(UTC))
+    if fmt == "json":
+        sys.stdout.write(json.dumps(listing.document()) + "\n")
+    elif fmt == "yaml":
+        sys.stdout.write("---\n" + output.to_yaml(listing.document()))
     else:
-        sys.stdout.write("---\n" + render.to_yaml(document))
+        sys.stdout.write(output.render_text(listing, fmt))
     sys.stdout.flush()
 
 
+@options.takes(options.READER)
 def status_command(
-    namespace: Annotated[
-        str | None, typer.Option("--namespace", "-n", help="only this namespace's workloads")
-    ] = None,
     watch: Annotated[
         bool, typer.Option("--watch", "-w", help="refresh in place until interrupted")
     ] = False,
-    output: Annotated[
-        str, typer.Option("--output", "-o", metavar="table|wide|json|yaml", help="format")
-    ] = "table",
     interval: Annotated[
         float, typer.Option(min=0.2, help="seconds between refreshes with --watch")
     ] = 2.0,
-    nats_url: NatsUrl = None,
 ) -> None:
     """One row per workload: the fraction and GPU memory it holds, its compute percentile (p95
     by default) and memory peak as shares of that fraction, the decision engine's target and
@@ -283,15 +242,27 @@ def status_command(
     month against a whole GPU ((1 - fraction) x the GPU model's hourly price x 730; prices:
     FRACPILOT_GPU_PRICES / FRACPILOT_GPU_DEFAULT_PRICE).
 
+    -o table (default), wide (node, GPU, samples, policy too), json or yaml (a
+    WorkloadStatusList document), csv (one row per item of that document); -n: one
+    namespace's workloads.
+
     {risk}
     """
-    fmt = _output("status", output)
-    settings = _settings("status", nats_url)
+    opts = options.given()
+    fmt = _format("status", opts, "table", output.FORMATS)
+    namespace = opts.namespace
+    with cli_settings("status", opts) as settings:
+        _status(settings, namespace, fmt, watch, interval)
+
+
+def _status(
+    settings: CliSettings, namespace: str | None, fmt: str, watch: bool, interval: float
+) -> None:
     prices = settings.prices
     console = Console(highlight=False)
     try:
         if watch:  # until interrupted
-            if fmt in ("json", "yaml"):
+            if fmt in (*DOCUMENTS, "csv"):
                 _watch_documents(settings, prices, namespace, fmt, interval)
             else:
                 with interrupt_flag() as interrupted:
@@ -305,7 +276,7 @@ def status_command(
     except KeyboardInterrupt:
         raise typer.Exit(code=0) from None
     _warn_problems("status", problems)
-    if not rows and fmt not in ("json", "yaml"):
+    if not rows and fmt not in (*DOCUMENTS, "csv"):
         where = f" in namespace {namespace}" if namespace else ""
         typer.echo(
             f"No workloads{where}: NATS at {settings.nats.url} holds no allocations, engine "
@@ -313,7 +284,7 @@ def status_command(
             err=True,
         )
         return
-    _print_status(console, rows, fmt, datetime.now(UTC))
+    output.emit(render.status_listing(rows, datetime.now(UTC)), fmt)
 
 
 if status_command.__doc__:
@@ -345,38 +316,42 @@ async def timeline_of(settings: CliSettings, namespace: str, name: str) -> Decis
     return DecisionTimeline(workload, timeline.entries, status)
 
 
+EXPLAIN_FORMATS = ("text", *output.FORMATS)
+
+
+@options.takes(options.READER)
 def explain_command(
-    workload: Annotated[str, typer.Argument(metavar="NAMESPACE/WORKLOAD")],
-    output: Annotated[
-        str, typer.Option("--output", "-o", metavar="text|json|yaml", help="format")
-    ] = "text",
-    nats_url: NatsUrl = None,
+    workload: Annotated[str, typer.Argument(metavar="[NAMESPACE/]WORKLOAD")],
 ) -> None:
     """The workload's decision timeline, newest first: each decision's explanation (the rule,
     the numbers, the policy revision) and what the actuator did with it (plan, outcome, where
     the pod went, the detail or error it reported), from the decisions and actuations streams.
+
+    -o text (default: the timeline as prose), table or wide (a row per decision and its last
+    action), json or yaml (the whole timeline), csv (a row per decision). The workload is
+    NAMESPACE/WORKLOAD, or WORKLOAD with -n NAMESPACE.
     """
-    if output not in ("text", "json", "yaml"):
-        _fail("explain", f"-o {output}: choose one of text, json, yaml", EXIT_USAGE)
-    namespace, _, name = workload.partition("/")
-    if not namespace or not name or "/" in name:
-        _fail("explain", f"{workload!r}: expected NAMESPACE/WORKLOAD", EXIT_USAGE)
-    settings = _settings("explain", nats_url)
-    try:
-        timeline = asyncio.run(timeline_of(settings, namespace, name))
-    except NatsUnavailableError as exc:
-        _fail("explain", str(exc))
+    opts = options.given()
+    fmt = _format("explain", opts, "text", EXPLAIN_FORMATS)
+    namespace, _, name = workload.rpartition("/")
+    namespace = namespace or opts.namespace or ""
+    if not namespace or not name or "/" in namespace:
+        _fail("explain", f"{workload!r}: expected NAMESPACE/WORKLOAD (or -n NAMESPACE)", EXIT_USAGE)
+    with cli_settings("explain", opts) as settings:
+        try:
+            timeline = asyncio.run(timeline_of(settings, namespace, name))
+        except NatsUnavailableError as exc:
+            _fail("explain", str(exc))
+        url = settings.nats.url
     if not timeline.entries and timeline.status is None:
-        _fail("explain", f"nothing recorded about {namespace}/{name} at {settings.nats.url}")
-    if output == "json":
-        typer.echo(render.to_json(timeline.as_dict()))
-    elif output == "yaml":
-        sys.stdout.write(render.to_yaml(timeline.as_dict()))
-    else:
-        lines = render.timeline_lines(timeline)
-        if not timeline.entries:
-            lines.append("No decisions recorded (the engine has not asked for a change).")
-        sys.stdout.write("\n".join(lines).rstrip("\n") + "\n")
+        _fail("explain", f"nothing recorded about {namespace}/{name} at {url}")
+    if fmt != "text":
+        output.emit(render.timeline_listing(timeline), fmt)
+        return
+    lines = render.timeline_lines(timeline)
+    if not timeline.entries:
+        lines.append("No decisions recorded (the engine has not asked for a change).")
+    sys.stdout.write("\n".join(lines).rstrip("\n") + "\n")
 
 
 # --- report ----------------------------------------------------------------------------------
@@ -397,6 +372,7 @@ def parse_duration(text: str) -> timedelta:
     return timedelta(seconds=seconds)
 
 
+@options.takes(options.READER)
 def report_command(
     since: Annotated[
         str, typer.Option(help="the window: messages stored this long ago or later (24h, 90m)")
@@ -404,23 +380,47 @@ def report_command(
     out: Annotated[
         Path, typer.Option("--out", help="directory for report.html and report.json")
     ] = Path("fracpilot-report"),
-    namespace: Annotated[
-        str | None, typer.Option("--namespace", "-n", help="only this namespace's workloads")
-    ] = None,
     charts: Annotated[
         int, typer.Option(min=0, help="workloads charted (overruns first, then GPU-hours)")
     ] = 24,
-    nats_url: NatsUrl = None,
+    mig: Annotated[
+        bool,
+        typer.Option(
+            "--mig",
+            help="add MIG profile recommendations even when the GPUs are not MIG cards "
+            "modelled here (A100/H100 80GB; added for those without it; docs/mig.md)",
+        ),
+    ] = False,
 ) -> None:
     """Write a self-contained HTML report (one file, charts embedded) and its numbers as JSON:
     per workload, usage against the fraction held over time with the changes marked; for the
     fleet, GPU-hours and money saved against whole GPUs, overruns, decisions and actions by
-    plan."""
+    plan.
+
+    Without -o the two files' paths are printed; with -o table, wide, csv (a row per workload),
+    json or yaml (the report.json document) the numbers are printed too, and the paths go to
+    stderr. -n: one namespace's workloads.
+    """
+    opts = options.given()
+    fmt = _format("report", opts, "", ("", *output.FORMATS))
     try:
         window = parse_duration(since)
     except ValueError as exc:
         _fail("report", f"--since: {exc}", EXIT_USAGE)
-    settings = _settings("report", nats_url)
+    with cli_settings("report", opts) as settings:
+        _report(settings, window, out, opts.namespace, charts, since, fmt, mig)
+
+
+def _report(
+    settings: CliSettings,
+    window: timedelta,
+    out: Path,
+    namespace: str | None,
+    charts: int,
+    since: str,
+    fmt: str,
+    mig: bool = False,
+) -> None:
     until = datetime.now(UTC)
     start = until - window
 
@@ -449,9 +449,10 @@ def report_command(
         generated_at=datetime.now(UTC),
     )
     document, page = render_report(report, charts)
+    document, page = with_report_section(document, page, data.samples, settings.policy_json, mig)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "report.json").write_text(render.to_json(document) + "\n")
+        (out / "report.json").write_text(output.to_json(document) + "\n")
         (out / "report.html").write_text(page)
     except OSError as exc:
         _fail("report", f"cannot write to {out}: {exc.strerror or exc}")
@@ -465,5 +466,9 @@ def report_command(
         f"{f['actions']} actions",
         markup=False,
     )
+    if fmt:
+        output.emit(render.report_listing(report, document), fmt)
+        err.print(f"{out / 'report.html'}\n{out / 'report.json'}", markup=False)
+        return
     typer.echo(str(out / "report.html"))
     typer.echo(str(out / "report.json"))

@@ -15,11 +15,12 @@ from typing import BinaryIO
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
+from matplotlib.figure import Figure, SubFigure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from fracpilot_libs.sizing.accounting import WorkloadAccount
+from fracpilot_libs.sizing.packing import PackedAccount
 from fracpilot_libs.sizing.replay import ReplayReport
 
 COMPUTE = "#4c72b0"
@@ -27,6 +28,7 @@ MEMORY = "#2ca02c"
 ALLOCATION = "#d62728"
 BASELINE = "#7f7f7f"
 OVERRUN = "#000000"
+CARD_COLOURS = (ALLOCATION, BASELINE, "#9467bd", "#8c564b")
 
 
 def _count(n: int, what: str) -> str:
@@ -103,6 +105,34 @@ def _panel(
     ax.tick_params(labelsize=8)
 
 
+def _cards_panel(ax: Axes, cards: list[tuple[str, PackedAccount]], start: float) -> None:
+    """Cards in use over time, one step line per sizer, with the whole-GPU count's peak."""
+    end = start
+    for i, (name, account) in enumerate(cards):
+        line = account.cards_in_use
+        if not line:
+            continue
+        end = max(end, line[-1][0])
+        ax.step(
+            [(t - start) / 3600 for t, _ in line],
+            [n for _, n in line],
+            where="post",
+            color=CARD_COLOURS[i % len(CARD_COLOURS)],
+            lw=1.8 if i == 0 else 1.4,
+            ls="-" if i == 0 else "--",
+            label=f"{name}: {account.card_hours:,.0f} card-h, "
+            f"saves {account.card_hours_saved_pct:.0f}%, "
+            f"contention {account.contention_pct:.2f}%, "
+            f"{account.memory_collision_samples} memory collisions",
+        )
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel("GPUs in use", fontsize=9)
+    ax.set_title("GPUs in use, packed with the actuator's planner", fontsize=9, loc="left")
+    ax.grid(True, alpha=0.3, lw=0.5)
+    ax.tick_params(labelsize=8)
+    ax.legend(fontsize=8, loc="lower left")
+
+
 def plot_replay(
     report: ReplayReport,
     path: Path | BinaryIO,
@@ -111,11 +141,13 @@ def plot_replay(
     baseline_name: str = "baseline",
     title: str = "",
     heading: str = "",
+    cards: list[tuple[str, PackedAccount]] | None = None,
 ) -> Path | BinaryIO:
     """Write a PNG of the top workloads by GPU-hours: compute and memory share of one GPU, the
     allocation in force as a step line with its changes marked, overruns as crosses, and the
     baseline's allocation dashed when a baseline report is given. ``heading`` replaces the
-    figure's title (a replay's by default); ``path`` may be a binary file."""
+    figure's title (a replay's by default); ``path`` may be a binary file. With ``cards``
+    (packed replays, by sizer name) a panel above shows the GPUs in use over time."""
     chosen = report.top(top)
     if not chosen or not any(w.timeline for w in chosen):
         raise ValueError("the report has no timeline: replay with keep_timeline=True")
@@ -124,9 +156,15 @@ def plot_replay(
 
     ncols = 1 if len(chosen) <= 2 else 2
     nrows = math.ceil(len(chosen) / ncols)
-    fig = Figure(figsize=(7.5 * ncols, 2.7 * nrows + 1.2), dpi=110, layout="constrained")
+    extra = 2.6 if cards else 0.0
+    fig = Figure(figsize=(7.5 * ncols, 2.7 * nrows + 1.2 + extra), dpi=110, layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True)
+    panels: Figure | SubFigure = fig
+    if cards:
+        subs = fig.subfigures(2, 1, squeeze=False, height_ratios=[extra, 2.7 * nrows + 1.2])
+        top_fig, panels = subs[0][0], subs[1][0]
+        _cards_panel(top_fig.subplots(), cards, start)
+    axes = panels.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True)
     for i, w in enumerate(chosen):
         ax = axes[i // ncols][i % ncols]
         _panel(ax, w, start, by_key.get(w.workload.key), baseline_name)

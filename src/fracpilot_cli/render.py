@@ -1,24 +1,22 @@
-"""Text, JSON and YAML for ``fracpilot status`` and ``fracpilot explain`` (pure: strings out).
-
-Tables are plain aligned columns, as kubectl prints them: fast for ten thousand rows,
-greppable, and coloured by the caller only when the output is a terminal.
+"""What ``fracpilot status`` and ``fracpilot explain`` print, as data for the output layer
+(:mod:`fracpilot_cli.output`: their columns, cells, documents and CSV records), and the
+explain timeline's narrative text (pure: strings out).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any, Literal
-
-import pydantic_core
+from typing import Any
 
 from fracpilot_cli.explain import DecisionTimeline, TimelineEntry
+from fracpilot_cli.output import Column, Listing, align, table_lines, to_json, to_yaml
+from fracpilot_cli.report import Report, WorkloadReport
 from fracpilot_cli.status import Risk, StatusRow, totals
 from fracpilot_libs.contracts import ActuationResult, FractionDecision
 
-Output = Literal["table", "wide", "json", "yaml"]
-OUTPUTS: tuple[Output, ...] = ("table", "wide", "json", "yaml")
+__all__ = ["align", "report_listing", "status_listing", "timeline_listing", "to_json", "to_yaml"]
+
 GIB = 1024**3
 
 # --- small formats ---------------------------------------------------------------------------
@@ -55,7 +53,9 @@ def duration(seconds: float | None) -> str:
 
 
 def money(value: float | None) -> str:
-    return "-" if value is None else f"${value:,.0f}"
+    if value is None:
+        return "-"
+    return f"-${-value:,.0f}" if round(value) < 0 else f"${max(value, 0.0):,.0f}"
 
 
 def when(at: datetime | None) -> str:
@@ -81,86 +81,61 @@ def action_text(row: StatusRow) -> str:
 
 # --- status ----------------------------------------------------------------------------------
 
-COLUMNS = (
-    "NAMESPACE",
-    "WORKLOAD",
-    "FRACTION",
-    "GPU-MEM",
-    "COMPUTE-P95",
-    "MEM-PEAK",
-    "TARGET",
-    "STATE",
-    "LAST-ACTION",
-    "SAVED/MONTH",
+STATUS_COLUMNS: tuple[Column[StatusRow], ...] = (
+    Column("NAMESPACE", lambda r: r.namespace),
+    Column("WORKLOAD", lambda r: r.workload),
+    Column("FRACTION", lambda r: fraction(r.fraction)),
+    Column("GPU-MEM", lambda r: gib(r.gpu_memory_bytes)),
+    Column("COMPUTE-P95", lambda r: percent(r.compute_of_fraction)),
+    Column("MEM-PEAK", lambda r: percent(r.memory_of_fraction)),
+    Column("TARGET", lambda r: fraction(r.target)),
+    Column("STATE", state_text),
+    Column("LAST-ACTION", action_text),
+    Column("SAVED/MONTH", lambda r: money(r.saved_usd_month)),
+    Column("WOULD-SAVE", lambda r: money(r.would_save_usd_month)),
+    Column("RISK", lambda r: r.risk.label or "-", wide=True),
+    Column("NODE", lambda r: r.node or "-", wide=True),
+    Column("GPU", lambda r: r.gpu or "-", wide=True),
+    Column("GPU-MODEL", lambda r: r.gpu_model or "-", wide=True),
+    Column("MIG-PROFILE", lambda r: r.mig_profile, wide=True),
+    Column("SAMPLES", lambda r: str(r.samples), wide=True),
+    Column("LAST-SAMPLE", lambda r: when(r.last_sample_at), wide=True),
+    Column("ACTION-AT", lambda r: when(r.last_action_at), wide=True),
+    Column("POLICY", lambda r: f"{r.policy_scope}@{r.policy_revision}", wide=True),
 )
-WIDE_COLUMNS = (
-    *COLUMNS,
-    "RISK",
-    "NODE",
-    "GPU",
-    "GPU-MODEL",
-    "SAMPLES",
-    "LAST-SAMPLE",
-    "ACTION-AT",
-    "POLICY",
-)
+COLUMNS = tuple(c.header for c in STATUS_COLUMNS if not c.wide)
+WIDE_COLUMNS = tuple(c.header for c in STATUS_COLUMNS)
 
 
 def status_cells(row: StatusRow, wide: bool) -> list[str]:
-    cells = [
-        row.namespace,
-        row.workload,
-        fraction(row.fraction),
-        gib(row.gpu_memory_bytes),
-        percent(row.compute_of_fraction),
-        percent(row.memory_of_fraction),
-        fraction(row.target),
-        state_text(row),
-        action_text(row),
-        money(row.saved_usd_month),
-    ]
-    if wide:
-        cells += [
-            row.risk.label or "-",
-            row.node or "-",
-            row.gpu or "-",
-            row.gpu_model or "-",
-            str(row.samples),
-            when(row.last_sample_at),
-            when(row.last_action_at),
-            f"{row.policy_scope}@{row.policy_revision}",
-        ]
-    return cells
-
-
-def align(header: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
-    """Columns padded to their widest cell, three spaces apart, the last one unpadded."""
-    widths = [len(h) for h in header]
-    for cells in body:
-        for i, cell in enumerate(cells):
-            if len(cell) > widths[i]:
-                widths[i] = len(cell)
-    last = len(header) - 1
-
-    def line(cells: Sequence[str]) -> str:
-        return "   ".join(
-            c if i == last else c.ljust(widths[i]) for i, c in enumerate(cells)
-        ).rstrip()
-
-    return [line(header), *(line(c) for c in body)]
+    return [c.cell(row) for c in STATUS_COLUMNS if wide or not c.wide]
 
 
 def status_lines(rows: Sequence[StatusRow], wide: bool = False) -> list[str]:
     """The table: a header, one line per row (in the rows' order), and a footer."""
-    header = WIDE_COLUMNS if wide else COLUMNS
-    lines = align(header, [status_cells(r, wide) for r in rows])
+    return table_lines(status_listing(rows, datetime.now(UTC)), wide)
+
+
+def status_footer(rows: Sequence[StatusRow]) -> str:
     t = totals(rows)
-    lines.append("")
-    lines.append(
+    return (
         f"{t['workloads']:,.0f} workloads, {t['gpus_held']:,.2f} GPUs held, "
-        f"{money(t['saved_usd_month'])}/month saved against whole GPUs"
+        f"{money(t['saved_usd_month'])}/month saved against whole GPUs, "
+        f"{money(t['would_save_usd_month'])}/month more with the targets applied"
     )
-    return lines
+
+
+def status_listing(rows: Sequence[StatusRow], generated_at: datetime) -> Listing[StatusRow]:
+    """``fracpilot status`` as data: a row per workload; the document is
+    :func:`status_document`, each CSV row one of its items."""
+    return Listing(
+        rows=rows,
+        columns=STATUS_COLUMNS,
+        document=lambda: status_document(rows, generated_at),
+        record=StatusRow.as_dict,
+        footer=[status_footer(rows)],
+        style=lambda row: RISK_STYLES[row.risk],
+    )
 
 
 RISK_STYLES = {
@@ -180,106 +155,6 @@ def status_document(rows: Sequence[StatusRow], generated_at: datetime) -> dict[s
         "totals": dict(totals(rows)),
         "items": [r.as_dict() for r in rows],
     }
-
-
-def to_json(document: object) -> str:
-    """Indented JSON (pydantic-core's encoder: ten times the standard library's with indent)."""
-    return pydantic_core.to_json(document, indent=2).decode()
-
-
-# --- YAML ------------------------------------------------------------------------------------
-# A block-style emitter for JSON-shaped documents (dicts with string keys, lists, scalars):
-# PyYAML's Python representer takes seconds on ten thousand rows. Strings are plain only when
-# nothing could read them as another type; otherwise double-quoted with JSON's escapes, which
-# YAML's double-quoted style shares. Floats always carry a dot or .inf/.nan, as YAML 1.1 wants.
-
-_PLAIN = re.compile(r"[A-Za-z][A-Za-z0-9_./-]*(?: [A-Za-z0-9_./()-]+)*")
-_NOT_PLAIN = {"yes", "no", "on", "off", "true", "false", "null", "y", "n", "nan", "inf"}
-
-
-def _yaml_scalar(value: object) -> str:
-    if value is None:
-        return "null"
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if value != value:
-            return ".nan"
-        if value in (float("inf"), float("-inf")):
-            return ".inf" if value > 0 else "-.inf"
-        text = repr(value)
-        mantissa, e, exponent = text.partition("e")
-        if "." not in mantissa:
-            mantissa += ".0"
-        return f"{mantissa}{e}{exponent}"
-    text = str(value)
-    if _PLAIN.fullmatch(text) and text.lower() not in _NOT_PLAIN:
-        return text
-    return _quoted(text)
-
-
-_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
-
-
-def _quoted(text: str) -> str:
-    """Double-quoted: printable ASCII as it is, anything else escaped (\\uXXXX, \\UXXXXXXXX)."""
-    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
-        return f'"{text}"'
-    out = []
-    for ch in text:
-        code = ord(ch)
-        if ch in _ESCAPES:
-            out.append(_ESCAPES[ch])
-        elif 0x20 <= code < 0x7F:
-            out.append(ch)
-        elif code < 0x10000:
-            out.append(f"\\u{code:04x}")
-        else:
-            out.append(f"\\U{code:08x}")
-    return '"' + "".join(out) + '"'
-
-
-def _yaml_lines(value: object, indent: int, out: list[str]) -> None:
-    pad = " " * indent
-    if isinstance(value, dict):
-        for key, item in value.items():
-            k = _yaml_scalar(key)
-            if isinstance(item, dict | list) and item:
-                out.append(f"{pad}{k}:")
-                _yaml_lines(item, indent + 2, out)
-            else:
-                out.append(f"{pad}{k}: {_yaml_inline(item)}")
-    elif isinstance(value, list):
-        for item in value:
-            if isinstance(item, dict | list) and item:
-                start = len(out)
-                _yaml_lines(item, indent + 2, out)
-                out[start] = f"{pad}- {out[start][indent + 2 :]}"
-            else:
-                out.append(f"{pad}- {_yaml_inline(item)}")
-    else:
-        out.append(f"{pad}{_yaml_scalar(value)}")
-
-
-def _yaml_inline(value: object) -> str:
-    if isinstance(value, dict):
-        return "{}"
-    if isinstance(value, list):
-        return "[]"
-    return _yaml_scalar(value)
-
-
-def to_yaml(document: object) -> str:
-    """Block-style YAML of a JSON-shaped document."""
-    if isinstance(document, dict | list) and not document:
-        return _yaml_inline(document) + "\n"
-    out: list[str] = []
-    _yaml_lines(document, 0, out)
-    return "\n".join(out) + "\n"
 
 
 # --- explain ---------------------------------------------------------------------------------
@@ -348,3 +223,152 @@ def timeline_lines(t: DecisionTimeline) -> list[str]:
             f"--field-selector involvedObject.name={pod}"
         )
     return lines
+
+
+def _last(e: TimelineEntry) -> ActuationResult | None:
+    return e.results[-1] if e.results else None
+
+
+def _decided(e: TimelineEntry, get: Any) -> str:
+    return "-" if e.decision is None else str(get(e.decision))
+
+
+def _did(e: TimelineEntry, get: Any) -> str:
+    r = _last(e)
+    return "-" if r is None else str(get(r))
+
+
+TIMELINE_COLUMNS: tuple[Column[TimelineEntry], ...] = (
+    Column("RECORDED", lambda e: when(e.recorded_at)),
+    Column("DECISION", lambda e: e.decision_id),
+    Column("FROM", lambda e: _decided(e, lambda d: fraction(d.current_fraction))),
+    Column("TO", lambda e: _decided(e, lambda d: fraction(d.new_fraction))),
+    Column("REASON", lambda e: _decided(e, lambda d: d.reason.value)),
+    Column("PLAN", lambda e: _did(e, lambda r: r.plan.value)),
+    Column("OUTCOME", lambda e: _did(e, lambda r: r.outcome.value)),
+    Column("MODE", lambda e: _decided(e, lambda d: d.mode.value), wide=True),
+    Column("POLICY-REV", lambda e: _decided(e, lambda d: d.policy_revision), wide=True),
+    Column("NODE", lambda e: _did(e, lambda r: r.node_after or r.node_before or "-"), wide=True),
+    Column("FINISHED", lambda e: _did(e, lambda r: when(r.finished_at)), wide=True),
+    Column("ERROR", lambda e: _did(e, lambda r: r.error or "-"), wide=True),
+    Column("WHY", lambda e: _decided(e, lambda d: d.explanation), wide=True),
+)
+
+
+def timeline_record(e: TimelineEntry) -> dict[str, Any]:
+    """One CSV row: the entry's decision and its last action, flat (their JSON values)."""
+    d = e.decision
+    r = _last(e)
+    return {
+        "decision_id": e.decision_id,
+        "recorded_at": e.recorded_at.isoformat(),
+        "decided_at": d.decided_at.isoformat() if d else None,
+        "current_fraction": d.current_fraction if d else None,
+        "new_fraction": d.new_fraction if d else None,
+        "reason": d.reason.value if d else None,
+        "mode": d.mode.value if d else None,
+        "policy_revision": d.policy_revision if d else None,
+        "explanation": d.explanation if d else None,
+        "actions": len(e.results),
+        "plan": r.plan.value if r else None,
+        "outcome": r.outcome.value if r else None,
+        "fraction_before": r.fraction_before if r else None,
+        "fraction_after": r.fraction_after if r else None,
+        "node_after": r.node_after if r else None,
+        "finished_at": r.finished_at.isoformat() if r and r.finished_at else None,
+        "detail": r.detail if r else None,
+        "error": r.error if r else None,
+    }
+
+
+def timeline_listing(t: DecisionTimeline) -> Listing[TimelineEntry]:
+    """``fracpilot explain`` as data: a row per decision, newest first; the document is
+    :meth:`DecisionTimeline.as_dict`."""
+    return Listing(
+        rows=t.entries,
+        columns=TIMELINE_COLUMNS,
+        document=t.as_dict,
+        record=timeline_record,
+        title=f"{t.workload.display} ({t.workload.owner_kind}, cluster {t.workload.cluster})",
+    )
+
+
+# --- report ----------------------------------------------------------------------------------
+
+REPORT_COLUMNS: tuple[Column[WorkloadReport], ...] = (
+    Column("NAMESPACE", lambda w: w.workload.namespace),
+    Column("WORKLOAD", lambda w: w.workload.owner_name),
+    Column("GPU-H", lambda w: f"{w.metrics.fraction_hours:,.1f}"),
+    Column("WHOLE-GPU-H", lambda w: f"{w.metrics.whole_gpu_hours:,.1f}"),
+    Column("SAVED", lambda w: f"{w.metrics.savings_pct:.1f}%"),
+    Column("SAVED-USD", lambda w: money(w.metrics.cost_saved_usd)),
+    Column("COMPUTE-OVER", lambda w: f"{w.metrics.compute_overrun_pct:.2f}%"),
+    Column("MEMORY-OVER", lambda w: str(w.metrics.memory_overrun_samples)),
+    Column("RESIZES", lambda w: str(w.metrics.resizes)),
+    Column("FINAL", lambda w: fraction(w.replay.final_fraction)),
+    Column("KIND", lambda w: w.workload.owner_kind, wide=True),
+    Column("CLUSTER", lambda w: w.workload.cluster, wide=True),
+    Column("GPU-MODEL", lambda w: w.gpu_model or "-", wide=True),
+    Column("SAMPLES", lambda w: str(w.metrics.samples), wide=True),
+    Column("DECISIONS", lambda w: str(len(w.decisions)), wide=True),
+    Column("ACTIONS", lambda w: str(len(w.actions)), wide=True),
+)
+
+
+def report_listing(report: Report, document: dict[str, Any]) -> Listing[WorkloadReport]:
+    """``fracpilot report`` as data: a row per workload (in the report's order); the document is
+    report.json's, each CSV row one of its workloads."""
+    f = document["fleet"]
+    return Listing(
+        rows=report.workloads,
+        columns=REPORT_COLUMNS,
+        document=lambda: document,
+        record=WorkloadReport.as_dict,
+        footer=[
+            f"{len(report.workloads)} workloads, {f['fraction_hours']:,.1f} of "
+            f"{f['whole_gpu_hours']:,.1f} GPU-hours held, ${f['cost_saved_usd']:,.2f} saved, "
+            f"{f['actions']} actions"
+        ],
+    )
+
+
+# --- replay ----------------------------------------------------------------------------------
+
+REPLAY_COLUMNS: tuple[Column[dict[str, Any]], ...] = (
+    Column("NAMESPACE", lambda w: str(w["namespace"])),
+    Column("WORKLOAD", lambda w: str(w["workload"])),
+    Column("GPU-H", lambda w: f"{w['fraction_hours']:,.1f}"),
+    Column("WHOLE-GPU-H", lambda w: f"{w['whole_gpu_hours']:,.1f}"),
+    Column("SAVED", lambda w: f"{w['savings_pct']:.1f}%"),
+    Column("SAVED-USD", lambda w: money(w["cost_saved_usd"])),
+    Column("COMPUTE-OVER", lambda w: f"{w['compute_overrun_pct']:.2f}%"),
+    Column("MEMORY-OVER", lambda w: str(w["memory_overrun_samples"])),
+    Column("RESIZES", lambda w: str(w["resizes"])),
+    Column("FINAL", lambda w: fraction(w["final_fraction"])),
+    Column("SAMPLES", lambda w: str(w["samples"]), wide=True),
+    Column("RESIZES/DAY", lambda w: f"{w['resizes_per_workload_day']:.2f}", wide=True),
+    Column("LONGEST-OVERRUN", lambda w: duration(w["longest_overrun_s"]), wide=True),
+    Column("COST-USD", lambda w: money(w["allocated_cost_usd"]), wide=True),
+    Column("WHOLE-COST-USD", lambda w: money(w["whole_cost_usd"]), wide=True),
+)
+
+
+def replay_listing(document: dict[str, Any]) -> Listing[dict[str, Any]]:
+    """``fracpilot replay`` as data: the document is its JSON (``replay --json``); a row per
+    workload, most GPU-hours first, each CSV row one of the document's workloads."""
+    rows = sorted(
+        document["workloads"],
+        key=lambda w: (-w["fraction_hours"], w["namespace"], w["workload"]),
+    )
+    t = document["totals"]
+    return Listing(
+        rows=rows,
+        columns=REPLAY_COLUMNS,
+        document=lambda: document,
+        record=lambda w: w,
+        footer=[
+            f"{t['workloads']:,} workloads, {t['fraction_hours']:,.1f} of "
+            f"{t['whole_gpu_hours']:,.1f} GPU-hours allocated ({t['savings_pct']:.1f}% saved), "
+            f"{t['resizes']:,} resizes"
+        ],
+    )

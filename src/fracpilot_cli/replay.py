@@ -3,7 +3,8 @@
 CLI glue only: the trace is read by :mod:`fracpilot_libs.sizing.trace`, replayed and measured
 by :mod:`fracpilot_libs.sizing.replay` with the sizers of :mod:`fracpilot_libs.sizing.baselines`;
 this module parses the options, shows
-progress on stderr and prints the totals as a table or as one JSON object.
+progress on stderr and prints the totals as a table or as one JSON object. With ``--pack``
+(:mod:`fracpilot_cli.packed`) the same sizers are also replayed packed on GPUs.
 """
 
 from __future__ import annotations
@@ -29,11 +30,15 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from fracpilot_cli import options, output, render
+from fracpilot_cli.mig_view import print_mig, trace_mig, with_mig
+from fracpilot_cli.packed import print_packed, run_packed
 from fracpilot_cli.settings import CliSettings
 from fracpilot_libs.contracts import Policy
 from fracpilot_libs.pricing import GpuPrices
 from fracpilot_libs.sizing.accounting import Metrics, WorkloadAccount
 from fracpilot_libs.sizing.baselines import EngineSizer, Sizer, baseline_from_spec
+from fracpilot_libs.sizing.packing_replay import PackedReport
 from fracpilot_libs.sizing.replay import Progress as ReplayProgress
 from fracpilot_libs.sizing.replay import ReplayReport, replay
 from fracpilot_libs.sizing.trace import TraceError, TracePoint, group_by_workload, read_trace
@@ -143,8 +148,19 @@ def _advancer(progress: Progress, task: TaskID) -> ReplayProgress:
     return advance
 
 
-def report_json(report: ReplayReport, baseline: ReplayReport | None) -> dict[str, Any]:
-    return {**report.as_dict(), "baseline": baseline.totals.as_dict() if baseline else None}
+def report_json(
+    report: ReplayReport,
+    baseline: ReplayReport | None,
+    packed: list[PackedReport] | None = None,
+) -> dict[str, Any]:
+    """Today's keys; with ``packed`` (fracpilot's, then the baseline's) a ``packed`` object in
+    ``totals`` and in ``baseline``."""
+    out = {**report.as_dict(), "baseline": baseline.totals.as_dict() if baseline else None}
+    if packed:
+        out["totals"]["packed"] = packed[0].packed.as_dict()
+        if out["baseline"] is not None and len(packed) > 1:
+            out["baseline"]["packed"] = packed[1].packed.as_dict()
+    return out
 
 
 def _total_rows(m: Metrics) -> list[tuple[str, str]]:
@@ -215,6 +231,7 @@ def workloads_table(top: list[WorkloadAccount], of: int) -> Table:
     return table
 
 
+@options.takes(options.OUTPUT)
 def replay_command(
     trace: Annotated[
         Path, typer.Argument(help="usage trace, CSV or CSV.gz (see the README for columns)")
@@ -231,9 +248,6 @@ def replay_command(
             "recommender on the policy's grid, or a static fraction F (0 < F <= 1)",
         ),
     ] = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="print one JSON object to stdout, nothing else")
-    ] = False,
     plot: Annotated[
         Path | None,
         typer.Option(metavar="PNG", help="draw usage against allocation for the top workloads"),
@@ -248,8 +262,59 @@ def replay_command(
             "(prices: FRACPILOT_GPU_PRICES / FRACPILOT_GPU_DEFAULT_PRICE)"
         ),
     ] = "",
+    pack: Annotated[
+        bool,
+        typer.Option(
+            "--pack",
+            help="also pack the workloads on GPUs with the actuator's planner and report "
+            "card-hours, compute contention, memory collisions and moves",
+        ),
+    ] = False,
+    gpus: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            metavar="N",
+            help="with --pack (implied): pin the number of GPUs and report what does not fit",
+        ),
+    ] = None,
+    consolidate: Annotated[
+        bool,
+        typer.Option(
+            help="with --pack: move a workload left alone on its GPU (by its resize, or by a "
+            "neighbour that moved or left) onto a GPU in use that holds it",
+        ),
+    ] = True,
+    mig: Annotated[
+        bool,
+        typer.Option(
+            "--mig",
+            help="also recommend a MIG profile per workload and the GPUs that hold them "
+            "(docs/mig.md)",
+        ),
+    ] = False,
+    mig_gpu: Annotated[
+        str,
+        typer.Option(
+            metavar="a100-80gb|h100-80gb",
+            help="with --mig: the MIG card (default: the trace's GPU model, else A100 80GB)",
+        ),
+    ] = "",
+    mig_config: Annotated[
+        Path | None,
+        typer.Option(metavar="YAML", help="with --mig (implied): write the mig-parted config"),
+    ] = None,
 ) -> None:
-    """Replay a usage trace through the decision engine and measure savings and overruns."""
+    """Replay a usage trace through the decision engine and measure savings and overruns.
+
+    -o table (default: the totals, against the baseline if any, and the top workloads), wide
+    (every workload, more columns), json (one object; --json is the same), yaml, csv (a row
+    per workload of that object).
+    """
+    try:
+        fmt = output.choose(options.given().format(), "table")
+    except (output.FormatError, options.OptionsError) as exc:
+        _fail(str(exc))
     err = Console(stderr=True)
     policy = load_policy(policy_file) if policy_file is not None else Policy()
     try:
@@ -267,9 +332,22 @@ def replay_command(
     sizers: list[Sizer] = [EngineSizer(policy)]
     if base_sizer is not None:
         sizers.append(base_sizer)
-    reports = run_replays(groups, sizers, err, keep_timeline=plot is not None, prices=prices)
+    packed = None
+    if pack or gpus is not None:
+        samples = sum(len(series) for series in groups.values())
+        with _progress(err, err.is_terminal or samples >= LONG_TRACE) as progress:
+            packed = run_packed(groups, sizers, progress, gpus, consolidate, prices)
+    if packed is not None and gpus is None and plot is None:
+        # Unpinned, packing changes no fraction: its per-workload accounts are the unpacked
+        # replay's (tested), and replaying the sizers twice would double the time.
+        reports = [p.replay for p in packed]
+    else:
+        reports = run_replays(groups, sizers, err, keep_timeline=plot is not None, prices=prices)
     report = reports[0]
     base_report = reports[1] if len(reports) > 1 else None
+    mig_plan = None
+    if mig or mig_gpu or mig_config is not None:
+        mig_plan = trace_mig(groups, policy, mig_gpu, gpu_model, mig_config, err)
 
     if plot is not None:
         from fracpilot_cli.plots import plot_replay  # matplotlib only when asked for
@@ -282,15 +360,25 @@ def replay_command(
                 baseline=base_report,
                 baseline_name=base_sizer.name if base_sizer is not None else "baseline",
                 title=trace.name,
+                cards=[(s.name, p.packed) for s, p in zip(sizers, packed, strict=True)]
+                if packed
+                else None,
             )
         except OSError as exc:
             _fail(f"--plot: cannot write {plot}: {exc.strerror or exc}")
         err.print(f"plot written to {plot}", markup=False, highlight=False)
 
-    if as_json:
-        typer.echo(json.dumps(report_json(report, base_report)))
+    if fmt == "json":  # one line, as --json always printed
+        typer.echo(json.dumps(with_mig(report_json(report, base_report, packed), mig_plan)))
+        return
+    if fmt != "table":
+        output.emit(render.replay_listing(report_json(report, base_report, packed)), fmt)
         return
     out = Console()
     base_name = base_sizer.name if base_sizer is not None else ""
     out.print(totals_table(trace, report, sizers[0].name, base_report, base_name))
+    if packed:
+        print_packed(out, [s.name for s in sizers], packed, top)
     out.print(workloads_table(report.top(top), len(report.workloads)))
+    if mig_plan is not None:
+        print_mig(out, mig_plan, str(mig_config) if mig_config is not None else None)

@@ -17,6 +17,7 @@ from enum import IntEnum
 from functools import cache
 from typing import Any, Generic, TypeVar
 
+from fracpilot_cli.mig_view import status_profile
 from fracpilot_libs import subjects
 from fracpilot_libs.contracts import (
     ActuationResult,
@@ -132,11 +133,15 @@ class StatusRow:
     last_error: str | None
     usd_per_gpu_hour: float
     saved_usd_month: float | None  # (1 - fraction) x hourly price x 730
+    # (fraction - target) x hourly price x 730: what applying the recommendation would save
+    # (negative: an upsize costs); shown before anything is applied, as in recommend mode
+    would_save_usd_month: float | None
     risk: Risk
     samples: int
     last_sample_at: datetime | None
     policy_scope: str
     policy_revision: int
+    mig_profile: str = "-"  # the smallest MIG profile for the need (fracpilot_cli.mig_view)
 
     @property
     def display(self) -> str:
@@ -276,10 +281,13 @@ def status_row(
     requested: float | None = None
     wait_s: float | None = None
     held_by, basis, state_name = "", "", "unknown"
+    memory_need: float | None = None
+    compute_need: float | None = None
     if state is not None and state.samples > 0:
         clock = sample.timestamp.timestamp() if sample is not None else now.timestamp()
         outlook = describe(state, policy, clock, fraction)
         compute_p, memory_peak = outlook.need.compute_percentile, outlook.need.memory_peak
+        memory_need, compute_need = outlook.need.memory_need, outlook.need.compute_need
         target, requested = outlook.target, outlook.requested
         state_name, held_by, basis = outlook.outlook.value, outlook.held_by, "engine"
         if fraction is None:
@@ -300,6 +308,11 @@ def status_row(
     gpu_model = sample.gpu_model if sample is not None else ""
     hourly = hourly_price(gpu_model)
     saved = monthly((1.0 - fraction) * hourly) if fraction is not None else None
+    would_save = (
+        monthly((fraction - target) * hourly)
+        if fraction is not None and target is not None
+        else None
+    )
     outcome = result.outcome if result is not None else None
     return StatusRow(
         cluster=wl.cluster,
@@ -331,19 +344,28 @@ def status_row(
         last_error=result.error if result is not None else None,
         usd_per_gpu_hour=hourly,
         saved_usd_month=saved,
+        would_save_usd_month=would_save,
         risk=risk_of(memory_of, compute_of, state_name, outcome),
         samples=state.samples if state is not None else 0,
         last_sample_at=sample.timestamp if sample is not None else None,
         policy_scope=policy.scope.key,
         policy_revision=policy.revision,
+        mig_profile=status_profile(gpu_model, memory_need, compute_need, device),
     )
 
 
 def totals(rows: Iterable[StatusRow]) -> Mapping[str, float]:
-    """The footer: workloads, GPUs held, money saved per month."""
-    n, gpus, saved = 0, 0.0, 0.0
+    """The footer: workloads, GPUs held, money saved per month, and what applying every
+    recommendation would save on top."""
+    n, gpus, saved, would_save = 0, 0.0, 0.0, 0.0
     for row in rows:
         n += 1
         gpus += row.fraction or 0.0
         saved += row.saved_usd_month or 0.0
-    return {"workloads": n, "gpus_held": gpus, "saved_usd_month": saved}
+        would_save += row.would_save_usd_month or 0.0
+    return {
+        "workloads": n,
+        "gpus_held": gpus,
+        "saved_usd_month": saved,
+        "would_save_usd_month": would_save,
+    }

@@ -228,7 +228,7 @@ async def wait_drained(url: str, timeout_s: float = 60.0) -> float:
 def memory_floor(peak_share: float, policy: Policy) -> float:
     """The least fraction the policy allows a workload whose memory peaked at this share."""
     need = peak_share + max(peak_share * policy.memory_margin, policy.memory_min_headroom)
-    on_grid = math.ceil(need * policy.grid_steps - EPS) / policy.grid_steps
+    on_grid = math.ceil(need * policy.steps_per_gpu - EPS) / policy.steps_per_gpu
     return min(policy.max_fraction, max(policy.min_fraction, on_grid))
 
 

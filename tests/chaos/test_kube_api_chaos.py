@@ -134,6 +134,8 @@ async def test_api_faults_and_a_crash_mid_eviction_keep_every_invariant(
             "FRACPILOT_GPU_NODE_SELECTOR": gpus.selector,
             "FRACPILOT_NAMESPACE": namespace,
             "FRACPILOT_LEADER_ELECTION": "false",
+            # Opted in cluster-wide (not by a namespace label, which a faulty API could hide).
+            "FRACPILOT_OPTIN_DEFAULT_MODE": "auto",
             "FRACPILOT_MAX_DISRUPTIONS": str(BUDGET.max_disruptions),
             "FRACPILOT_MAX_DISRUPTIONS_PER_NAMESPACE": str(BUDGET.max_per_namespace),
             "FRACPILOT_DISRUPTION_WINDOW_S": str(BUDGET.window_s),

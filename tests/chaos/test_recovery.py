@@ -138,7 +138,12 @@ async def test_an_executed_decision_is_not_executed_again_after_a_crash(tmp_path
     server = EmbeddedNats(store_dir=str(tmp_path / "store")).start()
     settings = ActuatorSettings(
         nats={"url": server.url},
-        sim={"pods": "inference/chat=0.5", "cluster": "test"},
+        # opted in: the decision is applied (once)
+        sim={
+            "pods": "inference/chat=0.5",
+            "cluster": "test",
+            "namespace_labels": {"inference": {"fracpilot.io/mode": "auto"}},
+        },
         ack_wait_s=2,
     )
     made = decision(current=0.5, new=0.75, decision_id="d-crash")

@@ -1,6 +1,6 @@
 """``fracpilot replay`` as a separate process on the real GenAI serving trace (72 pods, 23 h).
 
-The acceptance numbers for the default policy: at least 30% of GPU-hours saved, memory
+The acceptance numbers for the default policy: at least 35% of GPU-hours saved, memory
 overruns in at most 0.01% of samples and fewer than the VPA-style baseline's (or none),
 compute overruns in at most 0.5% of samples, and at most 4 resizes per workload-day.
 Run with ``pytest -s`` to see the totals.
@@ -52,7 +52,7 @@ def test_default_policy_meets_the_acceptance_numbers(
     print("vpa:      ", json.dumps(vpa))
     assert totals["samples"] == vpa["samples"] > 80_000
     assert totals["workloads"] == len(out["workloads"]) == 72
-    assert totals["savings_pct"] >= 30
+    assert totals["savings_pct"] >= 35
     assert totals["memory_overrun_pct"] <= 0.01
     assert totals["compute_overrun_pct"] <= 0.5
     assert totals["resizes_per_workload_day"] <= 4

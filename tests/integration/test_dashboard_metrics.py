@@ -1,8 +1,11 @@
 """The Grafana dashboard (deploy/grafana/dashboards/fracpilot.json) shows what the services
 really export.
 
-Its JSON is checked for the structure Grafana provisions (panels with titles, the datasource
-uid the provisioning file declares, unique ids, a 24-column grid). Then the Compose stack runs
+Its JSON is checked for the structure Grafana provisions (panels with titles, unique ids, a
+24-column grid), for a ``datasource`` variable (type prometheus) that every panel, query and
+variable uses (so it works with any Prometheus, not only the Compose one), and for counters read
+only through ``rate`` / ``increase`` (a raw counter is a number since some restart, not a
+figure). Then the Compose stack runs
 as local processes (tests/support/compose_stack.py: real nats-server and Prometheus, the
 simulator and the three services) with samples, decisions, results and one dead letter
 flowing, and every metric name any PromQL expression of the dashboard names must be in the
@@ -43,6 +46,8 @@ FAULT_ONLY = {"fracpilot_ingest_samples_rejected_total"}
 # (a misspelt function is caught when Prometheus runs the expression).
 KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset"}
 KEYWORDS |= {"and", "or", "unless", "inf", "nan"}
+DATASOURCE = "${datasource}"
+COUNTER_SERIES = re.compile(r"_(total|bucket|sum|count)$")
 GRAFANA_VARIABLES = {
     "__rate_interval": "1m",
     "__interval": "15s",
@@ -129,7 +134,8 @@ def test_the_dashboard_is_valid_json_grafana_provisions() -> None:
     assert board["uid"] == "fracpilot"
     assert board["title"]
     datasources = yaml.safe_load((PROVISIONING / "datasources" / "prometheus.yaml").read_text())
-    uids = {d["uid"] for d in datasources["datasources"] if d["type"] == "prometheus"}
+    assert any(d["type"] == "prometheus" for d in datasources["datasources"])
+    uids = {DATASOURCE}  # the variable, which picks any Prometheus data source
     ids = [p["id"] for p in board["panels"]]
     assert len(ids) == len(set(ids))
     for p in board["panels"]:
@@ -147,7 +153,8 @@ def test_the_dashboard_is_valid_json_grafana_provisions() -> None:
             assert target["datasource"]["uid"] in uids, p["title"]
         assert len({t["refId"] for t in p["targets"]}) == len(p["targets"])
     for variable in board["templating"]["list"]:
-        assert variable["datasource"]["uid"] in uids
+        if variable["type"] != "datasource":
+            assert variable["datasource"]["uid"] in uids
     provider = yaml.safe_load((PROVISIONING / "dashboards" / "fracpilot.yaml").read_text())
     path = provider["providers"][0]["options"]["path"]
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -155,15 +162,74 @@ def test_the_dashboard_is_valid_json_grafana_provisions() -> None:
     assert f"./deploy/grafana/dashboards:{path}:ro" in mounts
 
 
+def test_a_datasource_variable_feeds_every_panel_query_and_variable() -> None:
+    board = dashboard()
+    variables = board["templating"]["list"]
+    (source,) = [v for v in variables if v["type"] == "datasource"]
+    assert source["name"] == "datasource"
+    assert source["query"] == "prometheus"  # Grafana lists the Prometheus data sources
+    assert variables[0] is source  # first: the query variables below read through it
+    users = [p for p in board["panels"] if p["type"] != "row"]
+    users += [t for p in board["panels"] for t in p.get("targets", [])]
+    users += [v for v in variables if v["type"] == "query"]
+    assert len(users) > 20
+    for user in users:
+        assert user["datasource"] == {"type": "prometheus", "uid": DATASOURCE}, user
+    rows = [p for p in board["panels"] if p["type"] == "row"]
+    assert all("datasource" not in r for r in rows)
+
+
+def counter_reads(expr: str) -> list[tuple[str, str | None]]:
+    """(counter series, the function whose argument it is) for each counter series named in
+    an expression: a name ending in ``_total`` or a histogram's ``_bucket``/``_sum``/``_count``.
+    """
+    reads = []
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    for match in re.finditer(r"(?<![\w$.])[a-zA-Z_:][a-zA-Z0-9_:]*", text):
+        name = match.group(0)
+        if not COUNTER_SERIES.search(name) or text[match.end() :].lstrip().startswith("("):
+            continue
+        depth, i = 0, match.start() - 1
+        while i >= 0:  # back to the parenthesis the name is inside
+            depth += {")": 1, "(": -1}.get(text[i], 0)
+            if depth < 0:
+                break
+            i -= 1
+        words = re.findall(r"[a-zA-Z_]\w*\s*$", text[: max(i, 0)]) if i >= 0 else []
+        reads.append((name, words[0].strip() if words else None))
+    return reads
+
+
+def test_counter_reads_finds_the_function_around_a_counter() -> None:
+    assert counter_reads("sum(rate(a_total[5m]))") == [("a_total", "rate")]
+    assert counter_reads("sum by (x) (a_total)") == [("a_total", None)]
+    assert counter_reads("sum(a_total)") == [("a_total", "sum")]
+    assert counter_reads(
+        'histogram_quantile(0.9, sum by (le) (increase(b_seconds_bucket{x="a_total"}[1m])))'
+    ) == [("b_seconds_bucket", "increase")]
+    assert counter_reads("g_ratio > 1") == []
+
+
+def test_every_counter_is_read_through_rate_or_increase() -> None:
+    checked = 0
+    for expr in expressions(dashboard()):
+        if expr.startswith("label_values("):
+            continue
+        for name, function in counter_reads(expr):
+            assert function in {"rate", "increase", "irate"}, f"{name} read raw in: {expr}"
+            checked += 1
+    assert checked >= 12
+
+
 def test_the_dashboard_shows_what_the_issue_asks_for() -> None:
     names = set().union(*(metric_names(e) for e in expressions(dashboard())))
     for wanted in (
-        "fracpilot_workload_allocated_fraction",  # fractions against usage per workload
-        "fracpilot_workload_compute_share",
-        "fracpilot_workload_memory_share",
+        "fracpilot_workload_allocated_ratio",  # fractions against usage per workload
+        "fracpilot_workload_compute_ratio",
+        "fracpilot_workload_memory_ratio",
         "fracpilot_decision_decisions_total",  # decisions by reason
         "fracpilot_actuator_actions_total",  # actions by plan and outcome
-        "fracpilot_gpu_hours_saved_total",  # GPU-hours and money saved
+        "fracpilot_gpu_saved_seconds_total",  # GPU time and money saved
         "fracpilot_cost_saved_usd_total",
         "fracpilot_dead_letters_total",  # dead letters
         "fracpilot_consumer_pending_messages",  # consumer lag

@@ -75,7 +75,13 @@ async def test_decision_subject_dead_letters_every_malformed_decision(nats_url: 
     ).encode()
     service = ActuatorService(
         ActuatorSettings(
-            nats={"url": nats_url}, sim={"pods": "inference/chat=0.5", "cluster": "test"}
+            nats={"url": nats_url},
+            # opted in: the valid decision is applied after the bad ones
+            sim={
+                "pods": "inference/chat=0.5",
+                "cluster": "test",
+                "namespace_labels": {"inference": {"fracpilot.io/mode": "auto"}},
+            },
         )
     )
     async with running(service):

@@ -149,7 +149,13 @@ async def test_junk_decisions_are_each_dead_lettered(nats_url: str, n: int) -> N
     started = time.monotonic()
     service = ActuatorService(
         ActuatorSettings(
-            nats={"url": nats_url}, sim={"pods": "inference/chat=0.5", "cluster": "test"}
+            nats={"url": nats_url},
+            # opted in: the valid decision is applied after the junk
+            sim={
+                "pods": "inference/chat=0.5",
+                "cluster": "test",
+                "namespace_labels": {"inference": {"fracpilot.io/mode": "auto"}},
+            },
         )
     )
     async with running(service):

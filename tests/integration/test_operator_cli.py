@@ -136,6 +136,7 @@ async def test_status_table_yaml_and_namespace(nats_url: str, recording: Recordi
         "STATE",
         "LAST-ACTION",
         "SAVED/MONTH",
+        "WOULD-SAVE",
     ]
     assert [line.split()[1] for line in lines[1:6]] == [
         "chat",
@@ -149,7 +150,15 @@ async def test_status_table_yaml_and_namespace(nats_url: str, recording: Recordi
     assert "120%" in lines[1]
     assert "waiting to downsize (21m)" in lines[5]
     assert "$1,241" in lines[5]
-    assert lines[-1] == "5 workloads, 2.50 GPUs held, $6,205/month saved against whole GPUs"
+    # What applying the recommendations would add: the engine's targets against what is held.
+    # chat's upsize to 0.5 would cost what embed's downsize to 0.25 would save.
+    assert lines[1].split()[-1] == "-$620"
+    assert lines[5].split()[-1] == "$620"
+    assert lines[-1] == (
+        "5 workloads, 2.50 GPUs held, $6,205/month saved against whole GPUs, "
+        "$0/month more with the targets applied"
+    )
+    assert "WOULD-SAVE" in lines[0]
 
     as_yaml = await fracpilot(nats_url, "status", "-o", "yaml", "-n", "jobs")
     assert as_yaml.exit_code == 0, as_yaml.output

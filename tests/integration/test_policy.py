@@ -101,7 +101,7 @@ async def test_get_falls_back_from_workload_to_namespace_to_cluster(
     # Nothing stored: the built-in defaults, at the cluster scope.
     assert await get_policy(nats_url, CHAT.to_json()) == Policy()
 
-    cluster = await set_policy(nats_url, Policy(max_fraction=0.875))
+    cluster = await set_policy(nats_url, Policy(max_fraction=0.87))
     namespace = await set_policy(
         nats_url, Policy(scope=INFERENCE, max_fraction=0.5, target_utilization=0.6)
     )
@@ -127,7 +127,7 @@ async def test_list_returns_every_stored_policy(nats_url: str, service: Decision
     assert empty.policies == []
     stored = [
         await set_policy(nats_url, Policy(scope=CHAT, max_fraction=0.25)),
-        await set_policy(nats_url, Policy(max_fraction=0.875)),
+        await set_policy(nats_url, Policy(max_fraction=0.87)),
         await set_policy(nats_url, Policy(scope=INFERENCE, max_fraction=0.5)),
     ]
     listed = await request(nats_url, subjects.POLICY_LIST, b"")
@@ -149,9 +149,9 @@ INVALID_POLICIES = {
         "min_fraction 0.75 is above max_fraction 0.5",
     ),
     "off_the_grid": (
-        policy_json_with(min_fraction=0.3),
+        policy_json_with(min_fraction=0.125),
         "validation",
-        "min_fraction 0.3 is not on the grid of 1/8",
+        "min_fraction 0.125 is not on the grid of 1/100",
     ),
     "unknown_field": (policy_json_with(surprise=True), "validation", "surprise"),
     "out_of_range": (
@@ -239,7 +239,7 @@ async def test_a_live_policy_change_alters_the_next_decision(
     assert first.policy_revision == namespace.revision == 1
 
     # Written straight into the bucket: followed by the watch.
-    narrower = Policy(scope=CHAT, max_fraction=0.125, revision=1)
+    narrower = Policy(scope=CHAT, max_fraction=0.12, revision=1)
     kv = await js.key_value(subjects.POLICY_BUCKET)
     await kv.put(CHAT.key, narrower.to_json())
     await wait_for(lambda: service.policies.for_workload(chat.workload) == narrower)
@@ -250,7 +250,7 @@ async def test_a_live_policy_change_alters_the_next_decision(
     await nc.close()
     second = (await decisions(nats_url))[-1]
     assert second.reason is ReasonCode.POLICY_BOUNDS
-    assert second.new_fraction == 0.125
+    assert second.new_fraction == 0.12
 
 
 async def test_replicas_share_the_requests_and_see_each_others_changes(nats_url: str) -> None:

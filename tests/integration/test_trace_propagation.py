@@ -32,7 +32,13 @@ async def test_one_trace_spans_the_three_services(nats_url: str) -> None:
     # One small workload seeded far too small, so its first samples cause an upsize.
     actuator = ActuatorService(
         ActuatorSettings(
-            nats={"url": nats_url}, sim={"cluster": "demo", "pods": "inference/chat-llama-8b=0.125"}
+            nats={"url": nats_url},
+            sim={
+                "cluster": "demo",
+                "pods": "inference/chat-llama-8b=0.125",
+                # opted in, so that the decision is applied and the trace reaches the actuator
+                "namespace_labels": {"inference": {"fracpilot.io/mode": "auto"}},
+            },
         ),
         processor,
     )
@@ -47,7 +53,7 @@ async def test_one_trace_spans_the_three_services(nats_url: str) -> None:
         await wait_for(ingest.finished.is_set, timeout=30)
         await wait_for(
             lambda: any(
-                s.name.startswith("consume fracpilot.decision")
+                s.name.startswith("process fracpilot.decision")
                 for s in exporter.get_finished_spans()
             ),
             timeout=30,

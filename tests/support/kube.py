@@ -31,6 +31,11 @@ def ensure_namespace(core: client.CoreV1Api, name: str) -> None:
         core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
 
 
+def label_namespace(core: client.CoreV1Api, name: str, labels: dict[str, str | None]) -> None:
+    """Set (or, with None, remove) labels of a namespace, as `kubectl label namespace` does."""
+    core.patch_namespace(name, {"metadata": {"labels": labels}})
+
+
 def gpu_node(
     core: client.CoreV1Api,
     name: str,

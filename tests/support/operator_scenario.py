@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 
 from prometheus_client import CollectorRegistry
 
+from factories import v1_policy
 from fracpilot_libs import subjects
 from fracpilot_libs.bus import Bus
 from fracpilot_libs.config import ServiceSettings
@@ -158,8 +159,10 @@ def record(specs: list[WorkloadSpec], policy: Policy) -> Recording:
 
 
 def namespace_policy(namespace: str, revision: int) -> Policy:
-    """The default policy stored for a namespace (as the policy store keeps it)."""
-    return Policy(
+    """A namespace's stored policy (as the policy store keeps it), with the engine's rules
+    before issue 20 (``v1_policy``): the operator tests' expected rows were worked out with
+    them, and they test the CLI's reading, not the sizing defaults."""
+    return v1_policy(
         scope=PolicyScope(level=PolicyLevel.NAMESPACE, namespace=namespace), revision=revision
     )
 

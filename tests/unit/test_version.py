@@ -80,3 +80,21 @@ def test_the_chart_and_the_images_name_the_same_licence_and_source() -> None:
         assert image["org.opencontainers.image.licenses"] == license, path.name
         assert image["org.opencontainers.image.source"] == chart["home"], path.name
     assert chart["sources"] == [chart["home"]]
+
+
+def test_the_charts_image_list_names_the_images_it_deploys() -> None:
+    """Artifact Hub's image list (Chart.yaml) follows the release and the NATS values."""
+    chart = yaml.safe_load((ROOT / "helm" / "fracpilot" / "Chart.yaml").read_text())
+    values = yaml.safe_load((ROOT / "helm" / "fracpilot" / "values.yaml").read_text())
+    listed = {
+        i["name"]: i["image"] for i in yaml.safe_load(chart["annotations"]["artifacthub.io/images"])
+    }
+    registry = values["image"]["registry"]
+    nats = values["nats"]["image"]
+    assert listed == {
+        **{
+            f"fracpilot-{s}": f"{registry}/fracpilot-{s}:{RELEASE}"
+            for s in ("ingest", "decision", "actuator")
+        },
+        "nats": f"{nats['repository']}:{nats['tag']}",
+    }

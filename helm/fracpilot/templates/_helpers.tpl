@@ -59,7 +59,23 @@ helm.sh/chart: {{ printf "%s-%s" $.Chart.Name $.Chart.Version | replace "+" "_" 
 {{- $values := index $.Values $component -}}
 {{- $repository := $values.image.repository | default (printf "%s/fracpilot-%s" $.Values.image.registry $component) -}}
 {{- $tag := $values.image.tag | default $.Values.image.tag | default $.Chart.AppVersion -}}
+{{- $digest := $values.image.digest | default "" -}}
+{{- if $digest -}}
+{{- /* The digest pins the content; the tag stays for people reading the manifest. */ -}}
+{{- printf "%s:%s@%s" $repository $tag $digest -}}
+{{- else -}}
 {{- printf "%s:%s" $repository $tag -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The built-in NATS server's image, with its digest when one is set. */}}
+{{- define "fracpilot.natsImage" -}}
+{{- $image := .Values.nats.image -}}
+{{- if $image.digest -}}
+{{- printf "%s:%s@%s" $image.repository $image.tag $image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $image.repository $image.tag -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Capabilities ---------------------------------------------------------------------------- */}}
@@ -82,16 +98,17 @@ true
 
 {{/* RBAC rules ------------------------------------------------------------------------------ */}}
 
-{{/* The rules of one kind (ClusterRole or Role) in deploy/rbac/<file>, read through the
-     files/rbac symlink: the chart grants exactly what that file (tested against a real
-     apiserver) grants. (list $ "actuator.yaml" "ClusterRole") */}}
+{{/* The rules of one kind (ClusterRole or Role) in files/rbac/<file>, a copy of deploy/rbac/
+     (`make chart-sync`; tests/unit/deploy/test_chart_files.py fails when it differs): the chart
+     grants exactly what that file, tested against a real apiserver, grants.
+     (list $ "actuator.yaml" "ClusterRole") */}}
 {{- define "fracpilot.rbacRules" -}}
 {{- $ := index . 0 -}}
 {{- $path := printf "files/rbac/%s" (index . 1) -}}
 {{- $kind := index . 2 -}}
 {{- $content := $.Files.Get $path -}}
 {{- if not $content -}}
-{{- fail (printf "%s is missing from the chart (a link to deploy/rbac/)" $path) -}}
+{{- fail (printf "%s is missing from the chart (a copy of deploy/rbac/: make chart-sync)" $path) -}}
 {{- end -}}
 {{- $found := list -}}
 {{- range regexSplit "(?m)^---[ \\t]*$" $content -1 -}}

@@ -2,16 +2,20 @@
      rendered: the decision service would refuse such a policy at start and crash-loop. */}}
 {{- define "fracpilot.validate" -}}
 {{- $p := .Values.policy -}}
-{{- $steps := $p.grid_steps | default 8 | float64 -}}
-{{- $min := (hasKey $p "min_fraction") | ternary $p.min_fraction 0.125 | float64 -}}
+{{- $grid := $p.grid | default "backend" -}}
+{{- $steps := 100.0 -}}
+{{- if eq $grid "steps" -}}{{- $steps = $p.grid_steps | default 8 | float64 -}}{{- end -}}
+{{- $min := (hasKey $p "min_fraction") | ternary $p.min_fraction 0.1 | float64 -}}
 {{- $max := (hasKey $p "max_fraction") | ternary $p.max_fraction 1.0 | float64 -}}
 {{- if gt $min $max -}}
 {{- fail (printf "policy.min_fraction %v is above policy.max_fraction %v" $min $max) -}}
 {{- end -}}
+{{- if ne $grid "levels" -}}
 {{- range $name, $value := dict "min_fraction" $min "max_fraction" $max -}}
 {{- $off := subf (mulf $value $steps) (round (mulf $value $steps) 0) -}}
 {{- if or (gt $off 0.000000001) (lt $off -0.000000001) -}}
-{{- fail (printf "policy.%s %v is not on the grid of 1/%v (policy.grid_steps)" $name $value $steps) -}}
+{{- fail (printf "policy.%s %v is not on the grid of 1/%v (policy.grid %s)" $name $value $steps $grid) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- $e := .Values.actuator.leaderElection -}}

@@ -1,8 +1,9 @@
 """The one adapter over nats-py that every service uses.
 
 It connects with reconnect and backoff, declares the streams (:mod:`fracpilot_libs.streams`)
-and KV buckets idempotently, publishes JSON models with a ``Nats-Msg-Id`` for de-duplication
-and the current trace context in the headers, and runs durable pull consumers
+and KV buckets idempotently, publishes JSON models with a ``Nats-Msg-Id`` for de-duplication,
+each in a PRODUCER span whose context travels in the headers
+(:mod:`fracpilot_libs.messaging_spans`), and runs durable pull consumers
 (:mod:`fracpilot_libs.consumer`: decoded into a wire model, retried, dead-lettered, their lag
 exported). It also serves core-NATS request/reply subjects in a queue group (:meth:`Bus.serve`):
 a handler that raises gets an error reply, and the subscription keeps serving. Messages that
@@ -42,6 +43,7 @@ from fracpilot_libs.consumer import (
 from fracpilot_libs.decoding import DecodeError, ErrorKind, dead_letter_record, decode
 from fracpilot_libs.kv_snapshot import read_kv_watched
 from fracpilot_libs.kv_watch import follow_kv
+from fracpilot_libs.messaging_spans import send_span
 from fracpilot_libs.nats_connect import connect_options, open_connection
 from fracpilot_libs.nats_errors import (
     TRANSIENT_CLIENT_ERRORS,
@@ -57,7 +59,6 @@ from fracpilot_libs.streams import (
     replicas_for,
     set_replicas,
 )
-from fracpilot_libs.telemetry import inject_trace
 from fracpilot_libs.usage_streams import ensure_usage_streams
 
 # Imported from here by the services and tests since before the bus was split.
@@ -298,22 +299,21 @@ class Bus:
         """Publish to JetStream and wait for the ack; returns False for a server-side duplicate.
         A publish the server does not acknowledge is retried for 30 s, then raises
         :class:`~fracpilot_libs.nats_errors.NatsUnreachableError`."""
-        headers = inject_trace({})
-        if msg_id:
-            headers["Nats-Msg-Id"] = msg_id
-        try:
-            async for attempt in AsyncRetrying(
-                wait=wait_exponential(multiplier=0.1, max=2),
-                stop=stop_after_delay(30),
-                retry=retry_if_exception_type(TRANSIENT_CLIENT_ERRORS),
-                reraise=True,
-            ):
-                with attempt:
-                    ack = await self.js.publish(
-                        subject, message.model_dump_json().encode(), headers=headers, timeout=5
-                    )
-        except TRANSIENT_CLIENT_ERRORS as exc:
-            raise NatsUnreachableError(f"publish to {subject} not acknowledged: {exc!r}") from exc
+        body = message.model_dump_json().encode()
+        with send_span(self.tracer, subject, body, msg_id) as headers:
+            try:
+                async for attempt in AsyncRetrying(
+                    wait=wait_exponential(multiplier=0.1, max=2),
+                    stop=stop_after_delay(30),
+                    retry=retry_if_exception_type(TRANSIENT_CLIENT_ERRORS),
+                    reraise=True,
+                ):
+                    with attempt:
+                        ack = await self.js.publish(subject, body, headers=headers, timeout=5)
+            except TRANSIENT_CLIENT_ERRORS as exc:
+                raise NatsUnreachableError(
+                    f"publish to {subject} not acknowledged: {exc!r}"
+                ) from exc
         prefix = subject_prefix(subject)
         if ack.duplicate:
             self.metrics.duplicates.labels(prefix).inc()

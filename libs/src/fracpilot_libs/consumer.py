@@ -5,7 +5,8 @@ A message that does not decode is dead-lettered with the reason and the raw payl
 terminated; a handler that raises :class:`PermanentError` likewise; a handler that raises
 anything else is retried with a delay, and dead-lettered once it has been delivered
 ``max_deliver`` times. Nothing is lost and the consumer keeps running. Messages come through
-the one pull feed (:class:`fracpilot_libs.pull_feed.PullFeed`). A consumer's lag
+the one pull feed (:class:`fracpilot_libs.pull_feed.PullFeed`); each is handled in a CONSUMER
+span joined to the publisher's trace (:mod:`fracpilot_libs.messaging_spans`). A consumer's lag
 (``num_pending``, ``num_ack_pending`` of its consumer info) is read every
 :data:`LAG_INTERVAL_S`.
 """
@@ -24,13 +25,12 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig
 from nats.js.errors import NotFoundError
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind
 from pydantic import BaseModel
 
-from fracpilot_libs.bus_metrics import BusMetrics, subject_prefix
+from fracpilot_libs.bus_metrics import BusMetrics
 from fracpilot_libs.decoding import DecodeError, ErrorKind, decode
+from fracpilot_libs.messaging_spans import mark_failed, process_span
 from fracpilot_libs.pull_feed import PullFeed
-from fracpilot_libs.telemetry import extract_trace
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
@@ -125,26 +125,24 @@ class DurableConsumer(Generic[M]):
         headers = dict(msg.headers or {})
         with (
             self.metrics.handle_seconds.labels(self.durable).time(),
-            self.tracer.start_as_current_span(
-                f"consume {subject_prefix(msg.subject)}",
-                context=extract_trace(headers),
-                kind=SpanKind.CONSUMER,
-                attributes={"messaging.system": "nats", "messaging.destination": msg.subject},
-            ),
+            process_span(self.tracer, msg, self.durable) as span,
         ):
             try:
                 decoded = decode(self.model, msg.data)
             except DecodeError as exc:
+                mark_failed(span, f"decode:{exc.kind}", exc.reason)
                 await self.dead_letter(msg.subject, msg.data, headers, exc.kind, exc.reason)
                 await msg.term()
                 return
             try:
                 await self._while_in_progress(msg, self.handler(decoded, msg))
             except PermanentError as exc:
+                mark_failed(span, type(exc).__qualname__, str(exc))
                 await self.dead_letter(msg.subject, msg.data, headers, "processing", str(exc))
                 await msg.term()
                 return
             except Exception as exc:
+                mark_failed(span, type(exc).__qualname__, repr(exc))
                 await self._failed(msg, headers, exc)
                 return
             await msg.ack()

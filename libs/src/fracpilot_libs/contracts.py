@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime
 from enum import StrEnum
+from itertools import pairwise
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -132,6 +133,7 @@ class ReasonCode(StrEnum):
     MEMORY_HIGH = "memory_high"
     OOM_SIGNAL = "oom_signal"
     CONTENTION_SIGNAL = "contention_signal"
+    QUEUE_GROWING = "queue_growing"  # the application's queue grew (vLLM waiting requests)
     UNDERUSED = "underused"
     POLICY_BOUNDS = "policy_bounds"
 
@@ -237,20 +239,47 @@ class PolicyScope(WireModel):
         return ".".join(p for p in parts if p)
 
 
-class Policy(WireModel):
-    """How the decision engine sizes a workload. Every default is documented here.
+class GridKind(StrEnum):
+    """Which fractions the engine sizes to (:mod:`fracpilot_libs.sizing.grids` quantizes)."""
 
-    Sizing: compute need = the ``compute_percentile`` of a decaying compute histogram
-    (half-life ``compute_half_life_s``) divided by ``target_utilization``; memory need = the
-    memory peak over ``memory_window_s`` plus the larger of ``memory_margin`` (relative) and
-    ``memory_min_headroom`` (share of the device). The fraction is the larger need rounded up
-    to ``1/grid_steps`` and clamped to ``[min_fraction, max_fraction]``.
+    BACKEND = "backend"  # what the GPU-sharing backends represent exactly: hundredths
+    STEPS = "steps"  # multiples of 1/grid_steps (the grid of policies written before v2)
+    LEVELS = "levels"  # the fractions in grid_levels only (MIG profiles' shares of a card)
+
+
+class ComputeSizing(StrEnum):
+    """How the engine sizes compute (memory is always sized by its peak: an overrun is OOM)."""
+
+    PERCENTILE = "percentile"  # a high percentile of utilization over a target utilization
+    SOFT = "soft"  # what sharing costs: compute work that would wait, within a budget
+
+
+BACKEND_GRID_STEPS = 100  # KAI's GPU_PORTION "%.2f" and HAMi's whole percents: hundredths
+
+
+class Policy(WireModel):
+    """How the decision engine sizes a workload. Every default is documented here (and in
+    docs/sizing.md).
+
+    Sizing: memory need = the memory peak over ``memory_window_s`` plus the larger of
+    ``memory_margin`` (relative) and ``memory_min_headroom`` (share of the device). Compute
+    need, by ``compute_sizing``: ``percentile``, the ``compute_percentile`` of a decaying
+    compute histogram (half-life ``compute_half_life_s``) divided by ``target_utilization``;
+    ``soft``, the smallest fraction above which at most ``compute_delay_budget`` of the compute
+    work lies (the work that waits when neighbours on the GPU use their shares). The fraction
+    is the larger need rounded up to the ``grid`` and clamped to ``[min_fraction,
+    max_fraction]``.
     Hysteresis: upsize once the need has exceeded the fraction for
     ``memory_upsize_confirmations`` (memory) or ``compute_upsize_confirmations`` (compute)
-    consecutive samples; downsize only after the need stayed a full step lower for
-    ``downsize_hold_s``, with at least ``min_history_s`` of history and not within
-    ``cooldown_s`` of the last change. An OOM or contention signal bumps the fraction by
-    ``signal_multiplier`` (at least one step) and holds it for ``signal_hold_s``.
+    consecutive samples; downsize only by ``downsize_min_change`` or more (and a grid step),
+    after the need stayed that much lower for ``downsize_hold_s``, with at least
+    ``min_history_s`` of history, not within ``cooldown_s`` of the last change and not while
+    the application's queue is non-empty; an upsize goes half ``downsize_min_change`` above
+    the need. While requests wait, a sample counts as compute above the fraction held. An OOM
+    or contention signal bumps the fraction by
+    ``signal_multiplier`` (at least ``downsize_min_change``) and holds it for
+    ``signal_hold_s``; a queue that grew over ``queue_growth_samples`` samples bumps it by
+    ``downsize_min_change`` whatever the utilization.
     """
 
     schema_version: Literal[1] = SCHEMA_VERSION
@@ -261,16 +290,39 @@ class Policy(WireModel):
     mode: Mode = Field(
         default=Mode.AUTO, description="recommend: publish decisions only; auto: also apply them"
     )
-    grid_steps: Annotated[int, Field(ge=1, le=100)] = Field(
-        default=8, description="fractions are multiples of 1/grid_steps (default 1/8)"
+    grid: GridKind = Field(
+        default=GridKind.BACKEND,
+        description="which fractions the engine sizes to: backend (hundredths, which KAI's "
+        "gpu-fraction and HAMi's whole percents both represent exactly), steps (multiples of "
+        "1/grid_steps) or levels (grid_levels only: MIG profiles). Left out with grid_steps "
+        "given: steps, as policies written before the grid existed meant",
     )
-    min_fraction: Fraction = Field(default=0.125, description="never size below this (on grid)")
-    max_fraction: Fraction = Field(default=1.0, description="never size above this (on grid)")
+    grid_steps: Annotated[int, Field(ge=1, le=100)] = Field(
+        default=8, description="grid steps: fractions are multiples of 1/grid_steps"
+    )
+    grid_levels: tuple[Fraction, ...] = Field(
+        default=(),
+        max_length=64,
+        description="grid levels: the fractions allowed, ascending (e.g. the MIG profiles' "
+        "shares of the card)",
+    )
+    min_fraction: Fraction = Field(default=0.1, description="never size below this (on the grid)")
+    max_fraction: Fraction = Field(default=1.0, description="never size above this (on the grid)")
+    compute_sizing: ComputeSizing = Field(
+        default=ComputeSizing.SOFT,
+        description="percentile: compute sized by compute_percentile / target_utilization; "
+        "soft: by the work that would wait (compute_delay_budget), with app signals",
+    )
     compute_percentile: Annotated[float, Field(gt=0.0, le=100.0)] = Field(
         default=95.0, description="percentile of the compute histogram that sizes compute"
     )
     target_utilization: Annotated[float, Field(gt=0.05, le=1.0)] = Field(
         default=0.85, description="compute percentile / fraction the sizing aims at (headroom)"
+    )
+    compute_delay_budget: Annotated[float, Field(gt=0.0, le=0.5)] = Field(
+        default=0.015,
+        description="soft: share of the compute work that may lie above the fraction (and "
+        "wait when the GPU's other shares are busy)",
     )
     compute_half_life_s: Annotated[float, Field(gt=0)] = Field(
         default=6 * 3600.0, description="half-life of a compute sample's weight, seconds"
@@ -292,14 +344,20 @@ class Policy(WireModel):
     memory_upsize_confirmations: Annotated[int, Field(ge=1, le=20)] = Field(
         default=1, description="samples of memory above the fraction before an upsize"
     )
+    downsize_min_change: Annotated[float, Field(ge=0.0, le=1.0)] = Field(
+        default=0.1,
+        description="a downsize lowers the fraction by at least this share of a GPU (and a "
+        "grid step): resizes stay rare on fine grids",
+    )
     downsize_hold_s: Annotated[float, Field(ge=0)] = Field(
-        default=3600.0, description="the need must stay a full step lower this long to downsize"
+        default=1800.0,
+        description="the need must stay downsize_min_change lower this long to downsize",
     )
     cooldown_s: Annotated[float, Field(ge=0)] = Field(
-        default=1800.0, description="no downsize within this long after any change"
+        default=3 * 3600.0, description="no downsize within this long after any change"
     )
     min_history_s: Annotated[float, Field(ge=0)] = Field(
-        default=3600.0, description="a shorter history blocks downsizing"
+        default=1800.0, description="a shorter history blocks downsizing"
     )
     signal_multiplier: Annotated[float, Field(ge=1.0, le=8.0)] = Field(
         default=1.5, description="an OOM or contention signal multiplies the fraction by this"
@@ -307,6 +365,23 @@ class Policy(WireModel):
     signal_hold_s: Annotated[float, Field(ge=0)] = Field(
         default=6 * 3600.0, description="no downsize this long after an OOM or contention signal"
     )
+    kv_cache_busy: Share = Field(
+        default=0.9,
+        description="downsizes wait while the application's KV cache (vLLM) is at least this full",
+    )
+    queue_growth_samples: Annotated[int, Field(ge=1, le=20)] = Field(
+        default=3,
+        description="consecutive samples of a growing application queue (vLLM waiting "
+        "requests) before a compute upsize, whatever the utilization",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _grid_of_older_policies(cls, data: object) -> object:
+        # A policy written before ``grid`` existed meant 1/grid_steps: keep that meaning.
+        if isinstance(data, dict) and "grid_steps" in data and "grid" not in data:
+            return {**data, "grid": GridKind.STEPS.value}
+        return data
 
     @model_validator(mode="after")
     def _bounds_valid(self) -> Policy:
@@ -314,16 +389,35 @@ class Policy(WireModel):
             raise ValueError(
                 f"min_fraction {self.min_fraction} is above max_fraction {self.max_fraction}"
             )
+        levels = self.grid_levels
+        if self.grid is GridKind.LEVELS:
+            if not levels:
+                raise ValueError("grid levels needs grid_levels (the fractions allowed)")
+            if any(b <= a for a, b in pairwise(levels)):
+                raise ValueError(f"grid_levels {list(levels)} must be strictly ascending")
         for name in ("min_fraction", "max_fraction"):
             value = getattr(self, name)
-            steps = value * self.grid_steps
-            if abs(steps - round(steps)) > 1e-9:
-                raise ValueError(f"{name} {value} is not on the grid of 1/{self.grid_steps}")
+            if self.grid is GridKind.LEVELS:
+                if not any(abs(value - level) <= 1e-9 for level in levels):
+                    raise ValueError(f"{name} {value} is not one of grid_levels {list(levels)}")
+                continue
+            steps = self.steps_per_gpu
+            if abs(value * steps - round(value * steps)) > 1e-9:
+                raise ValueError(f"{name} {value} is not on the grid of 1/{steps}")
         return self
 
     @property
+    def steps_per_gpu(self) -> int:
+        """The grid's steps per GPU (steps and backend grids; levels have none)."""
+        return self.grid_steps if self.grid is GridKind.STEPS else BACKEND_GRID_STEPS
+
+    @property
     def step(self) -> float:
-        return 1.0 / self.grid_steps
+        """The grid's finest step: 1/grid_steps, 0.01 on backend, the smallest gap of levels."""
+        if self.grid is GridKind.LEVELS:
+            levels = (0.0, *self.grid_levels)
+            return min(b - a for a, b in pairwise(levels))
+        return 1.0 / self.steps_per_gpu
 
 
 class PolicyReply(WireModel):

@@ -1,4 +1,7 @@
-"""Core-NATS request/reply: how a served request is answered, traced and counted."""
+"""Core-NATS request/reply: how a served request is answered, traced and counted.
+
+A request is a call (the requester waits for the reply): its span is a SERVER span, joined to
+the requester's trace, with the messaging attributes of the subject it came on."""
 
 from __future__ import annotations
 
@@ -8,9 +11,18 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from nats.aio.msg import Msg
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind
 
 from fracpilot_libs.bus_metrics import BusMetrics
+from fracpilot_libs.messaging_spans import (
+    BODY_SIZE,
+    DESTINATION_NAME,
+    MESSAGING_SYSTEM,
+    OPERATION_NAME,
+    OPERATION_TYPE,
+    SYSTEM,
+    mark_failed,
+)
 from fracpilot_libs.telemetry import extract_trace
 
 log = logging.getLogger(__name__)
@@ -40,7 +52,13 @@ def request_callback(
             f"serve {subject}",
             context=extract_trace(headers),
             kind=SpanKind.SERVER,
-            attributes={"messaging.system": "nats", "messaging.destination": subject},
+            attributes={
+                MESSAGING_SYSTEM: SYSTEM,
+                DESTINATION_NAME: subject,
+                OPERATION_TYPE: "process",
+                OPERATION_NAME: "process",
+                BODY_SIZE: len(msg.data),
+            },
         ) as span:
             try:
                 reply = await handler(msg.data, headers)
@@ -48,7 +66,7 @@ def request_callback(
             except Exception as exc:
                 log.exception("request handler failed", extra={"subject": subject})
                 span.record_exception(exc)
-                span.set_status(Status(StatusCode.ERROR, "handler failed"))
+                mark_failed(span, type(exc).__qualname__, "handler failed")
                 reply = on_error(f"internal error: {exc!r}"[:2000])
                 outcome = "failed"
             metrics.requests.labels(subject, outcome).inc()

@@ -2,8 +2,17 @@
 
 The HTTP endpoint is a tiny asyncio server (``/metrics``, ``/healthz``, ``/readyz``) so that a
 service needs no web framework; readiness is a flag the service sets once it is connected.
-Tracing uses the OpenTelemetry SDK with an OTLP/HTTP exporter when an endpoint is configured and
-no exporter otherwise; tests may pass their own span processor.
+
+Tracing uses the OpenTelemetry SDK, configured by the standard environment variables
+(https://opentelemetry.io/docs/specs/otel/configuration/sdk-environment-variables/):
+``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (and the exporter's
+headers, timeout, certificate variables, read by the OTLP/HTTP exporter itself),
+``OTEL_TRACES_EXPORTER`` (``otlp``, ``console``, ``none``), ``OTEL_SERVICE_NAME`` and
+``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_SDK_DISABLED``; ``FRACPILOT_OTLP_ENDPOINT`` still works as
+the OTLP base URL. With no endpoint and no ``OTEL_TRACES_EXPORTER`` nothing is exported (rather
+than the SDK's default of a collector on localhost). The first provider a process makes is set
+as the global one; tests may pass their own span processor. Logs carry the current span's
+``trace_id`` and ``span_id`` (:class:`TraceContextFilter`).
 """
 
 from __future__ import annotations
@@ -12,16 +21,18 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 _RESERVED = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
@@ -42,9 +53,6 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        span = trace.get_current_span().get_span_context()
-        if span.is_valid:
-            entry["trace_id"] = f"{span.trace_id:032x}"
         for key, value in record.__dict__.items():
             if key not in _RESERVED and not key.startswith("_"):
                 entry[key] = value
@@ -53,8 +61,22 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+class TraceContextFilter(logging.Filter):
+    """Adds the current span's ``trace_id`` and ``span_id`` (lower-case hex, as W3C trace
+    context and OTLP spell them) to each record logged inside a span, so that a log line leads
+    to its trace."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        span = trace.get_current_span().get_span_context()
+        if span.is_valid:
+            record.trace_id = trace.format_trace_id(span.trace_id)
+            record.span_id = trace.format_span_id(span.span_id)
+        return True
+
+
 def setup_logging(service: str, level: str = "INFO") -> None:
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(TraceContextFilter())
     handler.setFormatter(JsonFormatter(service))
     root = logging.getLogger()
     root.handlers[:] = [handler]
@@ -62,21 +84,79 @@ def setup_logging(service: str, level: str = "INFO") -> None:
     logging.getLogger("nats").setLevel(logging.WARNING)
 
 
+@dataclass(frozen=True)
+class TraceExport:
+    """Where spans go: ``otlp`` (to ``endpoint``, or where the OTEL_* variables say when it is
+    None), ``console`` (stdout), or nowhere."""
+
+    exporter: Literal["otlp", "console", "none"]
+    endpoint: str | None = None
+
+
+_ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+_PROTOCOL_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+
+
+def trace_export(env: Mapping[str, str], fracpilot_endpoint: str | None = None) -> TraceExport:
+    """The exporter the environment asks for (pure). Raises ValueError for what cannot be
+    served: an exporter other than otlp/console/none, an OTLP protocol other than
+    http/protobuf (the exporter installed)."""
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return TraceExport("none")
+    names = [n.strip().lower() for n in env.get("OTEL_TRACES_EXPORTER", "").split(",")]
+    names = [n for n in names if n]
+    endpoint_set = bool(fracpilot_endpoint) or any(env.get(v) for v in _ENDPOINT_VARIABLES)
+    if not names:
+        names = ["otlp"] if endpoint_set else ["none"]
+    unknown = set(names) - {"otlp", "console", "none"}
+    if unknown or len(names) > 1:
+        raise ValueError(
+            f"OTEL_TRACES_EXPORTER={env.get('OTEL_TRACES_EXPORTER')!r}: fracpilot exports to "
+            "one of otlp, console, none"
+        )
+    if names[0] != "otlp":
+        return TraceExport(names[0])  # type: ignore[arg-type]
+    protocol = next((env[v] for v in _PROTOCOL_VARIABLES if env.get(v)), "http/protobuf")
+    if protocol.strip() != "http/protobuf":
+        raise ValueError(
+            f"OTLP protocol {protocol!r}: fracpilot exports OTLP over http/protobuf only "
+            "(point OTEL_EXPORTER_OTLP_ENDPOINT at the collector's HTTP port, 4318)"
+        )
+    if fracpilot_endpoint:  # FRACPILOT_OTLP_ENDPOINT: a base URL, as OTEL_EXPORTER_OTLP_ENDPOINT
+        return TraceExport("otlp", f"{fracpilot_endpoint.rstrip('/')}/v1/traces")
+    return TraceExport("otlp")  # the exporter reads the OTEL_EXPORTER_OTLP_* variables itself
+
+
+def service_resource(service: str) -> Resource:
+    """The SDK's resource (OTEL_RESOURCE_ATTRIBUTES, OTEL_SERVICE_NAME) named ``service``
+    unless those name it already."""
+    resource = Resource.create()
+    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({"service.name": service}))
+    return resource
+
+
 def setup_tracing(
     service: str,
     otlp_endpoint: str | None = None,
     extra_processor: SpanProcessor | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> TracerProvider:
-    """A tracer provider for the service; the global one the first time, a private one after."""
-    provider = TracerProvider(resource=Resource.create({"service.name": service}))
-    if otlp_endpoint:
+    """A tracer provider for the service, exporting where :func:`trace_export` says; the first
+    one made in a process becomes the global provider (later ones, e.g. several services in
+    one test process, stay private: OpenTelemetry sets the global provider only once)."""
+    export = trace_export(os.environ if env is None else env, otlp_endpoint)
+    provider = TracerProvider(resource=service_resource(service))
+    if export.exporter == "otlp":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        provider.add_span_processor(
-            BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{otlp_endpoint}/v1/traces"))
-        )
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=export.endpoint)))
+    elif export.exporter == "console":
+        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
     if extra_processor is not None:
         provider.add_span_processor(extra_processor)
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        trace.set_tracer_provider(provider)
     return provider
 
 

@@ -309,8 +309,8 @@ def test_the_apiserver_accepts_every_object(
             "at '/actuator/replicas': maximum: got 2, want 1",
         ),
         (
-            ["--set-json", 'policy={"min_fraction": 0.1}'],
-            "policy.min_fraction 0.1 is not on the grid of 1/8 (policy.grid_steps)",
+            ["--set-json", 'policy={"min_fraction": 0.125}'],
+            "policy.min_fraction 0.125 is not on the grid of 1/100 (policy.grid backend)",
         ),
         (
             ["--set-json", 'policy={"min_fraction": 0.5, "max_fraction": 0.25}'],
@@ -377,12 +377,32 @@ def test_rbac_is_deploy_rbac_rules(rendered: dict[str, list[dict[str, Any]]]) ->
             assert binding["subjects"] == [
                 {"kind": "ServiceAccount", "name": "fracpilot-actuator", "namespace": "fracpilot"}
             ]
-        roles = {(d["kind"], d["metadata"]["name"]) for d in docs if "rules" in d}
+        # The services' grants; hooks (helm test, secret Jobs) are checked where they are tested.
+        roles = {
+            (d["kind"], d["metadata"]["name"])
+            for d in docs
+            if "rules" in d and "helm.sh/hook" not in d["metadata"].get("annotations", {})
+        }
+        hooks = {
+            (d["kind"], d["metadata"]["name"], d["metadata"]["annotations"]["helm.sh/hook"])
+            for d in docs
+            if "rules" in d and "helm.sh/hook" in d["metadata"].get("annotations", {})
+        }
+        assert hooks == {("ClusterRole", "fracpilot-test", "test")}
         assert roles == {
             ("ClusterRole", "fracpilot-actuator"),
             ("Role", "fracpilot-actuator"),
             ("ClusterRole", "fracpilot-ingest"),
+            ("ClusterRole", "fracpilot-policy-edit"),
+            ("ClusterRole", "fracpilot-policy-view"),
         }
+        # Who may change a policy: deploy/rbac/policy-roles.yaml, with the aggregation labels.
+        for role in yaml.safe_load_all((RBAC_DIR / "policy-roles.yaml").read_text()):
+            rendered_role = find(docs, "ClusterRole", role["metadata"]["name"])
+            assert rendered_role["rules"] == role["rules"]
+            labels = rendered_role["metadata"]["labels"]
+            for label, value in role["metadata"]["labels"].items():
+                assert "aggregate-to" not in label or labels[label] == value
     # Ingest by pod names makes no API call: no grant, no token.
     docs = rendered["builtin-nats-values"]
     assert ("ClusterRole", "fracpilot-ingest") not in {
@@ -576,6 +596,9 @@ def release(helm: Helm, kube_namespace: str) -> Iterator[tuple[str, list[str]]]:
         "--set=webhook.certManager.enabled=false",
         # One PriorityClass per cluster, made by other tests of this session.
         "--set=priorityClass.create=false",
+        # One set of policy CRDs and roles per cluster, made by other tests of this session.
+        "--set=fractionPolicies.crds.install=false",
+        "--set=fractionPolicies.roles=false",
         "--set=nats.auth.type=userPassword",
     ]
     yield name, values
@@ -607,9 +630,14 @@ def test_install_and_upgrade_keep_the_generated_secrets(
 
     admission = client.AdmissionregistrationV1Api(kube_admin)
     config = admission.read_mutating_webhook_configuration(f"{name}-fracpilot-targets")
-    (webhook,) = config.webhooks
-    assert webhook.client_config.ca_bundle == tls_before["ca.crt"]
-    assert webhook.client_config.service.name == f"{name}-fracpilot-webhook"
+    # The opt-in rule's two webhooks (opted-in namespaces, pods opted in by label): one service.
+    assert [w.name for w in config.webhooks] == [
+        "targets.fracpilot.io",
+        "pods.targets.fracpilot.io",
+    ]
+    for webhook in config.webhooks:
+        assert webhook.client_config.ca_bundle == tls_before["ca.crt"]
+        assert webhook.client_config.service.name == f"{name}-fracpilot-webhook"
     ca = x509.load_pem_x509_certificate(base64.b64decode(tls_before["ca.crt"]))
     serving = x509.load_pem_x509_certificate(base64.b64decode(tls_before["tls.crt"]))
     verify_signed_by(serving, ca)

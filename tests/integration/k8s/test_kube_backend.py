@@ -164,6 +164,10 @@ class Cluster:
 
 @pytest.fixture
 def cluster(kube_admin: client.ApiClient, kube_namespace: str) -> Cluster:
+    """The test's namespace, opted in to automatic resizing (fracpilot.io/mode=auto)."""
+    kube.label_namespace(
+        client.CoreV1Api(kube_admin), kube_namespace, {"fracpilot.io/mode": "auto"}
+    )
     return Cluster(kube_admin, kube_namespace)
 
 

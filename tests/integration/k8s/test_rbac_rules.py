@@ -34,6 +34,7 @@ from fracpilot_actuator.actuation import Actuation
 from fracpilot_actuator.guardrails import GuardrailSettings
 from fracpilot_actuator.kube.api import KubeApi
 from fracpilot_actuator.kube.backend import KubernetesBackend
+from fracpilot_actuator.kube.namespaces import NamespaceLabels
 from fracpilot_actuator.kube.placeholders import PRIORITY_CLASS
 from fracpilot_actuator.kube.settings import EvictionSettings, KubeBackendSettings
 from fracpilot_actuator.kv_stores import KvTargetStore
@@ -96,6 +97,9 @@ ACTUATOR_CALLS: tuple[Call, ...] = (
     Call("get", "", "nodes", scope="cluster", why="GPU inventory"),
     Call("list", "", "nodes", scope="cluster", why="GPU inventory"),
     Call("watch", "", "nodes", scope="cluster", why="GPU inventory"),
+    Call("get", "", "namespaces", scope="cluster", why="opt-in: the fracpilot.io/mode label"),
+    Call("list", "", "namespaces", scope="cluster", why="opt-in: the fracpilot.io/mode label"),
+    Call("watch", "", "namespaces", scope="cluster", why="opt-in: the fracpilot.io/mode label"),
     *_reads("", "pods", "what runs where, with which fraction"),
     *_reads("apps", "replicasets", "pod -> ReplicaSet -> Deployment"),
     *_reads("apps", "deployments", "the workload a decision is about"),
@@ -139,6 +143,20 @@ ACTUATOR_CALLS: tuple[Call, ...] = (
         name=PLACEHOLDER_PRIORITY_CLASS,
         why="the placeholders' PriorityClass (the chart creates it) exists",
     ),
+    *(
+        Call(verb, "fracpilot.io", plural, scope="cluster", why="the policy sync's informers")
+        for verb in ("list", "watch")
+        for plural in ("fractionpolicies", "clusterfractionpolicies")
+    ),
+    Call("patch", "fracpilot.io", "fractionpolicies", "status", why="a policy's status"),
+    Call(
+        "patch",
+        "fracpilot.io",
+        "clusterfractionpolicies",
+        "status",
+        scope="cluster",
+        why="the cluster default's status",
+    ),
 )
 
 # Calls the actuator must not be able to make.
@@ -173,6 +191,10 @@ ACTUATOR_FORBIDDEN: tuple[Call, ...] = (
     Call("create", "rbac.authorization.k8s.io", "rolebindings", scope="own"),
     Call("impersonate", "", "serviceaccounts"),
     Call("create", "", "serviceaccounts", "token", scope="own"),
+    Call("create", "fracpilot.io", "fractionpolicies"),  # policies are their owners' to change
+    Call("update", "fracpilot.io", "fractionpolicies"),
+    Call("delete", "fracpilot.io", "fractionpolicies"),
+    Call("patch", "fracpilot.io", "clusterfractionpolicies", scope="cluster"),
 )
 
 # What fracpilot_ingest.owners.KubernetesOwners calls (owners=kubernetes; nodes with
@@ -637,8 +659,13 @@ async def test_the_backend_runs_with_the_actuator_token(
     async def report(_decision: FractionDecision, actuation: Actuation) -> None:
         finished.append(actuation)
 
+    # The workloads' namespace opts in; the actuator reads that label with its own token.
+    core.patch_namespace(ns, {"metadata": {"labels": {"fracpilot.io/mode": "auto"}}})
+    namespaces = NamespaceLabels(as_actuator)
+    namespaces.start()
     backend: KubernetesBackend | None = None
     try:
+        assert await namespaces.wait_synced(10), "namespaces not listed with the actuator's token"
         backend = KubernetesBackend(
             KubeApi(as_actuator),
             KvTargetStore(await bus.kv(subjects.TARGET_BUCKET)),
@@ -651,6 +678,7 @@ async def test_the_backend_runs_with_the_actuator_token(
             ),
             report,
             instance="rbac-test",
+            namespaces=namespaces,
         )
         await backend.start()
 
@@ -688,6 +716,7 @@ async def test_the_backend_runs_with_the_actuator_token(
         await backend.reconcile(utcnow())
         assert [(a.outcome, a.error) for a in finished] == [(Outcome.APPLIED, None)]
     finally:
+        namespaces.stop()
         if backend is not None:
             backend.close()
         await bus.close()

@@ -52,6 +52,7 @@ from fracpilot_libs.contracts import GpuSharing, WorkloadRef, WorkloadTarget
 from helpers import reset_nats
 from helpers import wait_for as until
 from k8s_control_plane import _issue, _Issued, _write_cert, _write_key, wait_for
+from support.kube import label_namespace
 
 pytestmark = pytest.mark.integration
 
@@ -266,15 +267,25 @@ def rs_pod(
 
 @contextlib.contextmanager
 def registered(
-    admission: client.AdmissionregistrationV1Api, tls: Tls, url: str, namespace: str
+    admission: client.AdmissionregistrationV1Api,
+    tls: Tls,
+    url: str,
+    namespace: str,
+    *,
+    opt_in: bool = True,
 ) -> Iterator[str]:
-    """The MutatingWebhookConfiguration, limited to ``namespace``; deleted afterwards."""
+    """The MutatingWebhookConfiguration, limited to ``namespace``; deleted afterwards.
+
+    ``opt_in``: label the namespace fracpilot.io/mode=auto first (the default is recommend-only:
+    without it, only pods labelled so are sent)."""
+    if opt_in:
+        core = client.CoreV1Api(admission.api_client)
+        label_namespace(core, namespace, {"fracpilot.io/mode": "auto"})
     config = webhook_configuration(
         ca_bundle=tls.ca_pem, url=url, name=f"fracpilot-targets-{namespace}"
     )
-    config["webhooks"][0]["namespaceSelector"]["matchLabels"] = {
-        "kubernetes.io/metadata.name": namespace
-    }
+    for hook in config["webhooks"]:  # both of the opt-in rule's webhooks
+        hook["namespaceSelector"]["matchLabels"] = {"kubernetes.io/metadata.name": namespace}
     admission.create_mutating_webhook_configuration(config)
     try:
         yield config["metadata"]["name"]
@@ -688,3 +699,53 @@ async def test_target_cache_follows_the_bucket(bus: Bus) -> None:
     await kv.delete(subjects.kv_key(chat))
     await until(lambda: cache.for_workload(chat) is None)
     assert set(cache) == {subjects.kv_key(embed)}
+
+
+# --- the opt-in rule, as the apiserver applies the selectors -------------------------------------
+
+
+async def test_only_opted_in_pods_are_sent_and_sized(
+    kube_admin: client.ApiClient, kube_namespace: str, webhook: Webhook, tls: Tls
+) -> None:
+    """Recommend-only by default: the apiserver sends the webhook only pods of a namespace
+    labelled fracpilot.io/mode=auto (unless the pod says recommend or off) and pods labelled
+    auto themselves; labelling the namespace later, or removing the label, changes that."""
+    ns = kube_namespace
+    core, apps = client.CoreV1Api(kube_admin), client.AppsV1Api(kube_admin)
+    admission = client.AdmissionregistrationV1Api(kube_admin)
+    owner = await asyncio.to_thread(create_deployment, apps, ns, "chat")
+    await put(webhook.kv, target(workload("chat", ns), 0.25, "d-1"))
+    await webhook.holds(workload("chat", ns), "d-1")
+
+    def pod(mode: str | None = None) -> dict[str, Any]:
+        body = rs_pod("chat", owner, annotations={KAI_FRACTION: "0.5"})
+        if mode is not None:
+            body["metadata"]["labels"]["fracpilot.io/mode"] = mode
+        return body
+
+    def sized(body: dict[str, Any]) -> bool:
+        made = core.create_namespaced_pod(ns, body, dry_run="All")  # webhooks run, nothing kept
+        return (made.metadata.annotations or {}).get(KAI_FRACTION) == "0.25"
+
+    def becomes(body: dict[str, Any], expected: bool) -> None:
+        """The apiserver sees namespace label changes through its informer: wait for it."""
+        wait_for(lambda: True if sized(body) is expected else None, timeout=30, what="labels")
+
+    with registered(admission, tls, webhook.server.url, ns, opt_in=False):
+        # A pod labelled auto opts itself in (this also waits for the configuration to load).
+        await asyncio.to_thread(becomes, pod("auto"), True)
+        sent = sum(webhook.count(o) for o in ("patched", "unchanged", "no_target", "not_opted_in"))
+        for mode in (None, "recommend", "off", "Auto"):  # not opted in: never sent
+            assert not await asyncio.to_thread(sized, pod(mode)), mode
+        now = sum(webhook.count(o) for o in ("patched", "unchanged", "no_target", "not_opted_in"))
+        assert now == sent, "the apiserver sent pods that are not opted in"
+
+        label_namespace(core, ns, {"fracpilot.io/mode": "auto"})
+        await asyncio.to_thread(becomes, pod(), True)
+        assert not await asyncio.to_thread(sized, pod("recommend"))  # the pod's label wins
+        assert not await asyncio.to_thread(sized, pod("off"))
+        assert await asyncio.to_thread(sized, pod("auto"))
+
+        label_namespace(core, ns, {"fracpilot.io/mode": None})  # back to recommendations
+        await asyncio.to_thread(becomes, pod(), False)
+        assert await asyncio.to_thread(sized, pod("auto"))

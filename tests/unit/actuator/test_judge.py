@@ -27,9 +27,15 @@ OWNER = ("Deployment", "chat")
 LATER = T0 + timedelta(minutes=5)  # decisions are made after the pods were created
 NOW = T0 + timedelta(minutes=6)
 GUARDS = Guards(GuardState(), GuardrailSettings())
+OPTED_IN = {"fracpilot.io/mode": "auto"}  # the workloads' namespace is opted in (auto mode)
 
 
-def view(*pods: dict[str, Any], owner: dict[str, Any] | None = None, gpus: int = 1) -> ClusterView:
+def view(
+    *pods: dict[str, Any],
+    owner: dict[str, Any] | None = None,
+    gpus: int = 1,
+    namespace_labels: dict[str, str] = OPTED_IN,
+) -> ClusterView:
     inventory = build_inventory(
         [node("n1", gpus=gpus)],
         [reservation("g1", UUID_A), *pods],
@@ -37,7 +43,7 @@ def view(*pods: dict[str, Any], owner: dict[str, Any] | None = None, gpus: int =
         default_gpu_memory_mib=MEM_MIB,
     )
     made = decision(name="chat")
-    return ClusterView(inventory, inventory.pods_of(made.workload, {}), owner)
+    return ClusterView(inventory, inventory.pods_of(made.workload, {}), owner, namespace_labels)
 
 
 def kai_pods(*fractions: str, **kw: Any) -> list[dict[str, Any]]:
@@ -230,3 +236,50 @@ def test_the_judge_is_pure_and_never_acts_when_it_must_not(
         if result.actuation.outcome is Outcome.APPLIED:
             assert resuming
             assert result.actuation.plan is PlanKind.NONE
+
+
+# --- the opt-in rule (fracpilot_actuator.opt_in) in the judge ----------------------------------
+
+
+def test_a_workload_not_opted_in_is_a_recommendation_saying_why() -> None:
+    result = judge(grow(), view(*kai_pods("0.25"), namespace_labels={}), GUARDS, NOW)
+    assert isinstance(result, Skip)
+    assert result.actuation.outcome is Outcome.DRY_RUN
+    assert result.actuation.held_back == "not_opted_in"
+    assert result.actuation.detail.startswith(
+        "not opted in: namespace inference has no label fracpilot.io/mode=auto: "
+        "would in_place (kai): "
+    )
+    assert result.actuation.fraction_after == 0.25  # nothing changed
+
+
+def with_mode(mode: str, *pods: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pods labelled fracpilot.io/mode=<mode> (as their template would label them)."""
+    for p in pods:
+        p["metadata"].setdefault("labels", {})["fracpilot.io/mode"] = mode
+    return list(pods)
+
+
+def test_a_pod_label_opts_in_where_the_namespace_does_not_and_the_policy_caps_it() -> None:
+    labelled = with_mode("auto", *kai_pods("0.25", "0.25"))
+    opted_in = judge(grow(), view(*labelled, namespace_labels={}), GUARDS, NOW)
+    assert isinstance(opted_in, ActuationPlan)
+    recommend = judge(grow(mode="recommend"), view(*labelled), GUARDS, NOW)
+    assert isinstance(recommend, Skip)
+    assert recommend.actuation.outcome is Outcome.DRY_RUN
+    assert recommend.actuation.held_back == "policy"
+    assert recommend.actuation.detail.startswith("the policy's mode is recommend")
+
+
+def test_mode_off_skips_without_planning_and_one_pod_saying_recommend_holds_all_back() -> None:
+    off = judge(
+        grow(), view(*kai_pods("0.25"), namespace_labels={"fracpilot.io/mode": "off"}), GUARDS, NOW
+    )
+    assert isinstance(off, Skip)
+    assert (off.actuation.outcome, off.actuation.plan) == (Outcome.SKIPPED, PlanKind.NONE)
+    assert off.actuation.detail == "off: namespace inference is labelled fracpilot.io/mode=off"
+    mixed = [*kai_pods("0.25"), *with_mode("recommend", kai_pods("0.25", "0.25")[1])]
+    held = judge(grow(), view(*mixed), GUARDS, NOW)
+    assert isinstance(held, Skip)
+    assert held.actuation.outcome is Outcome.DRY_RUN
+    assert "pod chat-1 is labelled fracpilot.io/mode=recommend" in held.actuation.detail

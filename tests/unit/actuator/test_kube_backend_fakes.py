@@ -22,6 +22,7 @@ from fracpilot_actuator.kube.api import KubeApi
 from fracpilot_actuator.kube.backend import KubernetesBackend
 from fracpilot_actuator.kube.errors import PermanentKubeError
 from fracpilot_actuator.kube.settings import EvictionSettings, KubeBackendSettings
+from fracpilot_actuator.opt_in import OptInSettings
 from fracpilot_libs import subjects
 from fracpilot_libs.contracts import FractionDecision, GpuSharing, Outcome, PlanKind, WorkloadTarget
 from support.kube_objects import MEM_MIB, T0, hami, kai, node, reservation
@@ -29,6 +30,7 @@ from support.kube_objects import MEM_MIB, T0, hami, kai, node, reservation
 UUID_A = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"
 OWNER = ("Deployment", "chat")
 NOW = T0 + timedelta(minutes=6)
+AUTO = OptInSettings(default_mode="auto")  # this cluster opts every namespace in
 
 
 class RecordingApi:
@@ -79,7 +81,7 @@ def backend_for(
     backend = KubernetesBackend(
         cast(KubeApi, api),
         targets,
-        KubeBackendSettings(cluster="test", inventory_cache=False, **settings),
+        KubeBackendSettings(cluster="test", inventory_cache=False, opt_in=AUTO, **settings),
         report,
         instance="unit",
         allocations=allocations,

@@ -26,8 +26,8 @@ from fracpilot_actuator.kube.object_values import (
     parse_hami_devices,
     parse_kai_fraction,
 )
-from fracpilot_actuator.planner import ClusterState, apply_pod_plan, plan_workload
 from fracpilot_libs.contracts import MIB, GpuSharing, PlanKind, WorkloadRef
+from fracpilot_libs.placement.planner import ClusterState, apply_pod_plan, plan_workload
 from support.kube_objects import MEM_MIB, T0, hami, kai, node, pod, reservation
 
 UUID_A = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"

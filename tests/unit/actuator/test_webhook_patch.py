@@ -557,7 +557,11 @@ def test_webhook_configuration_never_blocks_pods() -> None:
     config = webhook_configuration(ca_bundle=b"PEM", url="https://127.0.0.1:9443/mutate")
     assert config["kind"] == "MutatingWebhookConfiguration"
     assert config["metadata"]["name"] == "fracpilot-targets"
-    (hook,) = config["webhooks"]
+    hook, by_label = config["webhooks"]
+    assert (hook["name"], by_label["name"]) == ("targets.fracpilot.io", "pods.targets.fracpilot.io")
+    assert {k: v for k, v in by_label.items() if not k.endswith("Selector") and k != "name"} == {
+        k: v for k, v in hook.items() if not k.endswith("Selector") and k != "name"
+    }
     assert hook["failurePolicy"] == "Ignore"
     assert hook["sideEffects"] == "None"
     assert hook["admissionReviewVersions"] == ["v1"]
@@ -575,12 +579,31 @@ def test_webhook_configuration_never_blocks_pods() -> None:
         "caBundle": base64.b64encode(b"PEM").decode(),
         "url": "https://127.0.0.1:9443/mutate",
     }
+    # Recommend-only by default: the pods of namespaces labelled fracpilot.io/mode=auto that do
+    # not say otherwise, and pods labelled fracpilot.io/mode=auto elsewhere.
+    not_excluded = {
+        "key": "kubernetes.io/metadata.name",
+        "operator": "NotIn",
+        "values": ["kube-system"],
+    }
+    not_out = {"key": OPT_OUT, "operator": "NotIn", "values": ["true"]}
     assert hook["namespaceSelector"]["matchExpressions"] == [
-        {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system"]},
-        {"key": OPT_OUT, "operator": "NotIn", "values": ["true"]},
+        not_excluded,
+        {"key": "fracpilot.io/mode", "operator": "In", "values": ["auto"]},
+        not_out,
     ]
     assert hook["objectSelector"]["matchExpressions"] == [
-        {"key": OPT_OUT, "operator": "NotIn", "values": ["true"]}
+        {"key": "fracpilot.io/mode", "operator": "NotIn", "values": ["off", "recommend"]},
+        not_out,
+    ]
+    assert by_label["namespaceSelector"]["matchExpressions"] == [
+        not_excluded,
+        {"key": "fracpilot.io/mode", "operator": "NotIn", "values": ["auto"]},
+        not_out,
+    ]
+    assert by_label["objectSelector"]["matchExpressions"] == [
+        {"key": "fracpilot.io/mode", "operator": "In", "values": ["auto"]},
+        not_out,
     ]
 
 
@@ -590,7 +613,7 @@ def test_webhook_configuration_with_a_service() -> None:
         service=ServiceReference("fracpilot", "fracpilot-actuator-webhook"),
         excluded_namespaces=("kube-system", "fracpilot"),
     )
-    (hook,) = config["webhooks"]
+    hook, _ = config["webhooks"]
     assert hook["clientConfig"]["service"] == {
         "namespace": "fracpilot",
         "name": "fracpilot-actuator-webhook",

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from factories import GIB, T0, sample, workload
+from factories import GIB, T0, sample, v1_policy, workload
 from fracpilot_cli.status import (
     FleetSnapshot,
     Risk,
@@ -19,6 +19,7 @@ from fracpilot_cli.status import (
     risk_of,
     risk_order,
     status_row,
+    totals,
     workload_from_key,
 )
 from fracpilot_libs import subjects
@@ -39,7 +40,7 @@ WALL = datetime(2026, 12, 2, tzinfo=UTC)  # the wall clock: months after the sam
 
 
 def policy_for(_wl: WorkloadRef) -> Policy:
-    return Policy()
+    return v1_policy()  # the rules these figures were written for (a 1/8 grid)
 
 
 def allocation(name: str = "chat", fraction: float = 0.5) -> Allocation:
@@ -69,7 +70,7 @@ def result(name: str = "chat", outcome: Outcome = Outcome.APPLIED) -> ActuationR
 def engine_state(compute: float, memory: float, minutes: int, held: float) -> WorkloadState:
     state = WorkloadState()
     for m in range(minutes):
-        state, _ = decide(state, sample(compute, memory, minute=m, allocated=held), Policy())
+        state, _ = decide(state, sample(compute, memory, minute=m, allocated=held), v1_policy())
     return state
 
 
@@ -121,6 +122,25 @@ def test_a_row_from_every_source() -> None:
     assert r.risk is Risk.NONE
     assert r.samples == 40
     assert r.policy_scope == "cluster"
+
+
+def test_a_recommendation_shows_what_applying_it_would_save() -> None:
+    """Recommend-only (nothing applied: the last result is a dry run): the row still says what
+    the engine's target would save against the fraction held, and the totals add it up."""
+    latest = sample(0.1, 0.1, minute=39, allocated=0.5, gpu_model="NVIDIA H100 80GB HBM3")
+    r = row(
+        allocation=allocation(fraction=0.5),
+        state=engine_state(0.1, 0.1, 40, 0.5),
+        sample=latest,
+        result=result(outcome=Outcome.DRY_RUN),
+    )
+    assert r.target is not None
+    assert r.target < 0.5
+    assert r.last_outcome == "dry_run"
+    assert r.would_save_usd_month == pytest.approx((0.5 - r.target) * 4.50 * 730)
+    no_history = row(allocation=allocation(fraction=0.25), sample=sample(allocated=0.25))
+    assert no_history.would_save_usd_month is None  # no target, no claim
+    assert totals([r, no_history])["would_save_usd_month"] == pytest.approx(r.would_save_usd_month)
 
 
 def test_money_saved_is_one_minus_the_fraction_at_the_default_price_without_a_model() -> None:

@@ -11,11 +11,11 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from factories import GIB, T0, sample, workload
+from factories import GIB, T0, sample, v1_policy, workload
 from fracpilot_cli import render
 from fracpilot_cli.status import FleetSnapshot, StatusRow, build_status_rows
 from fracpilot_libs import subjects
-from fracpilot_libs.contracts import Allocation, Policy
+from fracpilot_libs.contracts import Allocation
 from fracpilot_libs.pricing import GpuPrices
 from fracpilot_libs.sizing.engine import decide
 from fracpilot_libs.sizing.state import WorkloadState
@@ -39,11 +39,11 @@ def rows(n: int = 3) -> list[StatusRow]:
         state = WorkloadState()
         for m in range(20):
             s = sample(0.1 * i, 0.1, minute=m, name=wl.owner_name, allocated=held)
-            state, _ = decide(state, s, Policy())
+            state, _ = decide(state, s, v1_policy())
         snapshot.states[key] = state
         snapshot.samples[key] = s
     return build_status_rows(
-        snapshot, lambda _: Policy(), GpuPrices(), datetime(2026, 12, 1, tzinfo=UTC)
+        snapshot, lambda _: v1_policy(), GpuPrices(), datetime(2026, 12, 1, tzinfo=UTC)
     )
 
 

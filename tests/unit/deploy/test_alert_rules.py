@@ -17,7 +17,12 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from fracpilot_actuator.admission import AdmissionOutcome
-from fracpilot_actuator.metrics import ActuatorMetrics, LeaderMetrics, WebhookMetrics
+from fracpilot_actuator.metrics import (
+    ActuatorMetrics,
+    LeaderMetrics,
+    PolicySyncMetrics,
+    WebhookMetrics,
+)
 from fracpilot_decision.metrics import (
     CheckpointMetrics,
     DecisionMetrics,
@@ -64,6 +69,7 @@ def exported_names() -> set[str]:
     ActuatorMetrics(registry).track_kube_retries()
     LeaderMetrics(registry)
     WebhookMetrics(registry)
+    PolicySyncMetrics(registry)
     DecisionMetrics(registry)
     CheckpointMetrics(registry)
     OwnershipMetrics(registry)

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
-from fracpilot_libs.contracts import Mode, Policy
+from fracpilot_libs.contracts import Policy
 
 CHART = Path(__file__).resolve().parents[3] / "helm" / "fracpilot"
 SCHEMA: dict[str, Any] = json.loads((CHART / "values.schema.json").read_text())
@@ -108,6 +108,9 @@ def test_several_actuators_need_leader_election() -> None:
 # --- the policy section is the Policy model -------------------------------------------------
 
 
+MODEL_DEFS: dict[str, Any] = Policy.model_json_schema()["$defs"]
+
+
 def policy_fields() -> dict[str, dict[str, Any]]:
     model = Policy.model_json_schema()
     return {k: v for k, v in model["properties"].items() if k not in NOT_IN_VALUES}
@@ -124,8 +127,9 @@ def test_the_policy_schema_has_the_models_fields_types_and_bounds() -> None:
     assert set(chart["properties"]) == set(policy_fields())
     for name, field in policy_fields().items():
         ours = chart["properties"][name]
-        if "$ref" in field:  # an enum (mode)
-            assert ours["enum"] == [m.value for m in Mode], name
+        if "$ref" in field:  # an enum (mode, grid, compute_sizing)
+            enum = MODEL_DEFS[field["$ref"].rsplit("/", 1)[-1]]["enum"]
+            assert ours["enum"] == enum, name
             continue
         assert ours["type"] == field["type"], name
         for bound in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):

@@ -13,6 +13,7 @@ from fracpilot_libs.pricing import GpuPrices
 
 A100 = "NVIDIA A100-SXM4-80GB"
 PRICES = GpuPrices.with_overrides({"A100 80GB": 4.0}, default=2.0)
+NOW = 1_800_000_000.0
 
 
 def value(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
@@ -55,14 +56,16 @@ def test_gauges_follow_the_latest_sample_and_counters_add_up() -> None:
     registry = CollectorRegistry()
     metrics = WorkloadUsageMetrics(registry, PRICES, limit=10)
     labels = {"namespace": "inference", "workload": "chat"}
-    metrics.observe(sample(compute=0.3, memory_share=0.2, allocated=0.5, gpu_model=A100), 3600)
-    metrics.observe(sample(compute=0.4, memory_share=0.25, allocated=0.25, gpu_model=A100), 3600)
-    assert value(registry, "fracpilot_workload_allocated_fraction", **labels) == 0.25
-    assert value(registry, "fracpilot_workload_compute_share", **labels) == 0.4
-    assert value(registry, "fracpilot_workload_memory_share", **labels) == pytest.approx(0.25)
-    assert value(registry, "fracpilot_gpu_hours_whole_total", **labels) == 2.0
-    assert value(registry, "fracpilot_gpu_hours_allocated_total", **labels) == 0.75
-    assert value(registry, "fracpilot_gpu_hours_saved_total", **labels) == 1.25
+    metrics.observe(sample(compute=0.3, memory_share=0.2, allocated=0.5, gpu_model=A100), 3600, NOW)
+    metrics.observe(
+        sample(compute=0.4, memory_share=0.25, allocated=0.25, gpu_model=A100), 3600, NOW
+    )
+    assert value(registry, "fracpilot_workload_allocated_ratio", **labels) == 0.25
+    assert value(registry, "fracpilot_workload_compute_ratio", **labels) == 0.4
+    assert value(registry, "fracpilot_workload_memory_ratio", **labels) == pytest.approx(0.25)
+    assert value(registry, "fracpilot_gpu_whole_seconds_total", **labels) == 2.0 * 3600
+    assert value(registry, "fracpilot_gpu_allocated_seconds_total", **labels) == 0.75 * 3600
+    assert value(registry, "fracpilot_gpu_saved_seconds_total", **labels) == 1.25 * 3600
     assert value(registry, "fracpilot_cost_whole_usd_total", **labels) == 8.0
     assert value(registry, "fracpilot_cost_allocated_usd_total", **labels) == 3.0
     assert value(registry, "fracpilot_cost_saved_usd_total", **labels) == 5.0
@@ -72,16 +75,16 @@ def test_workloads_beyond_the_limit_count_as_other_and_the_total_stays_right() -
     registry = CollectorRegistry()
     metrics = WorkloadUsageMetrics(registry, PRICES, limit=2)
     for name in ("a", "b", "c", "d", "a"):
-        metrics.observe(sample(name=name, allocated=0.5, gpu_model=A100), 3600)
+        metrics.observe(sample(name=name, allocated=0.5, gpu_model=A100), 3600, NOW)
     tracked = {"namespace": "inference", "workload": "a"}
     other = {"namespace": OTHER, "workload": OTHER}
     assert value(registry, "fracpilot_cost_saved_usd_total", **tracked) == 4.0  # twice
     assert value(registry, "fracpilot_cost_saved_usd_total", **other) == 4.0  # c and d
     assert (
-        value(registry, "fracpilot_workload_compute_share", workload="c", namespace="inference")
+        value(registry, "fracpilot_workload_compute_ratio", workload="c", namespace="inference")
         is None
     )
-    assert value(registry, "fracpilot_workload_compute_share", **other) is None
+    assert value(registry, "fracpilot_workload_compute_ratio", **other) is None
     assert value(registry, "fracpilot_workload_metrics_overflow_total") == 2.0
     total = sum(
         s.value
@@ -96,7 +99,55 @@ def test_workloads_beyond_the_limit_count_as_other_and_the_total_stays_right() -
 def test_a_limit_of_zero_keeps_only_the_totals() -> None:
     registry = CollectorRegistry()
     metrics = WorkloadUsageMetrics(registry, PRICES, limit=0)
-    metrics.observe(sample(allocated=0.5, gpu_model=A100), 3600)
+    metrics.observe(sample(allocated=0.5, gpu_model=A100), 3600, NOW)
     assert (
-        value(registry, "fracpilot_gpu_hours_saved_total", namespace=OTHER, workload=OTHER) == 0.5
+        value(registry, "fracpilot_gpu_saved_seconds_total", namespace=OTHER, workload=OTHER)
+        == 0.5 * 3600
     )
+
+
+def series_of(registry: CollectorRegistry, namespace: str, workload: str) -> set[str]:
+    """Names of the samples that carry this workload's labels."""
+    return {
+        s.name
+        for m in registry.collect()
+        for s in m.samples
+        if s.labels.get("namespace") == namespace and s.labels.get("workload") == workload
+    }
+
+
+def test_a_workload_not_seen_for_the_ttl_loses_its_series_and_others_keep_theirs() -> None:
+    registry = CollectorRegistry()
+    metrics = WorkloadUsageMetrics(registry, PRICES, limit=10, ttl_s=300.0)
+    metrics.observe(sample(name="gone", allocated=0.5), 60, NOW)
+    metrics.observe(sample(name="kept", allocated=0.5), 60, NOW)
+    assert len({n for n in series_of(registry, "inference", "gone") if "_created" not in n}) == 9
+    metrics.observe(sample(name="kept", allocated=0.5), 60, NOW + 200)
+    assert metrics.expire(NOW + 299) == []  # not yet: within the TTL
+    assert metrics.expire(NOW + 301) == [("inference", "gone")]
+    assert series_of(registry, "inference", "gone") == set()
+    assert "fracpilot_workload_allocated_ratio" in series_of(registry, "inference", "kept")
+    assert value(registry, "fracpilot_workload_metrics_expired_total") == 1.0
+    assert metrics.expire(NOW + 501) == [("inference", "kept")]
+
+
+def test_an_expired_workload_frees_its_place_under_the_cap() -> None:
+    registry = CollectorRegistry()
+    metrics = WorkloadUsageMetrics(registry, PRICES, limit=1, ttl_s=60.0)
+    metrics.observe(sample(name="a"), 60, NOW)
+    metrics.observe(sample(name="b"), 60, NOW)  # beyond the cap
+    assert series_of(registry, "inference", "b") == set()
+    assert value(registry, "fracpilot_workload_metrics_overflow_total") == 1.0
+    metrics.expire(NOW + 61)
+    metrics.observe(sample(name="b"), 60, NOW + 62)
+    assert "fracpilot_workload_compute_ratio" in series_of(registry, "inference", "b")
+    assert value(registry, "fracpilot_workload_metrics_overflow_total") == 1.0
+
+
+def test_a_deleted_workload_is_forgotten_at_once() -> None:
+    registry = CollectorRegistry()
+    metrics = WorkloadUsageMetrics(registry, PRICES, limit=10, ttl_s=600.0)
+    metrics.observe(sample(name="a", allocated=None), 60, NOW)  # no fraction: no ratio gauge
+    assert metrics.forget("inference", "a")
+    assert series_of(registry, "inference", "a") == set()
+    assert not metrics.forget("inference", "a")

@@ -16,9 +16,11 @@ from fracpilot_libs.contracts import (
     ActuationResult,
     Allocation,
     AppSignals,
+    ComputeSizing,
     DeadLetter,
     Direction,
     FractionDecision,
+    GridKind,
     Mode,
     Outcome,
     PlanKind,
@@ -262,9 +264,16 @@ def test_policy_min_equal_to_max_is_accepted() -> None:
 
 def test_policy_defaults_are_the_documented_ones() -> None:
     p = Policy()
-    assert p.grid_steps == 8
-    assert p.step == 0.125
-    assert (p.min_fraction, p.max_fraction) == (0.125, 1.0)
+    assert p.grid is GridKind.BACKEND
+    assert p.grid_steps == 8  # used by grid steps only
+    assert p.grid_levels == ()
+    assert p.step == 0.01
+    assert (p.min_fraction, p.max_fraction) == (0.1, 1.0)
+    assert p.compute_sizing is ComputeSizing.SOFT
+    assert p.compute_delay_budget == 0.015
+    assert p.downsize_min_change == 0.1
+    assert p.kv_cache_busy == 0.9
+    assert p.queue_growth_samples == 3
     assert p.compute_percentile == 95.0
     assert p.target_utilization == 0.85
     assert p.compute_half_life_s == 6 * 3600
@@ -273,9 +282,9 @@ def test_policy_defaults_are_the_documented_ones() -> None:
     assert p.memory_margin == 0.15
     assert p.memory_min_headroom == 0.1
     assert p.memory_upsize_confirmations == 1
-    assert p.downsize_hold_s == 3600
-    assert p.cooldown_s == 1800
-    assert p.min_history_s == 3600
+    assert p.downsize_hold_s == 1800
+    assert p.cooldown_s == 3 * 3600
+    assert p.min_history_s == 1800
     assert p.signal_multiplier == 1.5
     assert p.signal_hold_s == 6 * 3600
     assert p.scope.level is PolicyLevel.CLUSTER
@@ -292,12 +301,16 @@ def test_policy_fields_are_all_documented() -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"min_fraction": 0.2}, "min_fraction 0.2 is not on the grid of 1/8"),
-        ({"max_fraction": 0.9}, "max_fraction 0.9 is not on the grid of 1/8"),
-        ({"min_fraction": 0.1, "max_fraction": 0.5}, "min_fraction 0.1 is not on the grid"),
+        ({"min_fraction": 0.125}, "min_fraction 0.125 is not on the grid of 1/100"),
+        ({"max_fraction": 0.905}, "max_fraction 0.905 is not on the grid of 1/100"),
+        ({"grid_steps": 8, "min_fraction": 0.2}, "min_fraction 0.2 is not on the grid of 1/8"),
+        (
+            {"grid_steps": 8, "min_fraction": 0.125, "max_fraction": 0.9},
+            "max_fraction 0.9 is not on the grid of 1/8",
+        ),
         ({"grid_steps": 4, "min_fraction": 0.25, "max_fraction": 0.875}, "max_fraction 0.875"),
-        # The default min_fraction 1/8 is on a grid of 1/8 only: a new grid needs a new min.
-        ({"grid_steps": 10}, "min_fraction 0.125 is not on the grid of 1/10"),
+        # The default min_fraction 0.1 is on a grid of tenths: a coarser grid needs a new min.
+        ({"grid_steps": 8}, "min_fraction 0.1 is not on the grid of 1/8"),
         ({"grid_steps": 3, "min_fraction": 0.5}, "min_fraction 0.5 is not on the grid of 1/3"),
     ],
 )
@@ -306,6 +319,8 @@ def test_policy_bounds_off_the_grid_are_rejected(overrides: dict[str, float], me
         Policy(**overrides)
     body = json.loads(Policy().model_dump_json())
     body.update(overrides)
+    if "grid_steps" in overrides:
+        body["grid"] = "steps"
     with pytest.raises(ValidationError, match="not on the grid"):
         Policy.model_validate_json(json.dumps(body))
 
@@ -497,7 +512,7 @@ def test_policy_reply_defaults_and_strictness() -> None:
 
 def test_policy_reply_rejects_an_invalid_policy_inside() -> None:
     body = json.loads(PolicyReply(ok=True, policy=Policy()).to_json())
-    body["policy"]["min_fraction"] = 0.2
+    body["policy"]["min_fraction"] = 0.125
     with pytest.raises(ValidationError, match="not on the grid"):
         PolicyReply.model_validate_json(json.dumps(body))
     body = json.loads(PolicyReply(ok=True, policies=[Policy()]).to_json())
@@ -530,3 +545,43 @@ def test_policy_reply_round_trip_property(
     back = PolicyReply.model_validate_json(raw)
     assert back == reply
     assert back.to_json() == raw
+
+
+def test_a_policy_written_before_the_grid_keeps_its_steps() -> None:
+    old = {"grid_steps": 8, "min_fraction": 0.125, "max_fraction": 1.0}
+    p = Policy.model_validate_json(json.dumps(old))
+    assert p.grid is GridKind.STEPS
+    assert p.step == 0.125
+    assert Policy.model_validate_json(p.to_json()) == p  # the dump names its grid
+    assert Policy(grid="backend", grid_steps=8).grid is GridKind.BACKEND
+
+
+def test_levels_need_levels_ascending_and_bounds_among_them() -> None:
+    levels = (0.125, 0.25, 0.5, 1.0)
+    p = Policy(grid="levels", grid_levels=levels, min_fraction=0.125)
+    assert p.step == 0.125
+    with pytest.raises(ValidationError, match="needs grid_levels"):
+        Policy(grid="levels", min_fraction=0.125)
+    with pytest.raises(ValidationError, match="strictly ascending"):
+        Policy(grid="levels", grid_levels=(0.25, 0.125, 1.0), min_fraction=0.125)
+    with pytest.raises(ValidationError, match=r"min_fraction 0\.1 is not one of grid_levels"):
+        Policy(grid="levels", grid_levels=levels)
+    with pytest.raises(ValidationError):
+        Policy(grid="levels", grid_levels=(0.0, 1.0), min_fraction=1.0)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"compute_sizing": "sideways"},
+        {"compute_delay_budget": 0.0},
+        {"compute_delay_budget": 0.6},
+        {"downsize_min_change": -0.1},
+        {"kv_cache_busy": 1.5},
+        {"queue_growth_samples": 0},
+        {"grid": "mig"},
+    ],
+)
+def test_new_policy_fields_refuse_bad_values(overrides: dict[str, object]) -> None:
+    with pytest.raises(ValidationError):
+        Policy(**overrides)

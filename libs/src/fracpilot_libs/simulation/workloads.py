@@ -2,8 +2,12 @@
 
 Each simulated workload serves traffic that follows a day: low at night, a peak in the
 afternoon, with deterministic noise and occasional short bursts. Compute follows the traffic;
-memory is the model's weights plus a KV cache that grows with traffic. Everything is a pure
-function of the workload's parameters and the simulated time, so a run is reproducible.
+memory is the model's weights plus a KV cache that grows with traffic. A workload that serves
+with vLLM (``saturates_at`` set) also reports vLLM's signals: its requests wait when the
+fraction it holds is below what its traffic needs, though its utilization stays low (decoding
+is bound by memory bandwidth, not by the SMs DCGM counts), so only the queue shows it.
+Everything is a pure function of the workload's parameters, the simulated time and the fraction
+held, so a run is reproducible.
 """
 
 from __future__ import annotations
@@ -13,9 +17,10 @@ import math
 from dataclasses import dataclass
 from datetime import datetime
 
-from fracpilot_libs.contracts import WorkloadRef
+from fracpilot_libs.contracts import AppSignals, WorkloadRef
 
 GIB = 1024**3
+WAITING_AT_FULL_DEFICIT = 64  # requests waiting when the fraction held serves no traffic at all
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +33,9 @@ class SimulatedWorkload:
     peak_hour: float = 15.0  # local hour of the daily peak
     device_memory_bytes: int = 80 * GIB
     gpu_model: str = "NVIDIA A100-SXM4-80GB"  # as DCGM names it (modelName): prices the demo
+    # vLLM serving: the fraction of a GPU the traffic needs at its daily peak for no request to
+    # wait (None: the workload reports no application signals)
+    saturates_at: float | None = None
 
     @property
     def pod(self) -> str:
@@ -40,10 +48,15 @@ def _noise(key: str, slot: int) -> float:
     return int.from_bytes(digest, "big") / 2**63 - 1.0
 
 
+def daily_level(w: SimulatedWorkload, at: datetime) -> float:
+    """The smooth daily part of the traffic, 0..1: 1 at the peak hour, 0 twelve hours later."""
+    hour = at.hour + at.minute / 60 + at.second / 3600
+    return 0.5 * (1 + math.cos((hour - w.peak_hour) / 24 * 2 * math.pi))
+
+
 def traffic(w: SimulatedWorkload, at: datetime) -> float:
     """Traffic level 0..1 at a simulated time: a daily cosine curve plus noise."""
-    hour = at.hour + at.minute / 60 + at.second / 3600
-    daily = 0.5 * (1 + math.cos((hour - w.peak_hour) / 24 * 2 * math.pi))
+    daily = daily_level(w, at)
     slot = int(at.timestamp() // 60)
     jitter = 0.08 * _noise(w.workload.key, slot)
     burst = 0.25 if _noise(w.workload.key + "burst", slot // 7) > 0.94 else 0.0
@@ -58,6 +71,22 @@ def usage_at(w: SimulatedWorkload, at: datetime) -> tuple[float, int]:
     return min(1.0, max(0.0, compute)), int(min(1.0, memory_share) * w.device_memory_bytes)
 
 
+def signals_at(w: SimulatedWorkload, at: datetime, fraction: float | None) -> AppSignals | None:
+    """vLLM's signals of a serving workload holding ``fraction`` (None: a whole GPU) at a
+    simulated time: requests wait in proportion to the share of the traffic's need the
+    fraction does not cover (the smooth daily traffic, so the queue grows steadily while the
+    traffic rises past what the fraction serves); the KV cache fills with the traffic."""
+    if w.saturates_at is None:
+        return None
+    held = 1.0 if fraction is None else fraction
+    needed = daily_level(w, at) * w.saturates_at
+    deficit = max(0.0, needed - held) / w.saturates_at
+    kv = min(1.0, needed / held) if held > 0 else 1.0
+    return AppSignals(
+        waiting_requests=round(WAITING_AT_FULL_DEFICIT * deficit), kv_cache_usage=round(kv, 4)
+    )
+
+
 def demo_workloads(namespace: str = "inference", cluster: str = "demo") -> list[SimulatedWorkload]:
     """Eight inference services of different sizes and rhythms, as a platform team runs them."""
     specs = [
@@ -66,7 +95,7 @@ def demo_workloads(namespace: str = "inference", cluster: str = "demo") -> list[
         ("rerank-minilm", 0.18, 0.03, 0.02, 0.03, 16.0),
         ("sdxl-images", 0.70, 0.04, 0.12, 0.10, 20.0),
         ("whisper-asr", 0.30, 0.05, 0.06, 0.05, 10.0),
-        ("code-qwen-7b", 0.45, 0.03, 0.18, 0.14, 15.0),
+        ("code-qwen-7b", 0.45, 0.03, 0.18, 0.14, 15.0),  # vLLM: queues below 0.8 at peak
         ("ocr-donut", 0.15, 0.01, 0.04, 0.02, 9.0),
         ("tts-xtts", 0.22, 0.02, 0.05, 0.04, 18.0),
     ]
@@ -78,6 +107,12 @@ def demo_workloads(namespace: str = "inference", cluster: str = "demo") -> list[
             weights_share=weights,
             kv_cache_share=kv,
             peak_hour=hour,
+            saturates_at=SERVING.get(name),
         )
         for name, peak, night, weights, kv, hour in specs
     ]
+
+
+# Workloads served by vLLM, and the fraction their peak traffic needs: code-qwen-7b's
+# utilization peaks at 0.45 of a GPU, but its requests wait below 0.8 (the queue shows it).
+SERVING = {"code-qwen-7b": 0.8}

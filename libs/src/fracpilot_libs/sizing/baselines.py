@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from fracpilot_libs.contracts import Policy, UsageSample
-from fracpilot_libs.sizing.engine import bucket_of, clamp_to_policy, decide, histogram_percentile
+from fracpilot_libs.sizing.engine import clamp_to_policy, decide
+from fracpilot_libs.sizing.histogram import bucket_of, histogram_percentile
 from fracpilot_libs.sizing.state import BUCKETS, WorkloadState
 
 

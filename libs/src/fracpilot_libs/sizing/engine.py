@@ -15,33 +15,38 @@ from __future__ import annotations
 import hashlib
 import math
 from array import array
-from bisect import bisect_left
-from dataclasses import dataclass
-from itertools import accumulate
+from itertools import pairwise
+from typing import NamedTuple
 
 from fracpilot_libs.contracts import (
     MIB,
+    ComputeSizing,
     Direction,
     FractionDecision,
     Policy,
     ReasonCode,
     UsageSample,
 )
+from fracpilot_libs.sizing.grids import Grid, downsize_band, grid_name, grid_of
+from fracpilot_libs.sizing.histogram import bucket_of, histogram_percentile, soft_compute_level
 from fracpilot_libs.sizing.state import BUCKETS, MEMORY_SLOTS, WorkloadState, evolve
 
 _MAX_EXPONENT = 40.0  # rescale decaying weights before they grow past 2**40
 EPS = 1e-9  # float noise: values closer than this are equal
 _UP, _DOWN = Direction.UP, Direction.DOWN  # module constants: cheaper than enum lookups
+_SOFT = ComputeSizing.SOFT
 
 
-@dataclass(frozen=True, slots=True)
-class Need:
-    """The numbers behind a decision."""
+class Need(NamedTuple):
+    """The numbers behind a decision (a named tuple: built on every sample, and a frozen
+    dataclass costs four times as much to build)."""
 
-    compute_percentile: float  # the policy percentile of compute, share of a GPU
-    compute_need: float  # percentile / target utilization
+    # The compute level that sizes compute, share of a GPU: the policy percentile, or (soft)
+    # the level above which only the delay budget of the compute work lies.
+    compute_percentile: float
+    compute_need: float  # percentile: that / target utilization; soft: that level
     recent_compute: float  # the lowest of the last confirmation samples
-    recent_need: float  # that / target utilization
+    recent_need: float  # percentile: that / target utilization; soft: that
     memory_peak: float  # share of the device over the memory window
     memory_need: float  # peak plus headroom
     fraction: float  # the larger need on the grid, clamped
@@ -58,22 +63,10 @@ def round_up_to_grid(value: float, steps: int) -> float:
     return math.ceil(value * steps - EPS) / steps
 
 
-def clamp_to_policy(value: float, policy: Policy) -> float:
-    on_grid = round_up_to_grid(value, policy.grid_steps)
+def clamp_to_policy(value: float, policy: Policy, grid: Grid | None = None) -> float:
+    """``value`` rounded up to the policy's grid, within its bounds (which are on the grid)."""
+    on_grid = (grid or grid_of(policy)).round_up(value)
     return min(policy.max_fraction, max(policy.min_fraction, on_grid))
-
-
-def bucket_of(compute: float) -> int:
-    """The histogram bucket whose upper edge is the smallest whole percent >= compute."""
-    return min(BUCKETS - 1, max(0, math.ceil(compute * 100 - EPS)))
-
-
-def histogram_percentile(weights: array[float], total: float, pct: float) -> float:
-    """The upper edge of the bucket holding the pct-th percentile (0 for an empty histogram)."""
-    if total <= 0:
-        return 0.0
-    index = bisect_left(list(accumulate(weights)), total * pct / 100.0 - total * EPS)
-    return min(index, BUCKETS - 1) / 100.0
 
 
 def memory_need_of(peak: float, policy: Policy) -> float:
@@ -87,10 +80,28 @@ def observe(
     now: float,
     position: int | None = None,
 ) -> WorkloadState:
-    """Add a sample to the history: decayed compute weight, memory slot peak, recent samples.
+    """Add a sample to the history: decayed compute weight, memory slot peak, recent samples,
+    the application's queue.
+
+    While requests wait (vLLM's queue is non-empty) the workload's compute demand is above the
+    fraction it holds, whatever the utilization says: the sample counts in the compute history
+    as that fraction plus half the downsize band (by how much more, the queue does not say),
+    so the sizing remembers what the queue asked for.
 
     ``position`` (where the sample sits in its stream) is kept as given; None keeps the last.
     """
+    current = sample.allocated_fraction or state.current_fraction or policy.max_fraction
+    signals = sample.signals
+    compute = sample.compute
+    if signals is None or signals.waiting_requests is None:
+        waiting: tuple[int, ...] = ()
+    else:
+        waiting = (*state.recent_waiting, signals.waiting_requests)
+        waiting = waiting[-(policy.queue_growth_samples + 1) :]
+        if signals.waiting_requests > 0:
+            compute = max(compute, min(1.0, current + downsize_band(policy) / 2))
+    kv_cache = signals.kv_cache_usage if signals is not None else None
+
     weights = array("d", state.compute_weights)
     ref, total = state.compute_ref, state.compute_total
     if state.samples == 0:
@@ -102,7 +113,8 @@ def observe(
         total *= scale
         ref, exponent = now, 0.0
     weight = 2.0**exponent
-    weights[bucket_of(sample.compute)] += weight
+    bucket = math.ceil(compute * 100 - EPS)  # bucket_of, inlined (compute is within 0..1)
+    weights[bucket if 0 <= bucket < BUCKETS else bucket_of(compute)] += weight
     total += weight
 
     # Memory peaks per slot, keyed by the slot's start time so that a change of window
@@ -128,8 +140,7 @@ def observe(
         slots = kept
 
     keep = policy.compute_upsize_confirmations
-    recent = (*state.recent_compute, sample.compute)[-keep:]
-    current = sample.allocated_fraction or state.current_fraction or policy.max_fraction
+    recent = (*state.recent_compute, compute)[-keep:]
     return WorkloadState(
         compute_weights=weights,
         compute_total=total,
@@ -146,20 +157,59 @@ def observe(
         below_since=state.below_since,
         hold_until=state.hold_until,
         position=state.position if position is None else position,
+        recent_waiting=waiting,
+        kv_cache_usage=kv_cache,
     )
 
 
 def need_of(state: WorkloadState, policy: Policy) -> Need:
-    tu = policy.target_utilization
-    pct = histogram_percentile(
-        state.compute_weights, state.compute_total, policy.compute_percentile
-    )
     full = len(state.recent_compute) >= policy.compute_upsize_confirmations
     recent = min(state.recent_compute) if full and state.recent_compute else 0.0
-    peak = max(state.memory_slots[1::2], default=0.0)
-    m_need = memory_need_of(peak, policy)
-    fraction = clamp_to_policy(max(pct / tu, recent / tu, m_need), policy)
-    return Need(pct, pct / tu, recent, recent / tu, peak, m_need, fraction)
+    if policy.compute_sizing is _SOFT:
+        level = soft_compute_level(state.compute_weights, policy.compute_delay_budget)
+        c_need, r_need = level, recent
+    else:
+        tu = policy.target_utilization
+        level = histogram_percentile(
+            state.compute_weights, state.compute_total, policy.compute_percentile
+        )
+        c_need, r_need = level / tu, recent / tu
+    slots = state.memory_slots
+    peak = max(slots[1::2]) if slots else 0.0
+    # memory_need_of and clamp_to_policy inlined, and conditionals for two-way max and min:
+    # this runs on every sample.
+    margin, headroom = peak * policy.memory_margin, policy.memory_min_headroom
+    m_need = peak + (margin if margin > headroom else headroom)
+    raw = c_need if c_need > r_need else r_need
+    on_grid = grid_of(policy).round_up(m_need if m_need > raw else raw)
+    low, high = policy.min_fraction, policy.max_fraction
+    fraction = high if on_grid > high else (low if on_grid < low else on_grid)
+    return Need(level, c_need, recent, r_need, peak, m_need, fraction)
+
+
+def upsize_target(need: Need, policy: Policy) -> float:
+    """Where an upsize goes: half ``downsize_min_change`` above the need, so that a need
+    creeping up (a memory peak, a busier day) does not resize at every step of a fine grid,
+    and a downsize needs the need to fall well below where it was."""
+    raw = max(need.compute_need, need.recent_need, need.memory_need)
+    return clamp_to_policy(raw + policy.downsize_min_change / 2, policy)
+
+
+def queue_growing(state: WorkloadState, policy: Policy) -> bool:
+    """The application's queue grew over the last ``queue_growth_samples`` samples: never
+    shorter from one to the next, and longer at the end."""
+    w = state.recent_waiting
+    if len(w) <= policy.queue_growth_samples or w[-1] <= w[0]:
+        return False
+    return all(a <= b for a, b in pairwise(w))
+
+
+def queue_busy(state: WorkloadState, policy: Policy) -> bool:
+    """Requests wait (vLLM's queue is non-empty) or the KV cache is nearly full: the
+    application is short of the GPU now, whatever the utilization says."""
+    waiting = state.recent_waiting
+    kv = state.kv_cache_usage
+    return bool(waiting and waiting[-1] > 0) or (kv is not None and kv >= policy.kv_cache_busy)
 
 
 def decision_id(sample: UsageSample, new_fraction: float) -> str:
@@ -195,34 +245,44 @@ def decide(
         direction = Direction.UP if target > current else Direction.DOWN
         reason = ReasonCode.POLICY_BOUNDS
         state = evolve(state, memory_over=memory_over)
-    elif moving is _UP:
-        memory_confirmed = memory_over >= policy.memory_upsize_confirmations
-        compute_confirmed = max(need.compute_need, need.recent_need) > current + EPS
-        if not (memory_confirmed or compute_confirmed):
-            return evolve(state, memory_over=memory_over, below_since=None), None
-        if memory_confirmed:
+    elif moving is _UP and (
+        memory_over >= policy.memory_upsize_confirmations
+        or max(need.compute_need, need.recent_need) > current + EPS
+    ):
+        if memory_over >= policy.memory_upsize_confirmations:
             rule = "upsize at once: memory need exceeds the fraction"
         elif need.recent_need > current + EPS:
             rule = (
                 f"upsize: compute exceeded what the fraction holds for "
                 f"{policy.compute_upsize_confirmations} samples in a row"
             )
+        elif policy.compute_sizing is _SOFT:
+            rule = (
+                f"upsize: more than {policy.compute_delay_budget:.0%} of the compute work lies "
+                "above the fraction"
+            )
         else:
             rule = "upsize: the compute percentile need exceeds the fraction"
         direction, reason = Direction.UP, need.driver
+        target = upsize_target(need, policy)
         state = evolve(state, memory_over=memory_over, below_since=None)
+    elif state.recent_waiting and queue_growing(state, policy):
+        return _on_queue(state, sample, policy, now, current, need, memory_over)
+    elif moving is _UP:
+        return _settled(state, memory_over), None
     elif moving is _DOWN:
         below_since = state.below_since if state.below_since is not None else now
-        state = evolve(state, memory_over=memory_over, below_since=below_since)
+        if state.memory_over != memory_over or state.below_since != below_since:
+            state = evolve(state, memory_over=memory_over, below_since=below_since)
         if not _may_downsize(state, policy, now, below_since):
             return state, None
         rule = (
-            f"downsize: need stayed a full step below for "
+            f"downsize: need stayed {downsize_band(policy):g} or more below for "
             f"{(now - below_since) / 3600:.1f} h (hold {policy.downsize_hold_s / 3600:g} h)"
         )
         direction, reason = Direction.DOWN, ReasonCode.UNDERUSED
     else:
-        return evolve(state, memory_over=memory_over, below_since=None), None
+        return _settled(state, memory_over), None
 
     if _repeats_pending_request(state, target, now, policy):
         return state, None
@@ -244,7 +304,8 @@ def _on_signal(
     signals = sample.signals
     assert signals is not None
     kind = ReasonCode.OOM_SIGNAL if signals.oom_event else ReasonCode.CONTENTION_SIGNAL
-    bump = max(current * policy.signal_multiplier, current + policy.step)
+    band = downsize_band(policy)
+    bump = max(current * policy.signal_multiplier, current + band)
     need = need_of(state, policy)
     target = clamp_to_policy(max(bump, need.fraction), policy)
     state = evolve(state, hold_until=now + policy.signal_hold_s, below_since=None)
@@ -253,12 +314,57 @@ def _on_signal(
     event = "out-of-memory" if kind is ReasonCode.OOM_SIGNAL else "contention"
     explanation = (
         f"upsize at once on an {event} event: {current:g} x {policy.signal_multiplier:g} "
-        f"or one step of 1/{policy.grid_steps}, whichever is larger, and at least the need "
+        f"or {current:g} + {band:g}, whichever is larger, and at least the need "
         f"({need.fraction:g}) = {target:g}; held for {policy.signal_hold_s / 3600:g} h before "
         f"any downsize. {_numbers(need, policy, current, target)}"
     )
     decision = _make_decision(sample, policy, current, target, Direction.UP, kind, explanation)
     return _after_change(state, target, now), decision
+
+
+def _on_queue(
+    state: WorkloadState,
+    sample: UsageSample,
+    policy: Policy,
+    now: float,
+    current: float,
+    need: Need,
+    memory_over: int,
+) -> tuple[WorkloadState, FractionDecision | None]:
+    """The application's queue grew: one step up, whatever the utilization says (a fraction
+    that caps compute, or requests waiting on the KV cache, can look idle to the GPU)."""
+    band = downsize_band(policy)
+    target = clamp_to_policy(max(current + band, need.fraction), policy)
+    waiting = state.recent_waiting
+    # Growth counted from here on: the next step needs as many samples of growth again.
+    state = evolve(
+        state,
+        memory_over=memory_over,
+        below_since=None,
+        recent_waiting=waiting[-1:],
+        hold_until=now + policy.signal_hold_s,
+    )
+    if target <= current + EPS or _repeats_pending_request(state, target, now, policy):
+        return state, None
+    explanation = (
+        f"upsize: the application's queue grew from {waiting[0]} to {waiting[-1]} waiting "
+        f"requests over {len(waiting) - 1} samples while compute was {sample.compute:.2f} of "
+        f"a GPU: {current:g} + {band:g}, and at least the need ({need.fraction:g}) = "
+        f"{target:g}; held for {policy.signal_hold_s / 3600:g} h, and no downsize while requests "
+        f"wait. {_numbers(need, policy, current, target)}"
+    )
+    decision = _make_decision(
+        sample, policy, current, target, Direction.UP, ReasonCode.QUEUE_GROWING, explanation
+    )
+    return _after_change(state, target, now), decision
+
+
+def _settled(state: WorkloadState, memory_over: int) -> WorkloadState:
+    """No change due: the memory count kept, the downsize wait reset (the state as it is when
+    both are already so: most samples, and a copy saved)."""
+    if state.memory_over == memory_over and state.below_since is None:
+        return state
+    return evolve(state, memory_over=memory_over, below_since=None)
 
 
 def _after_change(state: WorkloadState, target: float, now: float) -> WorkloadState:
@@ -275,10 +381,10 @@ def _after_change(state: WorkloadState, target: float, now: float) -> WorkloadSt
 
 def sizing_direction(target: float, current: float, policy: Policy) -> Direction | None:
     """Which way a workload holding ``current`` should move to ``target``: up when the target is
-    above it, down only when a full step below, else None (within a step: stay)."""
+    above it, down only when ``downsize_band`` (and a grid step) below, else None (stay)."""
     if target > current + EPS:
         return _UP
-    if target <= current - policy.step + EPS:
+    if target <= current - downsize_band(policy) + EPS:
         return _DOWN
     return None
 
@@ -323,21 +429,31 @@ def downsize_wait(
 
 
 def _may_downsize(state: WorkloadState, policy: Policy, now: float, below_since: float) -> bool:
-    if state.first_seen is None:
+    if state.first_seen is None or queue_busy(state, policy):
         return False
     return downsize_wait(state, policy, now, below_since)[1] <= 0
 
 
 def _numbers(need: Need, policy: Policy, current: float, target: float) -> str:
+    half_life = f"half-life {policy.compute_half_life_s / 3600:g} h"
+    if policy.compute_sizing is _SOFT:
+        compute = (
+            f"compute (soft, {half_life}): at most {policy.compute_delay_budget:.0%} of the work "
+            f"above {need.compute_percentile:.2f} GPU"
+        )
+    else:
+        compute = (
+            f"compute p{policy.compute_percentile:g} ({half_life}) = "
+            f"{need.compute_percentile:.2f} GPU / target utilization "
+            f"{policy.target_utilization:g} = {need.compute_need:.3f}"
+        )
     return (
-        f"compute p{policy.compute_percentile:g} (half-life "
-        f"{policy.compute_half_life_s / 3600:g} h) = {need.compute_percentile:.2f} GPU / target "
-        f"utilization {policy.target_utilization:g} = {need.compute_need:.3f}; last "
+        f"{compute}; last "
         f"{policy.compute_upsize_confirmations} samples >= {need.recent_compute:.2f} -> "
         f"{need.recent_need:.3f}; memory peak over {policy.memory_window_s / 3600:g} h = "
         f"{need.memory_peak:.3f} of the device + max({policy.memory_margin:g} x peak, "
         f"{policy.memory_min_headroom:g}) = {need.memory_need:.3f}; the larger need rounded up "
-        f"to 1/{policy.grid_steps} within [{policy.min_fraction:g}, {policy.max_fraction:g}] "
+        f"to {grid_name(policy)} within [{policy.min_fraction:g}, {policy.max_fraction:g}] "
         f"= {target:g} (was {current:g}); expected utilization after the change: compute "
         f"{need.compute_percentile / target:.0%}, memory {need.memory_peak / target:.0%} of "
         f"the fraction."

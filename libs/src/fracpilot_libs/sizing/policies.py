@@ -109,6 +109,22 @@ def parse_scope(data: bytes) -> PolicyScope:
     return decode(PolicyScope, data)
 
 
+# Policies synced from Kubernetes objects (FractionPolicy, ClusterFractionPolicy) are stored
+# under their scope's key with this prefix, beside those set over NATS; at the same scope the
+# Kubernetes one wins, and when it goes the NATS one (or the default) is in force again.
+KUBERNETES_PREFIX = "kubernetes."
+
+
+def kubernetes_key(scope_key: str) -> str:
+    """The KV key of the policy a Kubernetes object sets at ``scope_key``."""
+    return KUBERNETES_PREFIX + scope_key
+
+
+def source_keys(scope_key: str) -> tuple[str, str]:
+    """The KV keys that may hold the policy of one scope, the one that wins first."""
+    return kubernetes_key(scope_key), scope_key
+
+
 def next_revision(policy: Policy, previous: Policy | None) -> Policy:
     """The policy as the store keeps it: the previous revision + 1, or 1."""
     return policy.model_copy(update={"revision": (previous.revision if previous else 0) + 1})
@@ -120,13 +136,27 @@ class LivePolicies:
 
     def __init__(self, default: Policy) -> None:
         self.default = default
-        self.stored: dict[str, Policy] = {}
+        self.stored: dict[str, Policy] = {}  # scope key -> the policy in force there
+        self._by_source: tuple[dict[str, Policy], dict[str, Policy]] = ({}, {})  # kube, NATS
 
     def apply(self, key: str, policy: Policy | None) -> None:
+        """A KV entry changed (``policy`` None: deleted); a ``kubernetes.`` key wins over the
+        plain one of the same scope."""
+        from_kube = key.startswith(KUBERNETES_PREFIX)
+        scope_key = key.removeprefix(KUBERNETES_PREFIX)
+        source = self._by_source[0 if from_kube else 1]
         if policy is None:
-            self.stored.pop(key, None)
+            source.pop(scope_key, None)
         else:
-            self.stored[key] = policy
+            source[scope_key] = policy
+        kube, nats_ = self._by_source
+        in_force = kube.get(scope_key)
+        if in_force is None:
+            in_force = nats_.get(scope_key)
+        if in_force is None:
+            self.stored.pop(scope_key, None)
+        else:
+            self.stored[scope_key] = in_force
 
     def for_workload(self, workload: WorkloadRef) -> Policy:
         if not self.stored:

@@ -12,7 +12,7 @@ import json
 from array import array
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -54,6 +54,10 @@ class WorkloadState:
     # Where the last sample observed sits in its stream (set by the service, 0 elsewhere): a
     # sample delivered again after a hand-over (at or before it) is not counted twice.
     position: int = 0
+    # The application's waiting requests (vLLM) of the last samples that reported them, newest
+    # last; empty when the last sample did not report them.
+    recent_waiting: tuple[int, ...] = ()
+    kv_cache_usage: float | None = None  # as the last sample reported it
 
     @property
     def memory_peaks(self) -> tuple[tuple[float, float], ...]:
@@ -113,6 +117,8 @@ class _Checkpoint(BaseModel):
     below_since: float | None
     hold_until: float | None
     position: int = Field(default=0, ge=0)  # absent from checkpoints written before it
+    recent_waiting: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=21)
+    kv_cache_usage: float | None = Field(default=None, ge=0, le=1)
 
 
 def load_state(data: bytes) -> WorkloadState:
@@ -143,4 +149,6 @@ def load_state(data: bytes) -> WorkloadState:
         below_since=c.below_since,
         hold_until=c.hold_until,
         position=c.position,
+        recent_waiting=tuple(c.recent_waiting),
+        kv_cache_usage=c.kv_cache_usage,
     )

@@ -3,7 +3,9 @@
 A trace is a CSV (or CSV.gz) with ``timestamp,namespace,workload,pod,gpu_util,
 gpu_mem_used_bytes,gpu_mem_total_bytes`` and optional ``requested_fraction`` (the starting
 fraction; default 1.0; a static baseline holds its own fraction from the start) and
-``gpu_model`` (prices the GPU-hours; the caller's default model otherwise). Rows are read as
+``gpu_model`` (prices the GPU-hours; the caller's default model otherwise), and the application
+signals ``waiting_requests`` and ``kv_cache_usage`` (vLLM's queue and KV-cache use, 0..1: the
+engine sizes compute by them as it does in the service). Rows are read as
 validated samples, grouped by workload in time order (:mod:`fracpilot_libs.sizing.replay`
 replays them).
 """
@@ -22,7 +24,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from fracpilot_libs.contracts import UsageSample, WorkloadRef
+from fracpilot_libs.contracts import AppSignals, UsageSample, WorkloadRef
 
 REQUIRED_COLUMNS = (
     "timestamp",
@@ -70,6 +72,8 @@ _CONVERSIONS: tuple[tuple[str, Callable[[str], object], str], ...] = (
     ("gpu_mem_used_bytes", int, "a whole number of bytes"),
     ("gpu_mem_total_bytes", int, "a whole number of bytes"),
     ("requested_fraction", float, "a number"),
+    ("waiting_requests", int, "a whole number"),
+    ("kv_cache_usage", float, "a number"),
 )
 
 
@@ -86,6 +90,17 @@ def _which_field(row: dict[str | Any, str | Any], exc: ValueError) -> str:
     return str(exc)
 
 
+def _signals(row: dict[str | Any, str | Any]) -> AppSignals | None:
+    """The row's application signals (empty cells: not reported)."""
+    waiting, kv = row.get("waiting_requests"), row.get("kv_cache_usage")
+    if not waiting and not kv:
+        return None
+    return AppSignals(
+        waiting_requests=int(waiting) if waiting else None,
+        kv_cache_usage=float(kv) if kv else None,
+    )
+
+
 def read_trace(path: Path, cluster: str = "replay", gpu_model: str = "") -> Iterator[TracePoint]:
     """Rows of the trace as validated samples; a bad row raises TraceError naming its line.
 
@@ -97,6 +112,7 @@ def read_trace(path: Path, cluster: str = "replay", gpu_model: str = "") -> Iter
             raise TraceError(f"{path}: missing column(s) {', '.join(missing)}")
         has_requested = "requested_fraction" in (reader.fieldnames or [])
         has_model = "gpu_model" in (reader.fieldnames or [])
+        has_signals = bool({"waiting_requests", "kv_cache_usage"} & set(reader.fieldnames or []))
         refs: dict[tuple[str, str], WorkloadRef] = {}
         expected = len(reader.fieldnames or [])
         for row in reader:
@@ -121,6 +137,7 @@ def read_trace(path: Path, cluster: str = "replay", gpu_model: str = "") -> Iter
                     memory_total_bytes=int(row["gpu_mem_total_bytes"]),
                     gpu_model=(row["gpu_model"] if has_model else "") or gpu_model,
                     source="replay",
+                    signals=_signals(row) if has_signals else None,
                 )
                 requested = (
                     float(row["requested_fraction"])

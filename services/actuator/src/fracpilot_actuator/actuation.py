@@ -29,6 +29,9 @@ class Actuation:
     gpu_before: str = ""
     gpu_after: str = ""
     error: str | None = None
+    held_back: str = ""
+    """Why a decision was not carried out, for the metric: policy, not_opted_in, off, dry_run
+    (see :attr:`fracpilot_actuator.opt_in.Selected.held_back`); "" otherwise."""
 
 
 Report = Callable[[FractionDecision, Actuation], Awaitable[None]]
@@ -43,7 +46,8 @@ class ClusterBackend(Protocol):
     async def actuate(
         self, decision: FractionDecision, *, dry_run: str, now: datetime, resumed: bool = False
     ) -> Actuation:
-        """Plan and act; with ``dry_run`` (why: "dry-run", "recommend mode") change nothing.
+        """Plan and act, unless the opt-in rule (:mod:`fracpilot_actuator.opt_in`, the policy's
+        mode included) or ``dry_run`` (why: "dry-run") says to change nothing.
 
         ``resumed``: an earlier attempt at this decision started and never finished (the
         actuator stopped in the middle): finish what is left, never repeat what was done."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nats.js.kv import KeyValue
 from opentelemetry.sdk.trace import SpanProcessor
@@ -31,6 +31,10 @@ from fracpilot_actuator.webhook import WebhookServer, start_webhook
 from fracpilot_libs import subjects
 from fracpilot_libs.contracts import FractionDecision
 from fracpilot_libs.runtime import ServiceRuntime
+
+if TYPE_CHECKING:
+    from fracpilot_actuator.kube.namespaces import NamespaceLabels
+    from fracpilot_actuator.policy_sync.controller import PolicySync
 
 log = logging.getLogger(__name__)
 SERVICE = "actuator"
@@ -59,6 +63,8 @@ class ActuatorService:
         self._tasks: list[asyncio.Task[None]] = []
         self.webhook: WebhookServer | None = None
         self.elector: LeaderElector | None = None
+        self.policy_sync: PolicySync | None = None
+        self.namespaces: NamespaceLabels | None = None
 
     @property
     def resumed(self) -> Counter:
@@ -68,9 +74,17 @@ class ActuatorService:
     async def start(self) -> None:
         bus = self.runtime.bus
         s = self.settings
+        if s.backend == "kubernetes":
+            await self._start_namespace_labels()
         if s.webhook.enabled:
+            namespaces = self.namespaces
             self.webhook, _ = await start_webhook(
-                bus, self.runtime.registry, s.webhook, cluster=s.cluster
+                bus,
+                self.runtime.registry,
+                s.webhook,
+                cluster=s.cluster,
+                opt_in=s.optin,
+                namespace_labels=namespaces.cached if namespaces is not None else None,
             )
         claims = await bus.kv(subjects.ACTUATOR_STATE_BUCKET)
         if s.backend == "kubernetes":
@@ -99,6 +113,16 @@ class ActuatorService:
         else:
             await self._begin_acting()
 
+    async def _start_namespace_labels(self) -> None:
+        """Watch the namespaces' labels: the opt-in rule of the backend and the webhook."""
+        from fracpilot_actuator.kube.api import api_client
+        from fracpilot_actuator.kube.namespaces import NamespaceLabels
+
+        if self._kube_api is None:
+            self._kube_api = await asyncio.to_thread(api_client, self.settings.kubeconfig)
+        self.namespaces = NamespaceLabels(self._kube_api, timeout_s=self.settings.kube.timeout_s)
+        self.namespaces.start()
+
     async def _act_once_leading(self) -> None:
         assert self.elector is not None
         log.info("standing by for the lease", extra={"identity": self.elector.identity})
@@ -114,6 +138,8 @@ class ActuatorService:
 
     async def _begin_acting(self) -> None:
         assert self.handler is not None
+        if self.settings.backend == "kubernetes" and self.settings.policysync.enabled:
+            await self._start_policy_sync()
         self._tasks.append(asyncio.create_task(self.handler.reconcile_loop(), name="reconcile"))
         await self.runtime.bus.consume(
             stream=subjects.DECISION_STREAM,
@@ -122,6 +148,18 @@ class ActuatorService:
             model=FractionDecision,
             handler=self.handler.on_decision,
         )
+
+    async def _start_policy_sync(self) -> None:
+        """FractionPolicy objects -> the policy bucket, on the leader only."""
+        from fracpilot_actuator.kube.api import api_client
+        from fracpilot_actuator.policy_sync.controller import PolicySync
+
+        if self._kube_api is None:
+            self._kube_api = await asyncio.to_thread(api_client, self.settings.kubeconfig)
+        self.policy_sync = PolicySync(
+            self._kube_api, self.runtime.bus, self.runtime.registry, self.settings.policysync
+        )
+        self.policy_sync.start()
 
     async def _simulated_backend(self, claims: KeyValue) -> SimulatedBackend:
         sim = self.settings.sim
@@ -137,7 +175,9 @@ class ActuatorService:
             sim.gpu_memory_gib * GIB,
             parse_seed_pods(sim.pods, sim.cluster),
         )
-        return SimulatedBackend(cluster, lambda: cluster.load_or_seed(seed))
+        return SimulatedBackend(
+            cluster, lambda: cluster.load_or_seed(seed), self.settings.optin, sim.namespace_labels
+        )
 
     async def _kubernetes_backend(self, claims: KeyValue) -> ClusterBackend:
         from fracpilot_actuator.kube.api import ApiRetry, KubeApi, api_client
@@ -156,6 +196,7 @@ class ActuatorService:
             targets_via=s.targets_via,
             inventory_cache=s.inventory_cache,
             guardrails=s.guardrails,
+            opt_in=s.optin,
         )
         if self._kube_api is None:
             self._kube_api = await asyncio.to_thread(api_client, s.kubeconfig)
@@ -174,6 +215,7 @@ class ActuatorService:
             report=self._report_finished,
             allocations=KvAllocationStore(await bus.kv(subjects.ALLOCATION_BUCKET)),
             history=KvDisruptionHistory(claims),
+            namespaces=self.namespaces,
         )
 
     async def _report_finished(self, decision: FractionDecision, actuation: Actuation) -> None:
@@ -181,6 +223,8 @@ class ActuatorService:
         await self.handler.report(decision, actuation, "finished")
 
     async def stop(self) -> None:
+        if self.policy_sync is not None:
+            await self.policy_sync.stop()
         if self.webhook is not None:
             await self.webhook.stop()
         for task in self._tasks:
@@ -193,6 +237,8 @@ class ActuatorService:
                 await self.elector.stop(release=True)
         if self.backend is not None:
             self.backend.close()  # the Kubernetes backend's watches
+        if self.namespaces is not None:
+            self.namespaces.stop()
 
     async def run(self) -> None:
         await self.runtime.run(self.start, self.stop)

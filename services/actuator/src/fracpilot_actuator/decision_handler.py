@@ -3,8 +3,12 @@
 For each decision it claims the decision id in KV before acting (so a redelivered or
 republished decision is applied at most once), hands it to the cluster backend (which plans
 with the pure planner and executes the plan), and publishes an ``ActuationResult`` saying
-what it did and why. Recommend-mode decisions and dry-run are recorded without changing
-anything. Backends (``FRACPILOT_BACKEND``): ``simulated`` (the demo's cluster in NATS KV) and
+what it did and why. Decisions the opt-in rule holds back (:mod:`fracpilot_actuator.opt_in`:
+a workload whose namespace or pods are not labelled ``fracpilot.io/mode=auto``, or a policy in
+recommend mode) and dry-run are recorded as recommendations without changing anything; the
+backend applies the rule, since it is the one that reads the labels.
+
+Backends (``FRACPILOT_BACKEND``): ``simulated`` (the demo's cluster in NATS KV) and
 ``kubernetes`` (KAI Scheduler and HAMi pods through the API server, with guardrails:
 :mod:`fracpilot_actuator.kube.backend`). A scale-up that waits for capacity is carried on by
 a periodic check, which reports its end separately. :mod:`fracpilot_actuator.app` wires it.
@@ -25,7 +29,7 @@ from fracpilot_actuator.metrics import ActuatorMetrics
 from fracpilot_actuator.settings import ActuatorSettings
 from fracpilot_libs import subjects
 from fracpilot_libs.bus import Bus
-from fracpilot_libs.contracts import ActuationResult, FractionDecision, Mode, utcnow
+from fracpilot_libs.contracts import ActuationResult, FractionDecision, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -98,11 +102,7 @@ class DecisionHandler:
                 extra={"decision_id": decision.decision_id, "workload": decision.workload.key},
             )
             self.metrics.resumed.inc()
-        why = ""
-        if decision.mode is Mode.RECOMMEND:
-            why = "recommend mode"
-        elif self.settings.dry_run:
-            why = "dry-run"
+        why = "dry-run" if self.settings.dry_run else ""
         actuation = await self.backend.actuate(decision, dry_run=why, now=utcnow(), resumed=resumed)
         await self.claims.put(
             f"decision.{decision.decision_id}", f"done:{actuation.outcome}".encode()
@@ -132,6 +132,8 @@ class DecisionHandler:
         msg_id = f"{decision.decision_id}:result" + (f":{stage}" if stage else "")
         await self.bus.publish(subjects.actuation_subject(decision.workload), result, msg_id)
         self.metrics.actions.labels(a.plan.value, a.outcome.value).inc()
+        if a.held_back:
+            self.metrics.held_back.labels(a.held_back).inc()
         log.info(
             "actuation",
             extra={
@@ -140,5 +142,6 @@ class DecisionHandler:
                 "outcome": a.outcome.value,
                 "decision_id": decision.decision_id,
                 "detail": a.detail,
+                "held_back": a.held_back,
             },
         )

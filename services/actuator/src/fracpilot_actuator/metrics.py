@@ -2,7 +2,8 @@
 
 - :class:`ActuatorMetrics`: decisions handled, resumed, Kubernetes API retries;
 - :class:`LeaderMetrics`: leader election (:mod:`fracpilot_actuator.leader_elector`);
-- :class:`WebhookMetrics`: the admission webhook (:mod:`fracpilot_actuator.webhook`).
+- :class:`WebhookMetrics`: the admission webhook (:mod:`fracpilot_actuator.webhook`);
+- :class:`PolicySyncMetrics`: the policy sync (FractionPolicy objects -> the policy bucket).
 """
 
 from __future__ import annotations
@@ -30,6 +31,16 @@ class ActuatorMetrics:
             "Decisions taken up again after an attempt that stopped before it finished",
             registry=registry,
         )
+        self.held_back = Counter(
+            "fracpilot_actuator_held_back_total",
+            "Decisions not applied (recorded as recommendations, or skipped), by why: policy "
+            "(its mode is recommend), not_opted_in (no fracpilot.io/mode=auto on the namespace "
+            "or pod), off (fracpilot.io/mode=off, opted out or excluded), dry_run",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in ("policy", "not_opted_in", "off", "dry_run"):
+            self.held_back.labels(reason)
         self.kube_retries: Counter | None = None
 
     def track_kube_retries(self) -> OnRetry:
@@ -95,5 +106,40 @@ class WebhookMetrics:
             "fracpilot_webhook_tls_reloads_total",
             "Serving certificate reloads, by result",
             ["result"],
+            registry=registry,
+        )
+
+
+class PolicySyncMetrics:
+    """The policy sync (:mod:`fracpilot_actuator.policy_sync.controller`)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.objects = Gauge(
+            "fracpilot_actuator_policy_objects",
+            "Policy objects by kind and state (ready, shadowed, invalid) after the last pass",
+            ["kind", "state"],
+            registry=registry,
+        )
+        self.invalid = Counter(
+            "fracpilot_actuator_policy_invalid_total",
+            "Policy objects found invalid (each generation once; also dead-lettered)",
+            ["kind"],
+            registry=registry,
+        )
+        self.writes = Counter(
+            "fracpilot_actuator_policy_writes_total",
+            "Policy bucket writes of the sync (put, delete) and status patches (status)",
+            ["op"],
+            registry=registry,
+        )
+        self.errors = Counter(
+            "fracpilot_actuator_policy_sync_errors_total",
+            "Sync passes or status patches that failed (tried again on the next pass)",
+            ["stage"],
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "fracpilot_actuator_policy_sync_duration_seconds",
+            "Time of one sync pass",
             registry=registry,
         )

@@ -13,6 +13,8 @@ from pydantic import BaseModel, Field
 
 from fracpilot_actuator.guardrails import GuardrailSettings
 from fracpilot_actuator.kube.settings import EvictionSettings
+from fracpilot_actuator.opt_in import OptInSettings
+from fracpilot_actuator.policy_sync.settings import PolicySyncSettings
 from fracpilot_libs.config import ServiceSettings
 
 ClusterKind = Literal["simulated", "kubernetes"]
@@ -82,6 +84,11 @@ class SimSettings(BaseModel):
     gpus_per_node: int = Field(default=2, ge=1)
     gpu_memory_gib: int = Field(default=80, ge=1)
     pods: str = Field(default="", description="seed pods: ns/name=fraction,...")
+    namespace_labels: dict[str, dict[str, str]] = Field(
+        default_factory=dict,
+        description="the simulated namespaces' labels, a JSON object (namespace -> labels); "
+        'the opt-in rule reads them: {"inference": {"fracpilot.io/mode": "auto"}} opts in',
+    )
 
 
 class ActuatorSettings(ServiceSettings):
@@ -138,6 +145,13 @@ class ActuatorSettings(ServiceSettings):
         "kept current by watches; false: list them for every decision",
     )
     webhook: WebhookSettings = Field(default_factory=WebhookSettings)
+    policysync: PolicySyncSettings = Field(default_factory=PolicySyncSettings)
+    optin: OptInSettings = Field(
+        default_factory=OptInSettings,
+        description="which workloads may be changed: FRACPILOT_OPTIN_DEFAULT_MODE (recommend: "
+        "only namespaces or pods labelled fracpilot.io/mode=auto), "
+        "FRACPILOT_OPTIN_EXCLUDED_NAMESPACES",
+    )
     sim: SimSettings = Field(default_factory=SimSettings)
 
     @property

@@ -20,7 +20,9 @@ import logging
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from fracpilot_actuator.planner import (
+from fracpilot_libs import subjects
+from fracpilot_libs.contracts import PlanKind, WorkloadRef, utcnow
+from fracpilot_libs.placement.planner import (
     ClusterState,
     Placement,
     ResizePlan,
@@ -29,8 +31,6 @@ from fracpilot_actuator.planner import (
     apply_plan,
     fits,
 )
-from fracpilot_libs import subjects
-from fracpilot_libs.contracts import PlanKind, WorkloadRef, utcnow
 
 log = logging.getLogger(__name__)
 STATE_KEY = "simulated-cluster"

@@ -36,6 +36,7 @@ from fracpilot_actuator.admission import (
     pod_name,
 )
 from fracpilot_actuator.metrics import WebhookMetrics
+from fracpilot_actuator.opt_in import OptInSettings
 from fracpilot_actuator.settings import WebhookSettings
 from fracpilot_actuator.targets import TargetCache
 from fracpilot_libs.bus import Bus
@@ -68,6 +69,7 @@ class WebhookServer:
     The certificate and key are read from files, and re-read when they change on disk
     (a Secret volume is updated in place), checked every ``tls_reload_interval_s``.
     Connections are kept alive, as the kube-apiserver reuses them.
+    ``opt_in``, ``namespace_labels`` (None: not known): the opt-in rule, checked again by admit.
     """
 
     def __init__(
@@ -83,8 +85,12 @@ class WebhookServer:
         idle_timeout_s: float = 90.0,
         header_timeout_s: float = 10.0,
         tls_reload_interval_s: float = 30.0,
+        opt_in: OptInSettings | None = None,
+        namespace_labels: Callable[[str], Mapping[str, Any] | None] | None = None,
     ) -> None:
         self.targets = targets
+        self.opt_in = opt_in
+        self._namespace_labels = namespace_labels
         self.cluster = cluster
         self.metrics = WebhookMetrics(registry)
         self.metrics.targets.set_function(lambda: len(self.targets))
@@ -330,14 +336,18 @@ class WebhookServer:
             return _Response(
                 "400 Bad Request", "text/plain", f"malformed AdmissionReview: {exc}\n".encode()
             )
-        admission = admit(review, self.targets, self.cluster)
-        self.metrics.admissions.labels(admission.outcome.value).inc()
         request: dict[str, Any] = review["request"]  # parse_review checked it is an object
+        namespace = request.get("namespace")
+        labels = _labels_of(self._namespace_labels, namespace)
+        admission = admit(
+            review, self.targets, self.cluster, opt_in=self.opt_in, namespace_labels=labels
+        )
+        self.metrics.admissions.labels(admission.outcome.value).inc()
         pod = request.get("object")
         extra = {
             "outcome": admission.outcome.value,
             "reason": admission.reason,
-            "namespace": request.get("namespace"),
+            "namespace": namespace,
             "pod": pod_name(pod) if isinstance(pod, dict) else None,
             "workload": admission.workload.key if admission.workload else None,
             "decision_id": admission.target.decision_id if admission.target else None,
@@ -353,12 +363,21 @@ class WebhookServer:
         return _Response("200 OK", "application/json", json.dumps(admission.review).encode())
 
 
+def _labels_of(
+    lookup: Callable[[str], Mapping[str, Any] | None] | None, namespace: Any
+) -> Mapping[str, Any] | None:
+    """A namespace's labels from the lookup; None when there is none or it does not know."""
+    return lookup(namespace) if lookup is not None and isinstance(namespace, str) else None
+
+
 async def start_webhook(
     bus: Bus,
     registry: CollectorRegistry,
     settings: WebhookSettings,
     *,
     cluster: str,
+    opt_in: OptInSettings | None = None,
+    namespace_labels: Callable[[str], Mapping[str, Any] | None] | None = None,
 ) -> tuple[WebhookServer, TargetCache]:
     """Follow the targets bucket and serve the webhook: what the actuator's start runs.
 
@@ -376,6 +395,8 @@ async def start_webhook(
         key_file=settings.key_file,
         cluster=cluster,
         ready=lambda: cache.synced,
+        opt_in=opt_in,
+        namespace_labels=namespace_labels,
     )
     await server.start(settings.host, settings.port)
     return server, cache

@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 
 from nats.aio.msg import Msg
-from opentelemetry.trace import SpanKind
 from pydantic import ValidationError
 
 from fracpilot_decision.metrics import DecisionMetrics
@@ -25,10 +24,10 @@ from fracpilot_libs import subjects
 from fracpilot_libs.bus import Bus
 from fracpilot_libs.contracts import FractionDecision, Policy, UsageSample
 from fracpilot_libs.decoding import ErrorKind, classify
+from fracpilot_libs.messaging_spans import process_span
 from fracpilot_libs.sizing.engine import decide
 from fracpilot_libs.sizing.policies import LivePolicies
 from fracpilot_libs.sizing.state import WorkloadState
-from fracpilot_libs.telemetry import extract_trace
 
 log = logging.getLogger(__name__)
 _EMPTY = WorkloadState()  # the engine never mutates a state: one empty one serves all
@@ -122,12 +121,7 @@ class Decider:
     async def _publish_decision(self, decision: FractionDecision, policy: Policy, msg: Msg) -> None:
         bus = self.bus
         subject = subjects.decision_subject(decision.workload)
-        with bus.tracer.start_as_current_span(
-            f"consume {subjects.USAGE_PREFIX}",
-            context=extract_trace(dict(msg.headers or {})),
-            kind=SpanKind.CONSUMER,
-            attributes={"messaging.system": "nats", "messaging.destination": msg.subject},
-        ):
+        with process_span(bus.tracer, msg):  # the sample's trace goes on to the decision
             await bus.publish(subject, decision, decision.decision_id)
         self.metrics.decisions.labels(decision.direction.value, decision.reason.value).inc()
         log.info(

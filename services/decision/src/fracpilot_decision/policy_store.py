@@ -4,7 +4,9 @@ Policies live in the KV bucket ``fracpilot_policies`` under their scope's key: `
 ``namespace.<ns>`` or ``workload.<ns>.<name>``.
 
 **Resolution** is :mod:`fracpilot_libs.sizing.policies` (pure): the most specific stored policy,
-taken as a whole, else the configured cluster default, else the built-in defaults.
+taken as a whole, else the configured cluster default, else the built-in defaults. At one scope
+a policy synced from a Kubernetes object (key ``kubernetes.<scope key>``, written by the
+actuator's policy sync) wins over the one set here, which is stored all the same.
 
 **Requests** (core NATS request/reply in the queue group ``subjects.POLICY_QUEUE``, so decision
 replicas share them; every reply is a :class:`~fracpilot_libs.contracts.PolicyReply`):
@@ -39,6 +41,7 @@ from fracpilot_libs.sizing.policies import (
     resolve,
     scope_chain,
     scope_problem,
+    source_keys,
 )
 
 log = logging.getLogger(__name__)
@@ -106,7 +109,7 @@ class PolicyStore:
 
     async def effective(self, scope: PolicyScope) -> Policy:
         """The policy that applies at ``scope``, read from the bucket (see the module doc)."""
-        keys = tuple(s.key for s in scope_chain(scope))
+        keys = tuple(k for s in scope_chain(scope) for k in source_keys(s.key))
         stored = {key: policy for key in keys if (policy := await self.get(key)) is not None}
         return resolve(stored, keys, self.default)
 

@@ -1,7 +1,8 @@
 """Ingest's metrics: what it published, rejected and failed to read (:class:`IngestMetrics`), and
 what it tells the dashboard about each workload (:class:`WorkloadUsageMetrics`): the fraction
-it holds against the compute and memory it uses, and the GPU-hours and money that fraction
-saves against whole GPUs.
+it holds against the compute and memory it uses (ratios, 0..1), and the GPU time (in
+GPU-seconds, Prometheus's base unit; the dashboard shows hours) and money that fraction saves
+against whole GPUs.
 
 Ingest sees every sample, so it is where these numbers are counted. Each sample stands for
 one step of its source (the query or scrape interval, the simulator's step) of one pod on
@@ -11,20 +12,24 @@ fraction known) holds a whole GPU and saves nothing, as the demo's run summary c
 
 Per-workload series are capped (``FRACPILOT_WORKLOAD_METRICS_LIMIT``): workloads beyond the
 cap have no gauges, and their counts go to ``namespace="_other", workload="_other"`` so the
-totals stay right.
+totals stay right. A workload not seen for ``FRACPILOT_WORKLOAD_METRICS_TTL_S`` has its series
+removed (:meth:`WorkloadUsageMetrics.expire`), so a deleted workload leaves no frozen gauge.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from fracpilot_libs.contracts import UsageSample
 from fracpilot_libs.pricing import GpuPrices
+from fracpilot_libs.series_expiry import LastSeen
 
 OTHER = "_other"
 LABELS = ("namespace", "workload")
+SECONDS_PER_HOUR = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,90 +66,157 @@ def sample_cost(sample: UsageSample, step_s: float, prices: GpuPrices) -> Sample
 
 
 class WorkloadUsageMetrics:
-    """Per-workload gauges and counters in a service's registry."""
+    """Per-workload gauges and counters in a service's registry.
 
-    def __init__(self, registry: CollectorRegistry, prices: GpuPrices, limit: int) -> None:
+    A workload not seen for ``ttl_s`` (deleted, scaled to zero, no longer measured) has its
+    series removed (:meth:`expire`), and its place under the cap is free again."""
+
+    def __init__(
+        self, registry: CollectorRegistry, prices: GpuPrices, limit: int, ttl_s: float = 600.0
+    ) -> None:
         self.prices = prices
         self.limit = limit
-        self._tracked: set[tuple[str, str]] = set()
-
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, LABELS, registry=registry)
-
-        def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, LABELS, registry=registry)
-
-        self.fraction = gauge(
-            "fracpilot_workload_allocated_fraction",
-            "Fraction of a GPU the workload's pod holds (latest sample)",
+        self.seen: LastSeen[tuple[str, str]] = LastSeen(ttl_s)
+        self.allocated_ratio = Gauge(
+            "fracpilot_workload_allocated_ratio",
+            "Fraction of one GPU the workload's pod holds, 0..1 (latest sample)",
+            LABELS,
+            registry=registry,
         )
-        self.compute = gauge(
-            "fracpilot_workload_compute_share",
-            "Share of a whole GPU's compute the workload's pod uses (latest sample)",
+        self.compute_ratio = Gauge(
+            "fracpilot_workload_compute_ratio",
+            "Share of a whole GPU's compute the workload's pod uses, 0..1 (latest sample)",
+            LABELS,
+            registry=registry,
         )
-        self.memory = gauge(
-            "fracpilot_workload_memory_share",
-            "Share of the GPU's memory the workload's pod uses (latest sample)",
+        self.memory_ratio = Gauge(
+            "fracpilot_workload_memory_ratio",
+            "Share of the GPU's memory the workload's pod uses, 0..1 (latest sample)",
+            LABELS,
+            registry=registry,
         )
-        self.whole_hours = counter(
-            "fracpilot_gpu_hours_whole_total", "GPU-hours the samples stand for as whole GPUs"
+        self.whole_seconds = Counter(
+            "fracpilot_gpu_whole_seconds_total",
+            "GPU-seconds the samples stand for as whole GPUs",
+            LABELS,
+            registry=registry,
         )
-        self.allocated_hours = counter(
-            "fracpilot_gpu_hours_allocated_total", "GPU-hours the samples' fractions hold"
+        self.allocated_seconds = Counter(
+            "fracpilot_gpu_allocated_seconds_total",
+            "GPU-seconds the samples' fractions hold",
+            LABELS,
+            registry=registry,
         )
-        self.saved_hours = counter(
-            "fracpilot_gpu_hours_saved_total", "GPU-hours saved: whole minus allocated"
+        self.saved_seconds = Counter(
+            "fracpilot_gpu_saved_seconds_total",
+            "GPU-seconds saved: whole minus allocated",
+            LABELS,
+            registry=registry,
         )
-        self.whole_usd = counter(
-            "fracpilot_cost_whole_usd_total", "USD the samples would cost as whole GPUs"
+        self.whole_usd = Counter(
+            "fracpilot_cost_whole_usd_total",
+            "USD the samples would cost as whole GPUs",
+            LABELS,
+            registry=registry,
         )
-        self.allocated_usd = counter(
-            "fracpilot_cost_allocated_usd_total", "USD the samples' fractions cost"
+        self.allocated_usd = Counter(
+            "fracpilot_cost_allocated_usd_total",
+            "USD the samples' fractions cost",
+            LABELS,
+            registry=registry,
         )
-        self.saved_usd = counter(
+        self.saved_usd = Counter(
             "fracpilot_cost_saved_usd_total",
             "USD saved: whole GPUs minus fractions, priced by GPU model",
+            LABELS,
+            registry=registry,
         )
         self.overflow = Counter(
             "fracpilot_workload_metrics_overflow_total",
             "Samples of workloads beyond FRACPILOT_WORKLOAD_METRICS_LIMIT (counted as _other)",
             registry=registry,
         )
+        self.expired = Counter(
+            "fracpilot_workload_metrics_expired_total",
+            "Workloads whose series were removed, not seen for FRACPILOT_WORKLOAD_METRICS_TTL_S",
+            registry=registry,
+        )
+        self._per_workload: tuple[Gauge | Counter, ...] = (
+            self.allocated_ratio,
+            self.compute_ratio,
+            self.memory_ratio,
+            self.whole_seconds,
+            self.allocated_seconds,
+            self.saved_seconds,
+            self.whole_usd,
+            self.allocated_usd,
+            self.saved_usd,
+        )
 
-    def _labels(self, sample: UsageSample) -> tuple[str, str] | None:
-        """The workload's labels, or None when it is beyond the cap."""
+    def _labels(self, sample: UsageSample, now: float) -> tuple[str, str] | None:
+        """The workload's labels (now seen), or None when it is beyond the cap."""
         key = (sample.workload.namespace, sample.workload.owner_name)
-        if key in self._tracked:
-            return key
-        if len(self._tracked) < self.limit:
-            self._tracked.add(key)
+        if key in self.seen or len(self.seen) < self.limit:
+            self.seen.touch(key, now)
             return key
         return None
 
-    def observe(self, sample: UsageSample, step_s: float) -> SampleCost:
+    def observe(self, sample: UsageSample, step_s: float, now: float) -> SampleCost:
+        """Count one sample, seen at ``now`` (wall-clock seconds, for the TTL)."""
         cost = sample_cost(sample, step_s, self.prices)
-        labels = self._labels(sample)
+        labels = self._labels(sample, now)
         if labels is None:
             self.overflow.inc()
             labels = (OTHER, OTHER)
         else:
             if sample.allocated_fraction is not None:
-                self.fraction.labels(*labels).set(sample.allocated_fraction)
-            self.compute.labels(*labels).set(sample.compute)
-            self.memory.labels(*labels).set(sample.memory_share)
-        self.whole_hours.labels(*labels).inc(cost.whole_gpu_hours)
-        self.allocated_hours.labels(*labels).inc(cost.allocated_gpu_hours)
-        self.saved_hours.labels(*labels).inc(cost.saved_gpu_hours)
+                self.allocated_ratio.labels(*labels).set(sample.allocated_fraction)
+            self.compute_ratio.labels(*labels).set(sample.compute)
+            self.memory_ratio.labels(*labels).set(sample.memory_share)
+        self.whole_seconds.labels(*labels).inc(cost.whole_gpu_hours * SECONDS_PER_HOUR)
+        self.allocated_seconds.labels(*labels).inc(cost.allocated_gpu_hours * SECONDS_PER_HOUR)
+        self.saved_seconds.labels(*labels).inc(cost.saved_gpu_hours * SECONDS_PER_HOUR)
         self.whole_usd.labels(*labels).inc(cost.whole_usd)
         self.allocated_usd.labels(*labels).inc(cost.allocated_usd)
         self.saved_usd.labels(*labels).inc(cost.saved_usd)
         return cost
 
+    def expire(self, now: float) -> list[tuple[str, str]]:
+        """Remove the series of workloads not seen for the TTL; returns their labels.
+
+        Counters of a removed workload start again from 0 if it comes back: ``rate`` and
+        ``increase`` read that as a counter reset."""
+        gone = self.seen.expire(now)
+        for labels in gone:
+            self._remove(labels)
+        self.expired.inc(len(gone))
+        return gone
+
+    def forget(self, namespace: str, workload: str) -> bool:
+        """Remove a workload's series now (it was deleted); False if it had none."""
+        labels = (namespace, workload)
+        if not self.seen.forget(labels):
+            return False
+        self._remove(labels)
+        self.expired.inc()
+        return True
+
+    def _remove(self, labels: tuple[str, str]) -> None:
+        for metric in self._per_workload:
+            with contextlib.suppress(KeyError):  # a gauge never set (no fraction known)
+                metric.remove(*labels)
+
 
 class IngestMetrics:
     """The service's own series; names and labels as the dashboards and alerts read them."""
 
-    def __init__(self, registry: CollectorRegistry, prices: GpuPrices, workload_limit: int) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        prices: GpuPrices,
+        workload_limit: int,
+        workload_ttl_s: float = 600.0,
+    ) -> None:
         self.published = Counter(
             "fracpilot_ingest_samples_published_total",
             "Samples published",
@@ -180,4 +252,4 @@ class IngestMetrics:
             "Simulated time of the last sample (unix seconds)",
             registry=registry,
         )
-        self.usage = WorkloadUsageMetrics(registry, prices, workload_limit)
+        self.usage = WorkloadUsageMetrics(registry, prices, workload_limit, workload_ttl_s)

@@ -58,7 +58,10 @@ class IngestService:
         self.settings = settings
         self.runtime = ServiceRuntime(SERVICE, settings, span_processor)
         self.metrics = IngestMetrics(
-            self.runtime.registry, settings.prices, settings.workload_metrics_limit
+            self.runtime.registry,
+            settings.prices,
+            settings.workload_metrics_limit,
+            settings.workload_metrics_ttl_s,
         )
         self.table = mapping_table(settings)
         self.owners: OwnerResolver = owners or make_owners(
@@ -146,6 +149,7 @@ class IngestService:
             for sample in reading.samples:
                 await self.publish_sample(source.name, sample, reading.step_s)
             await source.published(reading)
+            self.metrics.usage.expire(time.time())  # gone workloads leave no frozen series
             self.cycles += 1
             delay = source.next_read_in()
             if delay > 0:
@@ -208,7 +212,7 @@ class IngestService:
     async def publish_sample(self, source: str, sample: UsageSample, step_s: float) -> None:
         """Publish one sample and count it (its usage and cost only the first time)."""
         if await self._publish(sample):
-            self.metrics.usage.observe(sample, step_s)
+            self.metrics.usage.observe(sample, step_s, time.time())
         self.metrics.published.labels(source, sample.attribution.value).inc()
 
     async def _to_sample(
@@ -234,8 +238,8 @@ class IngestService:
     async def _publish(self, sample: UsageSample) -> bool:
         """Publish one sample; False when NATS already had it (a re-read instant)."""
         with self.runtime.bus.tracer.start_as_current_span(
-            "ingest sample",
-            kind=SpanKind.PRODUCER,
+            "ingest sample",  # its child, the publish, is the PRODUCER span
+            kind=SpanKind.INTERNAL,
             attributes={"workload": sample.workload.key, "source": sample.source},
         ):
             return await self.runtime.bus.publish(

@@ -98,6 +98,11 @@ class IngestSettings(ServiceSettings):
         description="workloads with their own series in the per-workload metrics; the rest "
         'are counted under workload="_other"',
     )
+    workload_metrics_ttl_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="a workload not seen for this long has its per-workload series removed",
+    )
 
     @property
     def source_list(self) -> list[str]:

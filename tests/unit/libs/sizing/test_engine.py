@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from factories import T0, sample
+from factories import T0, sample, v1_policy
 from fracpilot_libs.contracts import (
     AppSignals,
     Direction,
@@ -37,7 +37,7 @@ from fracpilot_libs.sizing.engine import (
 from fracpilot_libs.sizing.state import BUCKETS, WorkloadState, dump_state, load_state
 
 PROPERTY = settings(max_examples=30, deadline=None)
-DEFAULT = Policy()
+DEFAULT = v1_policy()
 OOM = AppSignals(oom_event=True)
 CONTENTION = AppSignals(contention_event=True)
 
@@ -160,7 +160,7 @@ def test_memory_drives_the_need_when_it_is_larger() -> None:
 
 
 def test_a_sample_one_half_life_later_weighs_twice_as_much() -> None:
-    policy = Policy(compute_half_life_s=3600)
+    policy = v1_policy(compute_half_life_s=3600)
     state = WorkloadState()
     for minute, compute in ((0, 0.10), (60, 0.40), (120, 0.70)):
         s = sample(compute, minute=minute)
@@ -185,11 +185,11 @@ def test_the_percentile_falls_as_a_burst_ages() -> None:
     # 12 of 156 samples (7.7%) would still set the p95 without decay; with a 6 h
     # half-life the burst weighs ~1.6% after 24 h.
     assert burst_then_quiet(24, DEFAULT) == 0.1
-    assert burst_then_quiet(24, Policy(compute_half_life_s=1e9)) == 0.6
+    assert burst_then_quiet(24, v1_policy(compute_half_life_s=1e9)) == 0.6
 
 
 def test_weights_are_rescaled_and_stay_finite_over_many_half_lives() -> None:
-    policy = Policy(compute_half_life_s=60)
+    policy = v1_policy(compute_half_life_s=60)
     state = WorkloadState()
     for minute in range(200):  # 200 half-lives, 2**200 without rescaling
         s = sample(0.9 if minute < 100 else 0.2, minute=minute)
@@ -277,7 +277,7 @@ def test_compute_past_what_a_quarter_holds_is_upsized_within_two_samples(
 def test_compute_upsize_waits_for_consecutive_confirmations(
     confirmations: int, burst: list[int], expected: list[tuple[int, float]]
 ) -> None:
-    policy = Policy(compute_upsize_confirmations=confirmations)
+    policy = v1_policy(compute_upsize_confirmations=confirmations)
 
     def usage(minute: int) -> Usage:
         return (0.3 if minute in burst else 0.1), 0.1
@@ -299,7 +299,7 @@ def test_a_memory_spike_upsizes_at_once_to_cover_peak_plus_headroom() -> None:
 
 
 def test_memory_upsize_confirmations_are_honoured() -> None:
-    policy = Policy(memory_upsize_confirmations=2)
+    policy = v1_policy(memory_upsize_confirmations=2)
 
     def usage(minute: int) -> Usage:
         return 0.1, (0.5 if minute == 60 else 0.1)
@@ -309,7 +309,7 @@ def test_memory_upsize_confirmations_are_honoured() -> None:
 
 
 def test_upsize_is_not_held_by_the_cooldown() -> None:
-    policy = Policy(min_history_s=0, downsize_hold_s=0, cooldown_s=3600)
+    policy = v1_policy(min_history_s=0, downsize_hold_s=0, cooldown_s=3600)
 
     def usage(minute: int) -> Usage:
         return 0.05, (0.05 if minute < 10 else 0.5)
@@ -327,7 +327,7 @@ def quiet(minute: int) -> Usage:
 
 @pytest.mark.parametrize(("hold_h", "minute"), [(1, 60), (2, 120)])
 def test_downsize_waits_for_the_hold(hold_h: int, minute: int) -> None:
-    policy = Policy(min_history_s=0, downsize_hold_s=hold_h * 3600)
+    policy = v1_policy(min_history_s=0, downsize_hold_s=hold_h * 3600)
     _, decisions = run(quiet, range(4 * 60), policy, allocated=0.5)
 
     assert changes(decisions) == [(minute, 0.25)]
@@ -339,14 +339,14 @@ def test_downsize_waits_for_the_hold(hold_h: int, minute: int) -> None:
 
 @pytest.mark.parametrize(("history_min", "minute"), [(0, 0), (30, 30), (60, 60)])
 def test_downsize_waits_for_min_history(history_min: int, minute: int) -> None:
-    policy = Policy(min_history_s=history_min * 60, downsize_hold_s=0)
+    policy = v1_policy(min_history_s=history_min * 60, downsize_hold_s=0)
     _, decisions = run(quiet, range(2 * 60), policy, allocated=0.5)
     assert changes(decisions) == [(minute, 0.25)]
 
 
 def test_downsize_needs_a_full_step_below_the_current_fraction() -> None:
     # 0.45 is off the grid: a need of 0.375 is not a full 1/8 below it, 0.25 is.
-    policy = Policy(min_history_s=0, downsize_hold_s=0)
+    policy = v1_policy(min_history_s=0, downsize_hold_s=0)
     _, decisions = run(constant(0.05, 0.27), range(60), policy, allocated=0.45)
     assert decisions == []  # need 0.37 -> 0.375
     _, decisions = run(constant(0.05, 0.1), range(60), policy, allocated=0.45)
@@ -354,7 +354,7 @@ def test_downsize_needs_a_full_step_below_the_current_fraction() -> None:
 
 
 def test_need_back_at_the_current_fraction_restarts_the_hold() -> None:
-    policy = Policy(min_history_s=0, downsize_hold_s=2 * 3600)
+    policy = v1_policy(min_history_s=0, downsize_hold_s=2 * 3600)
 
     def usage(minute: int) -> Usage:
         # Two samples at 0.4 (0.4 / 0.85 = 0.47 -> 0.5 = current) restart the hold.
@@ -369,13 +369,13 @@ def test_no_downsize_within_the_cooldown_after_a_change() -> None:
         return (0.3 if minute in (60, 61) else 0.1), 0.1
 
     for cooldown_min, expected in ((30, [(61, 0.375), (91, 0.25)]), (0, [(61, 0.375), (62, 0.25)])):
-        policy = Policy(min_history_s=0, downsize_hold_s=0, cooldown_s=cooldown_min * 60)
+        policy = v1_policy(min_history_s=0, downsize_hold_s=0, cooldown_s=cooldown_min * 60)
         _, decisions = run(usage, range(120), policy, allocated=0.25)
         assert changes(decisions) == expected, cooldown_min
 
 
 def test_no_downsize_within_the_signal_hold_after_an_oom() -> None:
-    policy = Policy(min_history_s=0, downsize_hold_s=0, cooldown_s=0, signal_hold_s=2 * 3600)
+    policy = v1_policy(min_history_s=0, downsize_hold_s=0, cooldown_s=0, signal_hold_s=2 * 3600)
     _, decisions = run(
         quiet, range(3 * 60), policy, allocated=0.5, signals=lambda m: OOM if m == 0 else None
     )
@@ -394,7 +394,7 @@ def test_memory_peaks_expire_after_the_memory_window() -> None:
     # 6 h window = 24 slots of 15 min. A slot is kept while any part of it is inside the
     # window (memory errs on the safe side), so the peak of minute 0, in the slot that
     # started at minute 0, is remembered through minute 374 and forgotten at minute 375.
-    policy = Policy(memory_window_s=6 * 3600, min_history_s=0, downsize_hold_s=0)
+    policy = v1_policy(memory_window_s=6 * 3600, min_history_s=0, downsize_hold_s=0)
 
     def usage(minute: int) -> Usage:
         return 0.05, (0.5 if minute == 0 else 0.05)
@@ -430,9 +430,9 @@ def test_the_histogram_forgets_old_compute_in_a_closed_loop() -> None:
         (0.5, CONTENTION, DEFAULT, 0.75),
         (0.625, OOM, DEFAULT, 1.0),  # 0.9375 rounded up
         (0.875, OOM, DEFAULT, 1.0),  # clamped to max_fraction
-        (0.5, OOM, Policy(max_fraction=0.625), 0.625),
-        (0.25, OOM, Policy(signal_multiplier=2.0), 0.5),
-        (0.25, CONTENTION, Policy(grid_steps=10, min_fraction=0.1), 0.4),
+        (0.5, OOM, v1_policy(max_fraction=0.625), 0.625),
+        (0.25, OOM, v1_policy(signal_multiplier=2.0), 0.5),
+        (0.25, CONTENTION, v1_policy(grid_steps=10, min_fraction=0.1), 0.4),
     ],
 )
 def test_a_signal_bumps_at_once(
@@ -468,7 +468,7 @@ def test_a_signal_is_not_held_by_the_cooldown() -> None:
 
 
 def test_a_signal_never_sizes_below_min_fraction() -> None:
-    policy = Policy(min_fraction=0.5)
+    policy = v1_policy(min_fraction=0.5)
     _, d = decide(WorkloadState(), sample(allocated=0.125, signals=OOM), policy)
     assert d is not None
     assert policy.min_fraction <= d.new_fraction <= policy.max_fraction
@@ -480,9 +480,9 @@ def test_a_signal_never_sizes_below_min_fraction() -> None:
 @pytest.mark.parametrize(
     ("allocated", "policy", "compute", "expected", "direction"),
     [
-        (1.0, Policy(max_fraction=0.5), 0.9, 0.5, Direction.DOWN),  # need 1.0, clamped
-        (1.0, Policy(max_fraction=0.5), 0.05, 0.25, Direction.DOWN),  # straight to the need
-        (0.125, Policy(min_fraction=0.5), 0.05, 0.5, Direction.UP),
+        (1.0, v1_policy(max_fraction=0.5), 0.9, 0.5, Direction.DOWN),  # need 1.0, clamped
+        (1.0, v1_policy(max_fraction=0.5), 0.05, 0.25, Direction.DOWN),  # straight to the need
+        (0.125, v1_policy(min_fraction=0.5), 0.05, 0.5, Direction.UP),
     ],
 )
 def test_a_fraction_outside_the_policy_moves_into_bounds_at_once(
@@ -525,7 +525,7 @@ def test_decision_is_relative_to_the_observed_allocation() -> None:
 
 
 def test_unknown_allocation_is_the_last_known_one_or_max_fraction() -> None:
-    policy = Policy(max_fraction=0.75)
+    policy = v1_policy(max_fraction=0.75)
     state, d = decide(WorkloadState(), sample(allocated=None), policy)
     assert d is None
     assert state.current_fraction == 0.75
@@ -544,7 +544,7 @@ def noisy_trace(seed: int, minutes: int) -> list[Usage]:
 
 def test_decide_is_deterministic() -> None:
     trace = noisy_trace(7, 6 * 60)
-    policy = Policy(downsize_hold_s=600, cooldown_s=600, min_history_s=300)
+    policy = v1_policy(downsize_hold_s=600, cooldown_s=600, min_history_s=300)
     s1, first = run(trace.__getitem__, range(len(trace)), policy, 0.5)
     s2, second = run(trace.__getitem__, range(len(trace)), policy, 0.5)
     assert len(first) >= 2
@@ -585,10 +585,11 @@ def test_an_empty_state_round_trips() -> None:
 
 
 def test_a_busy_state_round_trips_exactly() -> None:
-    policy = Policy(downsize_hold_s=600, cooldown_s=600, min_history_s=300)
+    policy = v1_policy(downsize_hold_s=600, cooldown_s=600, min_history_s=300)
     trace = noisy_trace(3, 12 * 60)
+    app = AppSignals(waiting_requests=0, kv_cache_usage=0.5)
     state, decisions = run(
-        trace.__getitem__, range(len(trace)), policy, signals=lambda m: OOM if m == 400 else None
+        trace.__getitem__, range(len(trace)), policy, signals=lambda m: OOM if m == 400 else app
     )
     assert decisions
     assert all(getattr(state, f.name) is not None for f in dataclasses.fields(WorkloadState)), (
@@ -605,7 +606,7 @@ def policies(draw: st.DrawFn) -> Policy:
     steps = draw(st.sampled_from([2, 4, 8, 10, 16, 20]))
     lo = draw(st.integers(1, steps))
     hi = draw(st.integers(lo, steps))
-    return Policy(
+    return v1_policy(
         grid_steps=steps,
         min_fraction=lo / steps,
         max_fraction=hi / steps,
@@ -679,7 +680,7 @@ def test_a_restore_changes_no_decision(policy: Policy, steps: list[Step], every:
 
 def test_a_restore_at_the_hundredth_percentile_does_not_upsize() -> None:
     # Float noise in a restored histogram must not push p100 past the last bucket (1.0).
-    policy = Policy(compute_percentile=100.0)
+    policy = v1_policy(compute_percentile=100.0)
     rng = random.Random(1)
     for _ in range(10):
         trace = [(rng.uniform(0.05, 0.15), 0.1) for _ in range(300)]
@@ -752,7 +753,7 @@ def test_out_of_order_samples_keep_the_memory_history_bounded() -> None:
 
 
 def test_memory_peaks_expire_after_the_memory_window_grows() -> None:
-    short, default = Policy(memory_window_s=3600), Policy()
+    short, default = v1_policy(memory_window_s=3600), v1_policy()
     state, _ = run(constant(0.05, 0.8), range(60), short)
     state, _ = run(constant(0.05, 0.1), range(60, 60 + 3 * 24 * 60, 10), default, state=state)
     assert need_of(state, default).memory_peak == pytest.approx(0.1)  # 3 days later
@@ -854,7 +855,7 @@ def test_stationary_trace_property(seed: int, low: float, width: float) -> None:
 
 
 def test_decisions_carry_the_sample_and_policy() -> None:
-    policy = Policy(revision=4)
+    policy = v1_policy(revision=4)
     s = sample(0.3, 0.1, allocated=0.25, node="node-b", gpu_uuid="GPU-b-1")
     _, d = decide(WorkloadState(), s, policy)
     assert d is not None

@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from factories import sample
-from fracpilot_libs.contracts import Direction, Policy
+from factories import sample, v1_policy
+from fracpilot_libs.contracts import Direction
 from fracpilot_libs.sizing.engine import (
     decide,
     downsize_wait,
@@ -18,7 +18,7 @@ from fracpilot_libs.sizing.engine import (
 )
 from fracpilot_libs.sizing.state import WorkloadState, evolve
 
-POLICY = Policy()  # grid of 8: one step is 0.125
+POLICY = v1_policy()  # grid of 8: one step is 0.125
 
 
 def test_up_at_once_down_only_a_full_step_below() -> None:
@@ -60,7 +60,7 @@ def test_the_longest_wait_holds_a_downsize() -> None:
 def test_decide_downsizes_exactly_when_no_wait_is_left(
     low: float, minutes: int, hold_min: int
 ) -> None:
-    policy = Policy(downsize_hold_s=hold_min * 60, min_history_s=30 * 60, cooldown_s=20 * 60)
+    policy = v1_policy(downsize_hold_s=hold_min * 60, min_history_s=30 * 60, cooldown_s=20 * 60)
     state = WorkloadState()
     for minute in range(minutes):
         s = sample(low, 0.05, minute=minute, allocated=1.0)

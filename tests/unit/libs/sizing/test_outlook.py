@@ -8,8 +8,8 @@ from datetime import timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from factories import T0, sample
-from fracpilot_libs.contracts import AppSignals, Direction, Policy
+from factories import T0, sample, v1_policy
+from fracpilot_libs.contracts import AppSignals, Direction
 from fracpilot_libs.sizing.engine import decide
 from fracpilot_libs.sizing.outlook import Outlook, describe
 from fracpilot_libs.sizing.state import WorkloadState
@@ -22,13 +22,13 @@ def _at(minute: int) -> float:
 
 
 def test_no_history() -> None:
-    outlook = describe(WorkloadState(), Policy(), _at(0))
+    outlook = describe(WorkloadState(), v1_policy(), _at(0))
     assert outlook.outlook is Outlook.NO_HISTORY
     assert outlook.requested is None
 
 
 def test_underused_waits_the_downsize_hold_then_downsizes() -> None:
-    policy = Policy()  # hold 1 h, min history 1 h
+    policy = v1_policy()  # hold 1 h, min history 1 h
     state = WorkloadState()
     for minute in range(40):
         state, decision = decide(state, sample(0.1, 0.1, minute=minute, allocated=0.5), policy)
@@ -44,7 +44,7 @@ def test_underused_waits_the_downsize_hold_then_downsizes() -> None:
 
 
 def test_an_upsize_asked_for_and_not_applied_is_pending_within_the_cooldown() -> None:
-    policy = Policy()
+    policy = v1_policy()
     state, first = decide(WorkloadState(), sample(0.1, 0.3, minute=0, allocated=0.25), policy)
     assert first is not None
     assert first.new_fraction == 0.5
@@ -60,7 +60,7 @@ def test_an_upsize_asked_for_and_not_applied_is_pending_within_the_cooldown() ->
 
 
 def test_a_signal_holds_downsizes() -> None:
-    policy = Policy(cooldown_s=0, min_history_s=0, downsize_hold_s=0)
+    policy = v1_policy(cooldown_s=0, min_history_s=0, downsize_hold_s=0)
     state, decision = decide(
         WorkloadState(),
         sample(0.1, 0.1, minute=0, allocated=0.25, signals=AppSignals(oom_event=True)),
@@ -97,7 +97,7 @@ def test_describe_predicts_decide_on_steady_usage(
     stable or waiting -> nothing; downsizing -> a downsize to the target; upsizing -> an
     upsize to the target. Changes apply at once (the next sample holds the new fraction), and
     the time left while waiting shrinks by the time between samples."""
-    policy = Policy(
+    policy = v1_policy(
         downsize_hold_s=hold_min * 60.0,
         cooldown_s=cooldown_min * 60.0,
         min_history_s=history_min * 60.0,

@@ -1,6 +1,8 @@
 """The MutatingWebhookConfiguration that registers the webhook, as a plain dict. Pure.
 
-``failurePolicy: Ignore``, so that the webhook being down never blocks pod creation.
+``failurePolicy: Ignore``, so that the webhook being down never blocks pod creation. Which pods
+are sent is the opt-in rule (:func:`fracpilot_actuator.opt_in.webhook_selectors`): two webhooks
+with the same service, one for the pods of opted-in namespaces, one for pods opted in by label.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from fracpilot_actuator.admission.pods import OPT_OUT
+from fracpilot_actuator.opt_in import webhook_selectors
 
 WEBHOOK_CONFIGURATION_NAME = "fracpilot-targets"
 WEBHOOK_NAME = "targets.fracpilot.io"  # a webhook's name must be fully qualified
@@ -35,13 +37,15 @@ def webhook_configuration(
     name: str = WEBHOOK_CONFIGURATION_NAME,
     excluded_namespaces: Iterable[str] = ("kube-system",),
     timeout_seconds: int = 5,
+    default_mode: str = "recommend",
 ) -> dict[str, Any]:
     """The ``admissionregistration.k8s.io/v1`` MutatingWebhookConfiguration, as a plain dict.
 
     ``ca_bundle`` is the PEM of the CA that signed the serving certificate. Exactly one of
-    ``url`` (``https://host:port/mutate``) and ``service`` says where the webhook is. Pods in
-    ``excluded_namespaces``, in namespaces labelled ``fracpilot.io/opt-out=true`` and pods
-    labelled so are never sent; ``failurePolicy: Ignore`` admits pods when the webhook fails.
+    ``url`` (``https://host:port/mutate``) and ``service`` says where the webhook is. Only
+    pods whose opt-in answer is auto are sent (``default_mode``: that of namespaces without the
+    label ``fracpilot.io/mode``); never those in ``excluded_namespaces`` or opted out;
+    ``failurePolicy: Ignore`` admits pods when the webhook fails.
     """
     if (url is None) == (service is None):
         raise ValueError("give exactly one of url and service")
@@ -59,21 +63,15 @@ def webhook_configuration(
             "port": service.port,
             "path": service.path,
         }
-    not_opted_out = {"key": OPT_OUT, "operator": "NotIn", "values": ["true"]}
-    namespace_rules = [not_opted_out]
-    if excluded := sorted(set(excluded_namespaces)):
-        namespace_rules.insert(
-            0, {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": excluded}
-        )
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "fracpilot"}},
         "webhooks": [
             {
-                "name": WEBHOOK_NAME,
+                "name": selector.name_prefix + WEBHOOK_NAME,
                 "admissionReviewVersions": ["v1"],
-                "clientConfig": client_config,
+                "clientConfig": dict(client_config),
                 "rules": [
                     {
                         "operations": ["CREATE"],
@@ -89,8 +87,9 @@ def webhook_configuration(
                 "timeoutSeconds": timeout_seconds,
                 # Re-run after a later webhook changed the pod; the patch is idempotent.
                 "reinvocationPolicy": "IfNeeded",
-                "namespaceSelector": {"matchExpressions": namespace_rules},
-                "objectSelector": {"matchExpressions": [dict(not_opted_out)]},
+                "namespaceSelector": {"matchExpressions": selector.namespace},
+                "objectSelector": {"matchExpressions": selector.pod},
             }
+            for selector in webhook_selectors(default_mode, excluded_namespaces)
         ],
     }

@@ -3,7 +3,9 @@
 :func:`admit` answers an ``admission.k8s.io/v1`` AdmissionReview for a Pod CREATE from the
 targets map, and never denies. A pod that takes the target also gets the annotation
 ``fracpilot.io/target: <decision id>``; admitting it again changes nothing (the webhook may be
-reinvoked). A pod labelled or annotated ``fracpilot.io/opt-out: "true"`` is left alone.
+reinvoked). A pod labelled or annotated ``fracpilot.io/opt-out: "true"`` is left alone, and so
+is one whose opt-in answer (:mod:`fracpilot_actuator.opt_in`) is not auto: the apiserver's
+selectors send only those, and the webhook checks again with the same rule.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from fracpilot_actuator.admission.pods import (
     workload_candidates,
 )
 from fracpilot_actuator.admission.sizing import sizing_patch
+from fracpilot_actuator.opt_in import MODE_LABEL, OptInSettings, selector_mode
 from fracpilot_libs import subjects
 from fracpilot_libs.contracts import WorkloadRef, WorkloadTarget
 
@@ -33,6 +36,7 @@ class AdmissionOutcome(StrEnum):
     PATCHED = "patched"  # the pod's GPU request was changed to the target
     UNCHANGED = "unchanged"  # a target applies but nothing changes, or the pod cannot take it
     OPTED_OUT = "opted_out"
+    NOT_OPTED_IN = "not_opted_in"  # the opt-in rule says recommend or off
     NO_TARGET = "no_target"  # no owner, or no target for the owner
     ERROR = "error"  # malformed review (HTTP 400) or a failure while building the patch
 
@@ -97,13 +101,27 @@ def review_response(uid: str, patch: Sequence[Mapping[str, Any]] = ()) -> dict[s
     return {"apiVersion": ADMISSION_API_VERSION, "kind": "AdmissionReview", "response": response}
 
 
+# The apiserver sent the pod: its namespace matched a selector of opt_in.webhook_selectors.
+_SELECTED_NAMESPACE = {MODE_LABEL: "auto"}
+
+
 def admit(
-    review: Mapping[str, Any], targets: Mapping[str, WorkloadTarget], cluster: str
+    review: Mapping[str, Any],
+    targets: Mapping[str, WorkloadTarget],
+    cluster: str,
+    *,
+    opt_in: OptInSettings | None = None,
+    namespace_labels: Mapping[str, Any] | None = None,
 ) -> Admission:
     """Answer a parsed AdmissionReview (see :func:`parse_review`): always allowed.
 
     ``targets`` maps ``subjects.kv_key(workload)`` to the workload's target. Any failure
     while building the patch is answered with an unpatched, allowed pod and outcome ERROR.
+    ``namespace_labels``: the pod's namespace's labels when known (the actuator's namespace
+    cache); None trusts the apiserver's namespaceSelector, which sent only pods of namespaces
+    in auto mode or pods labelled ``fracpilot.io/mode=auto`` (for those, the namespace's label
+    does not change the answer). ``opt_in``: the rule's settings; None: the defaults with no
+    excluded namespace (the apiserver leaves those out).
     """
     request = as_mapping(review.get("request"))
     uid = str(request.get("uid", ""))
@@ -128,6 +146,14 @@ def admit(
         namespace = str(
             request.get("namespace") or as_mapping(pod.get("metadata")).get("namespace") or ""
         )
+        selected = selector_mode(
+            namespace,
+            _SELECTED_NAMESPACE if namespace_labels is None else namespace_labels,
+            as_mapping(as_mapping(pod.get("metadata")).get("labels")),
+            opt_in or OptInSettings(excluded_namespaces=[]),
+        )
+        if not selected.applies:
+            return answer(AdmissionOutcome.NOT_OPTED_IN, selected.reason)
         candidates = workload_candidates(pod, namespace, cluster)
         if not candidates:
             return answer(AdmissionOutcome.NO_TARGET, "the pod has no owner")

@@ -1,8 +1,9 @@
 """The Kubernetes backend: one decision in, changes to the cluster out, never more than allowed.
 
 For each decision it reads the cluster (:mod:`.reader`: nodes, pods, the namespace's
-ReplicaSets and Jobs for owner references, and the workload object, read per decision), asks
-the pure judge (:mod:`.judge`: opt-out, validity, the plan, the guardrails, dry-run, resume)
+ReplicaSets and Jobs for owner references, the workload object, read per decision, and the
+namespace's labels from :class:`~.namespaces.NamespaceLabels`), asks the pure judge
+(:mod:`.judge`: opt-out, the opt-in rule, validity, the plan, the guardrails, dry-run, resume)
 for a plan or a skip, and carries a plan out (:mod:`.executor`):
 
 - the workload's target (``WorkloadTarget``, :class:`~fracpilot_actuator.ports.TargetStore`)
@@ -43,12 +44,12 @@ from fracpilot_actuator.kube.cache import InventoryCache
 from fracpilot_actuator.kube.executor import StepExecutor
 from fracpilot_actuator.kube.inventory import Inventory
 from fracpilot_actuator.kube.judge import ActuationPlan, ClusterView, Guards, Skip, judge
+from fracpilot_actuator.kube.namespaces import NamespaceLabels
 from fracpilot_actuator.kube.object_values import CAPACITY_ROLE, ROLE, parse_time
 from fracpilot_actuator.kube.placeholders import PendingScaleUp, pending_of
 from fracpilot_actuator.kube.reader import ClusterReader
 from fracpilot_actuator.kube.scale_ups import ScaleUps
 from fracpilot_actuator.kube.settings import KubeBackendSettings
-from fracpilot_actuator.planner import ResizePlan, allocation_for
 from fracpilot_actuator.ports import (
     AllocationStore,
     DisruptionHistory,
@@ -63,6 +64,7 @@ from fracpilot_libs.contracts import (
     WorkloadRef,
     utcnow,
 )
+from fracpilot_libs.placement.planner import ResizePlan, allocation_for
 
 log = logging.getLogger(__name__)
 
@@ -94,15 +96,19 @@ class KubernetesBackend:
         instance: str | None = None,
         allocations: AllocationStore | None = None,
         history: DisruptionHistory | None = None,
+        namespaces: NamespaceLabels | None = None,
     ) -> None:
         """``history``: where the recent disruptive actions are kept across restarts (None:
-        in memory only); ``allocations``: None publishes none."""
+        in memory only); ``allocations``: None publishes none; ``namespaces``: the namespace
+        labels the opt-in rule reads (started and stopped by whoever made it; None: no
+        namespace has labels, so the default mode decides)."""
         self.api = api
         self.targets = targets
         self.allocations = allocations
         self.history: DisruptionHistory = history or MemoryDisruptionHistory()
         self.settings = settings
         self.report = report
+        self.namespaces = namespaces
         self.instance = instance or socket.gethostname()
         self.guards = GuardState()
         self.reader = ClusterReader(api, settings)
@@ -187,6 +193,9 @@ class KubernetesBackend:
         if view.live:  # the workload object, for its opt-out and its pod template
             owner = await self.api.read_owner(wl.namespace, wl.owner_kind, wl.owner_name)
             view = replace(view, owner=owner)
+        if self.namespaces is not None:
+            labels = await self.namespaces.labels_of(wl.namespace)
+            view = replace(view, namespace_labels=labels)
         judgement = self._judge(decision, view, now, dry_run, resuming)
         if judgement.disruptive:  # another replica may have led, and disrupted, since
             await self._load_disruptions()
@@ -215,7 +224,10 @@ class KubernetesBackend:
         resuming: bool,
     ) -> ActuationPlan | Skip:
         guards = Guards(
-            self.guards, self.settings.guardrails, self.settings.targets_via == "template"
+            self.guards,
+            self.settings.guardrails,
+            self.settings.targets_via == "template",
+            self.settings.opt_in,
         )
         return judge(decision, view, guards, now, dry_run=dry_run, resuming=resuming)
 

@@ -49,8 +49,8 @@ from fracpilot_actuator.kube.placeholders import (
     placeholder_pod,
 )
 from fracpilot_actuator.kube.settings import KubeBackendSettings
-from fracpilot_actuator.planner import ResizePlan
 from fracpilot_libs.contracts import FractionDecision, WorkloadTarget
+from fracpilot_libs.placement.planner import ResizePlan
 
 log = logging.getLogger(__name__)
 

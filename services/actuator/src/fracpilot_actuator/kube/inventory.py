@@ -57,9 +57,9 @@ from fracpilot_actuator.kube.object_values import (
     parse_quantity_int,
     parse_time,
 )
-from fracpilot_actuator.planner import ClusterState, Gpu, Placement
 from fracpilot_libs.contracts import MIB, GpuSharing, WorkloadRef
 from fracpilot_libs.owners import Controller, OwnerKey, top_owner
+from fracpilot_libs.placement.planner import ClusterState, Gpu, Placement
 
 # --- the model --------------------------------------------------------------------------------
 

@@ -5,6 +5,10 @@ in this order, what the executor (:mod:`fracpilot_actuator.kube.executor`) is to
 
 1. no running pod: skip;
 2. opt-out (``fracpilot.io/opt-out`` on a pod or the workload object): skip, unlooked at;
+   then the opt-in rule (:func:`fracpilot_actuator.opt_in.automation_of`: the namespace's and
+   the pods' ``fracpilot.io/mode`` labels, the policy's mode): off is a skip; recommend makes
+   the rest a dry run whose detail says why ("not opted in: namespace X has no label
+   fracpilot.io/mode=auto");
 3. invalid shares (a bad annotation, an unknown GPU): skip with the error, and a Warning
    event on each pod at fault (not in a dry run);
 4. pods that do not all hold one kind of fractional share (KAI or HAMi): skip;
@@ -18,7 +22,7 @@ in this order, what the executor (:mod:`fracpilot_actuator.kube.executor`) is to
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -33,7 +37,7 @@ from fracpilot_actuator.guardrails import (
 )
 from fracpilot_actuator.kube.inventory import Inventory, PodInfo, last_change
 from fracpilot_actuator.kube.object_values import is_opted_out
-from fracpilot_actuator.planner import ResizePlan, WorkloadPlan, plan_workload
+from fracpilot_actuator.opt_in import Automation, OptInSettings, Selected, automation_of
 from fracpilot_libs.contracts import (
     FractionDecision,
     GpuSharing,
@@ -41,6 +45,7 @@ from fracpilot_libs.contracts import (
     PlanKind,
     WorkloadTarget,
 )
+from fracpilot_libs.placement.planner import ResizePlan, WorkloadPlan, plan_workload
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,7 @@ class ClusterView:
     inventory: Inventory
     pods: tuple[PodInfo, ...]  # the workload's pods, terminating ones included
     owner: Mapping[str, Any] | None = None  # the workload object, when it was read
+    namespace_labels: Mapping[str, Any] = field(default_factory=dict)  # the workload's namespace
 
     @property
     def live(self) -> tuple[PodInfo, ...]:
@@ -64,6 +70,8 @@ class Guards:
     settings: GuardrailSettings
     patches_templates: bool = False
     """targets_via=template: every change patches the pod template (a rollout: disruptive)."""
+    opt_in: OptInSettings = field(default_factory=OptInSettings)
+    """The opt-in rule's settings (the default mode, the excluded namespaces)."""
 
 
 @dataclass(frozen=True)
@@ -165,8 +173,29 @@ def primary_step(plan: WorkloadPlan, decision: FractionDecision) -> ResizePlan |
     )
 
 
-def _skipped(detail: str, error: str | None = None) -> Skip:
-    return Skip(Actuation(plan=PlanKind.NONE, outcome=Outcome.SKIPPED, detail=detail, error=error))
+def _skipped(detail: str, error: str | None = None, held_back: str = "") -> Skip:
+    return Skip(
+        Actuation(
+            plan=PlanKind.NONE,
+            outcome=Outcome.SKIPPED,
+            detail=detail,
+            error=error,
+            held_back=held_back,
+        )
+    )
+
+
+def selected_for(decision: FractionDecision, view: ClusterView, opt_in: OptInSettings) -> Selected:
+    """The opt-in rule's answer for the decision's workload, from its live pods' labels."""
+    live = view.live
+    return automation_of(
+        decision.workload.namespace,
+        view.namespace_labels,
+        [p.raw.get("metadata", {}).get("labels") or {} for p in live],
+        decision.mode,
+        opt_in,
+        pods=[p.name for p in live],
+    )
 
 
 def subject_of(decision: FractionDecision, view: ClusterView) -> Subject:
@@ -204,7 +233,13 @@ def judge(
         return _skipped(f"{wl.owner_kind} {wl.display} has no running pods")
     subject = subject_of(decision, view)
     if not (verdict := opt_out(subject)).allowed:  # an opted-out workload is not looked at
-        return _skipped(f"{verdict.guard}: {verdict.reason}")
+        return _skipped(f"{verdict.guard}: {verdict.reason}", held_back="off")
+    selected = selected_for(decision, view, guards.opt_in)
+    if selected.mode is Automation.OFF:
+        return _skipped(f"off: {selected.reason}", held_back="off")
+    held_back = "dry_run" if dry_run else ""
+    if not dry_run and not selected.applies:  # a recommendation: planned, never carried out
+        dry_run, held_back = selected.reason, selected.held_back
 
     problems = view.inventory.problems_of(live)
     if problems:
@@ -254,7 +289,10 @@ def judge(
     )
 
     def skipped_plan(outcome: Outcome, detail: str) -> Skip:
-        return Skip(chosen.result(outcome, detail), disruptive=disruptive)
+        result = chosen.result(outcome, detail)
+        if outcome is Outcome.DRY_RUN:
+            result = replace(result, held_back=held_back or "dry_run")
+        return Skip(result, disruptive=disruptive)
 
     if plan.kind is PlanKind.NONE:
         if resuming:

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 from fracpilot_actuator.kube.inventory import Inventory
 from fracpilot_actuator.kube.judge import actuation_of, memory_share_mib
 from fracpilot_actuator.kube.placeholders import PendingScaleUp
-from fracpilot_actuator.planner import ResizePlan, apply_pod_plan, plan_pod
 from fracpilot_libs.contracts import GpuSharing, Outcome, PlanKind
+from fracpilot_libs.placement.planner import ResizePlan, apply_pod_plan, plan_pod
 
 if TYPE_CHECKING:
     from fracpilot_actuator.kube.backend import KubernetesBackend

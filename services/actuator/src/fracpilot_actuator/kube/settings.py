@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from fracpilot_actuator.guardrails import GuardrailSettings
+from fracpilot_actuator.opt_in import OptInSettings
 
 
 class EvictionSettings(BaseModel):
@@ -48,6 +49,8 @@ class KubeBackendSettings:
     inventory_cache: bool = True
     """Read nodes, pods, ReplicaSets and Jobs from a watch-fed cache; False: list them for
     every decision."""
+    opt_in: OptInSettings = field(default_factory=OptInSettings)
+    """The opt-in rule's settings: the default mode (recommend), the excluded namespaces."""
     cache_fence_timeout_s: float = 2.0
     """How long a decision waits for the cache to catch up with the backend's last write
     before it lists afresh."""

@@ -15,7 +15,12 @@ from datetime import datetime, timedelta
 from fracpilot_ingest.settings import SimulatorSettings
 from fracpilot_ingest.sources.base import Reading, SourceContext
 from fracpilot_libs.contracts import Allocation, Attribution, UsageSample
-from fracpilot_libs.simulation.workloads import SimulatedWorkload, demo_workloads, usage_at
+from fracpilot_libs.simulation.workloads import (
+    SimulatedWorkload,
+    demo_workloads,
+    signals_at,
+    usage_at,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +44,7 @@ def simulated_sample(
         allocated_fraction=allocation.fraction if allocation else None,
         source="simulator",
         attribution=Attribution.EXACT,
+        signals=signals_at(w, at, allocation.fraction if allocation else None),
     )
 
 

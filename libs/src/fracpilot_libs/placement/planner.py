@@ -1,4 +1,4 @@
-"""The actuation planner: a pure function from the cluster's GPU picture and a decision to a plan.
+"""The placement planner: a pure function from the cluster's GPU picture and a decision to a plan.
 
 1. in place: the new fraction fits on the pod's current GPU;
 2. recreate elsewhere: it fits on another GPU (best fit: the fullest GPU that still fits, so
@@ -9,7 +9,9 @@
 :func:`plan_workload` plans for each pod of a workload with several replicas, one after the
 other on the cluster as the earlier steps leave it, and can be told that the backend cannot
 change a running pod (HAMi), so that even a fit on the pod's own GPU is a recreate.
-No I/O: the backend that executes the plan (simulated cluster, Kubernetes) lives elsewhere.
+No I/O: the backend that executes the plan (the actuator's simulated cluster or Kubernetes)
+lives in the actuator; ``fracpilot replay --pack`` (:mod:`fracpilot_libs.sizing.packing`) runs
+the same plans on a replayed cluster.
 """
 
 from __future__ import annotations
@@ -156,6 +158,51 @@ def move_or_scale_up(
         **base,
         reason=f"{fraction:g} fits on no GPU (largest hole {largest:g}); "
         "capacity must be added before the pod moves",
+    )
+
+
+def plan_consolidation(state: ClusterState, placement: Placement) -> ResizePlan:
+    """A recreate that empties a GPU: the pod is alone on its GPU and fits on another GPU that
+    is in use (best fit, as :func:`move_or_scale_up`); ``none`` otherwise. Moving onto an empty
+    GPU would free nothing, so empty GPUs are not candidates. Not used by the actuator (it
+    changes pods only when a decision asks); ``fracpilot replay --pack`` uses it to show what
+    consolidating after a resize (or after a neighbour moved away or left) saves in cards, and
+    what it costs in moves."""
+    gpu, key, fraction = placement.gpu_uuid, placement.pod_key, placement.fraction
+    base: dict[str, Any] = {
+        "workload": placement.workload,
+        "pod": placement.pod,
+        "fraction_before": fraction,
+        "fraction_after": fraction,
+        "gpu_before": gpu,
+    }
+    if state.used(gpu, excluding_pod=key) > EPSILON:
+        return ResizePlan(
+            kind=PlanKind.NONE,
+            gpu_after=gpu,
+            **base,
+            reason=f"{gpu} is shared: moving frees nothing",
+        )
+    in_use = {p.gpu_uuid for p in state.placements if p.pod_key != key}
+    candidates = [
+        g
+        for g in state.gpus
+        if g.uuid != gpu and g.uuid in in_use and state.free(g.uuid) + EPSILON >= fraction
+    ]
+    if not candidates:
+        return ResizePlan(
+            kind=PlanKind.NONE,
+            gpu_after=gpu,
+            **base,
+            reason=f"{fraction:g} fits on no other GPU in use",
+        )
+    best = min(candidates, key=lambda g: (state.free(g.uuid), g.uuid))
+    return ResizePlan(
+        kind=PlanKind.RECREATE_ELSEWHERE,
+        gpu_after=best.uuid,
+        **base,
+        reason=f"{placement.pod} is alone on {gpu}; best fit in use is {best.uuid} "
+        f"({state.free(best.uuid):g} free): the move frees {gpu}",
     )
 
 

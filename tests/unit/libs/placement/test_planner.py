@@ -1,4 +1,4 @@
-"""The pure actuation planner, and the simulated cluster's pure seeding helpers."""
+"""The pure placement planner (the actuator's, and ``fracpilot replay --pack``'s)."""
 
 from __future__ import annotations
 
@@ -7,17 +7,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from factories import GIB, decision, workload
-from fracpilot_actuator.planner import (
+from fracpilot_libs.contracts import PlanKind
+from fracpilot_libs.placement.planner import (
     ClusterState,
     Gpu,
     Placement,
     add_node,
     apply_plan,
+    apply_pod_plan,
     fits,
+    plan_consolidation,
     plan_resize,
 )
-from fracpilot_actuator.simulated_cluster import parse_seed_pods, seed_cluster
-from fracpilot_libs.contracts import PlanKind, WorkloadRef
 
 MEM = 80 * GIB
 
@@ -203,6 +204,40 @@ def test_nodes_are_unique_and_ordered() -> None:
     assert state.gpu("GPU-n3-0") is None
 
 
+# --- plan_consolidation (replay --pack only) --------------------------------------------------
+
+
+def _placed(state: ClusterState, name: str) -> Placement:
+    placement = state.placement(workload(name))
+    assert placement is not None
+    return placement
+
+
+def test_consolidation_moves_a_lone_pod_to_the_fullest_gpu_in_use_that_holds_it() -> None:
+    state = cluster(
+        ("a", [("lone", 0.25)]),
+        ("b", [("x", 0.5)]),  # 0.5 free
+        ("c", [("y", 0.75)]),  # 0.25 free: the best fit
+        ("d", []),  # empty: moving there frees nothing
+    )
+    plan = plan_consolidation(state, _placed(state, "lone"))
+    assert plan.kind is PlanKind.RECREATE_ELSEWHERE
+    assert (plan.gpu_before, plan.gpu_after) == ("GPU-a", "GPU-c")
+    assert plan.fraction_before == plan.fraction_after == 0.25
+    after = apply_pod_plan(state, plan)
+    assert after.used("GPU-a") == 0.0
+    assert after.used("GPU-c") == pytest.approx(1.0)
+
+
+def test_no_consolidation_for_a_shared_gpu_or_without_room_in_use() -> None:
+    shared = cluster(("a", [("p", 0.25), ("q", 0.25)]), ("b", [("x", 0.25)]))
+    assert plan_consolidation(shared, _placed(shared, "p")).kind is PlanKind.NONE
+    full = cluster(("a", [("lone", 0.5)]), ("b", [("x", 0.75)]), ("c", []))
+    plan = plan_consolidation(full, _placed(full, "lone"))
+    assert plan.kind is PlanKind.NONE
+    assert plan.gpu_after == "GPU-a"
+
+
 # --- property: plans never overcommit a GPU ------------------------------------------------------
 
 
@@ -250,64 +285,3 @@ def test_applied_plans_never_overcommit_a_gpu(case: tuple[ClusterState, str, flo
     others_before = [p for p in state.placements if p.workload.owner_name != target]
     others_after = [p for p in after.placements if p.workload.owner_name != target]
     assert others_before == others_after
-
-
-# --- simulated cluster: pure seeding helpers ----------------------------------------------------
-
-
-def test_seed_cluster_places_first_fit_in_order() -> None:
-    pods = [
-        (workload("a"), 0.5),
-        (workload("b"), 0.75),
-        (workload("c"), 0.5),
-        (workload("d"), 0.25),
-    ]
-    state = seed_cluster(nodes=2, gpus_per_node=1, memory_bytes=MEM, pods=pods)
-    assert [g.uuid for g in state.gpus] == ["GPU-sim-node-0-0", "GPU-sim-node-1-0"]
-    assert state.nodes == ("sim-node-0", "sim-node-1")
-    where = {p.workload.owner_name: p.gpu_uuid for p in state.placements}
-    assert where == {
-        "a": "GPU-sim-node-0-0",
-        "b": "GPU-sim-node-1-0",  # does not fit next to a
-        "c": "GPU-sim-node-0-0",  # first fit: back on the first GPU
-        "d": "GPU-sim-node-1-0",
-    }
-    assert {p.pod for p in state.placements} == {"a-0", "b-0", "c-0", "d-0"}
-    assert all(g.memory_bytes == MEM for g in state.gpus)
-
-
-def test_seed_cluster_raises_when_seeds_do_not_fit() -> None:
-    pods = [(workload("a"), 0.75), (workload("b"), 0.75), (workload("c"), 0.5)]
-    with pytest.raises(ValueError, match="do not fit"):
-        seed_cluster(nodes=1, gpus_per_node=2, memory_bytes=MEM, pods=pods)
-
-
-def test_seed_cluster_with_no_pods_is_just_gpus() -> None:
-    state = seed_cluster(nodes=2, gpus_per_node=3, memory_bytes=MEM, pods=[])
-    assert len(state.gpus) == 6
-    assert state.placements == ()
-
-
-def test_parse_seed_pods() -> None:
-    pods = parse_seed_pods("ns/a=0.5,ns/b=0.25", cluster="demo")
-    assert pods == [
-        (WorkloadRef(cluster="demo", namespace="ns", owner_name="a"), 0.5),
-        (WorkloadRef(cluster="demo", namespace="ns", owner_name="b"), 0.25),
-    ]
-
-
-def test_parse_seed_pods_tolerates_spaces_and_empty_items() -> None:
-    pods = parse_seed_pods(" ns/a=0.5 , ,other/b=1.0,", cluster="c")
-    assert [(w.namespace, w.owner_name, f) for w, f in pods] == [
-        ("ns", "a", 0.5),
-        ("other", "b", 1.0),
-    ]
-    assert parse_seed_pods("", cluster="c") == []
-
-
-@pytest.mark.parametrize(
-    "spec", ["ns/a", "a=0.5", "/a=0.5", "ns/=0.5", "ns/a=", "=0.5", "ns/a=abc"]
-)
-def test_parse_seed_pods_rejects_malformed_items(spec: str) -> None:
-    with pytest.raises(ValueError, match=r"namespace/name=fraction|could not convert"):
-        parse_seed_pods(spec, cluster="c")

@@ -1,0 +1,272 @@
+"""One output layer for every command that prints data: ``-o table|wide|json|yaml|csv``.
+
+A command builds a :class:`Listing` (its rows, the columns a table shows, the JSON-shaped
+document ``json``/``yaml`` print, one flat record per row for ``csv``) and hands it to
+:func:`emit`; it never formats for itself. Tables are plain aligned columns, as kubectl
+prints them: fast for ten thousand rows, greppable, coloured only on a terminal. The JSON
+document is each command's own (its keys are the stable interface scripts rely on); CSV
+holds the same values as the document's items, one row each, nested values as compact JSON.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, TextIO, TypeVar
+
+import pydantic_core
+
+Format = Literal["table", "wide", "json", "yaml", "csv"]
+FORMATS: tuple[Format, ...] = ("table", "wide", "json", "yaml", "csv")
+R = TypeVar("R")
+
+
+class FormatError(ValueError):
+    """An ``-o`` a command does not print."""
+
+
+def choose(given: str | None, default: str, allowed: Sequence[str] = FORMATS) -> str:
+    """The format asked for (``default`` when none), checked against what the command prints."""
+    fmt = given or default
+    if fmt not in allowed:
+        raise FormatError(f"-o {fmt}: choose one of {', '.join(allowed)}")
+    return fmt
+
+
+@dataclass(frozen=True)
+class Column(Generic[R]):
+    """A table column: its header and the text of its cell for a row."""
+
+    header: str
+    cell: Callable[[R], str]
+    wide: bool = False  # only with -o wide
+
+
+@dataclass(frozen=True)
+class Listing(Generic[R]):
+    """What a command prints, as data."""
+
+    rows: Sequence[R]
+    columns: Sequence[Column[R]]
+    document: Callable[[], Any]  # JSON-shaped: what -o json / -o yaml print (built if asked)
+    record: Callable[[R], Mapping[str, Any]]  # one CSV row (flat keys; nested values as JSON)
+    footer: Sequence[str] = ()  # under the table only
+    style: Callable[[R], str] | None = None  # a rich style per row, on a terminal only
+    title: str = ""  # above the table only
+    csv_fields: Sequence[str] = field(default=())  # the CSV header; empty: the first record's
+
+
+# --- table -----------------------------------------------------------------------------------
+
+
+def align(header: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
+    """Columns padded to their widest cell, three spaces apart, the last one unpadded."""
+    widths = [len(h) for h in header]
+    for cells in body:
+        for i, cell in enumerate(cells):
+            if len(cell) > widths[i]:
+                widths[i] = len(cell)
+    last = len(header) - 1
+
+    def line(cells: Sequence[str]) -> str:
+        return "   ".join(
+            c if i == last else c.ljust(widths[i]) for i, c in enumerate(cells)
+        ).rstrip()
+
+    return [line(header), *(line(c) for c in body)]
+
+
+def table_lines(listing: Listing[R], wide: bool = False) -> list[str]:
+    """The header, one line per row, then (after a blank line) the footer."""
+    columns = [c for c in listing.columns if wide or not c.wide]
+    lines = align([c.header for c in columns], [[c.cell(r) for c in columns] for r in listing.rows])
+    if listing.footer:
+        lines += ["", *listing.footer]
+    return lines
+
+
+# --- CSV -------------------------------------------------------------------------------------
+
+
+def csv_cell(value: object) -> str:
+    """None as an empty cell, booleans as true/false, nested values as compact JSON."""
+    if value is None:
+        return ""
+    if value is True or value is False:
+        return "true" if value else "false"
+    if isinstance(value, dict | list | tuple):
+        return json.dumps(value, separators=(",", ":"), default=str)
+    return str(value)
+
+
+def to_csv(listing: Listing[R]) -> str:
+    records = [listing.record(r) for r in listing.rows]
+    fields = list(listing.csv_fields) or (list(records[0]) if records else [])
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    # Python 3.11's writer quotes a lone "\r" only when it is in the line terminator
+    quoted = csv.writer(buffer, lineterminator="\n", quoting=csv.QUOTE_ALL)
+    writer.writerow(fields)
+    for rec in records:
+        cells = [csv_cell(rec.get(f)) for f in fields]
+        (quoted if any("\r" in c for c in cells) else writer).writerow(cells)
+    return buffer.getvalue()
+
+
+# --- JSON ------------------------------------------------------------------------------------
+
+
+def to_json(document: object) -> str:
+    """Indented JSON (pydantic-core's encoder: ten times the standard library's with indent)."""
+    return pydantic_core.to_json(document, indent=2).decode()
+
+
+# --- YAML ------------------------------------------------------------------------------------
+# A block-style emitter for JSON-shaped documents (dicts with string keys, lists, scalars):
+# PyYAML's Python representer takes seconds on ten thousand rows. Strings are plain only when
+# nothing could read them as another type; otherwise double-quoted with JSON's escapes, which
+# YAML's double-quoted style shares. Floats always carry a dot or .inf/.nan, as YAML 1.1 wants.
+
+_PLAIN = re.compile(r"[A-Za-z][A-Za-z0-9_./-]*(?: [A-Za-z0-9_./()-]+)*")
+_NOT_PLAIN = {"yes", "no", "on", "off", "true", "false", "null", "y", "n", "nan", "inf"}
+
+
+def _yaml_scalar(value: object) -> str:
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if value != value:
+            return ".nan"
+        if value in (float("inf"), float("-inf")):
+            return ".inf" if value > 0 else "-.inf"
+        text = repr(value)
+        mantissa, e, exponent = text.partition("e")
+        if "." not in mantissa:
+            mantissa += ".0"
+        return f"{mantissa}{e}{exponent}"
+    text = str(value)
+    if _PLAIN.fullmatch(text) and text.lower() not in _NOT_PLAIN:
+        return text
+    return _quoted(text)
+
+
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def _quoted(text: str) -> str:
+    """Double-quoted: printable ASCII as it is, anything else escaped (\\uXXXX, \\UXXXXXXXX)."""
+    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
+        return f'"{text}"'
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if ch in _ESCAPES:
+            out.append(_ESCAPES[ch])
+        elif 0x20 <= code < 0x7F:
+            out.append(ch)
+        elif code < 0x10000:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    return '"' + "".join(out) + '"'
+
+
+def _yaml_lines(value: object, indent: int, out: list[str]) -> None:
+    pad = " " * indent
+    if isinstance(value, dict):
+        for key, item in value.items():
+            k = _yaml_scalar(key)
+            if isinstance(item, dict | list) and item:
+                out.append(f"{pad}{k}:")
+                _yaml_lines(item, indent + 2, out)
+            else:
+                out.append(f"{pad}{k}: {_yaml_inline(item)}")
+    elif isinstance(value, list):
+        for item in value:
+            if isinstance(item, dict | list) and item:
+                start = len(out)
+                _yaml_lines(item, indent + 2, out)
+                out[start] = f"{pad}- {out[start][indent + 2 :]}"
+            else:
+                out.append(f"{pad}- {_yaml_inline(item)}")
+    else:
+        out.append(f"{pad}{_yaml_scalar(value)}")
+
+
+def _yaml_inline(value: object) -> str:
+    if isinstance(value, dict):
+        return "{}"
+    if isinstance(value, list):
+        return "[]"
+    return _yaml_scalar(value)
+
+
+def to_yaml(document: object) -> str:
+    """Block-style YAML of a JSON-shaped document."""
+    if isinstance(document, dict | list) and not document:
+        return _yaml_inline(document) + "\n"
+    out: list[str] = []
+    _yaml_lines(document, 0, out)
+    return "\n".join(out) + "\n"
+
+
+# --- all of them -----------------------------------------------------------------------------
+
+
+def render_text(listing: Listing[R], fmt: str) -> str:
+    """The whole output in ``fmt``, ending with a newline."""
+    if fmt == "json":
+        return to_json(listing.document()) + "\n"
+    if fmt == "yaml":
+        return to_yaml(listing.document())
+    if fmt == "csv":
+        return to_csv(listing)
+    lines = table_lines(listing, wide=fmt == "wide")
+    if listing.title:
+        lines = [listing.title, *lines]
+    return "\n".join(lines) + "\n"
+
+
+def emit(listing: Listing[R], fmt: str, out: TextIO | None = None) -> None:
+    """Print ``listing`` in ``fmt`` on ``out`` (stdout); a table on a terminal is coloured."""
+    import sys
+
+    stream = out if out is not None else sys.stdout
+    if fmt in ("table", "wide") and listing.style is not None and stream.isatty():
+        _print_styled(listing, fmt == "wide")
+        return
+    stream.write(render_text(listing, fmt))
+    stream.flush()
+
+
+def styled(listing: Listing[R], wide: bool) -> Any:
+    """The table as rich Text, each row in its style (a terminal's view)."""
+    from rich.text import Text
+
+    lines = table_lines(listing, wide)
+    if listing.title:
+        lines = [listing.title, *lines]
+    head = 1 + bool(listing.title)
+    text = Text(no_wrap=True, overflow="crop")
+    for line in lines[:head]:
+        text.append(line + "\n", style="bold")
+    for row, line in zip(listing.rows, lines[head:], strict=False):
+        text.append(line + "\n", style=listing.style(row) if listing.style else "")
+    text.append("\n".join(lines[head + len(listing.rows) :]))
+    return text
+
+
+def _print_styled(listing: Listing[R], wide: bool) -> None:
+    from rich.console import Console
+
+    Console(highlight=False).print(styled(listing, wide), soft_wrap=True)

@@ -1,0 +1,113 @@
+"""``fracpilot replay --pack``: the packed replays and their tables.
+
+CLI glue only: :func:`fracpilot_libs.sizing.packing_replay.replay_packed` places the workloads
+on cards with the actuator's planner and accounts card-hours, contention and collisions
+(definitions in :mod:`fracpilot_libs.sizing.packing`); this module runs it once per sizer with
+a progress bar, and renders the result beside the unpacked totals.
+"""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Console
+from rich.progress import Progress, TaskID
+from rich.table import Table
+
+from fracpilot_libs.pricing import GpuPrices
+from fracpilot_libs.sizing.baselines import Sizer
+from fracpilot_libs.sizing.packing import PackedAccount
+from fracpilot_libs.sizing.packing_replay import PackedReport, replay_packed
+from fracpilot_libs.sizing.replay import Progress as ReplayProgress
+from fracpilot_libs.sizing.trace import TracePoint
+
+
+def run_packed(
+    groups: dict[str, list[TracePoint]],
+    sizers: list[Sizer],
+    progress: Progress,
+    gpus: int | None,
+    consolidate: bool,
+    prices: GpuPrices | None = None,
+) -> list[PackedReport]:
+    """Each sizer replayed packed on the same parsed trace, one progress bar each."""
+    samples = sum(len(series) for series in groups.values())
+    reports = []
+    for sizer in sizers:
+        task = progress.add_task(f"pack {sizer.name}", total=samples)
+        reports.append(
+            replay_packed(
+                groups,
+                sizer,
+                gpus=gpus,
+                progress=_advancer(progress, task),
+                prices=prices,
+                consolidate=consolidate,
+            )
+        )
+    return reports
+
+
+def _advancer(progress: Progress, task: TaskID) -> ReplayProgress:
+    def advance(advance: int) -> None:
+        progress.advance(task, advance)
+
+    return advance
+
+
+def _rows(p: PackedAccount) -> list[tuple[str, str]]:
+    cards = f"{p.gpus:,} pinned" if p.gpus is not None else f"{p.peak_cards:,} at peak"
+    rows = [
+        ("cards", cards),
+        ("card-hours", f"{p.card_hours:,.1f}"),
+        ("card-hours as whole GPUs", f"{p.whole_card_hours:,.1f}"),
+        ("card-hours saved", f"{p.card_hours_saved_pct:.1f}%"),
+        ("compute contention", f"{p.contention_pct:.3f}% of compute work"),
+        ("memory collisions", f"{p.memory_collision_samples:,} samples"),
+        ("memory overruns", f"{p.memory_overrun_samples:,} samples"),
+        ("moves per workload-day", f"{p.moves_per_workload_day:.2f}"),
+        ("in place per workload-day", f"{p.in_place_per_workload_day:.2f}"),
+    ]
+    if p.gpus is not None:
+        rows += [
+            ("decisions refused", f"{p.decisions_refused:,}"),
+            ("workloads unplaced", f"{len(p.unplaced):,} ({p.unplaced_samples:,} samples)"),
+        ]
+    return rows
+
+
+def packed_table(names: list[str], accounts: list[PackedAccount]) -> Table:
+    """The packed figures, one column per sizer (fracpilot first)."""
+    table = Table(title="packed on GPUs (cards of the trace's device memory)")
+    table.add_column("")
+    for i, name in enumerate(names):
+        table.add_column(name if i == 0 else f"baseline {name}", justify="right")
+    columns = [_rows(a) for a in accounts]
+    for r, (label, _) in enumerate(columns[0]):
+        table.add_row(label, *(col[r][1] for col in columns))
+    return table
+
+
+def contended_table(name: str, account: PackedAccount, top: int) -> Table | None:
+    """The workloads whose compute was delayed most by their neighbours, or None if none."""
+    worst = account.most_contended(top)
+    if not worst:
+        return None
+    table = Table(
+        title=f"most delayed by neighbours ({name})",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+    )
+    table.add_column("workload", no_wrap=True)
+    table.add_column("delayed\nGPU-h", justify="right")
+    table.add_column("of its\nwork", justify="right")
+    for c in worst:
+        table.add_row(c.workload, f"{c.delayed_gpu_hours:.3f}", f"{c.contention_pct:.2f}%")
+    return table
+
+
+def print_packed(out: Console, names: list[str], reports: list[PackedReport], top: int) -> None:
+    out.print(packed_table(names, [r.packed for r in reports]))
+    for name, report in zip(names, reports, strict=True):
+        table = contended_table(name, report.packed, top)
+        if table is not None:
+            out.print(table)

@@ -1,0 +1,117 @@
+"""The output layer (``fracpilot_cli.output``): each format of one listing, read back."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fracpilot_cli import output
+from fracpilot_cli.options import GlobalOptions, OptionsError
+
+ROWS = [
+    {"name": "chat", "fraction": 0.5, "node": "gpu-1", "tags": ["a", "b"], "note": None},
+    {"name": "batch-long-name", "fraction": 0.125, "node": "gpu-2", "tags": [], "note": "x, y"},
+]
+
+
+def listing(rows: list[dict[str, Any]] = ROWS) -> output.Listing[dict[str, Any]]:
+    return output.Listing(
+        rows=rows,
+        columns=[
+            output.Column("NAME", lambda r: r["name"]),
+            output.Column("FRACTION", lambda r: f"{r['fraction']:g}"),
+            output.Column("NODE", lambda r: r["node"], wide=True),
+        ],
+        document=lambda: {"kind": "Test", "items": rows},
+        record=lambda r: r,
+        footer=["2 rows"],
+    )
+
+
+def test_table_is_aligned_and_wide_adds_its_columns() -> None:
+    table = output.render_text(listing(), "table").splitlines()
+    assert table[0].split() == ["NAME", "FRACTION"]
+    assert table[1].split() == ["chat", "0.5"]
+    # columns line up: each row's second cell starts where the header's does
+    start = table[0].index("FRACTION")
+    assert table[2][start:].strip() == "0.125"
+    assert table[-2:] == ["", "2 rows"]
+    wide = output.render_text(listing(), "wide").splitlines()
+    assert wide[0].split() == ["NAME", "FRACTION", "NODE"]
+    assert wide[2].split() == ["batch-long-name", "0.125", "gpu-2"]
+
+
+def test_json_and_yaml_print_the_document() -> None:
+    document = {"kind": "Test", "items": ROWS}
+    assert json.loads(output.render_text(listing(), "json")) == document
+    assert yaml.safe_load(output.render_text(listing(), "yaml")) == document
+
+
+def test_csv_holds_each_record_with_nested_values_as_json() -> None:
+    rows = list(csv.DictReader(io.StringIO(output.render_text(listing(), "csv"))))
+    assert [r["name"] for r in rows] == ["chat", "batch-long-name"]
+    assert [float(r["fraction"]) for r in rows] == [0.5, 0.125]
+    assert json.loads(rows[0]["tags"]) == ["a", "b"]
+    assert rows[0]["note"] == ""  # None
+    assert rows[1]["note"] == "x, y"  # quoted by the writer, read back whole
+
+
+def test_an_empty_listing_prints_an_empty_csv_and_document() -> None:
+    empty = listing([])
+    assert output.render_text(empty, "csv") == "\n"
+    assert json.loads(output.render_text(empty, "json"))["items"] == []
+
+
+def test_choose_checks_the_format() -> None:
+    assert output.choose(None, "table") == "table"
+    assert output.choose("csv", "table") == "csv"
+    with pytest.raises(output.FormatError, match="-o xml: choose one of table, wide"):
+        output.choose("xml", "table")
+    with pytest.raises(output.FormatError, match="choose one of text, json"):
+        output.choose("csv", "text", ("text", "json"))
+
+
+def test_json_flag_is_an_alias_of_o_json() -> None:
+    assert GlobalOptions(as_json=True).format() == "json"
+    assert GlobalOptions(as_json=True, output="json").format() == "json"
+    assert GlobalOptions(output="yaml").format() == "yaml"
+    with pytest.raises(OptionsError, match="--json is -o json"):
+        GlobalOptions(as_json=True, output="yaml").format()
+
+
+def test_nats_url_and_kubeconfig_options_are_alternatives() -> None:
+    GlobalOptions(nats_url="nats://x:4222").check()
+    with pytest.raises(OptionsError, match="give one or the other"):
+        GlobalOptions(nats_url="nats://x:4222", context="prod").check()
+    assert GlobalOptions(release="fp").kube
+    assert not GlobalOptions(nats_url="nats://x:4222").kube
+
+
+scalars = st.none() | st.booleans() | st.integers() | st.text(max_size=12)
+records = st.lists(
+    st.fixed_dictionaries({"a": scalars, "b": scalars, "c": st.lists(st.integers(), max_size=3)}),
+    max_size=5,
+)
+
+
+@given(records)
+def test_csv_cells_read_back_as_their_values(rows: list[dict[str, Any]]) -> None:
+    text = output.render_text(listing(rows), "csv")
+    back = list(csv.DictReader(io.StringIO(text)))
+    assert len(back) == len(rows)
+    for got, want in zip(back, rows, strict=True):
+        assert got == {k: output.csv_cell(v) for k, v in want.items()}
+        assert json.loads(got["c"]) == want["c"]
+
+
+@given(records)
+def test_yaml_reads_back_as_the_json_document(rows: list[dict[str, Any]]) -> None:
+    document = json.loads(output.render_text(listing(rows), "json"))
+    assert yaml.safe_load(output.render_text(listing(rows), "yaml")) == document
