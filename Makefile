@@ -7,13 +7,15 @@ SETUP := $(VENV)/.bootstrapped
 SETUP_INPUTS := pyproject.toml $(wildcard uv.lock) libs/pyproject.toml \
 	services/ingest/pyproject.toml services/decision/pyproject.toml services/actuator/pyproject.toml
 
-.PHONY: help setup demo test test-unit test-integration test-e2e lint typecheck fmt clean k8s-testbin
+.PHONY: help setup demo test test-unit test-integration test-e2e lint typecheck fmt clean k8s-testbin \
+	gpu-stack-testbin
 
 help:
 	@echo "make demo   - set up, start an embedded NATS and run the simulated cluster demo"
 	@echo "make test   - set up, start the servers the suite needs and run every test"
 	@echo "make lint   - ruff, mypy (strict) and import-linter"
 	@echo "make k8s-testbin - build/cache kube-apiserver, etcd, helm (once per machine, needs Go)"
+	@echo "make gpu-stack-testbin - build/cache kwok, KAI-Scheduler, cluster-autoscaler (needs Go)"
 
 $(SETUP): $(SETUP_INPUTS) scripts/bootstrap.sh
 	PYTHON=$(PY) scripts/bootstrap.sh
@@ -41,6 +43,13 @@ fmt: $(SETUP)
 k8s-testbin:
 	bash scripts/k8s-testbin.sh >/dev/null
 
+# The real GPU scheduling stack for tests/integration/gpu_stack: kwok, KAI-Scheduler, kube-scheduler,
+# kube-controller-manager and cluster-autoscaler (kwok provider), built from their Go modules into
+# ~/.cache/fracpilot/gpu-stack-testbin (FRACPILOT_GPU_STACK_TESTBIN overrides); ~15 min cold,
+# under a second when cached.
+gpu-stack-testbin: k8s-testbin
+	bash scripts/gpu-stack-testbin.sh >/dev/null
+
 # Servers the tests start themselves: Debian's prometheus package (tests/support/prometheus_server.py).
 # Installs only when missing (needs root/apt); about 0.05 s when already there.
 .PHONY: servers
@@ -49,13 +58,13 @@ servers:
 
 test test-integration: servers
 
-test: $(SETUP) lint k8s-testbin
+test: $(SETUP) lint k8s-testbin gpu-stack-testbin
 	$(BIN)/pytest
 
 test-unit: $(SETUP)
 	$(BIN)/pytest tests/unit
 
-test-integration: $(SETUP) k8s-testbin
+test-integration: $(SETUP) k8s-testbin gpu-stack-testbin
 	$(BIN)/pytest -m integration
 
 test-e2e: $(SETUP)

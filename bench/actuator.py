@@ -256,6 +256,7 @@ class Cluster:
             device_memory_bytes=GPU_MEMORY_MIB * 2**20,
             current_memory_mib=int(current * GPU_MEMORY_MIB),
             new_memory_mib=int(new * GPU_MEMORY_MIB),
+            memory_need_mib=int(LOW * GPU_MEMORY_MIB) // 2,  # the engine's floor: fits LOW
             direction=Direction.UP if new > current else Direction.DOWN,
             reason=ReasonCode.COMPUTE_HIGH if new > current else ReasonCode.UNDERUSED,
             explanation="bench",

@@ -20,6 +20,10 @@ from fracpilot_libs.embedded_nats import EmbeddedNats
 _FUZZ = dict(deadline=None, database=None, suppress_health_check=list(HealthCheck))
 settings.register_profile("fuzz", max_examples=300, **_FUZZ)
 settings.register_profile("fuzz-long", max_examples=10_000, **_FUZZ)
+# Every other property test: no per-example deadline. Speed is measured by bench/, not asserted
+# in tests, and a loaded CI machine would otherwise fail examples for being slow.
+settings.register_profile("suite", deadline=None)
+settings.load_profile("suite")
 
 
 def _docker_engine_answers() -> bool:

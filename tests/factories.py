@@ -87,6 +87,9 @@ def decision(
         "device_memory_bytes": 80 * GIB,
         "current_memory_mib": int(current * 80 * 1024),
         "new_memory_mib": int(new * 80 * 1024),
+        # As the engine sizes: its memory floor under the new fraction (a downsize in place
+        # needs it there); None for a decision from an engine that did not say.
+        "memory_need_mib": int(min(current, new) * 80 * 1024) // 2,
         "direction": Direction.UP if new > current else Direction.DOWN,
         "reason": ReasonCode.COMPUTE_HIGH if new > current else ReasonCode.UNDERUSED,
         "explanation": "test decision",

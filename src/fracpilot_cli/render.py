@@ -70,6 +70,13 @@ def state_text(row: StatusRow) -> str:
     return row.state
 
 
+def enforced_text(row: StatusRow) -> str:
+    """The enforced share (HAMi-core's memory limit); "(lags)" when the accounting moved."""
+    if row.enforced_fraction is None:
+        return "-"
+    return fraction(row.enforced_fraction) + (" (lags)" if row.enforcement_lags else "")
+
+
 def action_text(row: StatusRow) -> str:
     if not row.last_plan:
         return "-"
@@ -94,6 +101,7 @@ STATUS_COLUMNS: tuple[Column[StatusRow], ...] = (
     Column("SAVED/MONTH", lambda r: money(r.saved_usd_month)),
     Column("WOULD-SAVE", lambda r: money(r.would_save_usd_month)),
     Column("RISK", lambda r: r.risk.label or "-", wide=True),
+    Column("ENFORCED", enforced_text, wide=True),
     Column("NODE", lambda r: r.node or "-", wide=True),
     Column("GPU", lambda r: r.gpu or "-", wide=True),
     Column("GPU-MODEL", lambda r: r.gpu_model or "-", wide=True),
@@ -171,6 +179,14 @@ def _decision_lines(d: FractionDecision) -> list[str]:
     ]
 
 
+def share_text(accounted: float, enforced: float | None) -> str:
+    """Accounted (the scheduler's) versus enforced (the container's memory limit)."""
+    if enforced is None:
+        return f"accounted {fraction(accounted)}, memory not enforced (accounting only)"
+    lag = " (lags until the pod restarts)" if abs(enforced - accounted) > 1e-6 else ""
+    return f"accounted {fraction(accounted)}, enforced {fraction(enforced)}{lag}"
+
+
 def _result_lines(r: ActuationResult) -> list[str]:
     moved = ""
     if r.fraction_before is not None and r.fraction_after is not None:
@@ -181,6 +197,8 @@ def _result_lines(r: ActuationResult) -> list[str]:
         after = f"{r.node_after or '?'} {r.gpu_after}".strip()
         where = f" on {before}" if before == after else f", {before} -> {after}"
     lines = [f"  did: {r.plan.value}, {r.outcome.value} at {when(r.finished_at)}{moved}{where}"]
+    if r.fraction_after is not None:
+        lines.append(f"       share: {share_text(r.fraction_after, r.enforced_fraction)}")
     if r.detail:
         lines.append(f"       detail: {r.detail}")
     if r.error:
@@ -207,7 +225,8 @@ def timeline_lines(t: DecisionTimeline) -> list[str]:
     if t.status is not None:
         s = t.status
         lines.append(
-            f"now: fraction {fraction(s.fraction)} ({gib(s.gpu_memory_bytes)}), compute p95 "
+            f"now: fraction {fraction(s.fraction)} ({gib(s.gpu_memory_bytes)}; enforced "
+            f"{enforced_text(s)}), compute p95 "
             f"{percent(s.compute_of_fraction)} and memory peak {percent(s.memory_of_fraction)} "
             f"of it; target {fraction(s.target)}, {state_text(s)}; policy "
             f"{s.policy_scope} revision {s.policy_revision}"
@@ -248,6 +267,7 @@ TIMELINE_COLUMNS: tuple[Column[TimelineEntry], ...] = (
     Column("OUTCOME", lambda e: _did(e, lambda r: r.outcome.value)),
     Column("MODE", lambda e: _decided(e, lambda d: d.mode.value), wide=True),
     Column("POLICY-REV", lambda e: _decided(e, lambda d: d.policy_revision), wide=True),
+    Column("ENFORCED", lambda e: _did(e, lambda r: fraction(r.enforced_fraction)), wide=True),
     Column("NODE", lambda e: _did(e, lambda r: r.node_after or r.node_before or "-"), wide=True),
     Column("FINISHED", lambda e: _did(e, lambda r: when(r.finished_at)), wide=True),
     Column("ERROR", lambda e: _did(e, lambda r: r.error or "-"), wide=True),
@@ -274,6 +294,7 @@ def timeline_record(e: TimelineEntry) -> dict[str, Any]:
         "outcome": r.outcome.value if r else None,
         "fraction_before": r.fraction_before if r else None,
         "fraction_after": r.fraction_after if r else None,
+        "enforced_fraction": r.enforced_fraction if r else None,
         "node_after": r.node_after if r else None,
         "finished_at": r.finished_at.isoformat() if r and r.finished_at else None,
         "detail": r.detail if r else None,

@@ -142,6 +142,10 @@ class StatusRow:
     policy_scope: str
     policy_revision: int
     mig_profile: str = "-"  # the smallest MIG profile for the need (fracpilot_cli.mig_view)
+    # The container's memory limit (HAMi-core), share of its GPU; None: not enforced. It
+    # lags when an in-place change moved KAI's accounting (``fraction``) and not the limit.
+    enforced_fraction: float | None = None
+    enforcement_lags: bool = False
 
     @property
     def display(self) -> str:
@@ -314,6 +318,7 @@ def status_row(
         else None
     )
     outcome = result.outcome if result is not None else None
+    enforced = allocation.enforced_fraction if allocation is not None else None
     return StatusRow(
         cluster=wl.cluster,
         namespace=wl.namespace,
@@ -351,7 +356,14 @@ def status_row(
         policy_scope=policy.scope.key,
         policy_revision=policy.revision,
         mig_profile=status_profile(gpu_model, memory_need, compute_need, device),
+        enforced_fraction=enforced,
+        enforcement_lags=lags(fraction, enforced),
     )
+
+
+def lags(accounted: float | None, enforced: float | None) -> bool:
+    """The enforced limit differs from the accounting (an in-place change, not restarted yet)."""
+    return accounted is not None and enforced is not None and abs(accounted - enforced) > EPS
 
 
 def totals(rows: Iterable[StatusRow]) -> Mapping[str, float]:

@@ -178,9 +178,10 @@ async def test_api_faults_and_a_crash_mid_eviction_keep_every_invariant(
         return made
 
     async def steady_load(nc: Any, name: str) -> None:
-        """Resize one workload in place, 0.5 <-> 0.375, each decision after the last result."""
+        """Resize one workload in place, 0.5 <-> 0.38 (KAI holds hundredths), each decision after
+        the last result."""
         while not stop_load.is_set():
-            made = await publish(nc, name, 0.375 if current[name] == 0.5 else 0.5)
+            made = await publish(nc, name, 0.38 if current[name] == 0.5 else 0.5)
             result = await results.wait(made.decision_id)
             if result.outcome is Outcome.APPLIED:
                 current[name] = made.new_fraction
@@ -234,7 +235,7 @@ async def test_api_faults_and_a_crash_mid_eviction_keep_every_invariant(
                 proxy.remove(conflicts)
 
             await fault("409 on PATCH pods (6 in a row)", "kube-apiserver", conflict_burst)
-            first = await publish(nc, EVICTED[0], 0.875)
+            first = await publish(nc, EVICTED[0], 0.88)
             assert (await results.wait(first.decision_id)).outcome is Outcome.APPLIED
             # 429 (Retry-After: 1) and 500 on half of all calls, in bursts.
             await fault(
@@ -255,7 +256,7 @@ async def test_api_faults_and_a_crash_mid_eviction_keep_every_invariant(
             async def timeouts() -> None:
                 proxy.add(lost)
                 proxy.add(hung)
-                second = await publish(nc, EVICTED[1], 0.875)
+                second = await publish(nc, EVICTED[1], 0.88)
                 assert (await results.wait(second.decision_id)).outcome is Outcome.APPLIED
                 proxy.remove(hung)
                 proxy.remove(lost)
@@ -268,7 +269,7 @@ async def test_api_faults_and_a_crash_mid_eviction_keep_every_invariant(
 
             async def crash_mid_eviction() -> None:
                 proxy.add(held)
-                third = await publish(nc, EVICTED[2], 0.875)
+                third = await publish(nc, EVICTED[2], 0.88)
                 await wait_until(lambda: held.matched > 0, timeout_s=20)
                 actuator.kill()
                 proxy.remove(held)
@@ -277,7 +278,7 @@ async def test_api_faults_and_a_crash_mid_eviction_keep_every_invariant(
 
             await fault("SIGKILL mid-eviction + restart", "actuator", crash_mid_eviction, True)
             # The budget (3) is spent, and it survived the restart: the next one is refused.
-            fourth = await publish(nc, EVICTED[3], 0.875)
+            fourth = await publish(nc, EVICTED[3], 0.88)
             refused = await results.wait(fourth.decision_id)
             await fault("proxy down", "kube-apiserver", proxy_down(proxy, 3.0))
             await asyncio.sleep(1.0)

@@ -129,6 +129,11 @@ true
 {{- define "fracpilot.commonEnv" -}}
 - name: FRACPILOT_NATS_URL
   value: {{ include "fracpilot.natsUrl" . | quote }}
+{{- with include "fracpilot.natsStreamReplicas" . }}
+- name: FRACPILOT_NATS_REPLICAS
+  value: {{ . | quote }}
+{{- end }}
+{{- include "fracpilot.streamLimitsEnv" . }}
 {{- $auth := .Values.nats.auth }}
 {{- if eq $auth.type "userPassword" }}
 - name: FRACPILOT_NATS_USER
@@ -287,24 +292,20 @@ tolerations:
 {{- end }}
 {{- end -}}
 
-{{/* The built-in NATS server's configuration. */}}
-{{- define "fracpilot.natsConfig" -}}
-server_name: $POD_NAME
-port: 4222
-http_port: 8222
-pid_file: /var/run/nats/nats.pid
-lame_duck_duration: 30s
-lame_duck_grace_period: 10s
-jetstream {
-  store_dir: /data
-  max_memory_store: {{ .Values.nats.jetstream.maxMemoryStore }}
-  max_file_store: {{ .Values.nats.jetstream.maxFileStore }}
-}
-{{- if eq .Values.nats.auth.type "userPassword" }}
-# $NATS_USER and $NATS_PASSWORD come from the Secret, through the environment.
-authorization {
-  user: $NATS_USER
-  password: $NATS_PASSWORD
-}
-{{- end }}
+{{/* The built-in NATS server's configuration: _nats.tpl. */}}
+
+{{/* The MutatingWebhookConfiguration's name. The apiserver calls mutating webhooks in the
+     order of their configurations' names (k8s.io/apiserver pkg/admission/configuration/
+     mutating_webhook_manager.go sorts them ByName), and ours must run before KAI-Scheduler's
+     `mutating-kai-admission` (NVIDIA/KAI-scheduler pkg/apis/kai/v1/admission/admission.go):
+     KAI adds env vars from a ConfigMap to fraction pods, and a pod we turn into a whole-GPU
+     pod after that fails to start (CreateContainerConfigError). So the name always starts
+     with "fracpilot" ("f" < "m"), whatever the release is called. */}}
+{{- define "fracpilot.webhookConfigurationName" -}}
+{{- $fullname := include "fracpilot.fullname" . -}}
+{{- if hasPrefix "fracpilot" $fullname -}}
+{{- printf "%s-targets" $fullname -}}
+{{- else -}}
+{{- printf "fracpilot-%s-targets" $fullname -}}
+{{- end -}}
 {{- end -}}

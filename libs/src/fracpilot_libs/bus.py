@@ -22,7 +22,14 @@ from typing import Any, TypeVar
 from nats.aio.client import Client as NatsClient
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, KeyValueConfig, StorageType
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    KeyValueConfig,
+    PubAck,
+    StorageType,
+)
 from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KeyValue
 from opentelemetry import trace
@@ -45,11 +52,9 @@ from fracpilot_libs.kv_snapshot import read_kv_watched
 from fracpilot_libs.kv_watch import follow_kv
 from fracpilot_libs.messaging_spans import send_span
 from fracpilot_libs.nats_connect import connect_options, open_connection
-from fracpilot_libs.nats_errors import (
-    TRANSIENT_CLIENT_ERRORS,
-    NatsUnreachableError,
-    TransientNatsError,
-)
+from fracpilot_libs.nats_errors import NatsUnreachableError, TransientNatsError
+from fracpilot_libs.nats_servers import servers_answering
+from fracpilot_libs.publish_retry import PublishRetryPolicy, retry_reason
 from fracpilot_libs.pull_feed import PullFeed
 from fracpilot_libs.request_reply import RequestHandler, error_reply, request_callback
 from fracpilot_libs.streams import (
@@ -90,6 +95,53 @@ def jetstream_unavailable(reply: bytes) -> bool:
     return isinstance(code, int) and code >= 500
 
 
+async def publish_acked(
+    js: JetStreamContext,
+    metrics: BusMetrics,
+    policy: PublishRetryPolicy,
+    subject: str,
+    body: bytes,
+    headers: dict[str, str],
+) -> PubAck:
+    """One JetStream publish, sent again by ``policy`` until it is acknowledged."""
+    prefix = subject_prefix(subject)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    failures = 0
+    while True:
+        elapsed = loop.time() - started
+        try:
+            ack = await js.publish(
+                subject, body, headers=headers, timeout=policy.attempt_timeout(elapsed)
+            )
+        except Exception as exc:
+            reason = retry_reason(exc)
+            if reason is None:
+                log.warning(
+                    "publish failed", extra={"subject": subject, "error": f"{exc!r}: {exc}"}
+                )
+                raise
+            failures += 1
+            elapsed = loop.time() - started
+            wait = policy.delay(failures, elapsed)
+            if wait is None:
+                metrics.publish_retry_seconds.labels(prefix, "failed").observe(elapsed)
+                raise NatsUnreachableError(
+                    f"publish to {subject} not acknowledged in {elapsed:.1f} s: {exc!r}"
+                ) from exc
+            metrics.publish_retries.labels(prefix, reason).inc()
+            if failures == 1:
+                log.info(
+                    "publish not acknowledged, sending it again",
+                    extra={"subject": subject, "reason": reason},
+                )
+            await asyncio.sleep(wait)
+            continue
+        if failures:
+            metrics.publish_retry_seconds.labels(prefix, "acked").observe(loop.time() - started)
+        return ack
+
+
 class Bus:
     """A connected NATS client with JetStream, scoped to one service."""
 
@@ -111,7 +163,9 @@ class Bus:
         self._subscriptions: list[Subscription] = []
         self._stopping = asyncio.Event()
         self._replicated: set[str] = set()  # buckets whose replicas were checked
+        self.cluster_servers: int | None = None  # the servers seen answering; None: unknown
         self.reconnects = 0  # KV watchers start again after each reconnect (see watch_kv)
+        self.publish_retry = PublishRetryPolicy()
 
     # --- connection -------------------------------------------------------------------------
 
@@ -129,9 +183,10 @@ class Bus:
 
     @property
     def replicas(self) -> int:
-        """Replicas of every stream and KV bucket: the setting, else detected from the server
-        (3 in a cluster, 1 on a single server)."""
-        return replicas_for(self.settings.nats.replicas, self.nc._server_info)
+        """Replicas of every stream and KV bucket: the setting, else detected from the servers
+        (3 in a cluster of three or more, else 1; :func:`replicas_for`)."""
+        info = self.nc._server_info
+        return replicas_for(self.settings.nats.replicas, info, self.cluster_servers)
 
     @property
     def connected(self) -> bool:
@@ -175,6 +230,8 @@ class Bus:
             with attempt:
                 self._nc = await open_connection(s, **options)
         self._js = self.nc.jetstream()
+        if self.nc._server_info.get("cluster"):
+            self.cluster_servers = await servers_answering(self.nc)
         log.info(
             "connected to NATS",
             extra={"url": self.nc.connected_url.netloc if self.nc.connected_url else s.nats.url},
@@ -236,7 +293,7 @@ class Bus:
         (:func:`fracpilot_libs.usage_streams.ensure_usage_streams`): only the decision
         service, which consumes the partitions, changes their number (``assign_partitions``)."""
         replicas = self.replicas
-        await ensure_streams(self.js, specs or default_streams(), replicas)
+        await ensure_streams(self.js, specs or default_streams(self.settings.streams), replicas)
         if specs is None:
             s = self.settings
             await ensure_usage_streams(
@@ -245,6 +302,7 @@ class Bus:
                 s.usage_max_age_s,
                 assign=assign_partitions,
                 replicas=replicas,
+                max_bytes=s.streams.usage_max_bytes or None,
             )
 
     async def kv(self, bucket: str, history: int = 1) -> KeyValue:
@@ -297,24 +355,16 @@ class Bus:
 
     async def publish(self, subject: str, message: BaseModel, msg_id: str | None = None) -> bool:
         """Publish to JetStream and wait for the ack; returns False for a server-side duplicate.
-        A publish the server does not acknowledge is retried for 30 s, then raises
+        A publish the server does not acknowledge ("no responders" or no answer, as while a
+        stream's leader is elected) is sent again with the same ``Nats-Msg-Id``
+        (:mod:`fracpilot_libs.publish_retry`); past the deadline it raises
         :class:`~fracpilot_libs.nats_errors.NatsUnreachableError`."""
         body = message.model_dump_json().encode()
-        with send_span(self.tracer, subject, body, msg_id) as headers:
-            try:
-                async for attempt in AsyncRetrying(
-                    wait=wait_exponential(multiplier=0.1, max=2),
-                    stop=stop_after_delay(30),
-                    retry=retry_if_exception_type(TRANSIENT_CLIENT_ERRORS),
-                    reraise=True,
-                ):
-                    with attempt:
-                        ack = await self.js.publish(subject, body, headers=headers, timeout=5)
-            except TRANSIENT_CLIENT_ERRORS as exc:
-                raise NatsUnreachableError(
-                    f"publish to {subject} not acknowledged: {exc!r}"
-                ) from exc
         prefix = subject_prefix(subject)
+        with send_span(self.tracer, subject, body, msg_id) as headers:
+            ack = await publish_acked(
+                self.js, self.metrics, self.publish_retry, subject, body, headers
+            )
         if ack.duplicate:
             self.metrics.duplicates.labels(prefix).inc()
             return False

@@ -26,6 +26,19 @@ class BusMetrics:
             ["subject_prefix"],
             registry=registry,
         )
+        self.publish_retries = Counter(
+            "fracpilot_bus_publish_retries_total",
+            "Publishes sent again (same Nats-Msg-Id) after no ack: a leader election, a restart",
+            ["subject_prefix", "reason"],
+            registry=registry,
+        )
+        self.publish_retry_seconds = Histogram(
+            "fracpilot_bus_publish_retry_seconds",
+            "Time from the first attempt of a publish that needed retries to its ack or its end",
+            ["subject_prefix", "outcome"],
+            buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60),
+            registry=registry,
+        )
         self.consumed = Counter(
             "fracpilot_bus_consumed_total",
             "Messages handled and acknowledged",

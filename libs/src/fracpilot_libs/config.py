@@ -42,6 +42,20 @@ class NatsSettings(BaseModel):
     )
 
 
+class StreamLimitSettings(BaseModel):
+    """``FRACPILOT_STREAMS_*``: size and age limits of the streams, per stream (0: none; a usage
+    partition's age is ``FRACPILOT_USAGE_MAX_AGE_S``). A stream at its limit drops its oldest
+    messages to take new ones (discard policy "old"), so publishers never fail on it."""
+
+    usage_max_bytes: int = Field(default=0, ge=0, description="bytes per usage partition stream")
+    decisions_max_bytes: int = Field(default=0, ge=0, description="FRACPILOT_DECISIONS bytes")
+    decisions_max_age_s: float = Field(default=0.0, ge=0, description="FRACPILOT_DECISIONS age")
+    results_max_bytes: int = Field(default=0, ge=0, description="FRACPILOT_ACTUATIONS bytes")
+    results_max_age_s: float = Field(default=0.0, ge=0, description="FRACPILOT_ACTUATIONS age")
+    deadletters_max_bytes: int = Field(default=0, ge=0, description="FRACPILOT_DEADLETTERS bytes")
+    deadletters_max_age_s: float = Field(default=0.0, ge=0, description="FRACPILOT_DEADLETTERS age")
+
+
 class MetricsEndpointSettings(BaseModel):
     """``FRACPILOT_METRICS_*``: where /metrics, /healthz and /readyz are served."""
 
@@ -63,6 +77,7 @@ class ServiceSettings(BaseSettings):
 
     nats: NatsSettings = Field(default_factory=lambda: NatsSettings())
     metrics: MetricsEndpointSettings = Field(default_factory=lambda: MetricsEndpointSettings())
+    streams: StreamLimitSettings = Field(default_factory=lambda: StreamLimitSettings())
     otlp_endpoint: str | None = Field(
         default=None, description="OTLP/HTTP base URL; no export when unset"
     )

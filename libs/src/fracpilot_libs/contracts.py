@@ -143,6 +143,13 @@ class Mode(StrEnum):
     AUTO = "auto"
 
 
+class EnforcementMode(StrEnum):
+    """How a container's memory limit (fixed at its start) follows an in-place change."""
+
+    RECREATE_WITHIN_BUDGET = "recreate_within_budget"  # evict, if the disruption budget allows
+    NEXT_RESTART = "next_restart"  # at the pod's next natural restart
+
+
 class FractionDecision(WireModel):
     """The decision engine's verdict for one workload, with the numbers behind it."""
 
@@ -163,6 +170,8 @@ class FractionDecision(WireModel):
     policy_revision: Annotated[int, Field(ge=0)]
     mode: Mode = Mode.AUTO
     trigger_sample_id: str = Field(default="", max_length=200)
+    memory_need_mib: Annotated[int, Field(ge=0)] | None = None  # peak + headroom; None: unknown
+    enforcement: EnforcementMode = EnforcementMode.NEXT_RESTART  # the policy's
 
     @model_validator(mode="after")
     def _direction_matches(self) -> FractionDecision:
@@ -205,6 +214,7 @@ class ActuationResult(WireModel):
     node_after: str = ""
     gpu_before: str = ""
     gpu_after: str = ""
+    enforced_fraction: Fraction | None = None  # the container's memory limit; None: unenforced
     detail: str = Field(default="", max_length=4000)
     error: str | None = Field(default=None, max_length=4000)
     finished_at: UtcDatetime
@@ -374,6 +384,12 @@ class Policy(WireModel):
         description="consecutive samples of a growing application queue (vLLM waiting "
         "requests) before a compute upsize, whatever the utilization",
     )
+    enforcement: EnforcementMode = Field(
+        default=EnforcementMode.NEXT_RESTART,
+        description="after an in-place downsize (KAI accounting only) the container keeps its "
+        "memory limit: next_restart lets it lag until the pod restarts; recreate_within_budget "
+        "evicts the pod when the disruption budget allows",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -454,7 +470,8 @@ class Allocation(WireModel):
     pod: str = Field(min_length=1, max_length=253)
     node: str = Field(min_length=1, max_length=253)
     gpu_uuid: str = Field(min_length=1, max_length=128)
-    fraction: Fraction
+    fraction: Fraction  # KAI's (or HAMi's) accounting
+    enforced_fraction: Fraction | None = None  # the container's memory limit; None: unenforced
     device_memory_bytes: Annotated[int, Field(gt=0)]
     updated_at: UtcDatetime
 

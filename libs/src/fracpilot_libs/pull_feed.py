@@ -18,6 +18,11 @@ them in bulk rather than one by one as they are stored:
 An idle partition costs one request a second, a busy one a request per batch, and no request
 stays open for messages to trickle through one at a time (which cost nats-server as much CPU
 as storing them). Messages come in stream order; acknowledging them is the caller's business.
+
+On a cluster a pull request can end without messages while the consumer's leader moves (409
+"Leadership Change") or while none is elected yet (503, no responders: what a deleted consumer
+answers too). After a 503 the feed asks the consumer's info: only a "not found" means the
+consumer is gone; anything else (no answer, no leader yet) and the feed asks again.
 """
 
 from __future__ import annotations
@@ -38,7 +43,9 @@ log = logging.getLogger(__name__)
 
 _ENDS_REQUEST = {"404", "408", "409"}  # no messages, request expired, request refused
 _BULK_TIMEOUT_S = 5.0  # a no_wait request is answered at once; longer means it was lost
-_NO_CONSUMER = "503"  # no responders: the consumer (or its stream) is gone
+_NO_CONSUMER = "503"  # no responders: the consumer (or its stream) is gone, or leaderless
+_INFO_TIMEOUT_S = 2.0
+_LEADERLESS_PAUSE_S = 0.25  # between requests while the consumer has no leader
 
 
 class ConsumerGoneError(PermanentNatsError):
@@ -63,6 +70,7 @@ class PullFeed:
         self.expires_s = expires_s
         self.linger_s = linger_s
         self._next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+        self._info_subject = f"$JS.API.CONSUMER.INFO.{stream}.{consumer}"
         self._inbox = nc.new_inbox()
         self._sub: Subscription | None = None
         self._buffer: list[Msg] = []
@@ -73,6 +81,7 @@ class PullFeed:
         self._busy = False  # the last bulk request brought messages
         self._full = False  # ... as many as it asked for: more are waiting, no linger
         self._refused = False
+        self._unanswered = False  # a 503: gone, or between leaders (asked before trusting it)
         self._gone = False
 
     async def start(self) -> None:
@@ -92,7 +101,7 @@ class PullFeed:
             if self._got >= self._wanted:
                 self._open = False
         elif status == _NO_CONSUMER:
-            self._open, self._gone = False, True
+            self._open, self._unanswered = False, True
         elif status in _ENDS_REQUEST:
             self._open = False
             if status == "409":
@@ -122,11 +131,38 @@ class PullFeed:
                     await self._signal.wait()
         self._open = False  # over, or lost (a reconnect): either way ask anew
 
+    async def _consumer_exists(self) -> bool:
+        """False only when JetStream answers that the consumer (or its stream) is not found;
+        no answer or a server error (no leader elected yet) may be a leader moving."""
+        try:
+            reply = await self.nc.request(self._info_subject, b"", timeout=_INFO_TIMEOUT_S)
+        except Exception:  # no responders, a timeout: the API or the leader is not there yet
+            return True
+        try:
+            error = json.loads(reply.data).get("error") or {}
+        except (ValueError, AttributeError):
+            return True
+        return not (isinstance(error, dict) and error.get("code") == 404)
+
+    async def _check_unanswered(self) -> None:
+        if not self._unanswered:
+            return
+        self._unanswered = False
+        if await self._consumer_exists():
+            log.info(
+                "pull request unanswered, the consumer exists: asking again",
+                extra={"consumer": self._next_subject},
+            )
+            await asyncio.sleep(_LEADERLESS_PAUSE_S)
+        else:
+            self._gone = True
+
     async def next_batch(self) -> list[Msg]:
         """The messages waiting now, at least one (waits for the first). Raises
         :class:`ConsumerGoneError` once the server says the consumer does not exist."""
         if not self._busy:
             while not self._buffer:
+                await self._check_unanswered()
                 if self._gone:
                     raise ConsumerGoneError(self._next_subject)
                 if self._refused:
@@ -140,6 +176,8 @@ class PullFeed:
         await self._until(lambda: not self._open, _BULK_TIMEOUT_S)
         self._busy, self._full = self._got > 0, self._got >= self.batch
         msgs, self._buffer = self._buffer, []
+        if not msgs:
+            await self._check_unanswered()
         if self._gone and not msgs:
             raise ConsumerGoneError(self._next_subject)
         return msgs

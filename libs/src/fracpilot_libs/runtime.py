@@ -2,10 +2,11 @@
 
 A service supplies a ``start`` coroutine (declare, subscribe, spawn loops) and optionally a
 ``stop`` coroutine. Once started, ``/readyz`` follows the NATS connection and JetStream's
-availability (in a cluster, a meta leader elected). On SIGTERM or
-SIGINT the runtime marks itself not ready, stops serving requests and lets the consumers
-finish the message in hand, then calls ``stop`` (the connection is still open, so it may
-publish or write a last checkpoint), flushes and closes the NATS connection and exits.
+availability (in a cluster, a majority of its servers answering: a meta leader can be
+elected). On SIGTERM or SIGINT the runtime marks itself not ready, stops serving requests and
+lets the consumers finish the message in hand, then calls ``stop`` (the connection is still
+open, so it may publish or write a last checkpoint), flushes and closes the NATS connection
+and exits.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from fracpilot_libs.bus import Bus
 from fracpilot_libs.config import ServiceSettings
+from fracpilot_libs.nats_servers import has_quorum, servers_answering
 from fracpilot_libs.telemetry import HealthState, TelemetryServer, setup_tracing
 
 log = logging.getLogger(__name__)
@@ -101,7 +103,7 @@ class ServiceRuntime:
             if not connected:
                 jetstream_up = False  # asked again as soon as the connection is back
             elif not jetstream_up or loop_time() - asked_at >= jetstream_every_s:
-                jetstream_up, asked_at = await self.bus.jetstream_available(), loop_time()
+                jetstream_up, asked_at = await self._jetstream_up(), loop_time()
                 connected = self.bus.connected  # a lost connection is the reason given first
             problem = readiness_problem(connected, jetstream_up)
             if problem != was_problem:
@@ -112,6 +114,21 @@ class ServiceRuntime:
                     logging.INFO if problem is None else logging.WARNING,
                     "ready again" if problem is None else f"not ready: {problem}",
                 )
+
+    async def _jetstream_up(self) -> bool:
+        """JetStream answers for a stream and, in a cluster, a majority of its servers answer
+        the server ping: the server this service is connected to may lead a stream or the
+        meta group after losing its quorum and still answer for a while."""
+        if not await self.bus.jetstream_available():
+            return False
+        size = self.bus.cluster_servers
+        if size is None or size < 2:  # a single server, or the ping is not allowed
+            return True
+        answering = await servers_answering(self.bus.nc)
+        if answering is None:
+            return False
+        self.bus.cluster_servers = max(size, answering)  # a cluster seen partly at first
+        return has_quorum(answering, self.bus.cluster_servers)
 
 
 def readiness_problem(connected: bool, jetstream_up: bool) -> str | None:

@@ -1,9 +1,11 @@
 """The streams every deployment has, declared idempotently (created, or updated to the spec).
 
 Decisions, results and dead letters are kept for audit; the usage streams, one per partition
-and bounded in age, are :mod:`fracpilot_libs.usage_streams`. Every stream and KV bucket has
-the same number of replicas (:func:`replicas_for`); one made with fewer, by an earlier version
-or on a smaller cluster, is raised in place (:func:`set_replicas`).
+and bounded in age, are :mod:`fracpilot_libs.usage_streams`. Each may be bounded in bytes and
+age (``FRACPILOT_STREAMS_*``); every stream discards its oldest messages at a limit (discard
+policy "old": a publish is never refused for space, the history is shortened). Every stream
+and KV bucket has the same number of replicas (:func:`replicas_for`); one made with fewer, by
+an earlier version or on a smaller cluster, is raised in place (:func:`set_replicas`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -20,18 +21,13 @@ from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfi
 from nats.js.errors import NotFoundError, ServiceUnavailableError
 
 from fracpilot_libs import subjects
+from fracpilot_libs.config import StreamLimitSettings
+
+# re-exported: where the replicas come from is nats_servers' business
+from fracpilot_libs.nats_servers import CLUSTER_REPLICAS as CLUSTER_REPLICAS
+from fracpilot_libs.nats_servers import replicas_for as replicas_for
 
 log = logging.getLogger(__name__)
-
-CLUSTER_REPLICAS = 3
-
-
-def replicas_for(setting: int | None, server_info: Mapping[str, object]) -> int:
-    """The replicas of streams and buckets: the setting, else 3 when the server a client is
-    connected to is in a cluster (its INFO names one) and 1 on a single server."""
-    if setting is not None:
-        return setting
-    return CLUSTER_REPLICAS if server_info.get("cluster") else 1
 
 
 async def set_replicas(js: JetStreamContext, stream: str, replicas: int) -> None:
@@ -84,29 +80,35 @@ class StreamSpec:
     subjects: tuple[str, ...]
     max_age_s: float | None
     description: str
+    max_bytes: int | None = None
 
 
-def default_streams() -> tuple[StreamSpec, ...]:
-    """Decisions, results and dead letters, kept for audit. (The usage streams, one per
-    partition and bounded in age, are :mod:`fracpilot_libs.usage_streams`.)"""
+def default_streams(limits: StreamLimitSettings | None = None) -> tuple[StreamSpec, ...]:
+    """Decisions, results and dead letters, kept for audit within ``limits`` (none by
+    default). (The usage streams, one per partition and bounded in age, are
+    :mod:`fracpilot_libs.usage_streams`.)"""
+    lim = limits or StreamLimitSettings()  # a limit of 0 is none (None)
     return (
         StreamSpec(
             subjects.DECISION_STREAM,
             (f"{subjects.DECISION_PREFIX}.>",),
-            None,
+            lim.decisions_max_age_s or None,
             "fraction decisions, replayable for audit",
+            lim.decisions_max_bytes or None,
         ),
         StreamSpec(
             subjects.ACTUATION_STREAM,
             (f"{subjects.ACTUATION_PREFIX}.>",),
-            None,
+            lim.results_max_age_s or None,
             "actuation results, replayable for audit",
+            lim.results_max_bytes or None,
         ),
         StreamSpec(
             subjects.DEADLETTER_STREAM,
             (f"{subjects.DEADLETTER_PREFIX}.>",),
-            None,
+            lim.deadletters_max_age_s or None,
             "messages a service could not accept, with the reason",
+            lim.deadletters_max_bytes or None,
         ),
     )
 
@@ -120,6 +122,7 @@ def stream_config(spec: StreamSpec, replicas: int = 1) -> StreamConfig:
         storage=StorageType.FILE,
         discard=DiscardPolicy.OLD,
         max_age=spec.max_age_s,
+        max_bytes=spec.max_bytes,
         duplicate_window=120.0,
         num_replicas=replicas,
     )

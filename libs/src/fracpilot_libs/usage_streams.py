@@ -44,6 +44,7 @@ def usage_stream_config(
     max_age_s: float | None,
     stream_subjects: tuple[str, ...],
     replicas: int = 1,
+    max_bytes: int | None = None,
 ) -> StreamConfig:
     return StreamConfig(
         name=subjects.usage_stream(partition),
@@ -53,6 +54,7 @@ def usage_stream_config(
         storage=StorageType.FILE,
         discard=DiscardPolicy.OLD,
         max_age=max_age_s,
+        max_bytes=max_bytes,  # at the limit the oldest samples go (discard old)
         duplicate_window=120.0,
         num_replicas=replicas,
         metadata={subjects.USAGE_PARTITIONS_METADATA: str(partitions)},
@@ -82,15 +84,17 @@ async def ensure_usage_streams(
     *,
     assign: bool,
     replicas: int = 1,
+    max_bytes: int | None = None,
 ) -> None:
     """Make the usage streams (or, with ``assign``, renumber them to ``partitions``), each
-    with ``replicas`` replicas (an existing stream is raised to them)."""
+    with ``replicas`` replicas (an existing stream is raised to them) and at most
+    ``max_bytes``."""
     await retire_legacy_usage_stream(js)
     recorded = await usage_partition_count(js)
     if recorded is not None and (recorded == partitions or not assign):
         for p in range(recorded):  # the retention may have changed; the slots stay
             wanted = subjects.usage_stream_subjects(p, recorded)
-            await _put(js, usage_stream_config(p, recorded, max_age_s, wanted, replicas))
+            await _put(js, usage_stream_config(p, recorded, max_age_s, wanted, replicas, max_bytes))
         await _wait_until_replicated(js, recorded, replicas)
         return
     if recorded is not None:
@@ -116,7 +120,7 @@ async def ensure_usage_streams(
         kept = tuple(s for s in now if s in keeps) or subjects.retired_usage_subjects(p)
         if kept != now:
             await js.update_stream(
-                usage_stream_config(p, recorded or partitions, max_age_s, kept, replicas)
+                usage_stream_config(p, recorded or partitions, max_age_s, kept, replicas, max_bytes)
             )
     for p in [*range(1, len(streams)), 0]:
         final = (
@@ -124,7 +128,7 @@ async def ensure_usage_streams(
             if p < partitions
             else subjects.retired_usage_subjects(p)
         )
-        await _put(js, usage_stream_config(p, partitions, max_age_s, final, replicas))
+        await _put(js, usage_stream_config(p, partitions, max_age_s, final, replicas, max_bytes))
     await _wait_until_replicated(js, len(streams), replicas)
 
 

@@ -555,8 +555,12 @@ def test_pods_are_locked_down(rendered: dict[str, list[dict[str, Any]]]) -> None
                 assert sc["capabilities"]["drop"] == ["ALL"]
                 assert container["resources"]["requests"]["cpu"]
                 assert container["resources"]["requests"]["memory"]
-                assert container["readinessProbe"]["httpGet"]["path"].startswith("/healthz") or (
-                    container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+                path = container["readinessProbe"]["httpGet"]["path"]
+                # the NATS metrics exporter sidecar serves its scrape path only
+                assert (
+                    path.startswith("/healthz")
+                    or path == "/readyz"
+                    or (container["name"] == "metrics" and path == "/metrics")
                 )
 
 
@@ -616,7 +620,8 @@ def test_install_and_upgrade_keep_the_generated_secrets(
     install = helm.run("install", name, str(CHART), "--namespace", kube_namespace, *values)
     # NOTES.txt tells what to check, for this release.
     assert f"kubectl -n {kube_namespace} get lease fracpilot-actuator" in install.stdout
-    assert f"get mutatingwebhookconfiguration {name}-fracpilot-targets" in install.stdout
+    # Prefixed "fracpilot-" so that it sorts before KAI's mutating-kai-admission (_helpers.tpl).
+    assert f"get mutatingwebhookconfiguration fracpilot-{name}-fracpilot-targets" in install.stdout
     assert "fracpilot policy get" in install.stdout
 
     tls_before = secret_data(core, kube_namespace, f"{name}-fracpilot-webhook-tls")
@@ -629,7 +634,7 @@ def test_install_and_upgrade_keep_the_generated_secrets(
     assert len(base64.b64decode(nats_before["password"])) == 32
 
     admission = client.AdmissionregistrationV1Api(kube_admin)
-    config = admission.read_mutating_webhook_configuration(f"{name}-fracpilot-targets")
+    config = admission.read_mutating_webhook_configuration(f"fracpilot-{name}-fracpilot-targets")
     # The opt-in rule's two webhooks (opted-in namespaces, pods opted in by label): one service.
     assert [w.name for w in config.webhooks] == [
         "targets.fracpilot.io",

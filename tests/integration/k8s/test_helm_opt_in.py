@@ -133,6 +133,9 @@ def notes(kube: ControlPlane, *args: str) -> str:
             "--namespace",
             RELEASE_NS,
             "--dry-run=client",
+            # Cluster-wide objects other tests of this apiserver made (not this release's).
+            "--set=fractionPolicies.crds.install=false",
+            "--set=fractionPolicies.roles=false",
             "--kubeconfig",
             str(kube.write_kubeconfig()),
             *args,

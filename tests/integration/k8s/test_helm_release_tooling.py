@@ -387,6 +387,9 @@ def test_the_notes_name_helm_test_and_where_the_certificate_comes_from(
             "--namespace",
             "fracpilot",
             "--dry-run=client",
+            # Cluster-wide objects other tests of this apiserver made (not this release's).
+            "--set=fractionPolicies.crds.install=false",
+            "--set=fractionPolicies.roles=false",
             "--kubeconfig",
             str(kube.write_kubeconfig()),
             *values,

@@ -298,21 +298,22 @@ async def test_kai_in_place_patches_the_annotation_records_the_target_and_an_eve
     cluster.kai_pod("other-0", node, None, "0.25", "g1")
 
     async with actuator(nats_url, kube_admin, cluster):
-        made = decide(cluster, "chat", 0.25, 0.375)
+        # Hundredths: KAI's GPU_PORTION is "%.2f" (0.375 would be written 0.38 and not fit).
+        made = decide(cluster, "chat", 0.25, 0.37)
         [result] = await apply(nats_url, made)
 
     assert (result.plan, result.outcome) == (PlanKind.IN_PLACE, Outcome.APPLIED), result.detail
     assert (result.gpu_before, result.gpu_after) == (gpu, gpu)
-    assert (result.node_before, result.fraction_after) == (node, 0.375)
+    assert (result.node_before, result.fraction_after) == (node, 0.37)
     for name in ("chat-0", "chat-1"):
         pod = cluster.read_pod(name)
         assert pod is not None
-        assert pod.metadata.annotations["gpu-fraction"] == "0.375"
+        assert pod.metadata.annotations["gpu-fraction"] == "0.37"
         assert pod.metadata.annotations["fracpilot.io/decision-id"] == made.decision_id
         assert pod.metadata.deletion_timestamp is None
         event = cluster.events(name)["FractionResized"]
         assert event.type == "Normal"
-        assert "test: chat 0.25 -> 0.375" in event.message
+        assert "test: chat 0.25 -> 0.37" in event.message
         assert event.reporting_component == "fracpilot.io/actuator"
     other = cluster.read_pod("other-0")
     assert other is not None
@@ -320,18 +321,19 @@ async def test_kai_in_place_patches_the_annotation_records_the_target_and_an_eve
     target = await target_of(nats_url, made.workload)
     assert target is not None
     assert (target.fraction, target.backend, target.decision_id) == (
-        0.375,
+        0.37,
         GpuSharing.KAI,
         made.decision_id,
     )
-    assert target.memory_mib == round(0.375 * MEM_MIB)
+    # gpu-memory that KAI counts as 0.37: the label floored to 100 MiB (kube/kai.py)
+    assert target.memory_mib == round(0.37 * (MEM_MIB // 100 * 100))
     allocation = await allocation_of(nats_url, made.workload)
     assert allocation is not None
     assert (allocation.pod, allocation.node, allocation.gpu_uuid, allocation.fraction) == (
         "chat-0",
         node,
         gpu,
-        0.375,
+        0.37,
     )
     assert allocation.device_memory_bytes == MEM_MIB * 2**20
     # With the webhook (the default) the pod template is left alone: no rollout.
@@ -353,7 +355,7 @@ async def test_recreate_elsewhere_honours_the_pdb_then_evicts_with_budget(
     cluster.pdb("chat", disruptions_allowed=0)
 
     async with actuator(nats_url, kube_admin, cluster):
-        refused = decide(cluster, "chat", 0.5, 0.625, pod="chat-0")
+        refused = decide(cluster, "chat", 0.5, 0.62, pod="chat-0")
         [result] = await apply(nats_url, refused)
         assert (result.plan, result.outcome) == (PlanKind.RECREATE_ELSEWHERE, Outcome.FAILED)
         assert "refused 3 times" in (result.error or "")
@@ -367,14 +369,14 @@ async def test_recreate_elsewhere_honours_the_pdb_then_evicts_with_budget(
         )
         target = await target_of(nats_url, refused.workload)
         assert target is not None
-        assert target.fraction == 0.625  # recorded before the eviction
+        assert target.fraction == 0.62  # recorded before the eviction
 
         cluster.pdb("chat", disruptions_allowed=1)
-        allowed = decide(cluster, "chat", 0.5, 0.625, pod="chat-0")
+        allowed = decide(cluster, "chat", 0.5, 0.62, pod="chat-0")
         [result] = await apply(nats_url, allowed)
     assert (result.plan, result.outcome) == (PlanKind.RECREATE_ELSEWHERE, Outcome.APPLIED)
     assert cluster.evicted("chat-0")
-    assert cluster.read_pod("chat-1").metadata.annotations["gpu-fraction"] == "0.625"  # type: ignore[union-attr]
+    assert cluster.read_pod("chat-1").metadata.annotations["gpu-fraction"] == "0.62"  # type: ignore[union-attr]
 
 
 # --- scale up -------------------------------------------------------------------------------------
@@ -401,10 +403,9 @@ async def test_scale_up_asks_for_capacity_and_evicts_only_once_it_exists(
         placeholder = placeholders[0]
         assert placeholder.spec.priority_class_name == "fracpilot-capacity"
         assert placeholder.spec.priority == -10
-        assert placeholder.spec.containers[0].resources.limits == {
-            "nvidia.com/gpu": "1",
-            "memory": "16Mi",
-        }
+        # One whole GPU, and the moving pod's CPU and memory requests (as KAI's scaling pod).
+        assert placeholder.spec.containers[0].resources.limits == {"nvidia.com/gpu": "1"}
+        assert placeholder.spec.containers[0].resources.requests["nvidia.com/gpu"] == "1"
         assert placeholder.spec.node_name is None
         assert scheduling.read_priority_class("fracpilot-capacity").value == -10
         assert "CapacityRequested" in cluster.events("chat-0")
@@ -473,21 +474,21 @@ async def test_template_fallback_patches_the_kai_template_and_warns_of_a_rollout
 
     with backend_logs() as records:
         async with actuator(nats_url, kube_admin, cluster, targets_via="template"):
-            made = decide(cluster, "chat", 0.25, 0.375)
+            made = decide(cluster, "chat", 0.25, 0.37)
             [result] = await apply(nats_url, made)
 
     assert (result.plan, result.outcome) == (PlanKind.IN_PLACE, Outcome.APPLIED), result.detail
-    assert "pod template patched (gpu-fraction 0.375)" in result.detail
+    assert "pod template patched (gpu-fraction 0.37)" in result.detail
     assert "a rollout replaces every pod" in result.detail
     template = cluster.apps.read_namespaced_deployment("chat", cluster.ns).spec.template
     assert template.metadata.annotations == {
-        "gpu-fraction": "0.375",
+        "gpu-fraction": "0.37",
         "fracpilot.io/target": made.decision_id,
     }
     for name in ("chat-0", "chat-1"):  # the running pods are still resized in place
         pod = cluster.read_pod(name)
         assert pod is not None
-        assert pod.metadata.annotations["gpu-fraction"] == "0.375"
+        assert pod.metadata.annotations["gpu-fraction"] == "0.37"
     rollouts = [
         r
         for r in records
@@ -497,7 +498,7 @@ async def test_template_fallback_patches_the_kai_template_and_warns_of_a_rollout
     assert getattr(rollouts[0], "workload", None) == made.workload.key
     target = await target_of(nats_url, made.workload)
     assert target is not None
-    assert target.fraction == 0.375  # recorded as well, for pods the webhook would see
+    assert target.fraction == 0.37  # recorded as well, for pods the webhook would see
 
 
 async def test_template_rollouts_count_against_the_disruption_budget(
@@ -512,8 +513,8 @@ async def test_template_rollouts_count_against_the_disruption_budget(
         cluster.kai_pod(f"{name}-0", node, owner, "0.25", "g1")
 
     async with actuator(nats_url, kube_admin, cluster, targets_via="template", max_disruptions=1):
-        [first] = await apply(nats_url, decide(cluster, "chat", 0.25, 0.375))
-        [second] = await apply(nats_url, decide(cluster, "code", 0.25, 0.375))
+        [first] = await apply(nats_url, decide(cluster, "chat", 0.25, 0.37))
+        [second] = await apply(nats_url, decide(cluster, "code", 0.25, 0.37))
 
     assert first.outcome is Outcome.APPLIED, first.detail
     assert (second.outcome, "rate" in second.detail) == (Outcome.SKIPPED, True), second.detail
@@ -740,7 +741,7 @@ async def test_two_actuators_only_the_leader_acts_and_the_standby_takes_over(
         )
         assert standby.elector is not None
         assert not standby.elector.is_leader
-        [result] = await apply(nats_url, decide(cluster, "chat", 0.25, 0.375))
+        [result] = await apply(nats_url, decide(cluster, "chat", 0.25, 0.37))
         assert result.outcome is Outcome.APPLIED
         handled = {
             svc: counter(
@@ -762,7 +763,7 @@ async def test_two_actuators_only_the_leader_acts_and_the_standby_takes_over(
             lambda: standby.elector is not None and standby.elector.is_leader, timeout=10
         )
         takeover_s = time.monotonic() - died
-        [result] = await apply(nats_url, decide(cluster, "chat", 0.375, 0.5))
+        [result] = await apply(nats_url, decide(cluster, "chat", 0.37, 0.5))
         assert result.outcome is Outcome.APPLIED
         assert (
             counter(
@@ -822,16 +823,16 @@ async def test_the_inventory_cache_sees_new_pods_and_our_own_last_write(
             await wait_for(delivered)
             relists = cache.relists
 
-        first = decide(cluster, "chat", 0.25, 0.375)
+        first = decide(cluster, "chat", 0.25, 0.37)
         [one] = await apply(nats_url, first)
         # At once: planned on the cache, which must hold the first decision's patch.
-        second = decide(cluster, "chat", 0.375, 0.5)
+        second = decide(cluster, "chat", 0.37, 0.5)
         [two] = await apply(nats_url, second)
 
     assert (one.plan, one.outcome, one.gpu_after) == (PlanKind.IN_PLACE, Outcome.APPLIED, gpu)
-    assert (one.fraction_before, one.fraction_after) == (0.25, 0.375), one.detail
+    assert (one.fraction_before, one.fraction_after) == (0.25, 0.37), one.detail
     assert (two.plan, two.outcome) == (PlanKind.IN_PLACE, Outcome.APPLIED), two.detail
-    assert (two.fraction_before, two.fraction_after) == (0.375, 0.5), two.detail
+    assert (two.fraction_before, two.fraction_after) == (0.37, 0.5), two.detail
     pod = cluster.read_pod("chat-0")
     assert pod is not None
     assert pod.metadata.annotations["gpu-fraction"] == "0.5"

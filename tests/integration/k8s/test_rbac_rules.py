@@ -111,6 +111,7 @@ ACTUATOR_CALLS: tuple[Call, ...] = (
     Call("get", "batch", "cronjobs", why="the workload object (its opt-out label)"),
     *_reads("policy", "poddisruptionbudgets", "may this pod be moved now"),
     Call("patch", "", "pods", why="in place: rewrite the gpu-fraction / gpu-memory annotation"),
+    Call("get", "", "configmaps", why="a KAI pod's GPU-sharing ConfigMap: its memory limit"),
     Call("patch", "apps", "deployments", why="targets_via=template: size the pod template"),
     Call("patch", "apps", "statefulsets", why="targets_via=template: size the pod template"),
     Call("create", "", "pods", "eviction", why="recreate elsewhere, within the PDBs"),
@@ -149,6 +150,14 @@ ACTUATOR_CALLS: tuple[Call, ...] = (
         for plural in ("fractionpolicies", "clusterfractionpolicies")
     ),
     Call("patch", "fracpilot.io", "fractionpolicies", "status", why="a policy's status"),
+    Call("list", "scheduling.run.ai", "queues", scope="cluster", why="KAI queue quota/limit"),
+    Call(
+        "list",
+        "scheduling.run.ai",
+        "bindrequests",
+        scope="cluster",
+        why="a pod counts on its KAI BindRequest's node before it is bound",
+    ),
     Call(
         "patch",
         "fracpilot.io",
@@ -166,7 +175,8 @@ ACTUATOR_FORBIDDEN: tuple[Call, ...] = (
     Call("get", "", "secrets"),
     Call("list", "", "secrets", scope="cluster"),
     Call("get", "", "secrets", scope="own"),
-    Call("get", "", "configmaps"),
+    Call("list", "", "configmaps", scope="cluster"),  # a KAI pod's own, by name, only
+    Call("patch", "", "configmaps"),  # KAI's binder fills them; fracpilot never writes them
     Call("delete", "apps", "deployments"),
     Call("update", "apps", "deployments"),
     Call("patch", "apps", "daemonsets"),
@@ -195,6 +205,10 @@ ACTUATOR_FORBIDDEN: tuple[Call, ...] = (
     Call("update", "fracpilot.io", "fractionpolicies"),
     Call("delete", "fracpilot.io", "fractionpolicies"),
     Call("patch", "fracpilot.io", "clusterfractionpolicies", scope="cluster"),
+    Call("patch", "scheduling.run.ai", "queues", scope="cluster"),  # KAI's objects: read only
+    Call("create", "scheduling.run.ai", "bindrequests"),
+    Call("delete", "scheduling.run.ai", "bindrequests"),
+    Call("get", "scheduling.run.ai", "podgroups"),
 )
 
 # What fracpilot_ingest.owners.KubernetesOwners calls (owners=kubernetes; nodes with

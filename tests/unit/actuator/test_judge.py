@@ -50,7 +50,7 @@ def kai_pods(*fractions: str, **kw: Any) -> list[dict[str, Any]]:
     return [kai(f"chat-{i}", f, group="g1", owner=OWNER, **kw) for i, f in enumerate(fractions)]
 
 
-def grow(current: float = 0.25, new: float = 0.375, **kw: Any) -> FractionDecision:
+def grow(current: float = 0.25, new: float = 0.38, **kw: Any) -> FractionDecision:
     return decision(current, new, name="chat", **{"decided_at": LATER, **kw})
 
 
@@ -103,7 +103,7 @@ def test_pods_with_two_kinds_of_share_are_skipped() -> None:
 
 
 def test_a_kai_growth_that_fits_is_an_in_place_plan_with_its_target() -> None:
-    made = grow(0.25, 0.375)
+    made = grow(0.25, 0.38)  # hundredths: what KAI's GPU_PORTION ("%.2f") can hold
     result = judge(made, view(*kai_pods("0.25", "0.25")), GUARDS, NOW)
     assert isinstance(result, ActuationPlan)
     assert result.plan.kind is PlanKind.IN_PLACE
@@ -115,12 +115,13 @@ def test_a_kai_growth_that_fits_is_an_in_place_plan_with_its_target() -> None:
     assert result.primary is not None
     assert result.primary.pod == "chat-0"
     target = result.target(NOW)
-    assert (target.fraction, target.decision_id, target.updated_at) == (0.375, "d-1", NOW)
-    assert target.memory_mib == round(0.375 * MEM_MIB) == result.memory_mib
+    assert (target.fraction, target.decision_id, target.updated_at) == (0.38, "d-1", NOW)
+    # gpu-memory that KAI (label floored to 100 MiB, rounded up to 0.01) counts as 0.38
+    assert target.memory_mib == round(0.38 * (MEM_MIB // 100 * 100)) == result.memory_mib
     applied = result.result(Outcome.APPLIED, "done")
     assert (applied.fraction_before, applied.fraction_after, applied.node_after) == (
         0.25,
-        0.375,
+        0.38,
         "n1",
     )
 
@@ -177,11 +178,11 @@ def test_template_patches_make_every_change_disruptive() -> None:
 
 
 def test_nothing_to_change_is_a_skip_or_applied_when_an_earlier_attempt_did_it() -> None:
-    same = grow(0.25, 0.375)  # the pod holds it already
-    result = judge(same, view(*kai_pods("0.375")), GUARDS, NOW)
+    same = grow(0.25, 0.38)  # the pod holds it already
+    result = judge(same, view(*kai_pods("0.38")), GUARDS, NOW)
     assert isinstance(result, Skip)
     assert (result.actuation.plan, result.actuation.outcome) == (PlanKind.NONE, Outcome.SKIPPED)
-    resumed = judge(same, view(*kai_pods("0.375")), GUARDS, NOW, resuming=True)
+    resumed = judge(same, view(*kai_pods("0.38")), GUARDS, NOW, resuming=True)
     assert isinstance(resumed, Skip)
     assert resumed.actuation.outcome is Outcome.APPLIED
     assert resumed.actuation.detail.startswith("finished by an earlier attempt")

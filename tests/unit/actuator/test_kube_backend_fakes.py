@@ -101,16 +101,17 @@ def test_in_place_records_the_target_then_patches_and_publishes_the_allocation()
 
     async def run() -> Actuation:
         await backend.start()
-        return await backend.actuate(grow(0.25, 0.375), dry_run="", now=NOW)
+        return await backend.actuate(grow(0.25, 0.38), dry_run="", now=NOW)
 
     result = asyncio.run(run())
     assert (result.plan, result.outcome, result.fraction_after) == (
         PlanKind.IN_PLACE,
         Outcome.APPLIED,
-        0.375,
+        0.38,  # hundredths, as KAI's GPU_PORTION ("%.2f") holds it
     )
-    target = targets.targets[subjects.kv_key(grow(0.25, 0.375).workload)]
-    assert (target.fraction, target.memory_mib) == (0.375, round(0.375 * MEM_MIB))
+    target = targets.targets[subjects.kv_key(grow(0.25, 0.38).workload)]
+    # gpu-memory KAI counts as 0.38: the label floored to 100 MiB (kube/kai.py)
+    assert (target.fraction, target.memory_mib) == (0.38, round(0.38 * (MEM_MIB // 100 * 100)))
     assert [w for w in api.writes if w[0] == "patch"] == [("patch", "chat-0"), ("patch", "chat-1")]
     assert [a.pod for a in allocations.allocations.values()] == ["chat-0"]
     assert history.saves == 0  # nothing disruptive

@@ -103,9 +103,13 @@ def test_kai_pod_without_a_group_gets_a_per_node_synthetic_gpu() -> None:
     assert inv.pods["inference/chat-0"].share.kai_key == "gpu-fraction"  # type: ignore[union-attr]
 
 
-def test_kai_gpu_memory_is_a_fraction_of_the_node_label() -> None:
+def test_kai_gpu_memory_is_the_fraction_kai_counts() -> None:
+    # KAI floors the 81920 MiB label to 81900 and rounds 20480 / 81900 up to 0.26 (kai.py);
+    # 20475 MiB is a quarter as KAI counts it.
     inv = inventory([node("n1")], [pod("chat-0", annotations={"gpu-memory": "20480"})])
-    assert shares(inv) == {"chat-0": ("n1/unknown", 0.25)}
+    assert shares(inv) == {"chat-0": ("n1/unknown", 0.26)}
+    quarter = inventory([node("n1")], [pod("chat-0", annotations={"gpu-memory": "20475"})])
+    assert shares(quarter) == {"chat-0": ("n1/unknown", 0.25)}
     share = inv.pods["inference/chat-0"].share
     assert share is not None
     assert (share.backend, share.memory_mib, share.kai_key) == (GpuSharing.KAI, 20480, "gpu-memory")

@@ -18,6 +18,7 @@ import jsonschema
 import pytest
 import yaml
 
+from support.compose_stack import interpolate
 from support.dockerfile import parse
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -142,11 +143,42 @@ def test_mounted_files_exist() -> None:
                 assert (ROOT / source).exists(), f"{name}: {source}"
 
 
-def test_optional_parts_are_in_the_observability_profile() -> None:
+def test_optional_parts_are_in_the_observability_and_cluster_profiles() -> None:
     services = compose()["services"]
     optional = {n for n, s in services.items() if "profiles" in s}
-    assert optional == {"grafana", "otel-collector"}
-    assert all(services[n]["profiles"] == ["observability"] for n in optional)
+    assert optional == {"grafana", "otel-collector", "nats-1", "nats-2", "nats-3"}
+    assert all(services[n]["profiles"] == ["observability"] for n in ("grafana", "otel-collector"))
+    assert all(services[f"nats-{i}"]["profiles"] == ["cluster"] for i in (1, 2, 3))
+
+
+def option(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+def test_the_cluster_profile_routes_three_jetstream_servers_to_one_another() -> None:
+    services = compose()["services"]
+    nodes = [services[f"nats-{i}"] for i in (1, 2, 3)]
+    routes = {option(n["command"], "--routes") for n in nodes}
+    assert routes == {"nats://nats-1:6222,nats://nats-2:6222,nats://nats-3:6222"}
+    assert [option(n["command"], "--server_name") for n in nodes] == ["nats-1", "nats-2", "nats-3"]
+    assert {option(n["command"], "--cluster_name") for n in nodes} == {"fracpilot"}
+    assert {option(n["command"], "--cluster") for n in nodes} == {"nats://0.0.0.0:6222"}
+    assert len({n["volumes"][0] for n in nodes}) == 3  # a store each
+    for node in nodes:
+        assert "--jetstream" in node["command"]
+        port = option(node["command"], "--http_port")
+        assert f"http://127.0.0.1:{port}/healthz" in node["healthcheck"]["test"]
+        assert "ports" not in node  # 4222 on the host stays the single server's
+
+
+def test_the_services_take_the_cluster_urls_from_fracpilot_nats_url() -> None:
+    services = compose()["services"]
+    cluster = "nats://nats-1:4222,nats://nats-2:4222,nats://nats-3:4222"
+    assert cluster in COMPOSE.read_text()  # the command the header gives
+    for name in ("ingest", "decision", "actuator", "dcgm-exporter-simulator"):
+        url = services[name]["environment"]["FRACPILOT_NATS_URL"]
+        assert interpolate(url) == "nats://nats:4222"
+        assert interpolate(url, {"FRACPILOT_NATS_URL": cluster}) == cluster
 
 
 def test_prometheus_scrapes_the_simulator_and_the_three_services() -> None:

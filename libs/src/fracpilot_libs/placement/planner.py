@@ -8,7 +8,9 @@
 :func:`plan_resize` plans for a workload with one placement (the simulated cluster);
 :func:`plan_workload` plans for each pod of a workload with several replicas, one after the
 other on the cluster as the earlier steps leave it, and can be told that the backend cannot
-change a running pod (HAMi), so that even a fit on the pod's own GPU is a recreate.
+change a running pod (HAMi), so that even a fit on the pod's own GPU is a recreate, and be
+given the backend's own fit rule (:data:`FitRule`; HAMi's is
+:func:`fracpilot_libs.hami.placement.hami_fit`) instead of "the free share holds it".
 No I/O: the backend that executes the plan (the actuator's simulated cluster or Kubernetes)
 lives in the actuator; ``fracpilot replay --pack`` (:mod:`fracpilot_libs.sizing.packing`) runs
 the same plans on a replayed cluster.
@@ -36,6 +38,11 @@ class Gpu(_Frozen):
     uuid: str
     node: str
     memory_bytes: int = Field(gt=0)
+    # What HAMi registers for the GPU (hami.io/node-nvidia-register); None: not a HAMi GPU.
+    slots: int | None = Field(default=None, ge=0)  # how many pods may share it
+    cores: int = Field(default=100, ge=0)  # devcore
+    healthy: bool = True
+    type: str = ""
 
 
 class Placement(_Frozen):
@@ -43,6 +50,10 @@ class Placement(_Frozen):
     pod: str
     gpu_uuid: str
     fraction: float = Field(gt=0, le=1)
+    # What the backend says the pod holds, when it says (HAMi's allocated annotation); None:
+    # derived from the fraction (a planned step holds what fracpilot writes for it).
+    memory_mib: int | None = Field(default=None, ge=0)
+    cores: int | None = Field(default=None, ge=0)
 
     @property
     def pod_key(self) -> str:
@@ -104,6 +115,16 @@ def fits(state: ClusterState, gpu_uuid: str, fraction: float, workload: Workload
     return state.free(gpu_uuid, excluding=workload) + EPSILON >= fraction
 
 
+FitRule = Callable[[ClusterState, str, float, str], bool]
+"""Whether ``fraction`` fits on GPU ``uuid`` without the pod ``namespace/name`` (its own share
+is being planned): ``rule(state, uuid, fraction, pod_key)``."""
+
+
+def share_fits(state: ClusterState, gpu_uuid: str, fraction: float, pod_key: str) -> bool:
+    """The default rule: the GPU's free share, without the pod, holds the fraction."""
+    return state.free(gpu_uuid, excluding_pod=pod_key) + EPSILON >= fraction
+
+
 def plan_resize(state: ClusterState, decision: FractionDecision) -> ResizePlan:
     wl, new = decision.workload, decision.new_fraction
     current = state.placement(wl)
@@ -138,11 +159,17 @@ def move_or_scale_up(
     fraction: float,
     base: dict[str, Any],
     free: Callable[[str], float],
+    fit_on: Callable[[str], bool] | None = None,
 ) -> ResizePlan:
     """The plan for a share that does not fit on its GPU: recreate it on the best-fitting other
     GPU (the least free that holds it), or, where none holds it, wait for capacity.
-    ``free(uuid)`` is a GPU's free share without the share being planned."""
-    candidates = [g for g in state.gpus if g.uuid != gpu and free(g.uuid) + EPSILON >= fraction]
+    ``free(uuid)`` is a GPU's free share without the share being planned; ``fit_on(uuid)``,
+    when given, decides whether it fits there (else the free share must hold it)."""
+
+    def holds(uuid: str) -> bool:
+        return fit_on(uuid) if fit_on is not None else free(uuid) + EPSILON >= fraction
+
+    candidates = [g for g in state.gpus if g.uuid != gpu and holds(g.uuid)]
     if candidates:
         best = min(candidates, key=lambda g: (free(g.uuid), g.uuid))
         return ResizePlan(
@@ -220,6 +247,8 @@ def apply_plan(state: ClusterState, plan: ResizePlan, pod: str | None = None) ->
                     "gpu_uuid": plan.gpu_after,
                     "fraction": plan.fraction_after,
                     "pod": pod or p.pod,
+                    "memory_mib": None,
+                    "cores": None,
                 }
             )
         placements.append(p)
@@ -267,8 +296,10 @@ def plan_pod(
     new_fraction: float,
     *,
     in_place: bool = True,
+    fit: FitRule = share_fits,
 ) -> ResizePlan:
-    """The plan for one pod; ``in_place=False`` when the backend cannot change a running pod.
+    """The plan for one pod; ``in_place=False`` when the backend cannot change a running pod;
+    ``fit`` is the backend's rule for whether a share fits on a GPU.
 
     Without in-place changes a fit on the pod's own GPU is still a recreate (the scheduler
     may put the new pod back on it), reported as ``recreate_elsewhere`` with that GPU.
@@ -289,7 +320,7 @@ def plan_pod(
             reason=f"{placement.pod} already holds {new_fraction:g}",
         )
     here = state.free(gpu, excluding_pod=key)
-    if here + EPSILON >= new_fraction:
+    if fit(state, gpu, new_fraction, key):
         if in_place:
             return ResizePlan(
                 kind=PlanKind.IN_PLACE,
@@ -305,7 +336,12 @@ def plan_pod(
             "the backend cannot change a running pod: recreate it",
         )
     return move_or_scale_up(
-        state, gpu, new_fraction, base, lambda g: state.free(g, excluding_pod=key)
+        state,
+        gpu,
+        new_fraction,
+        base,
+        lambda g: state.free(g, excluding_pod=key),
+        lambda g: fit(state, g, new_fraction, key),
     )
 
 
@@ -314,10 +350,9 @@ def apply_pod_plan(state: ClusterState, step: ResizePlan) -> ClusterState:
     if step.kind in (PlanKind.NONE, PlanKind.SCALE_UP) or not step.gpu_after:
         return state
     key = f"{step.workload.namespace}/{step.pod}"
+    moved = {"gpu_uuid": step.gpu_after, "fraction": step.fraction_after}
     placements = tuple(
-        p.model_copy(update={"gpu_uuid": step.gpu_after, "fraction": step.fraction_after})
-        if p.pod_key == key
-        else p
+        p.model_copy(update={**moved, "memory_mib": None, "cores": None}) if p.pod_key == key else p
         for p in state.placements
     )
     return state.model_copy(update={"placements": placements})
@@ -330,8 +365,10 @@ def plan_workload(
     new_fraction: float,
     *,
     in_place: bool = True,
+    fit: FitRule = share_fits,
 ) -> WorkloadPlan:
-    """Plan each pod in turn on the cluster as the earlier steps leave it.
+    """Plan each pod in turn on the cluster as the earlier steps leave it (``fit``: the
+    backend's fit rule, as :func:`plan_pod`).
 
     Two scale-up steps each count on a GPU of their own (one whole-GPU placeholder each):
     that may ask for more than a perfect packing would, never for less.
@@ -345,7 +382,7 @@ def plan_workload(
         )
     steps: list[ResizePlan] = []
     for placement in pods:
-        step = plan_pod(state, placement, new_fraction, in_place=in_place)
+        step = plan_pod(state, placement, new_fraction, in_place=in_place, fit=fit)
         steps.append(step)
         state = apply_pod_plan(state, step)
     kind = max((s.kind for s in steps), key=SEVERITY.__getitem__)

@@ -141,24 +141,26 @@ def observe(
 
     keep = policy.compute_upsize_confirmations
     recent = (*state.recent_compute, compute)[-keep:]
+    # Positional, in WorkloadState's field order (keywords cost a third more, on every sample;
+    # test_observe_keeps_every_field_it_does_not_update checks the order).
     return WorkloadState(
-        compute_weights=weights,
-        compute_total=total,
-        compute_ref=ref,
-        memory_slots=slots,
-        recent_compute=recent,
-        memory_over=state.memory_over,
-        first_seen=state.first_seen if state.first_seen is not None else now,
-        samples=state.samples + 1,
-        current_fraction=current,
-        decided_fraction=state.decided_fraction,
-        decided_at=state.decided_at,
-        last_change_at=state.last_change_at,
-        below_since=state.below_since,
-        hold_until=state.hold_until,
-        position=state.position if position is None else position,
-        recent_waiting=waiting,
-        kv_cache_usage=kv_cache,
+        weights,
+        total,
+        ref,
+        slots,
+        recent,
+        state.memory_over,
+        state.first_seen if state.first_seen is not None else now,
+        state.samples + 1,
+        current,
+        state.decided_fraction,
+        state.decided_at,
+        state.last_change_at,
+        state.below_since,
+        state.hold_until,
+        state.position if position is None else position,
+        waiting,
+        kv_cache,
     )
 
 
@@ -294,6 +296,7 @@ def decide(
         direction,
         reason,
         f"{rule}. {_numbers(need, policy, current, target)}",
+        need,
     )
     return _after_change(state, target, now), decision
 
@@ -318,7 +321,7 @@ def _on_signal(
         f"({need.fraction:g}) = {target:g}; held for {policy.signal_hold_s / 3600:g} h before "
         f"any downsize. {_numbers(need, policy, current, target)}"
     )
-    decision = _make_decision(sample, policy, current, target, Direction.UP, kind, explanation)
+    decision = _make_decision(sample, policy, current, target, _UP, kind, explanation, need)
     return _after_change(state, target, now), decision
 
 
@@ -354,7 +357,7 @@ def _on_queue(
         f"wait. {_numbers(need, policy, current, target)}"
     )
     decision = _make_decision(
-        sample, policy, current, target, Direction.UP, ReasonCode.QUEUE_GROWING, explanation
+        sample, policy, current, target, _UP, ReasonCode.QUEUE_GROWING, explanation, need
     )
     return _after_change(state, target, now), decision
 
@@ -468,6 +471,7 @@ def _make_decision(
     direction: Direction,
     reason: ReasonCode,
     explanation: str,
+    need: Need,
 ) -> FractionDecision:
     total = sample.memory_total_bytes
     return FractionDecision(
@@ -487,4 +491,6 @@ def _make_decision(
         policy_revision=policy.revision,
         mode=policy.mode,
         trigger_sample_id=sample.sample_id,
+        memory_need_mib=math.ceil(need.memory_need * (total / MIB) - EPS),  # the memory floor
+        enforcement=policy.enforcement,
     )

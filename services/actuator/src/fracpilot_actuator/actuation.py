@@ -29,9 +29,11 @@ class Actuation:
     gpu_before: str = ""
     gpu_after: str = ""
     error: str | None = None
+    enforced_fraction: float | None = None  # the container's memory limit after; None: none
     held_back: str = ""
     """Why a decision was not carried out, for the metric: policy, not_opted_in, off, dry_run
-    (see :attr:`fracpilot_actuator.opt_in.Selected.held_back`); "" otherwise."""
+    (see :attr:`fracpilot_actuator.opt_in.Selected.held_back`), multi_device, queue_limit
+    (:mod:`fracpilot_actuator.kube.kai`, :mod:`fracpilot_actuator.kube.queues`); "" otherwise."""
 
 
 Report = Callable[[FractionDecision, Actuation], Awaitable[None]]

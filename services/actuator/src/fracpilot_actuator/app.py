@@ -85,6 +85,7 @@ class ActuatorService:
                 cluster=s.cluster,
                 opt_in=s.optin,
                 namespace_labels=namespaces.cached if namespaces is not None else None,
+                hami_memory_factor=s.hami.memory_factor,
             )
         claims = await bus.kv(subjects.ACTUATOR_STATE_BUCKET)
         if s.backend == "kubernetes":
@@ -189,6 +190,7 @@ class ActuatorService:
             cluster=s.cluster,
             node_selector=s.gpu_node_selector,
             default_gpu_memory_mib=s.default_gpu_memory_mib,
+            hami_memory_factor=s.hami.memory_factor,
             eviction=s.eviction,
             capacity_timeout_s=s.capacity.timeout_s,
             capacity_namespace=s.capacity.namespace or s.namespace,
@@ -197,6 +199,7 @@ class ActuatorService:
             inventory_cache=s.inventory_cache,
             guardrails=s.guardrails,
             opt_in=s.optin,
+            kai=s.kai,
         )
         if self._kube_api is None:
             self._kube_api = await asyncio.to_thread(api_client, s.kubeconfig)

@@ -125,6 +125,7 @@ class DecisionHandler:
             node_after=a.node_after,
             gpu_before=a.gpu_before,
             gpu_after=a.gpu_after,
+            enforced_fraction=a.enforced_fraction,
             detail=a.detail[:4000],
             error=a.error[:4000] if a.error else None,
             finished_at=utcnow(),

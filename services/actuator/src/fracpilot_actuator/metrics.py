@@ -35,11 +35,12 @@ class ActuatorMetrics:
             "fracpilot_actuator_held_back_total",
             "Decisions not applied (recorded as recommendations, or skipped), by why: policy "
             "(its mode is recommend), not_opted_in (no fracpilot.io/mode=auto on the namespace "
-            "or pod), off (fracpilot.io/mode=off, opted out or excluded), dry_run",
+            "or pod), off (fracpilot.io/mode=off, opted out or excluded), dry_run, multi_device "
+            "(a KAI multi-device fraction pod), queue_limit (an upsize past a KAI queue's limit)",
             ["reason"],
             registry=registry,
         )
-        for reason in ("policy", "not_opted_in", "off", "dry_run"):
+        for reason in ("policy", "not_opted_in", "off", "dry_run", "multi_device", "queue_limit"):
             self.held_back.labels(reason)
         self.kube_retries: Counter | None = None
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from fracpilot_actuator.guardrails import GuardrailSettings
+from fracpilot_actuator.kube.kai import KaiSettings
+from fracpilot_actuator.kube.object_values import KAI_SCALE_ADJUST_NAMESPACE
 from fracpilot_actuator.kube.settings import EvictionSettings
 from fracpilot_actuator.opt_in import OptInSettings
 from fracpilot_actuator.policy_sync.settings import PolicySyncSettings
@@ -51,7 +53,26 @@ class CapacitySettings(BaseModel):
     namespace: str | None = Field(
         default=None,
         description="namespace of placeholder pods; unset: the actuator's own (the RBAC in "
-        "deploy/rbac/actuator.yaml allows creating pods only there)",
+        "deploy/rbac/actuator.yaml allows creating pods only there); never kai-scale-adjust",
+    )
+
+    @field_validator("namespace")
+    @classmethod
+    def _not_kai_scale_adjust(cls, value: str | None) -> str | None:
+        # KAI creates no reservation pods while a pod there is pending (its nodescaleadjuster's
+        # namespace), so a placeholder there would stall every fraction pod.
+        if value == KAI_SCALE_ADJUST_NAMESPACE:
+            raise ValueError(f"placeholders may not go to {KAI_SCALE_ADJUST_NAMESPACE}")
+        return value
+
+
+class HamiSettings(BaseModel):
+    """``FRACPILOT_HAMI_*``: how HAMi's scheduler is configured (its device ConfigMap)."""
+
+    memory_factor: int = Field(
+        default=1,
+        ge=1,
+        description="HAMi's memoryFactor: it reads nvidia.com/gpumem as that many MiB each",
     )
 
 
@@ -121,6 +142,7 @@ class ActuatorSettings(ServiceSettings):
     eviction: EvictionSettings = Field(default_factory=EvictionSettings)
     kube: KubeApiSettings = Field(default_factory=KubeApiSettings)
     capacity: CapacitySettings = Field(default_factory=CapacitySettings)
+    hami: HamiSettings = Field(default_factory=HamiSettings)
     namespace: str = Field(
         default="fracpilot", description="the actuator's own namespace (its Lease, placeholders)"
     )
@@ -153,6 +175,13 @@ class ActuatorSettings(ServiceSettings):
         "FRACPILOT_OPTIN_EXCLUDED_NAMESPACES",
     )
     sim: SimSettings = Field(default_factory=SimSettings)
+    kai: KaiSettings = Field(
+        default_factory=KaiSettings,
+        description="KAI-Scheduler's set-up: FRACPILOT_KAI_RESERVATION_NAMESPACE and "
+        "FRACPILOT_KAI_RESERVATION_APP_LABEL (its binder's --resource-reservation-namespace and "
+        "--resource-reservation-app-label), the queue label, FRACPILOT_KAI_QUEUE_BOUND (limit or "
+        "quota: how far an in-place upsize may take a queue)",
+    )
 
     @property
     def guardrails(self) -> GuardrailSettings:

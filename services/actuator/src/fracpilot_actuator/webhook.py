@@ -87,9 +87,11 @@ class WebhookServer:
         tls_reload_interval_s: float = 30.0,
         opt_in: OptInSettings | None = None,
         namespace_labels: Callable[[str], Mapping[str, Any] | None] | None = None,
+        hami_memory_factor: int = 1,
     ) -> None:
         self.targets = targets
         self.opt_in = opt_in
+        self.hami_memory_factor = hami_memory_factor  # HAMi reads gpumem in these units
         self._namespace_labels = namespace_labels
         self.cluster = cluster
         self.metrics = WebhookMetrics(registry)
@@ -340,7 +342,12 @@ class WebhookServer:
         namespace = request.get("namespace")
         labels = _labels_of(self._namespace_labels, namespace)
         admission = admit(
-            review, self.targets, self.cluster, opt_in=self.opt_in, namespace_labels=labels
+            review,
+            self.targets,
+            self.cluster,
+            opt_in=self.opt_in,
+            namespace_labels=labels,
+            hami_memory_factor=self.hami_memory_factor,
         )
         self.metrics.admissions.labels(admission.outcome.value).inc()
         pod = request.get("object")
@@ -378,6 +385,7 @@ async def start_webhook(
     cluster: str,
     opt_in: OptInSettings | None = None,
     namespace_labels: Callable[[str], Mapping[str, Any] | None] | None = None,
+    hami_memory_factor: int = 1,
 ) -> tuple[WebhookServer, TargetCache]:
     """Follow the targets bucket and serve the webhook: what the actuator's start runs.
 
@@ -397,6 +405,7 @@ async def start_webhook(
         ready=lambda: cache.synced,
         opt_in=opt_in,
         namespace_labels=namespace_labels,
+        hami_memory_factor=hami_memory_factor,
     )
     await server.start(settings.host, settings.port)
     return server, cache

@@ -66,6 +66,31 @@ def default_replica_id() -> str:
     return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
+async def renew_member(kv: KeyValue, replica: str, body: bytes) -> None:
+    """Say the replica is alive; a failure is logged (the leases are renewed regardless,
+    each on its own: a KV leader moving fails some writes and not others)."""
+    try:
+        await kv.put(f"{MEMBER}{replica}", body)
+    except Exception as exc:
+        log.warning("member key not renewed", extra={"error": repr(exc)})
+
+
+async def renew_lease(kv: KeyValue, partition: int, replica: str, revision: int) -> int:
+    """Rewrite the partition's lease if it is still at ``revision``; its new revision. Raises
+    ``KeyWrongLastSequenceError`` when someone else's write came between, but not when it
+    was this replica's own earlier renewal, stored with its ack lost (a KV leader moving):
+    only ``replica`` writes its name there, so a lease naming it is still its own."""
+    key = f"{PARTITION}{partition}"
+    try:
+        return await kv.update(key, replica.encode(), last=revision)
+    except KeyWrongLastSequenceError:
+        entry = await kv.get(key)
+        if entry.value != replica.encode() or entry.revision is None:
+            raise
+        log.info("partition lease renewal stored, its ack lost", extra={"partition": partition})
+        return int(entry.revision)
+
+
 class PartitionHolder(Protocol):
     """What the service does when ownership changes (called from the ownership loop)."""
 
@@ -115,7 +140,6 @@ class Ownership:
         self.kv: KeyValue | None = None
         self.revisions: dict[int, int] = {}  # partitions held: lease revision
         self._trusted_until: dict[int, float] = {}  # time.monotonic() deadlines
-        self._member_revision: int | None = None
         self._lock = asyncio.Lock()  # one round (or the leave) at a time
         # A renewal and a release of the same lease never cross.
         self._lease_io: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
@@ -236,9 +260,10 @@ class Ownership:
         kv = self._kv()
         sent = time.monotonic()
         body = json.dumps({"replica": self.replica, "partitions": sorted(self.revisions)})
-        self._member_revision = await kv.put(f"{MEMBER}{self.replica}", body.encode())
         held = list(self.revisions)
+        member = asyncio.ensure_future(renew_member(kv, self.replica, body.encode()))
         results = await asyncio.gather(*(self._renew_one(kv, p) for p in held))
+        await member
         for p, outcome in zip(held, results, strict=True):
             if outcome is True:
                 self._trusted_until[p] = sent + TRUST * self.lease_s
@@ -257,9 +282,7 @@ class Ownership:
             async with self._lease_io[p]:
                 if (revision := self.revisions.get(p)) is None:
                     return None  # released meanwhile
-                self.revisions[p] = await kv.update(
-                    f"{PARTITION}{p}", self.replica.encode(), last=revision
-                )
+                self.revisions[p] = await renew_lease(kv, p, self.replica, revision)
             return True
         except (KeyWrongLastSequenceError, KeyNotFoundError):
             return False

@@ -18,7 +18,7 @@ from factories import T0, sample
 from fracpilot_libs.contracts import AppSignals, GpuSharing, Policy, ReasonCode, UsageSample
 from fracpilot_libs.simulation.workloads import demo_workloads, signals_at, usage_at
 from fracpilot_libs.sizing.baselines import EngineSizer, baseline_from_spec
-from fracpilot_libs.sizing.engine import decide, need_of
+from fracpilot_libs.sizing.engine import decide, need_of, observe
 from fracpilot_libs.sizing.grids import Grid, backend_grid, levels_of_profiles
 from fracpilot_libs.sizing.hindsight import hindsight_fraction, replay_hindsight
 from fracpilot_libs.sizing.histogram import histogram_percentile, soft_compute_level
@@ -263,6 +263,38 @@ def test_resizes_stay_apart_and_large_on_the_hundredths_grid(seed: int, burstine
     # So downsizes come at most once per cooldown, and each upsize climbs at least half the
     # downsize band: the count per day is bounded whatever the grid (the real trace's figure is
     # in test_the_default_policy_meets_the_figures_on_the_genai_trace).
+
+
+def test_observe_keeps_every_field_it_does_not_update() -> None:
+    # observe builds the state positionally (the hot path): a field added or moved in
+    # WorkloadState shows up here as a value in the wrong place.
+    now = (T0 + timedelta(minutes=1)).timestamp()
+    before = WorkloadState(
+        compute_ref=now,
+        memory_over=7,
+        first_seen=11.0,
+        samples=5,
+        current_fraction=0.37,
+        decided_fraction=0.41,
+        decided_at=13.0,
+        last_change_at=17.0,
+        below_since=19.0,
+        hold_until=23.0,
+        position=29,
+        recent_waiting=(3,),
+        kv_cache_usage=0.5,
+    )
+    s = sample(0.305, 0.2, minute=1, allocated=0.6)
+    after = observe(before, s, Policy(), now)
+    kept = ("memory_over", "first_seen", "decided_fraction", "decided_at", "last_change_at")
+    kept += ("below_since", "hold_until", "position", "compute_ref")
+    assert {f: getattr(after, f) for f in kept} == {f: getattr(before, f) for f in kept}
+    assert (after.samples, after.current_fraction) == (6, 0.6)
+    assert (after.recent_waiting, after.kv_cache_usage) == ((), None)  # s reports no signals
+    assert after.recent_compute == (0.305,)
+    assert (after.compute_total, after.compute_weights[31]) == (1.0, 1.0)
+    assert list(after.memory_slots) == [now, 0.2]
+    assert observe(before, s, Policy(), now, position=31).position == 31
 
 
 # --- the real trace -------------------------------------------------------------------------------

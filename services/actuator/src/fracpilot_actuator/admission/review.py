@@ -112,6 +112,7 @@ def admit(
     *,
     opt_in: OptInSettings | None = None,
     namespace_labels: Mapping[str, Any] | None = None,
+    hami_memory_factor: int = 1,
 ) -> Admission:
     """Answer a parsed AdmissionReview (see :func:`parse_review`): always allowed.
 
@@ -121,7 +122,8 @@ def admit(
     cache); None trusts the apiserver's namespaceSelector, which sent only pods of namespaces
     in auto mode or pods labelled ``fracpilot.io/mode=auto`` (for those, the namespace's label
     does not change the answer). ``opt_in``: the rule's settings; None: the defaults with no
-    excluded namespace (the apiserver leaves those out).
+    excluded namespace (the apiserver leaves those out). ``hami_memory_factor``: HAMi's
+    ``memoryFactor`` (it reads ``nvidia.com/gpumem`` in units of that many MiB).
     """
     request = as_mapping(review.get("request"))
     uid = str(request.get("uid", ""))
@@ -166,7 +168,7 @@ def admit(
                 AdmissionOutcome.NO_TARGET, f"no target for {candidates[0].key}", (), candidates[0]
             )
         workload, target = found
-        sizing = sizing_patch(pod, target)
+        sizing = sizing_patch(pod, target, hami_memory_factor=hami_memory_factor)
         if not sizing.applies:
             return answer(AdmissionOutcome.UNCHANGED, sizing.reason, (), workload, target)
         sizing.builder.set(("metadata", "annotations", TARGET_ANNOTATION), target.decision_id)

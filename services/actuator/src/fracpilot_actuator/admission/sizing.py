@@ -20,7 +20,9 @@ KAI (annotations; KAI refuses ``gpu-fraction`` >= 1 and any combination of ``gpu
 - a pod without any GPU request is left alone.
 
 HAMi (container limits): in the first container with an ``nvidia.com/gpu`` limit, each of
-``nvidia.com/gpumem`` (the target's MiB), ``nvidia.com/gpumem-percentage`` and
+``nvidia.com/gpumem`` (the target's MiB in HAMi's units: divided by its ``memoryFactor``,
+rounded up, as ``GenerateResourceRequests`` multiplies it back; Project-HAMi/HAMi 4707fb02
+``pkg/device/nvidia/device.go``), ``nvidia.com/gpumem-percentage`` and
 ``nvidia.com/gpucores`` (the fraction in whole percent, rounded up) that the container already
 sets is updated, in ``limits`` and, where present, ``requests`` (which must equal the limits
 for extended resources). A container with none of them holds whole GPUs and is left alone.
@@ -43,6 +45,7 @@ from fracpilot_actuator.admission.pods import (
     as_mapping,
 )
 from fracpilot_libs.contracts import GpuSharing, WorkloadTarget
+from fracpilot_libs.hami.fit import percent as percent  # HAMi's whole percents: one rule
 
 KAI_FRACTION = "gpu-fraction"
 KAI_MEMORY = "gpu-memory"
@@ -87,13 +90,6 @@ def format_fraction(fraction: float) -> str:
         raise ValueError(f"a gpu-fraction must be in (0, 1), not {fraction!r}")
     value = min(Decimal(repr(fraction)).quantize(_NANO, rounding=ROUND_CEILING), _MAX_PORTION)
     return format(value.normalize(), "f")
-
-
-def percent(fraction: float) -> int:
-    """A fraction as HAMi's whole percent (gpumem-percentage, gpucores): rounded up, 1..100."""
-    if not 0.0 < fraction <= 1.0 or not math.isfinite(fraction):
-        raise ValueError(f"a fraction must be in (0, 1], not {fraction!r}")
-    return max(1, min(100, math.ceil(round(fraction * 100, 9))))
 
 
 @dataclass
@@ -182,7 +178,9 @@ def _kai_container(spec: Mapping[str, Any], name: Any) -> tuple[Token, ...] | No
     return ("spec", "containers", 0) if as_list(spec.get("containers")) else None
 
 
-def _hami(pod: Mapping[str, Any], target: WorkloadTarget, patch: PatchBuilder) -> tuple[bool, str]:
+def _hami(
+    pod: Mapping[str, Any], target: WorkloadTarget, patch: PatchBuilder, memory_factor: int = 1
+) -> tuple[bool, str]:
     containers = as_list(as_mapping(pod.get("spec")).get("containers"))
     index = next((i for i, c in enumerate(containers) if _gpu_limit(c) is not None), None)
     if index is None:
@@ -191,7 +189,7 @@ def _hami(pod: Mapping[str, Any], target: WorkloadTarget, patch: PatchBuilder) -
     wanted: dict[str, int] = {HAMI_MEMORY_PERCENT: percent(target.fraction)}
     wanted[HAMI_CORES] = wanted[HAMI_MEMORY_PERCENT]
     if target.memory_mib > 0:
-        wanted[HAMI_MEMORY] = target.memory_mib
+        wanted[HAMI_MEMORY] = math.ceil(target.memory_mib / max(memory_factor, 1))
     limits = as_mapping(resources.get("limits"))
     used = [r for r in (HAMI_MEMORY, HAMI_MEMORY_PERCENT, HAMI_CORES) if r in limits]
     applied = [r for r in used if r in wanted]
@@ -209,18 +207,21 @@ def _hami(pod: Mapping[str, Any], target: WorkloadTarget, patch: PatchBuilder) -
     return True, ", ".join(f"{r}={wanted[r]}" for r in applied)
 
 
-def sizing_patch(pod: Mapping[str, Any], target: WorkloadTarget) -> Sizing:
-    """The ops that give ``pod`` the target, and whether the pod can take it at all."""
+def sizing_patch(
+    pod: Mapping[str, Any], target: WorkloadTarget, *, hami_memory_factor: int = 1
+) -> Sizing:
+    """The ops that give ``pod`` the target, and whether the pod can take it at all
+    (``hami_memory_factor``: HAMi's ``memoryFactor``)."""
     builder = PatchBuilder(pod)
     if target.backend is GpuSharing.KAI:
         applies, reason = _kai(pod, target, builder)
     else:
-        applies, reason = _hami(pod, target, builder)
+        applies, reason = _hami(pod, target, builder, hami_memory_factor)
     return Sizing(applies=applies, reason=reason, builder=builder, changed=bool(builder.ops))
 
 
 def template_patch(
-    workload: Mapping[str, Any], target: WorkloadTarget
+    workload: Mapping[str, Any], target: WorkloadTarget, *, hami_memory_factor: int = 1
 ) -> tuple[Sizing, list[dict[str, Any]]]:
     """The sizing of a Deployment's or StatefulSet's pod template, as ops on the workload.
 
@@ -230,7 +231,7 @@ def template_patch(
     no ops when the template holds the target already or cannot take it.
     """
     template = as_mapping(as_mapping(workload.get("spec")).get("template"))
-    sizing = sizing_patch(template, target)
+    sizing = sizing_patch(template, target, hami_memory_factor=hami_memory_factor)
     if not (sizing.applies and sizing.changed):
         return sizing, []
     sizing.builder.set(("metadata", "annotations", TARGET_ANNOTATION), target.decision_id)

@@ -9,6 +9,7 @@ list (verb, resource, scope):
 | list_pods | list | pods | all namespaces |
 | list_owners | list | replicasets (apps), jobs (batch) | the decision's namespace |
 | read_owner | get | deployments, statefulsets, replicasets, daemonsets (apps); jobs, cronjobs (batch) | namespaced |
+| read_configmap | get | configmaps | namespaced (a KAI pod's GPU-sharing ConfigMap: its memory limit) |
 | patch_pod_annotations | patch | pods | namespaced |
 | patch_pod_template | patch | deployments, statefulsets (apps) | namespaced (targets_via=template) |
 | evict | create | pods/eviction (policy/v1 Eviction) | namespaced |
@@ -16,6 +17,7 @@ list (verb, resource, scope):
 | create_pod / delete_pod | create / delete | pods (placeholders only) | namespaced |
 | ensure_priority_class | get, create | priorityclasses (scheduling.k8s.io) | cluster |
 | create_event | create | events (core/v1) | namespaced |
+| list_kai_objects | list | queues, bindrequests (scheduling.run.ai) | cluster / all namespaces |
 
 With ``inventory_cache`` on, :mod:`fracpilot_actuator.kube.cache` lists and watches nodes,
 pods, ReplicaSets and Jobs (all namespaces) instead of the per-decision lists.
@@ -164,6 +166,7 @@ class KubeApi:
         self.apps = client.AppsV1Api(api)
         self.batch = client.BatchV1Api(api)
         self.scheduling = client.SchedulingV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
         self.timeout_s = timeout_s
         self.retry = retry or ApiRetry()
         self._on_retry = on_retry
@@ -292,6 +295,45 @@ class KubeApi:
             raise
         body: dict[str, Any] = json.loads(response.data)
         return body
+
+    async def read_configmap(self, namespace: str, name: str) -> dict[str, str] | None:
+        """A ConfigMap's data; None when it is not there."""
+        try:
+            response: Any = await self._call(
+                "read_configmap",
+                lambda: self.core.read_namespaced_config_map(
+                    name, namespace, _preload_content=False, _request_timeout=self.timeout_s
+                ),
+            )
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        data = json.loads(response.data).get("data") or {}
+        return {str(k): str(v) for k, v in data.items()}
+
+    async def list_kai_objects(
+        self, group: str, version: str, plural: str
+    ) -> list[dict[str, Any]] | None:
+        """KAI's Queues or BindRequests (every namespace); None when the API server does not
+        serve them to us (404: KAI's CRDs are not installed; 403: no RBAC for them)."""
+        try:
+            return _items(
+                await self._call(
+                    f"list_{plural}",
+                    lambda: self.custom.list_cluster_custom_object(
+                        group,
+                        version,
+                        plural,
+                        _preload_content=False,
+                        _request_timeout=self.timeout_s,
+                    ),
+                )
+            )
+        except KubeError as exc:
+            if exc.status in (403, 404):
+                return None
+            raise
 
     # --- writes -----------------------------------------------------------------------------
 

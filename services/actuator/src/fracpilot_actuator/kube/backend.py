@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -41,6 +42,12 @@ from fracpilot_actuator.fakes import MemoryDisruptionHistory
 from fracpilot_actuator.guardrails import Disruption, GuardState
 from fracpilot_actuator.kube.api import KubeApi
 from fracpilot_actuator.kube.cache import InventoryCache
+from fracpilot_actuator.kube.enforcement import (
+    NOT_ENFORCED,
+    Enforcement,
+    enforced_after,
+    enforcement_note,
+)
 from fracpilot_actuator.kube.executor import StepExecutor
 from fracpilot_actuator.kube.inventory import Inventory
 from fracpilot_actuator.kube.judge import ActuationPlan, ClusterView, Guards, Skip, judge
@@ -228,6 +235,7 @@ class KubernetesBackend:
             self.settings.guardrails,
             self.settings.targets_via == "template",
             self.settings.opt_in,
+            kai=self.settings.kai,
         )
         return judge(decision, view, guards, now, dry_run=dry_run, resuming=resuming)
 
@@ -264,13 +272,16 @@ class KubernetesBackend:
             # In plan order: each step was planned on the cluster the earlier ones leave, so
             # a resize that counts on a pod having moved out waits for that eviction.
             for step in plan.steps:
+                enforced = chosen.enforcement.get(step.pod, NOT_ENFORCED)
                 if step.kind is PlanKind.IN_PLACE:
                     await self.executor.resize_in_place(
-                        decision, by_name[step.pod], step, chosen.memory_mib, now
+                        decision, by_name[step.pod], step, chosen.memory_mib, now, enforced
                     )
-                    notes.append(f"{step.pod} resized in place to {step.fraction_after:g}")
+                    notes.append(
+                        f"{step.pod} resized in place ({enforcement_note(step, enforced)})"
+                    )
                 elif step.kind is PlanKind.RECREATE_ELSEWHERE:
-                    error = await self.executor.evict(decision, by_name[step.pod], step)
+                    error = await self.executor.evict(decision, by_name[step.pod], step, enforced)
                     if error is not None:
                         detail = f"{plan.reason}; {'; '.join(notes)}; {error}"
                         return chosen.result(Outcome.FAILED, detail, error)
@@ -288,14 +299,18 @@ class KubernetesBackend:
                 )
                 pending.notes = notes
             else:
-                await self.publish_allocation(wl, chosen.inventory, plan.steps)
+                await self.publish_allocation(wl, chosen.inventory, plan.steps, chosen.enforcement)
             return chosen.result(Outcome.APPLIED, f"{plan.reason}; {'; '.join(notes)}")
         finally:
             if key not in self.pending:
                 self.guards = self.guards.end(key)
 
     async def publish_allocation(
-        self, workload: WorkloadRef, inventory: Inventory, steps: tuple[ResizePlan, ...]
+        self,
+        workload: WorkloadRef,
+        inventory: Inventory,
+        steps: tuple[ResizePlan, ...],
+        enforcement: Mapping[str, Enforcement] | None = None,
     ) -> None:
         """The workload's Allocation (:func:`allocation_of`); failing to write one never fails
         the action."""
@@ -304,6 +319,10 @@ class KubernetesBackend:
         allocation = allocation_of(workload, inventory, steps, utcnow())
         if allocation is None:
             return
+        step = next(s for s in steps if s.pod == allocation.pod)
+        e = (enforcement or {}).get(step.pod, NOT_ENFORCED)
+        enforced = enforced_after(step, e, applied=True)
+        allocation = allocation.model_copy(update={"enforced_fraction": enforced})
         try:
             await self.allocations.put(allocation)
         except Exception as exc:

@@ -38,6 +38,7 @@ from tenacity import (
 from fracpilot_actuator.admission import template_patch
 from fracpilot_actuator.kube.api import KubeApi
 from fracpilot_actuator.kube.cache import Fence
+from fracpilot_actuator.kube.enforcement import NOT_ENFORCED, Enforcement, enforcement_note
 from fracpilot_actuator.kube.errors import KubeError, TransientKubeError
 from fracpilot_actuator.kube.inventory import PodInfo
 from fracpilot_actuator.kube.object_values import DECISION_ID, KAI_FRACTION, KAI_MEMORY, RESIZED_AT
@@ -127,6 +128,7 @@ class StepExecutor:
         step: ResizePlan,
         memory_mib: int,
         now: datetime,
+        enforcement: Enforcement = NOT_ENFORCED,
     ) -> None:
         annotations = {RESIZED_AT: now.isoformat(), DECISION_ID: decision.decision_id}
         if pod.share is not None and pod.share.kai_key == KAI_MEMORY:
@@ -139,11 +141,18 @@ class StepExecutor:
             pod,
             "FractionResized",
             f"GPU share {step.fraction_before:g} -> {step.fraction_after:g} in KAI's "
-            f"accounting now; the container gets it when the pod is next recreated. "
+            f"accounting now; the container keeps what it started with until the pod is next "
+            f"recreated: {enforcement_note(step, enforcement)}. "
             f"{decision.explanation} (decision {decision.decision_id}: {step.reason})",
         )
 
-    async def evict(self, decision: FractionDecision, pod: PodInfo, step: ResizePlan) -> str | None:
+    async def evict(
+        self,
+        decision: FractionDecision,
+        pod: PodInfo,
+        step: ResizePlan,
+        enforcement: Enforcement = NOT_ENFORCED,
+    ) -> str | None:
         """Evict, retrying refusals and failures with jittered backoff; the error after the
         last attempt, or None. After a failure that may have evicted the pod all the same (no
         answer, 5xx) the pod is read before another eviction is sent."""
@@ -151,7 +160,8 @@ class StepExecutor:
             pod,
             "FractionEvictionRequested",
             f"evicting to recreate at GPU share {step.fraction_after:g} "
-            f"(was {step.fraction_before:g}): {decision.explanation} "
+            f"(was {step.fraction_before:g}; {enforcement_note(step, enforcement)}): "
+            f"{decision.explanation} "
             f"(decision {decision.decision_id}: {step.reason})",
         )
         s = self.settings.eviction
@@ -275,7 +285,9 @@ class StepExecutor:
                 extra={"workload": wl.key, "kind": wl.owner_kind},
             )
             return f"{what}'s pod template not patched (only a Deployment's or StatefulSet's)", None
-        sizing, ops = template_patch(owner, target)
+        sizing, ops = template_patch(
+            owner, target, hami_memory_factor=self.settings.hami_memory_factor
+        )
         if not sizing.applies:
             log.warning(
                 "pod template cannot take the target",

@@ -8,13 +8,18 @@ which :func:`as_api_dict` turns into the same dicts); time is passed in, nothing
   default, reported as a problem.
 - KAI Scheduler pods hold a share through the annotation ``gpu-fraction`` (portion of one
   GPU, 0 < f < 1) or ``gpu-memory`` (MiB, an integer). Which GPU: the reservation pod of the
-  pod's ``runai-gpu-group`` (namespace ``kai-resource-reservation``) names it in its
-  annotation ``run.ai/reserve_for_gpu_index``; until it does, the GPU is the synthetic
-  ``<node>/group/<group>`` (``<node>/unknown`` without a group).
+  pod's ``runai-gpu-group`` (namespace and app label: the binder's flags, :mod:`.kai`) names
+  it in its annotation ``run.ai/reserve_for_gpu_index``; until it does, the GPU is the
+  synthetic ``<node>/group/<group>`` (``<node>/unknown`` without a group). A ``gpu-memory``
+  share is the fraction KAI counts (:func:`~.kai.memory_fraction`); a pod KAI chose a node for
+  but did not bind yet counts there (its BindRequest); a multi-device fraction pod counts on
+  each of its GPUs.
 - HAMi pods hold a share through the limits ``nvidia.com/gpumem`` (MiB),
   ``nvidia.com/gpumem-percentage`` or ``nvidia.com/gpucores``; once scheduled, the annotation
   ``hami.io/vgpu-devices-allocated`` (``UUID,type,memMiB,cores:`` per device, ``;`` per
   container) says which GPU and how much memory: fraction = memMiB / device memory.
+  A node with HAMi's ``hami.io/node-nvidia-register`` has the GPUs it lists (its
+  ``nvidia.com/gpu`` counts sharing slots, not GPUs): :mod:`fracpilot_actuator.kube.hami`.
 - Pods asking for whole ``nvidia.com/gpu`` (and no share) take whole GPUs of their node; the
   node's GPUs nobody is known to hold are ``<node>/free-<i>``.
 - fracpilot's own capacity placeholders are left out: the capacity they stand for is what a
@@ -32,6 +37,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from fracpilot_actuator.kube.hami import hami_share, node_register, registered_gpus
+from fracpilot_actuator.kube.kai import (
+    BindTarget,
+    KaiSettings,
+    is_multi_device,
+    is_reservation,
+    memory_fraction,
+    multi_device_gpus,
+)
 from fracpilot_actuator.kube.object_values import (
     CAPACITY_ROLE,
     GPU_RESOURCE,
@@ -42,7 +56,6 @@ from fracpilot_actuator.kube.object_values import (
     KAI_FRACTION,
     KAI_GROUP,
     KAI_MEMORY,
-    KAI_RESERVATION_NAMESPACE,
     KAI_RESERVED_GPU,
     NODE_GPU_COUNT,
     NODE_GPU_MEMORY,
@@ -51,13 +64,13 @@ from fracpilot_actuator.kube.object_values import (
     as_api_dict,
     as_strings,
     get_path,
-    parse_hami_devices,
     parse_kai_fraction,
     parse_mib,
     parse_quantity_int,
     parse_time,
 )
 from fracpilot_libs.contracts import MIB, GpuSharing, WorkloadRef
+from fracpilot_libs.hami.register import RegisteredGpu
 from fracpilot_libs.owners import Controller, OwnerKey, top_owner
 from fracpilot_libs.placement.planner import ClusterState, Gpu, Placement
 
@@ -82,6 +95,7 @@ class GpuShare:
     gpu_uuid: str  # real UUID, or a synthetic id when the pod's GPU is not known
     memory_mib: int | None = None
     kai_key: str | None = None  # the KAI annotation the pod uses: gpu-fraction or gpu-memory
+    cores: int | None = None  # HAMi: the cores HAMi counts for it (allocated annotation)
 
 
 @dataclass(frozen=True)
@@ -123,6 +137,7 @@ class Inventory:
     pods: Mapping[str, PodInfo]  # by namespace/name, workload pods only
     problems: tuple[Problem, ...]
     placeholders: tuple[PodInfo, ...] = ()
+    hami_memory_factor: int = 1  # HAMi's memoryFactor: nvidia.com/gpumem is in its units
 
     def problems_of(self, pods: Iterable[PodInfo]) -> tuple[Problem, ...]:
         subjects = {f"pod {p.key}" for p in pods}
@@ -178,11 +193,21 @@ class _Node:
     name: str
     gpus: int
     memory_mib: int
+    registered: tuple[RegisteredGpu, ...] = ()  # HAMi's register: the real GPUs
 
 
 def _node(obj: Mapping[str, Any], default_memory_mib: int, problems: list[Problem]) -> _Node:
     name = str(get_path(obj, "metadata", "name"))
     labels = as_strings(get_path(obj, "metadata", "labels"))
+    try:
+        register = node_register(as_strings(get_path(obj, "metadata", "annotations")))
+    except ValueError as exc:  # HAMi registers no GPU there either; its slots are not GPUs
+        problems.append(Problem(f"node {name}", f"{exc}; no GPUs read"))
+        return _Node(name, 0, 0)
+    if register is not None:  # HAMi: nvidia.com/gpu counts slots; the register has the GPUs
+        problems += [Problem(f"node {name}", p) for p in register.problems]
+        gpus = register.gpus
+        return _Node(name, len(gpus), gpus[0].memory_mib if gpus else 0, gpus)
     count_text = (
         (get_path(obj, "status", "allocatable") or {}).get(GPU_RESOURCE)
         or (get_path(obj, "status", "capacity") or {}).get(GPU_RESOURCE)
@@ -239,7 +264,7 @@ def _kai_share(
             raise ValueError(
                 f"{KAI_MEMORY} {memory} MiB is more than the GPU's {node.memory_mib} MiB"
             )
-        fraction, key = memory / node.memory_mib, KAI_MEMORY
+        fraction, key = min(1.0, memory_fraction(memory, node.memory_mib)), KAI_MEMORY
     if group and group in reserved:
         uuid = reserved[group]
     elif group:
@@ -249,32 +274,20 @@ def _kai_share(
     return GpuShare(GpuSharing.KAI, fraction, uuid, memory, key)
 
 
-def _hami_share(annotations: Mapping[str, str], limits: Mapping[str, str], node: _Node) -> GpuShare:
-    if HAMI_ALLOCATED in annotations:
-        devices = [d for c in parse_hami_devices(annotations[HAMI_ALLOCATED]) for d in c]
-        if len(devices) != 1:
-            raise ValueError(
-                f"{HAMI_ALLOCATED} lists {len(devices)} devices; a share of one GPU is resized"
-            )
-        device = devices[0]
-        memory = device.memory_mib
-        if not 0 < memory <= node.memory_mib:
-            raise ValueError(f"{HAMI_ALLOCATED} holds {memory} MiB of a {node.memory_mib} MiB GPU")
-        return GpuShare(GpuSharing.HAMI, memory / node.memory_mib, device.uuid, memory)
-    # Not scheduled by HAMi yet (or the annotation was removed): the limits say how much.
-    if HAMI_MEMORY in limits:
-        memory = parse_mib(limits[HAMI_MEMORY], HAMI_MEMORY)
-        if memory > node.memory_mib:
-            raise ValueError(f"{HAMI_MEMORY} {memory} MiB is more than the GPU's memory")
-        fraction = memory / node.memory_mib
-    elif HAMI_MEMORY_PERCENT in limits:
-        percent = parse_quantity_int(limits[HAMI_MEMORY_PERCENT])
-        if not 0 < percent <= 100:
-            raise ValueError(f"{HAMI_MEMORY_PERCENT} {percent} is not 1..100")
-        fraction, memory = percent / 100, round(percent / 100 * node.memory_mib)
-    else:
-        raise ValueError(f"{HAMI_CORES} without {HAMI_MEMORY}: no memory share to resize")
-    return GpuShare(GpuSharing.HAMI, fraction, f"{node.name}/unknown", memory)
+def _hami_share(
+    annotations: Mapping[str, str], limits: Mapping[str, str], node: _Node, memory_factor: int
+) -> GpuShare:
+    share = hami_share(
+        annotations,
+        limits,
+        node=node.name,
+        gpus={g.uuid: g for g in node.registered},
+        default_memory_mib=node.memory_mib,
+        memory_factor=memory_factor,
+    )
+    return GpuShare(
+        GpuSharing.HAMI, share.fraction, share.gpu_uuid, share.memory_mib, cores=share.cores
+    )
 
 
 def backend_of(annotations: Mapping[str, str], limits: Mapping[str, str]) -> GpuSharing | None:
@@ -294,8 +307,16 @@ def build_inventory(
     *,
     cluster: str,
     default_gpu_memory_mib: int,
+    hami_memory_factor: int = 1,
+    kai: KaiSettings | None = None,
+    bound: Mapping[str, BindTarget] | None = None,
 ) -> Inventory:
-    """Everything the planner and the guardrails need, from one listing of nodes and pods."""
+    """Everything the planner and the guardrails need, from one listing of nodes and pods.
+
+    ``kai``: where KAI's reservation pods are (its binder's flags); ``bound``: KAI's
+    BindRequests by ``ns/pod`` (:func:`~fracpilot_actuator.kube.kai.bind_targets`): a pod not
+    bound yet counts on the node (and GPU group) KAI chose for it, as KAI counts it."""
+    kai, bound = kai or KaiSettings(), bound or {}
     problems: list[Problem] = []
     node_by_name: dict[str, _Node] = {}
     for raw in nodes:
@@ -311,10 +332,10 @@ def build_inventory(
     reserved: dict[str, str] = {}  # KAI gpu group -> GPU UUID
     for pod in live:
         meta = pod.get("metadata") or {}
-        group = (meta.get("labels") or {}).get(KAI_GROUP)
+        labels = as_strings(meta.get("labels"))
         uuid = (meta.get("annotations") or {}).get(KAI_RESERVED_GPU)
-        if meta.get("namespace") == KAI_RESERVATION_NAMESPACE and group and uuid:
-            reserved[str(group)] = str(uuid)
+        if is_reservation(str(meta.get("namespace", "")), labels, kai) and uuid:
+            reserved[labels[KAI_GROUP]] = str(uuid)
 
     infos: dict[str, PodInfo] = {}
     placeholders: list[PodInfo] = []
@@ -325,7 +346,8 @@ def build_inventory(
         meta = pod.get("metadata") or {}
         namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
         labels, annotations = as_strings(meta.get("labels")), as_strings(meta.get("annotations"))
-        node_name = str(get_path(pod, "spec", "nodeName") or "")
+        target = bound.get(f"{namespace}/{name}") or BindTarget("")  # KAI's choice, unbound
+        node_name = str(get_path(pod, "spec", "nodeName") or "") or target.node
         node = node_by_name.get(node_name)
         subject = f"pod {namespace}/{name}"
         try:
@@ -334,15 +356,16 @@ def build_inventory(
             problems.append(Problem(subject, str(exc)))
             limits = {}
         backend = backend_of(annotations, limits)
-        reservation = namespace == KAI_RESERVATION_NAMESPACE and KAI_GROUP in labels
+        reservation = is_reservation(namespace, labels, kai)
         share: GpuShare | None = None
         whole_gpus = 0
         try:
             if backend is not None and node is not None:
                 if backend is GpuSharing.KAI:
-                    share = _kai_share(annotations, labels.get(KAI_GROUP), node, reserved)
+                    group = labels.get(KAI_GROUP) or next(iter(target.groups), None)
+                    share = _kai_share(annotations, group, node, reserved)
                 else:
-                    share = _hami_share(annotations, limits, node)
+                    share = _hami_share(annotations, limits, node, hami_memory_factor)
             elif backend is not None and node_name:
                 raise ValueError(f"it runs on node {node_name}, which reports no GPUs")
             elif backend is None and not reservation and GPU_RESOURCE in limits:
@@ -379,21 +402,35 @@ def build_inventory(
         if node is not None and whole_gpus:
             whole[node.name] = whole.get(node.name, 0) + whole_gpus
         if share is not None and node is not None:
-            held.setdefault(node.name, set()).add(share.gpu_uuid)
-            kind, owner = info.controller or ("Pod", name)
-            placements.append(
-                Placement(
-                    workload=WorkloadRef(
-                        cluster=cluster, namespace=namespace, owner_kind=kind, owner_name=owner
-                    ),
-                    pod=name,
-                    gpu_uuid=share.gpu_uuid,
-                    fraction=share.fraction,
+            gpu_ids: tuple[str, ...] = (share.gpu_uuid,)
+            if backend is GpuSharing.KAI and is_multi_device(annotations, labels):
+                # A share of each of several GPUs (kai.py): counted on all, never resized.
+                gpu_ids = multi_device_gpus(
+                    node.name, info.uid, annotations, labels, reserved, target.groups
                 )
-            )
+            kind, owner = info.controller or ("Pod", name)
+            for gpu_id in gpu_ids:
+                held.setdefault(node.name, set()).add(gpu_id)
+                placements.append(
+                    Placement(
+                        workload=WorkloadRef(
+                            cluster=cluster, namespace=namespace, owner_kind=kind, owner_name=owner
+                        ),
+                        pod=name,
+                        gpu_uuid=gpu_id,
+                        fraction=share.fraction,
+                        **_hami_held(share),
+                    )
+                )
 
     gpus: list[Gpu] = []
     for node in node_by_name.values():
+        if node.registered:  # HAMi: its GPUs, and any share on a GPU it did not register
+            gpus += registered_gpus(node.name, node.registered)
+            others = sorted(held.get(node.name, set()) - {g.uuid for g in node.registered})
+            memory = node.memory_mib * MIB
+            gpus += [Gpu(uuid=u, node=node.name, memory_bytes=memory) for u in others]
+            continue
         ids = sorted(held.get(node.name, ()))
         taken = len(ids) + whole.get(node.name, 0)
         if taken > node.gpus:
@@ -407,7 +444,15 @@ def build_inventory(
         pods=infos,
         problems=tuple(problems),
         placeholders=tuple(placeholders),
+        hami_memory_factor=hami_memory_factor,
     )
+
+
+def _hami_held(share: GpuShare) -> dict[str, int]:
+    """What HAMi counts against the GPU for a scheduled HAMi share (its allocated annotation)."""
+    if share.backend is not GpuSharing.HAMI or share.cores is None or share.memory_mib is None:
+        return {}
+    return {"memory_mib": share.memory_mib, "cores": share.cores}
 
 
 def last_change(pods: Iterable[PodInfo]) -> datetime | None:

@@ -11,8 +11,15 @@ in this order, what the executor (:mod:`fracpilot_actuator.kube.executor`) is to
    fracpilot.io/mode=auto");
 3. invalid shares (a bad annotation, an unknown GPU): skip with the error, and a Warning
    event on each pod at fault (not in a dry run);
-4. pods that do not all hold one kind of fractional share (KAI or HAMi): skip;
-5. plan the workload with the pure planner (in place only for KAI);
+4. pods that do not all hold one kind of fractional share (KAI or HAMi): skip; KAI
+   multi-device fraction pods: skip (:mod:`.kai`); a KAI fraction goes onto hundredths, and an
+   in-place upsize past the KAI queue's limit is only recommended, past its quota (policy
+   ``queue_bound=quota``) a recreate (:mod:`.queues`);
+5. plan the workload with the pure planner (in place only for KAI; HAMi pods with HAMi's own
+   fit rules, :func:`fracpilot_actuator.kube.hami.fit_rule`);
+   KAI's in-place steps then say accounted vs enforced (:mod:`.enforcement`): an upsize past
+   an enforced memory limit is a recreate, a downsize needs the memory floor under the new
+   share, and policy ``enforcement=recreate_within_budget`` recreates when the budget allows;
 6. the guardrails (:func:`fracpilot_actuator.guardrails.check`), unless the decision is
    resumed (an earlier attempt recorded its target, so it passed them);
 7. nothing to change: skip (or applied, when an earlier attempt did it); a dry run: what would
@@ -24,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from fracpilot_actuator.actuation import Actuation
@@ -35,8 +43,17 @@ from fracpilot_actuator.guardrails import (
     check,
     opt_out,
 )
+from fracpilot_actuator.kube.enforcement import Enforcement, enforce, enforced_after
+from fracpilot_actuator.kube.hami import fit_rule
 from fracpilot_actuator.kube.inventory import Inventory, PodInfo, last_change
+from fracpilot_actuator.kube.kai import (
+    KaiSettings,
+    kai_fraction,
+    kai_memory_mib,
+    multi_device_refusal,
+)
 from fracpilot_actuator.kube.object_values import is_opted_out
+from fracpilot_actuator.kube.queues import Queue, queue_verdict
 from fracpilot_actuator.opt_in import Automation, OptInSettings, Selected, automation_of
 from fracpilot_libs.contracts import (
     FractionDecision,
@@ -56,6 +73,8 @@ class ClusterView:
     pods: tuple[PodInfo, ...]  # the workload's pods, terminating ones included
     owner: Mapping[str, Any] | None = None  # the workload object, when it was read
     namespace_labels: Mapping[str, Any] = field(default_factory=dict)  # the workload's namespace
+    queues: Mapping[str, Queue] | None = None  # KAI's Queues by name; None: not read
+    enforcement: Mapping[str, Enforcement] = field(default_factory=dict)  # by pod name
 
     @property
     def live(self) -> tuple[PodInfo, ...]:
@@ -72,6 +91,8 @@ class Guards:
     """targets_via=template: every change patches the pod template (a rollout: disruptive)."""
     opt_in: OptInSettings = field(default_factory=OptInSettings)
     """The opt-in rule's settings (the default mode, the excluded namespaces)."""
+    kai: KaiSettings = field(default_factory=KaiSettings)
+    """KAI's set-up and how far an in-place upsize may take a KAI queue (:mod:`.queues`)."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +125,7 @@ class ActuationPlan:
     memory_mib: int  # the new share in MiB of the workload's GPUs
     disruptive: bool
     resuming: bool = False
+    enforcement: Mapping[str, Enforcement] = field(default_factory=dict)  # by pod name
 
     def target(self, now: datetime) -> WorkloadTarget:
         """The workload's target, recorded before any pod is touched."""
@@ -118,7 +140,11 @@ class ActuationPlan:
         )
 
     def result(self, outcome: Outcome, detail: str, error: str | None = None) -> Actuation:
-        return actuation_of(self.inventory, self.plan.kind, self.primary, outcome, detail, error)
+        done = actuation_of(self.inventory, self.plan.kind, self.primary, outcome, detail, error)
+        if self.primary is None or (e := self.enforcement.get(self.primary.pod)) is None:
+            return done
+        applied = outcome is Outcome.APPLIED
+        return replace(done, enforced_fraction=enforced_after(self.primary, e, applied))
 
 
 Judgement = ActuationPlan | Skip
@@ -150,11 +176,14 @@ def actuation_of(
     )
 
 
-def memory_share_mib(decision: FractionDecision, view: ClusterView) -> int:
-    """The new share in MiB of the workload's GPUs (KAI divides by the node's label)."""
+def memory_share_mib(decision: FractionDecision, view: ClusterView, kai: bool = False) -> int:
+    """The new share in MiB of the workload's GPUs (``kai``: the ``gpu-memory`` that KAI, which
+    divides by the node's label floored to 100 MiB, counts as the fraction: :mod:`.kai`)."""
     for placement in view.inventory.placements_of(view.live):
         gpu = view.inventory.state.gpu(placement.gpu_uuid)
         if gpu is not None:
+            if kai:
+                return kai_memory_mib(decision.new_fraction, gpu.memory_bytes // 2**20)
             return round(decision.new_fraction * gpu.memory_bytes / 2**20)
     return decision.new_memory_mib
 
@@ -260,17 +289,46 @@ def judge(
             f"(KAI annotation or HAMi limits): {', '.join(what)}"
         )
     gpu_backend = next(b for b in kinds if b is not None)
+    if gpu_backend is GpuSharing.KAI:
+        if refusal := multi_device_refusal((p.key, p.annotations, p.labels) for p in live):
+            return _skipped(refusal, held_back="multi_device")
+        # On hundredths: KAI's GPU_PORTION ("%.2f") and its accounting equal the plan (kai.py).
+        exact = kai_fraction(decision.new_fraction)
+        decision = decision.model_copy(update={"new_fraction": exact})
     plan = plan_workload(
         view.inventory.state,
         wl,
         view.inventory.placements_of(live),
         decision.new_fraction,
         in_place=gpu_backend is GpuSharing.KAI,
+        fit=fit_rule(gpu_backend, view.inventory.hami_memory_factor),
     )
     if gpu_backend is GpuSharing.HAMI and plan.kind is not PlanKind.NONE:
         plan = plan.model_copy(
             update={"reason": f"HAMi cannot change a running pod's limits: {plan.reason}"}
         )
+    if gpu_backend is GpuSharing.KAI and view.queues is not None:
+        bounded = queue_verdict(plan, view.queues, view.owner, [p.labels for p in live], guards.kai)
+        if bounded.action == "recreate":  # KAI's quota check then admits the new pod, or not
+            plan = plan_workload(
+                view.inventory.state,
+                wl,
+                view.inventory.placements_of(live),
+                decision.new_fraction,
+                in_place=False,
+                fit=fit_rule(gpu_backend, view.inventory.hami_memory_factor),
+            )
+            plan = plan.model_copy(update={"reason": f"{bounded.reason}; {plan.reason}"})
+        elif bounded.action == "recommend" and not dry_run:
+            dry_run, held_back = bounded.reason, "queue_limit"
+    if gpu_backend is GpuSharing.KAI:  # accounting moves in place, enforced limits do not
+        budget = partial(
+            check, subject, disruptive=True, state=guards.state, settings=guards.settings, now=now
+        )
+        honest = enforce(plan, decision, view.enforcement, lambda: budget().allowed)
+        if isinstance(honest, str):
+            return _skipped(honest)
+        plan = honest
     disruptive = is_disruptive(plan, guards.patches_templates)
     verdict = check(
         subject, disruptive=disruptive, state=guards.state, settings=guards.settings, now=now
@@ -283,9 +341,10 @@ def judge(
         gpu_backend=gpu_backend,
         primary=primary_step(plan, decision),
         inventory=view.inventory,
-        memory_mib=memory_share_mib(decision, view),
+        memory_mib=memory_share_mib(decision, view, kai=gpu_backend is GpuSharing.KAI),
         disruptive=disruptive,
         resuming=resuming,
+        enforcement=view.enforcement,
     )
 
     def skipped_plan(outcome: Outcome, detail: str) -> Skip:

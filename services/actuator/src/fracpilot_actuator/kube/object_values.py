@@ -22,6 +22,9 @@ KAI_MEMORY = "gpu-memory"
 KAI_GROUP = "runai-gpu-group"
 KAI_RESERVATION_NAMESPACE = "kai-resource-reservation"
 KAI_RESERVED_GPU = "run.ai/reserve_for_gpu_index"
+# KAI's nodescaleadjuster puts its scaling pods here; KAI creates no reservation pods while one
+# is pending (so fracpilot's placeholders never go there).
+KAI_SCALE_ADJUST_NAMESPACE = "kai-scale-adjust"
 
 HAMI_ALLOCATED = "hami.io/vgpu-devices-allocated"
 HAMI_MEMORY = "nvidia.com/gpumem"
@@ -122,7 +125,9 @@ def parse_hami_devices(value: str) -> tuple[tuple[HamiDevice, ...], ...]:
             if not item.strip():
                 continue
             parts = [p.strip() for p in item.split(",")]
-            if len(parts) != 4 or not parts[0]:
+            # DecodeContainerDevices (HAMi 4707fb02, pkg/device/devices.go) reads the first
+            # four fields and ignores any more.
+            if len(parts) < 4 or not parts[0]:
                 raise ValueError(f"{HAMI_ALLOCATED} device {item!r} is not UUID,type,memMiB,cores")
             try:
                 memory, cores = int(parts[2]), int(parts[3])

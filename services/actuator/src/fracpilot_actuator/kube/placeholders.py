@@ -1,20 +1,38 @@
 """Scale-up placeholders: the pending pod that asks the autoscaler for a GPU. Pure.
 
-A placeholder asks for a whole ``nvidia.com/gpu`` with the low PriorityClass
-``fracpilot-capacity`` and carries the decision, so a restarted actuator carries on where it
-was (:class:`PendingScaleUp` is rebuilt from the placeholders it finds).
+A placeholder is shaped like KAI's own scaling pod (``createScalingPodSpec`` in
+``pkg/nodescaleadjuster/scaler/scaling_pod.go``, kai-scheduler/KAI-Scheduler at d5bc503a): the
+pending pod's node selector, affinity and tolerations, its containers' CPU and memory requests
+summed, and one whole physical GPU, so the cluster-autoscaler adds a node the moving pod fits
+on. One whole GPU is ``nvidia.com/gpu: 1`` for KAI; under HAMi, where ``nvidia.com/gpu``
+counts sharing slots, it is :data:`~fracpilot_libs.hami.fit.WHOLE_GPU_LIMITS`
+(``gpumem-percentage: 100`` and ``gpucores: 100``, which HAMi's ``Fit`` places only on a GPU
+no pod uses). It has the low PriorityClass ``fracpilot-capacity`` and carries the decision, so
+a restarted actuator carries on where it was (:class:`PendingScaleUp` is rebuilt from the
+placeholders it finds). It never goes to ``kai-scale-adjust``: KAI creates no reservation pods
+while a pod there is pending.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from fracpilot_actuator.kube.inventory import PodInfo
-from fracpilot_actuator.kube.object_values import CAPACITY_ROLE, GPU_RESOURCE, ROLE
-from fracpilot_libs.contracts import FractionDecision
+from fracpilot_actuator.kube.object_values import (
+    CAPACITY_ROLE,
+    GPU_RESOURCE,
+    KAI_SCALE_ADJUST_NAMESPACE,
+    ROLE,
+)
+from fracpilot_libs.contracts import FractionDecision, GpuSharing
+from fracpilot_libs.hami.fit import WHOLE_GPU_LIMITS
 
 PRIORITY_CLASS = "fracpilot-capacity"
 PRIORITY_VALUE = -10
@@ -39,6 +57,57 @@ def placeholder_name(namespace: str, pod: str) -> str:
     return f"fracpilot-capacity-{digest}"
 
 
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+)(e[+-]?[0-9]+|E[+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?$")
+_SUFFIX = {
+    **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    **{s: Decimal(1000) ** (i + 1) for i, s in enumerate(("k", "M", "G", "T", "P", "E"))},
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+}
+
+
+def parse_quantity(value: Any) -> Decimal:
+    """A Kubernetes quantity (``"500m"``, ``"2Gi"``, ``"1e3"``, ``2``) as a number."""
+    match = _QUANTITY.match(str(value).strip())
+    if match is None:
+        raise ValueError(f"quantity {value!r} is not a Kubernetes quantity")
+    number, suffix = match.groups()
+    try:
+        if suffix and suffix[0] in "eE" and len(suffix) > 1:
+            return Decimal(number + suffix)
+        return Decimal(number) * _SUFFIX.get(suffix or "", Decimal(1))
+    except InvalidOperation:
+        raise ValueError(f"quantity {value!r} is not a number") from None
+
+
+def copied_requests(containers: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """The containers' CPU and memory requests summed, as KAI's scaling pod takes them
+    (``addCpuResourceRequest`` / ``addMemoryResourceRequest``: requests only, regular
+    containers only); CPU in millicores and memory in bytes, rounded up; a zero sum is left out.
+    A value that does not parse raises ValueError."""
+    cpu, memory = Decimal(0), Decimal(0)
+    for container in containers:
+        requests = (container.get("resources") or {}).get("requests") or {}
+        if "cpu" in requests:
+            cpu += parse_quantity(requests["cpu"])
+        if "memory" in requests:
+            memory += parse_quantity(requests["memory"])
+    copied = {}
+    if cpu > 0:
+        copied["cpu"] = f"{math.ceil(cpu * 1000)}m"
+    if memory > 0:
+        copied["memory"] = str(math.ceil(memory))
+    return copied
+
+
+def whole_gpu(backend: GpuSharing | None) -> dict[str, str]:
+    """What one whole physical GPU is in the backend's resources (see the module docstring)."""
+    if backend is GpuSharing.HAMI:
+        return {k: str(v) for k, v in WHOLE_GPU_LIMITS.items()}
+    return {GPU_RESOURCE: "1"}
+
+
 def placeholder_pod(
     *,
     name: str,
@@ -49,12 +118,17 @@ def placeholder_pod(
 ) -> dict[str, Any]:
     """A pod that asks for one whole GPU where the moving pod may run, and does nothing.
 
-    It copies the pod's node selector, affinity and tolerations (as KAI's node-scale-adjuster
-    does), so the autoscaler adds a node the pod can use; ``preemptionPolicy: Never`` and the
-    negative priority keep it from pushing any real pod aside.
+    It copies the pod's node selector, affinity, tolerations and CPU and memory requests (as
+    KAI's node-scale-adjuster does), so the autoscaler adds a node the pod can use;
+    ``preemptionPolicy: Never`` and the negative priority keep it from pushing any real pod
+    aside. Raises ValueError for ``kai-scale-adjust`` or a request that does not parse.
     """
+    if namespace == KAI_SCALE_ADJUST_NAMESPACE:
+        raise ValueError(f"a placeholder may not go to {KAI_SCALE_ADJUST_NAMESPACE}")
     spec = pod.raw.get("spec") or {}
     copied = {k: spec[k] for k in ("nodeSelector", "affinity", "tolerations") if spec.get(k)}
+    gpu = whole_gpu(pod.backend)
+    requests = {**gpu, **copied_requests(spec.get("containers") or ())}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -78,10 +152,7 @@ def placeholder_pod(
                 {
                     "name": "capacity",
                     "image": image,
-                    "resources": {
-                        "requests": {GPU_RESOURCE: "1", "cpu": "10m", "memory": "16Mi"},
-                        "limits": {GPU_RESOURCE: "1", "memory": "16Mi"},
-                    },
+                    "resources": {"requests": requests, "limits": gpu},
                 }
             ],
         },

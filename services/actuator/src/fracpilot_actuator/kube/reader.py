@@ -15,8 +15,10 @@ from typing import Any
 
 from fracpilot_actuator.kube.api import KubeApi
 from fracpilot_actuator.kube.cache import Fence, InventoryCache
-from fracpilot_actuator.kube.inventory import build_inventory, owner_parents
+from fracpilot_actuator.kube.enforcement import Enforcement, configmaps_of, enforcement_map
+from fracpilot_actuator.kube.inventory import Inventory, PodInfo, build_inventory, owner_parents
 from fracpilot_actuator.kube.judge import ClusterView
+from fracpilot_actuator.kube.kai_objects import KaiReader
 from fracpilot_actuator.kube.settings import KubeBackendSettings
 from fracpilot_libs.contracts import WorkloadRef
 
@@ -38,6 +40,7 @@ class ClusterReader:
         )
         self._fences: list[Fence] = []
         self._logged_problems: set[str] = set()
+        self.kai = KaiReader(api, settings.kai)  # BindRequests and Queues, per decision
         self.fresh_lists = 0  # decisions that listed because the cache was behind
 
     def fence(self, fence: Fence) -> None:
@@ -76,15 +79,40 @@ class ClusterReader:
                 ),
                 self.api.list_owners(workload.namespace),
             )
+        kai = await self.kai.read()
         inventory = build_inventory(
             nodes,
             pods,
             cluster=self.settings.cluster,
             default_gpu_memory_mib=self.settings.default_gpu_memory_mib,
+            kai=self.settings.kai,
+            bound=kai.bound,
+            hami_memory_factor=self.settings.hami_memory_factor,
         )
         for problem in inventory.problems:
             if (text := str(problem)) not in self._logged_problems:
                 self._logged_problems.add(text)
                 log.warning("cluster problem", extra={"problem": text})
         parents = owner_parents(replica_sets, "ReplicaSet") | owner_parents(jobs, "Job")
-        return ClusterView(inventory, inventory.pods_of(workload, parents))
+        mine = inventory.pods_of(workload, parents)
+        enforcement = await self._enforcement(workload.namespace, mine, inventory)
+        return ClusterView(inventory, mine, enforcement=enforcement, queues=kai.queues)
+
+    async def _enforcement(
+        self, namespace: str, pods: tuple[PodInfo, ...], inventory: Inventory
+    ) -> dict[str, Enforcement]:
+        """Each live pod's enforced memory limit; KAI's comes from the GPU-sharing ConfigMap
+        its env refers to (read here; one that cannot be read leaves the limit unknown)."""
+        live = [p for p in pods if not p.terminating]
+        names = sorted({n for p in live for n in configmaps_of(p)})
+        data: dict[str, dict[str, str] | None] = {}
+        for name in names:
+            try:
+                data[name] = await self.api.read_configmap(namespace, name)
+            except Exception as exc:
+                log.warning(
+                    "GPU-sharing ConfigMap not read: its pods' limits are unknown",
+                    extra={"configmap": f"{namespace}/{name}", "error": str(exc)[:300]},
+                )
+                data[name] = None
+        return enforcement_map(live, inventory, data, self.settings.default_gpu_memory_mib)

@@ -12,6 +12,8 @@ import logging
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from fracpilot_actuator.kube.enforcement import NOT_ENFORCED, must_recreate
+from fracpilot_actuator.kube.hami import fit_rule
 from fracpilot_actuator.kube.inventory import Inventory
 from fracpilot_actuator.kube.judge import actuation_of, memory_share_mib
 from fracpilot_actuator.kube.placeholders import PendingScaleUp
@@ -54,7 +56,13 @@ class ScaleUps:
             pod, placement = live.get(pod_name), placements.get(pod_name)
             if pod is not None and placement is not None:
                 step = plan_pod(
-                    state, placement, decision.new_fraction, in_place=pod.backend is GpuSharing.KAI
+                    state,
+                    placement,
+                    decision.new_fraction,
+                    # an upsize past an enforced limit is a recreate (enforcement.py)
+                    in_place=pod.backend is GpuSharing.KAI
+                    and not must_recreate(view.enforcement.get(pod_name, NOT_ENFORCED), decision),
+                    fit=fit_rule(pod.backend, inventory.hami_memory_factor),
                 )
                 node = bound.get((namespace, placeholder))
                 if step.kind is PlanKind.SCALE_UP and node is None:  # no capacity yet
@@ -76,17 +84,22 @@ class ScaleUps:
                 pending.notes.append(f"{pod_name} is gone; its replacement gets the target")
             elif step.kind is PlanKind.IN_PLACE:
                 memory_mib = memory_share_mib(decision, view)
-                await executor.resize_in_place(decision, pod, step, memory_mib, now)
+                enforced = view.enforcement.get(pod_name, NOT_ENFORCED)
+                await executor.resize_in_place(decision, pod, step, memory_mib, now, enforced)
                 pending.notes.append(f"{pod_name} now fits on its GPU: resized in place")
             elif step.kind is not PlanKind.NONE:
                 where = node or inventory.gpu_node(step.gpu_after) or "a node the scheduler found"
-                failure = await executor.evict(decision, pod, step)
+                failure = await executor.evict(
+                    decision, pod, step, view.enforcement.get(pod_name, NOT_ENFORCED)
+                )
                 if failure is not None:
                     await self._finish(pending, Outcome.FAILED, inventory, step, failure)
                     return
                 pending.notes.append(f"capacity appeared on {where}; {pod_name} evicted")
         if not pending.placeholders:
-            await backend.publish_allocation(decision.workload, inventory, tuple(done))
+            await backend.publish_allocation(
+                decision.workload, inventory, tuple(done), view.enforcement
+            )
             await self._finish(pending, Outcome.APPLIED, inventory, last, None)
 
     async def _finish(

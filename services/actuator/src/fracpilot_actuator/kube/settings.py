@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from fracpilot_actuator.guardrails import GuardrailSettings
+from fracpilot_actuator.kube.kai import KaiSettings
 from fracpilot_actuator.opt_in import OptInSettings
 
 
@@ -33,6 +34,8 @@ class KubeBackendSettings:
     """A label selector for the GPU nodes fracpilot may place pods on; None: every node."""
     default_gpu_memory_mib: int = 81920
     """GPU memory of a node without the label nvidia.com/gpu.memory (reported as a problem)."""
+    hami_memory_factor: int = 1
+    """HAMi's scheduler ``memoryFactor``: it reads ``nvidia.com/gpumem`` as that many MiB each."""
     eviction: EvictionSettings = field(default_factory=EvictionSettings)
     """How often and how patiently an eviction refused with 429 (a PDB allows no disruption)
     is tried again."""
@@ -51,6 +54,9 @@ class KubeBackendSettings:
     every decision."""
     opt_in: OptInSettings = field(default_factory=OptInSettings)
     """The opt-in rule's settings: the default mode (recommend), the excluded namespaces."""
+    kai: KaiSettings = field(default_factory=KaiSettings)
+    """KAI-Scheduler's set-up (its binder's reservation flags, the queue label) and how far an
+    in-place upsize may take a KAI queue."""
     cache_fence_timeout_s: float = 2.0
     """How long a decision waits for the cache to catch up with the backend's last write
     before it lists afresh."""

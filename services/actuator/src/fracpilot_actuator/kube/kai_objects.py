@@ -1,0 +1,84 @@
+"""Reads KAI-Scheduler's own objects for a decision: its BindRequests (where a pod not bound
+yet is going) and its Queues (quota, limit, allocated). The parsing is pure (:mod:`.kai`,
+:mod:`.queues`); this is the I/O, through :meth:`KubeApi.list_kai_objects`.
+
+A cluster without KAI's CRDs (a HAMi cluster) or without the RBAC for them reads as "no
+BindRequests" and "Queues unknown" (no queue check), logged once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from fracpilot_actuator.kube.kai import (
+    BIND_REQUEST_GROUP,
+    BIND_REQUEST_PLURAL,
+    BIND_REQUEST_VERSION,
+    BindTarget,
+    KaiSettings,
+    bind_targets,
+)
+from fracpilot_actuator.kube.queues import (
+    QUEUE_GROUP,
+    QUEUE_PLURAL,
+    QUEUE_VERSION,
+    Queue,
+    parse_queues,
+)
+
+log = logging.getLogger(__name__)
+
+
+class KaiObjectsApi(Protocol):
+    async def list_kai_objects(
+        self, group: str, version: str, plural: str
+    ) -> list[dict[str, Any]] | None: ...
+
+
+@dataclass(frozen=True)
+class KaiObjects:
+    bound: Mapping[str, BindTarget] = field(default_factory=dict)
+    """Pods KAI chose a node for that are not bound yet, by ``ns/pod``."""
+    queues: Mapping[str, Queue] | None = None
+    """KAI's Queues by name; None: not read (off, or not served to us)."""
+
+
+class KaiReader:
+    """Lists BindRequests and Queues (as the settings say) for each decision."""
+
+    def __init__(self, api: KaiObjectsApi, settings: KaiSettings) -> None:
+        self.api = api
+        self.settings = settings
+        self._logged: set[str] = set()
+
+    def _once(self, message: str, **extra: Any) -> None:
+        if message not in self._logged:
+            self._logged.add(message)
+            log.warning(message, extra=extra)
+
+    async def _list(self, wanted: bool, group: str, version: str, plural: str) -> Any:
+        if not wanted or not hasattr(self.api, "list_kai_objects"):
+            return None
+        found = await self.api.list_kai_objects(group, version, plural)
+        if found is None:
+            self._once(f"KAI {plural} not served (CRD not installed, or no RBAC): not read")
+        return found
+
+    async def read(self) -> KaiObjects:
+        s = self.settings
+        requests, queue_objects = await asyncio.gather(
+            self._list(
+                s.read_bind_requests, BIND_REQUEST_GROUP, BIND_REQUEST_VERSION, BIND_REQUEST_PLURAL
+            ),
+            self._list(s.read_queues, QUEUE_GROUP, QUEUE_VERSION, QUEUE_PLURAL),
+        )
+        queues = None
+        if queue_objects is not None:
+            queues, problems = parse_queues(queue_objects)
+            for problem in problems:
+                self._once("KAI queue not read", problem=problem)
+        return KaiObjects(bind_targets(requests or ()), queues)

@@ -1,0 +1,268 @@
+"""The chaos suite's pipeline on a three-node JetStream cluster (issue 17): the services as
+processes, every stream and bucket R3; a node's leadership gathered, faults timed, figures
+read back (throughput during the fault, samples whose publish was retried, checkpoints kept).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+import nats
+from nats.js.errors import ServiceUnavailableError
+
+from chaos.faults import ScenarioFigures, seconds_until_ready
+from chaos.invariants import Findings, check, read_all, wait_drained
+from chaos.test_pipeline_chaos import expected_sample_ids
+from fracpilot_cli.demo import DemoConfig
+from fracpilot_cli.processes import ServiceProcess
+from fracpilot_libs import subjects
+from fracpilot_libs.embedded_nats import free_port
+from fracpilot_libs.kv_snapshot import read_kv
+from support.nats_cluster import ClusterNode, NatsCluster, stream_info
+
+LONG = os.environ.get("FRACPILOT_CHAOS_LONG", "") not in ("", "0", "false")
+PARTITIONS = 4
+ORDER = ("actuator", "decision", "ingest")
+
+
+async def js_request(url: str, subject: str, body: bytes = b"") -> dict[str, object]:
+    nc = await nats.connect(url.split(","))
+    try:
+        reply = await nc.request(subject, body, timeout=5)
+    finally:
+        await nc.close()
+    return dict(json.loads(reply.data))
+
+
+async def stream_names(url: str) -> list[str]:
+    reply = await js_request(url, "$JS.API.STREAM.NAMES")
+    return sorted(str(n) for n in (reply.get("streams") or []))  # type: ignore[attr-defined]
+
+
+async def leader_of(url: str, stream: str) -> str | None:
+    try:
+        info = await stream_info(url, stream)
+    except Exception:  # no answer while it is elected
+        return None
+    leader = (info.get("cluster") or {}).get("leader")
+    return str(leader) if leader else None
+
+
+async def gather_leadership(url: str, node: str, streams: list[str]) -> list[str]:
+    """Move the leader of each stream to ``node`` (a step-down with a preferred peer, tried
+    again until it lands there); the streams it leads in the end."""
+    led = []
+    for stream in streams:
+        for _ in range(10):
+            if await leader_of(url, stream) == node:
+                led.append(stream)
+                break
+            body = json.dumps({"placement": {"preferred": node}}).encode()
+            with contextlib.suppress(Exception):  # no leader to step down: try again
+                await js_request(url, f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}", body)
+            await asyncio.sleep(0.5)
+    return led
+
+
+async def wait_streams_current(url: str, timeout_s: float = 30.0) -> float:
+    """Until every stream has its leader and two current followers (a restarted node caught
+    up); seconds it took."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        try:
+            names = await stream_names(url)
+            infos = [await stream_info(url, s) for s in names]
+        except Exception:
+            await asyncio.sleep(0.2)
+            continue
+        if all(
+            (i.get("cluster") or {}).get("leader")
+            and len([r for r in i["cluster"].get("replicas") or [] if r.get("current")]) == 2
+            for i in infos
+        ):
+            return time.monotonic() - started
+        await asyncio.sleep(0.2)
+    raise TimeoutError("streams not current in time")
+
+
+def metric_sum(port: int, name: str) -> float:
+    """The sum of a metric's series on a service's /metrics (0 when absent)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+        text = resp.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+T = TypeVar("T")
+
+
+async def read_back(read: Callable[[], Awaitable[T]], attempts: int = 5) -> T:
+    """Read the evidence, again when JetStream answers 503: an ephemeral consumer on an R3
+    stream may be asked for messages before its leader is up."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return await read()
+        except ServiceUnavailableError:
+            if attempt == attempts:
+                raise
+            await asyncio.sleep(1.0)
+    raise AssertionError("unreachable")
+
+
+@dataclass
+class ClusterPipeline:
+    """Three nats-server nodes and the services; ``decision_nodes`` runs one decision replica
+    per named node, each connected to that node only (default: one, to every node)."""
+
+    tmp_path: Path
+    config: DemoConfig
+    figures: ScenarioFigures
+    decision_nodes: tuple[str, ...] = ()
+    cluster: NatsCluster = field(default_factory=NatsCluster)
+    procs: dict[str, ServiceProcess] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)
+    checkpoints_before: dict[str, int] = field(default_factory=dict)
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return self.cluster.url
+
+    def live_url(self) -> str:
+        return ",".join(n.url for n in self.cluster.nodes if n.running)
+
+    async def start(self) -> None:
+        self.cluster.start()
+        await self._wait_peers()
+        envs = self.config.service_env(self.url)
+        common = {
+            "FRACPILOT_ACK_WAIT_S": "3",
+            "FRACPILOT_CHECKPOINT_INTERVAL_S": "1",
+            "FRACPILOT_DECISION_PARTITIONS": str(PARTITIONS),
+            **self.extra_env,
+        }
+        for name in ORDER:
+            replicas = self.decision_nodes if name == "decision" and self.decision_nodes else ("",)
+            for node in replicas:
+                key = f"{name}-{node}" if node else name
+                self.ports[key] = free_port()
+                env = {**envs[name], **common, "FRACPILOT_METRICS_PORT": str(self.ports[key])}
+                if node:
+                    env["FRACPILOT_NATS_URL"] = self.cluster.node(node).url
+                log_dir = self.tmp_path / key
+                self.procs[key] = ServiceProcess(name, env, log_dir)
+        for key in sorted(self.procs, key=lambda k: ORDER.index(k.split("-")[0])):
+            await asyncio.to_thread(self.procs[key].start().wait_for_log, "service ready", 90)
+
+    async def _wait_peers(self, timeout_s: float = 30.0) -> None:
+        """Until the meta group knows all three peers as current (before that a stream of
+        three replicas finds "no suitable peers for placement")."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            metas = [(n.jsz() or {}).get("meta_cluster") or {} for n in self.cluster.nodes]
+            leaders = [m for m in metas if m.get("replicas") is not None and m.get("leader")]
+            for meta in leaders:
+                peers = meta.get("replicas") or []
+                if len(peers) == 2 and all(p.get("current") for p in peers):
+                    return
+            await asyncio.sleep(0.2)
+        raise TimeoutError("the cluster's peers were not all current in time")
+
+    async def ready_after(self, ports: list[int] | None = None) -> float:
+        return await seconds_until_ready(ports or list(self.ports.values()))
+
+    async def usage_and_kv_streams(self) -> list[str]:
+        names = await stream_names(self.url)
+        return [n for n in names if n.startswith("KV_") or n.startswith("FRACPILOT_USAGE")]
+
+    async def checkpoints(self) -> dict[str, int]:
+        """Every key of the checkpoint bucket (workload states, partition marks) and the
+        revision of its value."""
+        nc = await nats.connect(self.live_url().split(","))
+        try:
+            entries = await read_kv(nc, subjects.DECISION_STATE_BUCKET, name_prefix="test")
+        finally:
+            await nc.close()
+        return {key: m.sequence for key, m in entries.items()}
+
+    async def before_the_fault(self) -> None:
+        """Read the checkpoints written so far (each acknowledged by the cluster)."""
+        self.checkpoints_before = await self.checkpoints()
+
+    def lost_checkpoints(self, after: dict[str, int]) -> list[str]:
+        """Checkpoints written before the fault that are gone, or older, after it."""
+        return [k for k, rev in self.checkpoints_before.items() if after.get(k, 0) < rev]
+
+    def terminate_node(self, node: ClusterNode) -> None:
+        """SIGTERM, as Kubernetes stops a pod; the node shuts down in order."""
+        assert node.proc is not None
+        node.proc.terminate()
+        node.proc.wait(timeout=30)
+        node.proc = None
+
+    async def partition_owners(self) -> dict[int, str]:
+        """partition -> the replica holding its lease."""
+        nc = await nats.connect(self.live_url().split(","))
+        try:
+            entries = await read_kv(nc, subjects.DECISION_PARTITION_BUCKET, name_prefix="test")
+        finally:
+            await nc.close()
+        prefix = "partition."
+        return {
+            int(k[len(prefix) :]): m.data.decode()
+            for k, m in entries.items()
+            if k.startswith(prefix)
+        }
+
+    async def finish(self) -> Findings:
+        """Wait for the load to end and the pipeline to drain; the invariants' findings."""
+        ingest = self.procs["ingest"]
+        await asyncio.to_thread(ingest.wait_for_log, "simulation finished", 180)
+        url = self.cluster.nodes[0].url
+        drained = await wait_drained(url, timeout_s=90)
+        self.figures.extra["drained after the load ended"] = f"{drained:.1f} s"
+        retried = metric_sum(self.ports["ingest"], "fracpilot_bus_publish_retry_seconds_count")
+        self.figures.extra["samples delayed (publish retried)"] = int(retried)
+        findings = await read_back(
+            lambda: check(url, expected_sample_ids=expected_sample_ids(self.config))
+        )
+        self.figures.findings = findings
+        for p in self.procs.values():
+            assert p.running, f"{p.name} died; see {p.log_path}"
+        return findings
+
+    async def throughput(self, start: float, end: float) -> tuple[float, float]:
+        """Samples stored per second in [start, end] (unix time) and over the whole run."""
+        return await read_back(lambda: self._throughput(start, end))
+
+    async def _throughput(self, start: float, end: float) -> tuple[float, float]:
+        nc = await nats.connect(self.cluster.nodes[0].url)
+        try:
+            js = nc.jetstream()
+            times = [
+                m.published_at
+                for p in range(PARTITIONS)
+                for m in await read_all(js, subjects.usage_stream(p))
+            ]
+        finally:
+            await nc.close()
+        during = sum(1 for t in times if start <= t <= end) / max(end - start, 1e-3)
+        overall = len(times) / max(max(times) - min(times), 1e-3) if times else 0.0
+        return during, overall
+
+    def cleanup(self) -> None:
+        for p in self.procs.values():
+            p.kill()
+        self.cluster.cleanup()
