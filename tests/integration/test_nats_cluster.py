@@ -9,7 +9,6 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterator
 
-import nats
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -18,9 +17,14 @@ from fracpilot_decision.settings import DecisionSettings
 from fracpilot_libs import subjects
 from fracpilot_libs.bus import Bus
 from fracpilot_libs.config import ServiceSettings
-from fracpilot_libs.runtime import ServiceRuntime
 from helpers import reset_nats, running, wait_for
-from support.nats_cluster import NatsCluster, stream_info, stream_leader
+from support.nats_cluster import (
+    IdleService,
+    NatsCluster,
+    replicas_of,
+    stream_info,
+    stream_leader,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -35,16 +39,6 @@ BUCKETS = (
 def cluster() -> Iterator[NatsCluster]:
     with NatsCluster() as c:
         yield c
-
-
-async def replicas_of(url: str) -> dict[str, int]:
-    """Every stream on the server (KV buckets as KV_<bucket>) and its replicas."""
-    nc = await nats.connect(url.split(","))
-    try:
-        infos = await nc.jetstream().streams_info()
-    finally:
-        await nc.close()
-    return {str(i.config.name): i.config.num_replicas or 1 for i in infos}
 
 
 async def connected_bus(url: str, replicas: int | None = None) -> Bus:
@@ -160,18 +154,6 @@ async def wait_for_async(check: Callable[[], Awaitable[bool]], timeout_s: float)
             return
         await asyncio.sleep(0.2)
     raise AssertionError("condition not met in time")
-
-
-class IdleService:
-    """A service that only declares the streams: what readiness is about here is the bus."""
-
-    def __init__(self, url: str) -> None:
-        self.runtime = ServiceRuntime(
-            "test", ServiceSettings(nats={"url": url}, decision_partitions=2)
-        )
-
-    async def start(self) -> None:
-        return None
 
 
 async def test_readiness_follows_jetstream_not_only_the_connection(cluster: NatsCluster) -> None:

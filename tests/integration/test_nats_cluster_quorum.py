@@ -14,27 +14,16 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-import nats
 import pytest
 from prometheus_client import CollectorRegistry
 
 from fracpilot_libs import subjects
 from fracpilot_libs.bus import Bus
 from fracpilot_libs.config import ServiceSettings
-from fracpilot_libs.runtime import ServiceRuntime
 from helpers import reset_nats, running, wait_for
-from support.nats_cluster import NatsCluster
+from support.nats_cluster import IdleService, NatsCluster, replicas_of
 
 pytestmark = pytest.mark.integration
-
-
-async def replicas_of(url: str) -> dict[str, int]:
-    nc = await nats.connect(url.split(","))
-    try:
-        infos = await nc.jetstream().streams_info()
-    finally:
-        await nc.close()
-    return {str(i.config.name): i.config.num_replicas or 1 for i in infos}
 
 
 async def declared_by_a_bus(url: str) -> tuple[int, int | None]:
@@ -72,18 +61,6 @@ async def test_three_servers_are_counted_and_get_three_replicas(cluster: NatsClu
     # one node's URL only: the count comes from the servers' answers, not the URLs given
     assert await declared_by_a_bus(cluster.nodes[1].url) == (3, 3)
     assert (await replicas_of(cluster.url))[subjects.usage_stream(0)] == 3
-
-
-class IdleService:
-    """A service that only declares the streams: readiness is about the bus here."""
-
-    def __init__(self, url: str) -> None:
-        self.runtime = ServiceRuntime(
-            "test", ServiceSettings(nats={"url": url}, decision_partitions=2)
-        )
-
-    async def start(self) -> None:
-        return None
 
 
 async def test_readiness_is_lost_when_the_leader_it_talks_to_loses_its_quorum(

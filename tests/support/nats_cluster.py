@@ -22,7 +22,9 @@ from typing import Any
 
 import nats
 
+from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.embedded_nats import free_port, nats_server_binary
+from fracpilot_libs.runtime import ServiceRuntime
 
 CLUSTER_NAME = "fracpilot"
 
@@ -189,3 +191,25 @@ async def stream_leader(url: str, stream: str) -> str | None:
     info = await stream_info(url, stream)
     leader = (info.get("cluster") or {}).get("leader")
     return str(leader) if leader else None
+
+
+async def replicas_of(url: str) -> dict[str, int]:
+    """Every stream on the server (KV buckets as KV_<bucket>) and its replicas."""
+    nc = await nats.connect(url.split(","))
+    try:
+        infos = await nc.jetstream().streams_info()
+    finally:
+        await nc.close()
+    return {str(i.config.name): i.config.num_replicas or 1 for i in infos}
+
+
+class IdleService:
+    """A service that only declares the streams: what readiness is about here is the bus."""
+
+    def __init__(self, url: str) -> None:
+        self.runtime = ServiceRuntime(
+            "test", ServiceSettings(nats={"url": url}, decision_partitions=2)
+        )
+
+    async def start(self) -> None:
+        return None
