@@ -58,8 +58,16 @@ servers:
 
 test test-integration: servers
 
+# The suite waits on servers more than it computes: workers overlap the waits. Each worker
+# starts its own servers; tests/conftest.py keeps the tests of one expensive server (and of
+# one module) together. The chaos suite runs alone afterwards: it measures recovery times,
+# which a machine busy with other tests would stretch.
+PYTEST_WORKERS ?= 3
+PYTEST_PARALLEL = -n $(PYTEST_WORKERS) --dist loadgroup --durations=25
+
 test: $(SETUP) lint k8s-testbin gpu-stack-testbin
-	$(BIN)/pytest
+	$(BIN)/pytest $(PYTEST_PARALLEL) -m "not chaos"
+	$(BIN)/pytest -m chaos --durations=10
 
 test-unit: $(SETUP)
 	$(BIN)/pytest tests/unit

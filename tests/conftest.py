@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
 
+from chaos import figures_report
 from fracpilot_libs.embedded_nats import EmbeddedNats
 
 # Fuzzing (tests/unit/fuzz, tests/integration/test_fuzz_*.py): inputs per subject. `make test`
@@ -51,3 +53,42 @@ def nats_url() -> Iterator[str]:
         return
     with EmbeddedNats() as server:
         yield server.url
+
+
+# pytest-xdist (`make test` runs the suite in workers, Makefile PYTEST_WORKERS): tests that share
+# an expensive session server, or that must not run beside each other, stay in one worker.
+_XDIST_GROUPS = {
+    # kube-apiserver + etcd per session; the RBAC and helm tests read the whole cluster
+    "integration/k8s": "k8s",
+    # KAI's nodescaleadjuster binds a fixed port: one stack per machine
+    "integration/gpu_stack": "gpu-stack",
+    # fault injection: three-node NATS clusters, kills and freezes
+    "chaos": "chaos",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every other test stays with its module (its module-scoped servers start once, and
+    its tests run in file order, as without xdist)."""
+    root = os.path.dirname(__file__)
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        relative = os.path.relpath(str(item.path), root).replace(os.sep, "/")
+        group = next(
+            (g for prefix, g in _XDIST_GROUPS.items() if relative.startswith(prefix + "/")),
+            relative,
+        )
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    figures_report.hand_to_controller(session.config)
+
+
+def pytest_testnodedown(node: Any, error: object) -> None:
+    figures_report.take_from_worker(node.config, node.workeroutput)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    figures_report.write_summary(terminalreporter)
