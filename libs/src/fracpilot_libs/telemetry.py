@@ -23,7 +23,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -171,15 +171,33 @@ def extract_trace(headers: Mapping[str, str] | None) -> Context:
 
 
 class HealthState:
-    """Liveness is the process answering; readiness is set by the service."""
+    """Liveness is the process answering; readiness is set by the service's runtime, and a
+    service may add checks (:meth:`add_check`): while one names a problem, it is not ready."""
 
     def __init__(self) -> None:
-        self.ready = False
-        self.reason = "starting"
+        self._ready = False
+        self._reason = "starting"
+        self._checks: list[Callable[[], str | None]] = []
+
+    @property
+    def ready(self) -> bool:
+        return self._ready and self._problem() is None
+
+    @property
+    def reason(self) -> str:
+        problem = self._problem() if self._ready else None
+        return problem if problem is not None else self._reason
 
     def set_ready(self, ready: bool, reason: str = "") -> None:
-        self.ready = ready
-        self.reason = reason or ("ok" if ready else "not ready")
+        self._ready = ready
+        self._reason = reason or ("ok" if ready else "not ready")
+
+    def add_check(self, check: Callable[[], str | None]) -> None:
+        """``check()``: why the service is not ready (None: no objection)."""
+        self._checks.append(check)
+
+    def _problem(self) -> str | None:
+        return next((p for check in self._checks if (p := check()) is not None), None)
 
 
 class TelemetryServer:

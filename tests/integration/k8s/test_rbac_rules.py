@@ -150,13 +150,19 @@ ACTUATOR_CALLS: tuple[Call, ...] = (
         for plural in ("fractionpolicies", "clusterfractionpolicies")
     ),
     Call("patch", "fracpilot.io", "fractionpolicies", "status", why="a policy's status"),
-    Call("list", "scheduling.run.ai", "queues", scope="cluster", why="KAI queue quota/limit"),
-    Call(
-        "list",
-        "scheduling.run.ai",
-        "bindrequests",
-        scope="cluster",
-        why="a pod counts on its KAI BindRequest's node before it is bound",
+    *(
+        Call(verb, "scheduling.run.ai", "queues", scope="cluster", why="KAI queue quota/limit")
+        for verb in ("list", "watch")
+    ),
+    *(
+        Call(
+            verb,
+            "scheduling.run.ai",
+            "bindrequests",
+            scope="cluster",
+            why="a pod counts on its KAI BindRequest's node before it is bound",
+        )
+        for verb in ("list", "watch")
     ),
     Call(
         "patch",

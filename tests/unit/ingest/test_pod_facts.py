@@ -40,7 +40,7 @@ def pod(
 RESERVATION = pod(
     "kai-resource-reservation",
     "gpu-reservation-1a2b",
-    {"runai-gpu-group": "g1"},
+    {"runai-gpu-group": "g1", "app": "kai-resource-reservation"},
     {"run.ai/reserve_for_gpu_index": GPU},
 )
 CHAT = pod("team-a", "chat-0", {"runai-gpu-group": "g1"}, {"gpu-fraction": "0.5"})

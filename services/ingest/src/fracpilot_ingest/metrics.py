@@ -235,6 +235,12 @@ class IngestMetrics:
             ["source"],
             registry=registry,
         )
+        self.source_crashes = Counter(
+            "fracpilot_ingest_source_crashes_total",
+            "Usage source tasks that raised (each restarted after a pause)",
+            ["source"],
+            registry=registry,
+        )
         self.query_seconds = Histogram(
             "fracpilot_ingest_query_seconds",
             "Time to query or scrape a source",

@@ -2,10 +2,15 @@
 
 - **KAI GPU groups** (facts: ``shared/reference/kai-hami-semantics.md``): KAI's binder makes a
   reservation pod per shared GPU (label ``runai-gpu-group=<group>``, annotation
-  ``run.ai/reserve_for_gpu_index=<GPU UUID>``); each fraction pod of that GPU carries the same
-  group label and its ``gpu-fraction`` (or ``gpu-memory``, MiB) annotation. So the pods of a
-  group share that GPU, whether or not an exporter names them (dcgm labels one pod per GPU).
-  Multi-device fraction pods (``runai-gpu-group/<g>`` labels only) are not read.
+  ``run.ai/reserve_for_gpu_index=<GPU UUID>``) in its ``--resource-reservation-namespace``,
+  labelled ``app=<--resource-reservation-app-label>`` (both ``kai-resource-reservation`` by
+  default: NVIDIA/KAI-scheduler v0.12.0 ``cmd/binder/app/options.go``,
+  ``pkg/common/constants/constants.go`` ``DefaultResourceReservationName``, ``AppLabelName``;
+  :class:`KaiReservation`, set like the actuator's ``FRACPILOT_KAI_*``). Each fraction pod of
+  that GPU carries the same group label and its ``gpu-fraction`` (or ``gpu-memory``, MiB)
+  annotation. So the pods of a group share that GPU, whether or not an exporter names them
+  (dcgm labels one pod per GPU). Multi-device fraction pods (``runai-gpu-group/<g>`` labels
+  only) are not read.
 - **Out-of-memory exits**: a container whose last termination says ``OOMKilled`` (the kernel's
   cgroup OOM killer), or whose termination message names a GPU out-of-memory error. With
   ``terminationMessagePolicy: FallbackToLogsOnError`` the kubelet puts the log tail of a failed
@@ -26,6 +31,8 @@ KAI_GROUP = "runai-gpu-group"
 KAI_RESERVED_GPU = "run.ai/reserve_for_gpu_index"
 KAI_FRACTION = "gpu-fraction"
 KAI_MEMORY = "gpu-memory"
+KAI_APP_LABEL = "app"  # constants.AppLabelName
+DEFAULT_RESERVATION = "kai-resource-reservation"  # constants.DefaultResourceReservationName
 _LABELS = (KAI_GROUP,)
 _ANNOTATIONS = (KAI_RESERVED_GPU, KAI_FRACTION, KAI_MEMORY)
 _DONE = ("Succeeded", "Failed")
@@ -48,14 +55,33 @@ PodRef = tuple[str, str]  # (namespace, pod)
 Obj = dict[str, Any]
 
 
+@dataclass(frozen=True, slots=True)
+class KaiReservation:
+    """Where KAI's binder puts its GPU reservation pods (its flags' values)."""
+
+    namespace: str = DEFAULT_RESERVATION
+    app_label: str = DEFAULT_RESERVATION
+
+    def holds(self, pod: Mapping[str, Any]) -> bool:
+        """A reservation pod: in the namespace, with the app label (its GPU group and the GPU
+        it reserved are read by the caller)."""
+        meta = pod.get("metadata") or {}
+        return (
+            meta.get("namespace") == self.namespace
+            and _meta(pod, "labels").get(KAI_APP_LABEL) == self.app_label
+        )
+
+
 def pod_projection(obj: Obj) -> Obj:
     """Owners' fields plus the KAI labels and annotations, the phase and each container's
     last termination (reason, exit code, time, and its message only when it names a GPU
     out-of-memory error: the cache does not hold log tails)."""
     kept = metadata_only(obj)
     meta = obj.get("metadata") or {}
-    labels = {k: v for k, v in (meta.get("labels") or {}).items() if k in _LABELS}
     notes = {k: v for k, v in (meta.get("annotations") or {}).items() if k in _ANNOTATIONS}
+    # A reservation pod's app label tells it from a pod merely carrying the annotation.
+    kept_labels = (*_LABELS, KAI_APP_LABEL) if KAI_RESERVED_GPU in notes else _LABELS
+    labels = {k: v for k, v in (meta.get("labels") or {}).items() if k in kept_labels}
     if labels:
         kept["metadata"]["labels"] = labels
     if notes:
@@ -110,9 +136,12 @@ def _fraction(notes: Mapping[str, str], device_memory: int | None) -> float | No
 
 
 def kai_shared_gpus(
-    pods: Iterable[Mapping[str, Any]], device_memory: Mapping[str, int] | None = None
+    pods: Iterable[Mapping[str, Any]],
+    device_memory: Mapping[str, int] | None = None,
+    reservation: KaiReservation = KaiReservation(),
 ) -> dict[str, dict[PodRef, float | None]]:
-    """GPU UUID -> the KAI fraction pods placed on it and their fractions (None: unknown)."""
+    """GPU UUID -> the KAI fraction pods placed on it and their fractions (None: unknown).
+    Only ``reservation``'s pods name a group's GPU."""
     group_gpu: dict[str, str] = {}
     members: dict[str, dict[PodRef, Mapping[str, str]]] = {}
     for pod in pods:
@@ -122,8 +151,9 @@ def kai_shared_gpus(
         if not group:
             continue
         notes = _meta(pod, "annotations")
-        if uuid := notes.get(KAI_RESERVED_GPU):
-            group_gpu[group] = uuid
+        if KAI_RESERVED_GPU in notes:  # a reservation pod: of the binder we are set up for?
+            if reservation.holds(pod):
+                group_gpu[group] = notes[KAI_RESERVED_GPU]
         else:
             members.setdefault(group, {})[_ref(pod)] = notes
     shared: dict[str, dict[PodRef, float | None]] = {}

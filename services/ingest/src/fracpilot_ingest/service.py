@@ -9,7 +9,8 @@ from the allocations bucket (and, with the Kubernetes resolver, KAI's GPU groups
 node register: :mod:`fracpilot_ingest.pod_facts`, :mod:`fracpilot_ingest.node_facts`); owners
 come from the pod-name resolver (or the Kubernetes resolver, when configured). OOM kills and
 vLLM preemptions become one-shot signals on samples (:mod:`fracpilot_ingest.signals`).
-:mod:`fracpilot_ingest.app` wires and runs it.
+Each source runs under :mod:`fracpilot_ingest.supervision`: one that raises is logged,
+counted and restarted. :mod:`fracpilot_ingest.app` wires and runs it.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from fracpilot_ingest.settings import IngestSettings, mapping_table
 from fracpilot_ingest.signals import SignalTracker
 from fracpilot_ingest.sources import make_sources
 from fracpilot_ingest.sources.base import Source, SourceContext
+from fracpilot_ingest.supervision import SourceSupervisor
 from fracpilot_libs import subjects
 from fracpilot_libs.contracts import Allocation, UsageSample
 from fracpilot_libs.runtime import ServiceRuntime
@@ -81,6 +83,14 @@ class IngestService:
                 state=lambda: self.runtime.bus.kv(subjects.INGEST_STATE_BUCKET),
             ),
         )
+        self.supervisor = SourceSupervisor(
+            self._run_source,
+            self.metrics.source_crashes,
+            backoff_s=settings.restarts.backoff_s,
+            backoff_max_s=settings.restarts.backoff_max_s,
+            failing_after=settings.restarts.failing_after,
+        )
+        self.runtime.health.add_check(self.supervisor.problem)
         self.finished = asyncio.Event()  # a source produced all it will (the simulator's span)
         self.cycles = 0  # completed reads of the sources
         self._tasks: list[asyncio.Task[None]] = []
@@ -96,7 +106,9 @@ class IngestService:
         )
         await asyncio.wait_for(initial.wait(), timeout=30)
         for source in self.sources:
-            self._tasks.append(asyncio.create_task(self._run_source(source), name=source.name))
+            self._tasks.append(
+                asyncio.create_task(self.supervisor.supervise(source), name=source.name)
+            )
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -128,7 +140,11 @@ class IngestService:
                 inv.device_memory_bytes.setdefault(uuid, memory)
         if isinstance(self.owners, KubernetesOwners):
             # KAI's GPU groups name the pods sharing a GPU that no allocation records.
-            shared = kai_shared_gpus(self.owners.pods.store.values(), inv.device_memory_bytes)
+            shared = kai_shared_gpus(
+                self.owners.pods.store.values(),
+                inv.device_memory_bytes,
+                self.settings.kai.reservation,
+            )
             for uuid, pods in shared.items():
                 on_gpu = inv.fractions.setdefault(uuid, {})
                 for (namespace, name), fraction in pods.items():
@@ -138,7 +154,8 @@ class IngestService:
     # --- the sources --------------------------------------------------------------------------
 
     async def _run_source(self, source: Source) -> None:
-        """Read, publish, let the source move on, wait as long as it says; until it ends."""
+        """Read, publish, let the source move on, wait as long as it says; until it ends.
+        (Run by :attr:`supervisor`, which restarts it when it raises.)"""
         await source.open()
         while (reading := await source.read()) is not None:
             if reading.instants:
@@ -151,6 +168,7 @@ class IngestService:
             await source.published(reading)
             self.metrics.usage.expire(time.time())  # gone workloads leave no frozen series
             self.cycles += 1
+            self.supervisor.progressed(source)
             delay = source.next_read_in()
             if delay > 0:
                 await asyncio.sleep(delay)

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from pydantic import BaseModel, Field, TypeAdapter
 
 from fracpilot_ingest.mappings import MappingTable, MetricMapping
+from fracpilot_ingest.pod_facts import DEFAULT_RESERVATION, KaiReservation
 from fracpilot_libs.config import ServiceSettings
 
 
@@ -58,6 +59,42 @@ class SimulatorSettings(BaseModel):
     cluster: str = "demo"
 
 
+class KaiSettings(BaseModel):
+    """FRACPILOT_KAI_*: where KAI's binder puts its GPU reservation pods (its flags; the
+    actuator reads the same variables)."""
+
+    reservation_namespace: str = Field(
+        default=DEFAULT_RESERVATION,
+        description="KAI binder's --resource-reservation-namespace (where its GPU reservation "
+        "pods are)",
+    )
+    reservation_app_label: str = Field(
+        default=DEFAULT_RESERVATION,
+        description="KAI's --resource-reservation-app-label: the value of the label app on "
+        "its reservation pods",
+    )
+
+    @property
+    def reservation(self) -> KaiReservation:
+        return KaiReservation(self.reservation_namespace, self.reservation_app_label)
+
+
+class RestartSettings(BaseModel):
+    """FRACPILOT_RESTARTS_*: how a usage source that raised is started again."""
+
+    backoff_s: float = Field(
+        default=1.0, gt=0, description="first pause before a crashed source is restarted"
+    )
+    backoff_max_s: float = Field(
+        default=60.0, gt=0, description="longest pause between restarts (the pause doubles)"
+    )
+    failing_after: int = Field(
+        default=3,
+        ge=1,
+        description="crashes in a row (no completed read between) that make ingest not ready",
+    )
+
+
 class IngestSettings(ServiceSettings):
     sources: str = Field(
         default="simulator", description="comma-separated: simulator, prometheus, scrape"
@@ -92,6 +129,8 @@ class IngestSettings(ServiceSettings):
         "(annotation hami.io/node-nvidia-register; needs list/watch on nodes)",
     )
     sim: SimulatorSettings = Field(default_factory=SimulatorSettings)
+    kai: KaiSettings = Field(default_factory=KaiSettings)
+    restarts: RestartSettings = Field(default_factory=RestartSettings)
     workload_metrics_limit: int = Field(
         default=500,
         ge=0,

@@ -2,6 +2,10 @@
 yet is going) and its Queues (quota, limit, allocated). The parsing is pure (:mod:`.kai`,
 :mod:`.queues`); this is the I/O, through :meth:`KubeApi.list_kai_objects`.
 
+With the inventory cache on, they come from its watches (:meth:`InventoryCache.kai_objects
+<fracpilot_actuator.kube.cache.InventoryCache.kai_objects>`, through :class:`KaiObjectsCache`),
+and are listed only while the cache cannot say (starting, or no RBAC to watch them).
+
 A cluster without KAI's CRDs (a HAMi cluster) or without the RBAC for them reads as "no
 BindRequests" and "Queues unknown" (no queue check), logged once.
 """
@@ -40,6 +44,20 @@ class KaiObjectsApi(Protocol):
 
 
 @dataclass(frozen=True)
+class CachedKaiObjects:
+    """KAI objects of one kind as a watch-fed cache holds them."""
+
+    items: list[dict[str, Any]] | None
+    """None: not served (the CRD is not installed)."""
+
+
+class KaiObjectsCache(Protocol):
+    def kai_objects(self, plural: str) -> CachedKaiObjects | None:
+        """The cached objects; None when the cache cannot say (then they are listed)."""
+        ...
+
+
+@dataclass(frozen=True)
 class KaiObjects:
     bound: Mapping[str, BindTarget] = field(default_factory=dict)
     """Pods KAI chose a node for that are not bound yet, by ``ns/pod``."""
@@ -48,11 +66,16 @@ class KaiObjects:
 
 
 class KaiReader:
-    """Lists BindRequests and Queues (as the settings say) for each decision."""
+    """BindRequests and Queues (as the settings say) for each decision: from ``cache`` when
+    it has them, else listed."""
 
-    def __init__(self, api: KaiObjectsApi, settings: KaiSettings) -> None:
+    def __init__(
+        self, api: KaiObjectsApi, settings: KaiSettings, cache: KaiObjectsCache | None = None
+    ) -> None:
         self.api = api
         self.settings = settings
+        self.cache = cache
+        self.lists = 0  # list calls made (none while the cache has them)
         self._logged: set[str] = set()
 
     def _once(self, message: str, **extra: Any) -> None:
@@ -61,9 +84,16 @@ class KaiReader:
             log.warning(message, extra=extra)
 
     async def _list(self, wanted: bool, group: str, version: str, plural: str) -> Any:
-        if not wanted or not hasattr(self.api, "list_kai_objects"):
+        if not wanted:
             return None
-        found = await self.api.list_kai_objects(group, version, plural)
+        cached = self.cache.kai_objects(plural) if self.cache is not None else None
+        if cached is not None:
+            found = cached.items
+        elif hasattr(self.api, "list_kai_objects"):
+            self.lists += 1
+            found = await self.api.list_kai_objects(group, version, plural)
+        else:
+            return None
         if found is None:
             self._once(f"KAI {plural} not served (CRD not installed, or no RBAC): not read")
         return found

@@ -1,10 +1,11 @@
 """How the Kubernetes backend reads the cluster for one decision.
 
-With ``inventory_cache`` on, nodes, pods, ReplicaSets and Jobs come from
-:class:`~fracpilot_actuator.kube.cache.InventoryCache`, kept current by watches, instead of
-being listed per decision. The cache is never older than the backend's own writes: each write
-leaves a :class:`Fence` (the write's resourceVersion, or the pod that must be gone), and a
-read waits up to ``cache_fence_timeout_s`` for the watches to pass it, else lists afresh.
+With ``inventory_cache`` on, nodes, pods, ReplicaSets, Jobs and KAI's BindRequests and Queues
+come from :class:`~fracpilot_actuator.kube.cache.InventoryCache`, kept current by watches,
+instead of being listed per decision. The cache is never older than the backend's own
+writes: each write leaves a :class:`Fence` (the write's resourceVersion, or the pod that must
+be gone), and a read waits up to ``cache_fence_timeout_s`` for the watches to pass it, else
+lists afresh.
 """
 
 from __future__ import annotations
@@ -34,13 +35,15 @@ class ClusterReader:
         self.api = api
         self.settings = settings
         self.cache = (
-            InventoryCache(api.api, settings.node_selector, timeout_s=api.timeout_s)
+            InventoryCache(
+                api.api, settings.node_selector, timeout_s=api.timeout_s, kai=settings.kai
+            )
             if settings.inventory_cache
             else None
         )
         self._fences: list[Fence] = []
         self._logged_problems: set[str] = set()
-        self.kai = KaiReader(api, settings.kai)  # BindRequests and Queues, per decision
+        self.kai = KaiReader(api, settings.kai, self.cache)  # BindRequests and Queues
         self.fresh_lists = 0  # decisions that listed because the cache was behind
 
     def fence(self, fence: Fence) -> None:

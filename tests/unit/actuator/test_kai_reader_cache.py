@@ -1,0 +1,85 @@
+"""The KAI reader with the watch-fed cache as its source (in-memory cache and API): what the
+cache holds is read without a list; what it cannot say is listed as without a cache."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fracpilot_actuator.kube.kai import KaiSettings
+from fracpilot_actuator.kube.kai_objects import CachedKaiObjects, KaiReader
+
+REQUEST = {
+    "metadata": {"name": "chat-1", "namespace": "inference"},
+    "spec": {"podName": "chat-1", "selectedNode": "n1", "selectedGPUGroups": ["g1"]},
+}
+QUEUE = {
+    "metadata": {"name": "team"},
+    "spec": {"resources": {"gpu": {"quota": 1, "limit": 2}}},
+    "status": {"allocated": {"nvidia.com/gpu": "1500m"}},
+}
+
+
+class ListingApi:
+    def __init__(self, objects: dict[str, list[dict[str, Any]] | None]) -> None:
+        self.objects = objects
+        self.calls: list[str] = []
+
+    async def list_kai_objects(
+        self, group: str, version: str, plural: str
+    ) -> list[dict[str, Any]] | None:
+        self.calls.append(plural)
+        return self.objects.get(plural)
+
+
+class MemoryCache:
+    def __init__(self, held: dict[str, CachedKaiObjects]) -> None:
+        self.held = held
+        self.asked: list[str] = []
+
+    def kai_objects(self, plural: str) -> CachedKaiObjects | None:
+        self.asked.append(plural)
+        return self.held.get(plural)
+
+
+def read(api: ListingApi, cache: MemoryCache, settings: KaiSettings | None = None) -> Any:
+    reader = KaiReader(api, settings or KaiSettings(), cache)
+    return reader, asyncio.run(reader.read())
+
+
+def test_what_the_cache_holds_is_read_without_a_list() -> None:
+    api = ListingApi({"queues": [], "bindrequests": []})  # a list would find nothing
+    cache = MemoryCache(
+        {"queues": CachedKaiObjects([QUEUE]), "bindrequests": CachedKaiObjects([REQUEST])}
+    )
+    reader, got = read(api, cache)
+    assert got.queues is not None
+    assert got.queues["team"].allocated == 1.5
+    assert got.bound["inference/chat-1"].node == "n1"
+    assert (api.calls, reader.lists) == ([], 0)
+
+
+def test_what_the_cache_cannot_say_is_listed() -> None:
+    api = ListingApi({"queues": [QUEUE], "bindrequests": [REQUEST]})
+    cache = MemoryCache({"queues": CachedKaiObjects([])})  # BindRequests: not synced yet
+    reader, got = read(api, cache)
+    assert got.queues == {}  # from the cache, although the API has one
+    assert set(got.bound) == {"inference/chat-1"}
+    assert (api.calls, reader.lists) == (["bindrequests"], 1)
+
+
+def test_a_crd_the_cache_found_absent_reads_as_not_served_without_a_list() -> None:
+    api = ListingApi({"queues": [QUEUE], "bindrequests": [REQUEST]})
+    cache = MemoryCache({"queues": CachedKaiObjects(None), "bindrequests": CachedKaiObjects(None)})
+    _, got = read(api, cache)
+    assert (got.queues, dict(got.bound)) == (None, {})
+    assert api.calls == []
+
+
+def test_kinds_switched_off_are_neither_asked_of_the_cache_nor_listed() -> None:
+    api = ListingApi({"queues": [QUEUE]})
+    cache = MemoryCache({"queues": CachedKaiObjects([QUEUE])})
+    settings = KaiSettings(read_queues=False, read_bind_requests=False)
+    _, got = read(api, cache, settings)
+    assert got.queues is None
+    assert (api.calls, cache.asked) == ([], [])
