@@ -2,6 +2,7 @@
 
 Usage: python bench/actuator.py [--pods 200] [--decisions 200] [--rate 20]
                                 [--executor in-place|backend|all] [--no-inventory-cache]
+                                [--real-stack [--pairs 4]]
 
 Starts an embedded nats-server and a real etcd + kube-apiserver (tests/k8s_control_plane.py;
 the binaries must be built once: ``make k8s-testbin``), writes a KAI cluster as controllers
@@ -26,6 +27,15 @@ What applies one decision is an :class:`Executor`, chosen with ``--executor``:
   per decision with ``--no-inventory-cache``), read the workload, plan, check the guardrails,
   record the target in NATS KV, then the same patch and Event (the patch is accepted when
   ``actuate`` returns, one Event later). Listed when that module imports.
+
+``--real-stack`` then also runs the actuator service (and its webhook) against the real GPU
+scheduling stack (tests/support/gpu_stack.py: KAI-Scheduler, kwok, kube-scheduler,
+kube-controller-manager; built once by ``make gpu-stack-testbin``): ``--pairs`` GPUs each
+shared by two 0.5 Deployments, as many empty GPUs on a second node; for each pair one in-place
+downsize (0.5 -> 0.25) and one upsize that no longer fits (0.5 -> 0.8: recreated elsewhere),
+all published at once. Printed: decisions/s (all decisions done) and decision -> Running p50/p99
+per plan kind: in place, the result applied (the pod keeps running, KAI re-reads the
+annotation); recreate, the ReplicaSet's new pod, sized by the webhook, bound by KAI, Running.
 """
 
 from __future__ import annotations
@@ -433,12 +443,123 @@ async def run(
         print(note)
 
 
+# --- against the real GPU scheduling stack (--real-stack) ----------------------------------------
+
+
+def _pct(values: list[float], q: float) -> str:
+    if not values:
+        return "-"
+    ordered = sorted(values)
+    return f"{ordered[min(len(ordered) - 1, int(q * len(ordered)))]:.2f}"
+
+
+async def real_stack(pairs: int) -> None:
+    """Resize decisions through the actuator service on KAI; see the module docstring."""
+    import tempfile
+
+    from fracpilot_libs.contracts import ActuationResult, PlanKind
+    from support.fracpilot_on_stack import (
+        actuator_on_stack,
+        decide,
+        in_thread,
+        kai_deployment,
+        publish,
+        results,
+        running_pods,
+        wait_running,
+    )
+    from support.gpu_stack import GpuStack, ensure_gpu_stack_testbin
+
+    workdir = Path(tempfile.mkdtemp(prefix="fracpilot-bench-"))
+    bin_dir = ensure_gpu_stack_testbin()
+    with EmbeddedNats() as server, ControlPlane() as kube_cp, GpuStack(kube_cp, bin_dir) as stack:
+        ns = f"bench-{uuid.uuid4().hex[:6]}"
+        stack.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        shared_gpus = pairs
+        stack.create_gpu_node(f"kwok-shared-{ns}", gpus=shared_gpus)
+        names = [f"w{i}" for i in range(2 * pairs)]
+        changes: dict[str, Any] = {"max_disruptions": 1000, "max_disruptions_per_namespace": 1000}
+        async with actuator_on_stack(stack, server.url, ns, workdir, **changes):
+            for name in names:
+                await in_thread(stack.create, kai_deployment(name, "0.5"), ns)
+            pods = {}
+            for name in names:
+                [pod] = await in_thread(wait_running, stack, ns, name, 1, 300)
+                pods[name] = pod
+            await in_thread(stack.create_gpu_node, f"kwok-spare-{ns}", gpus=pairs)
+            # Pair the pods by GPU group: one of each is downsized, the other outgrows it.
+            by_group: dict[str, list[str]] = {}
+            for name, pod in pods.items():
+                by_group.setdefault(pod["metadata"]["labels"]["runai-gpu-group"], []).append(name)
+            decisions = []
+            for members in by_group.values():
+                for i, name in enumerate(sorted(members)):
+                    new = 0.25 if i % 2 == 0 else 0.8
+                    pod_name = pods[name]["metadata"]["name"]
+                    decisions.append(decide(ns, name, pod_name, 0.5, new))
+            sent: dict[str, float] = {}
+            start = time.monotonic()
+            for made in decisions:
+                sent[made.decision_id] = await publish(server.url, made)
+            done: dict[str, tuple[str, float]] = {}  # decision id -> (plan, seconds)
+            seen: dict[str, ActuationResult] = {}
+            deadline = start + 600
+            while len(done) < len(decisions) and time.monotonic() < deadline:
+                for made in decisions:
+                    if made.decision_id in seen:
+                        continue
+                    if found := await results(server.url, made.decision_id):
+                        seen[made.decision_id] = found[0]
+                now = time.monotonic()
+                running = {}
+                for made in decisions:
+                    result = seen.get(made.decision_id)
+                    if result is None or made.decision_id in done:
+                        continue
+                    name = made.workload.owner_name
+                    if result.plan is not PlanKind.RECREATE_ELSEWHERE:
+                        done[made.decision_id] = (
+                            str(result.plan.value),
+                            now - sent[made.decision_id],
+                        )
+                        continue
+                    if name not in running:
+                        running[name] = await in_thread(running_pods, stack, ns, name)
+                    old = pods[name]["metadata"]["uid"]
+                    if any(p["metadata"]["uid"] != old for p in running[name]):
+                        done[made.decision_id] = ("recreate", now - sent[made.decision_id])
+                await asyncio.sleep(0.2)
+            total = time.monotonic() - start
+    outcomes: dict[str, int] = {}
+    for result in seen.values():
+        key = f"{result.plan.value}/{result.outcome.value}"
+        outcomes[key] = outcomes.get(key, 0) + 1
+    print(
+        f"\nreal GPU stack (KAI-Scheduler v0.12.0, kwok, KCM) + actuator service with webhook: "
+        f"{len(decisions)} decisions published at once on {2 * pairs} KAI Deployments"
+    )
+    print(f"{'plan':<22}{'n':>4}{'p50 s':>9}{'p99 s':>9}   (decision on NATS -> Running)")
+    for plan in sorted({p for p, _ in done.values()}):
+        values = [s for p, s in done.values() if p == plan]
+        print(f"{plan:<22}{len(values):>4}{_pct(values, 0.5):>9}{_pct(values, 0.99):>9}")
+    print(
+        f"all done: {len(done)}/{len(decisions)} in {total:.1f} s = "
+        f"{len(done) / total:.2f} decisions/s; results: {outcomes}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=200, help="KAI workloads (one pod each)")
     parser.add_argument("--decisions", type=int, default=200, help="per measured path")
     parser.add_argument("--rate", type=float, default=20.0, help="decisions/s when paced")
     parser.add_argument("--executor", choices=("in-place", "backend", "all"), default="all")
+    parser.add_argument(
+        "--real-stack",
+        action="store_true",
+        help="also run resize decisions through the actuator on the real KAI stack",
+    )
+    parser.add_argument("--pairs", type=int, default=4, help="--real-stack: shared GPUs")
     parser.add_argument(
         "--no-inventory-cache",
         action="store_true",
@@ -454,6 +575,8 @@ def main() -> None:
     asyncio.run(
         run(args.pods, args.decisions, args.rate, args.executor, not args.no_inventory_cache)
     )
+    if args.real_stack:
+        asyncio.run(real_stack(args.pairs))
 
 
 if __name__ == "__main__":

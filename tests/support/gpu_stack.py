@@ -4,8 +4,9 @@ kwok fakes the nodes and the pod lifecycle; everything else is the real upstream
 by ``scripts/gpu-stack-testbin.sh`` into a per-machine cache: KAI-Scheduler (scheduler, binder,
 podgrouper, admission webhook; nodescaleadjuster with the autoscaler), kube-scheduler (KAI's
 scaling pods use the default scheduler), kube-controller-manager (lifts the not-ready taint,
-collects pods of deleted nodes) and, on demand (:meth:`GpuStack.start_autoscaler`),
-cluster-autoscaler with its kwok provider.
+collects pods of deleted nodes) and, on demand, cluster-autoscaler with its kwok provider
+(:meth:`GpuStack.start_autoscaler`) and KAI's podgroupcontroller and queuecontroller, which
+fill Queue status (:meth:`GpuStack.start_queue_controllers`).
 How each is run comes from ``../shared/reference/real-gpu-scheduler.md`` and the flags in the
 upstream sources named below.
 
@@ -26,6 +27,7 @@ import ipaddress
 import os
 import shutil
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -207,6 +209,21 @@ def _http_ok(url: str, context: ssl.SSLContext | None = None) -> bool | None:
             return True if resp.status == 200 else None
     except (urllib.error.URLError, OSError):
         return None
+
+
+def _port_free(port: int) -> Callable[[], bool | None]:
+    """A probe: True when nothing listens on ``port`` (any address)."""
+
+    def free() -> bool | None:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("", port))
+            except OSError:
+                return None
+            return True
+
+    return free
 
 
 def _http_answers(url: str) -> bool | None:
@@ -552,12 +569,60 @@ class GpuStack:
             ready=lambda: _http_ok(f"http://{metrics}/metrics"),
         )
 
-    def start_autoscaler(self) -> None:
-        """Start nodescaleadjuster and cluster-autoscaler (node group gpu-h100, 0-3 nodes)."""
+    def start_queue_controllers(self) -> None:
+        """Start KAI's podgroupcontroller and queuecontroller (stop them with
+        :meth:`stop_queue_controllers`).
+
+        A Queue's ``status.allocated`` is the sum of its PodGroups' ``status.resourcesStatus.
+        allocated`` (KAI pkg/queuecontroller/controllers/resource_updater/resource_updater.go),
+        which the podgroupcontroller writes; neither runs by default. The podgroupcontroller
+        binds :8080 whatever its flags say (cmd/podgroupcontroller/app/app.go passes no
+        ``Metrics`` options to the manager), as nodescaleadjuster does: the two cannot run at
+        once, so wait for the port. Their webhooks are not registered.
+        """
+        self.wait(_port_free(8080), "port 8080 free (KAI's podgroupcontroller binds it)", 60)
+        probe, ready = self._probe_addr()
+        self._start(
+            "kai-podgroupcontroller",
+            [
+                "kai-podgroupcontroller",
+                "--enable-podgroup-webhook=false",
+                f"--health-probe-bind-address={probe}",
+            ],
+            ready=ready,
+        )
+        metrics = f"127.0.0.1:{free_port()}"
+        self._start(
+            "kai-queuecontroller",
+            [
+                "kai-queuecontroller",
+                "--enable-webhook=false",
+                f"--metrics-listen-address={metrics}",
+            ],
+            ready=lambda: _http_ok(f"http://{metrics}/metrics"),
+        )
+
+    def stop_queue_controllers(self) -> None:
+        for name in ("kai-queuecontroller", "kai-podgroupcontroller"):
+            if component := self.components.pop(name, None):
+                component.stop()
+
+    def start_autoscaler(self, *, scale_adjuster: bool = True) -> None:
+        """Start nodescaleadjuster (unless told not to) and cluster-autoscaler (node group
+        gpu-h100, 0-3 nodes).
+
+        nodescaleadjuster makes a scaling pod for every KAI fraction pod not yet bound, however
+        briefly (KAI pkg/nodescaleadjuster/scale_adjuster/scale_adjuster.go
+        ``getUnschedulablePods`` checks no condition), and KAI's binder reserves no GPU while a
+        scaling pod's PodScheduled is not True (pkg/binder/binding/resourcereservation/
+        resource_reservation.go ``isScalingUp``). A test of fracpilot's own whole-GPU
+        placeholders can leave it out.
+        """
         # nodescaleadjuster turns a pending fraction pod (no GPU resource request, invisible to
         # CA) into a 1-GPU scaling pod in kai-scale-adjust. It has no flag for its metrics
         # address: controller-runtime's default :8080 must be free.
-        self._start("kai-nodescaleadjuster", ["kai-nodescaleadjuster"])
+        if scale_adjuster:
+            self._start("kai-nodescaleadjuster", ["kai-nodescaleadjuster"])
         self.apply_manifest(RECIPE_DIR / "manifests" / "ca-kwok-config.yaml")
         port = free_port()
         self._start(

@@ -1,0 +1,238 @@
+"""fracpilot's actuator and webhook acting on the real KAI-Scheduler (issue 15, "Proof against
+the real stack", scenarios 1, 2 and 4).
+
+The actuator service runs in-process with backend=kubernetes on the stack's apiserver
+(tests/support/fracpilot_on_stack.py): a decision goes onto NATS, the actuator judges it on
+what the cluster shows and acts; KAI (scheduler, binder, admission), kwok and
+kube-controller-manager do the rest. Each test checks what the real scheduler made of it.
+Blocking calls go through ``in_thread``: the webhook is served from the test's event loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+from kubernetes.utils import parse_quantity
+
+from fracpilot_actuator.admission import TARGET_ANNOTATION
+from fracpilot_libs.contracts import Outcome, PlanKind
+from support.fracpilot_on_stack import (
+    actuator_on_stack,
+    allocation_of,
+    apply,
+    decide,
+    in_thread,
+    kai_deployment,
+    kai_pod_body,
+    pdb,
+    running_pods,
+    unschedulable,
+    wait_running,
+)
+from support.gpu_stack import GPU_FRACTION, GPU_GROUP, GPU_PORTION, GpuStack
+
+pytestmark = pytest.mark.integration
+
+
+def gpu_portions(stack: GpuStack, pod: dict[str, Any]) -> list[str]:
+    """GPU_PORTION in the ConfigMaps KAI's binder made for ``pod`` (owned by it)."""
+    uid = pod["metadata"]["uid"]
+    return [
+        cm["data"][GPU_PORTION]
+        for cm in stack.items("ConfigMap", pod["metadata"]["namespace"])
+        if any(ref["uid"] == uid for ref in cm["metadata"].get("ownerReferences") or [])
+        and GPU_PORTION in (cm.get("data") or {})
+    ]
+
+
+@pytest.mark.timeout(300)
+async def test_a_downsize_in_place_frees_a_share_that_kai_gives_to_a_pending_pod(
+    gpu_stack: GpuStack,
+    gpu_namespace: str,
+    make_gpu_node: Callable[[int], str],
+    nats_url: str,
+    tmp_path: Path,
+) -> None:
+    stack, ns = gpu_stack, gpu_namespace
+    node = await in_thread(make_gpu_node, 1)  # one GPU: the freed share is the only room
+    async with actuator_on_stack(stack, nats_url, ns, tmp_path):
+        await in_thread(stack.create, kai_deployment("chat", "0.5"), ns)
+        await in_thread(stack.create, kai_pod_body("other", "0.5"), ns)
+        [chat] = await in_thread(wait_running, stack, ns, "chat")
+        [other] = await in_thread(wait_running, stack, ns, "other")
+        group = chat["metadata"]["labels"][GPU_GROUP]
+        assert other["metadata"]["labels"][GPU_GROUP] == group
+        await in_thread(stack.create, kai_pod_body("late", "0.25"), ns)
+        await in_thread(
+            stack.wait, lambda: unschedulable(stack, ns, "late"), "late Unschedulable", 60
+        )
+
+        made = decide(ns, "chat", chat["metadata"]["name"], 0.5, 0.25)
+        [result] = await apply(nats_url, made)
+        assert (result.plan, result.outcome) == (PlanKind.IN_PLACE, Outcome.APPLIED), result
+        assert (result.node_before, result.fraction_after) == (node, 0.25)
+        # The binder started the container with 0.50 and nothing changes it: accounted only.
+        assert result.enforced_fraction is None or result.enforced_fraction == 0.5
+
+        [late] = await in_thread(wait_running, stack, ns, "late")
+        assert (late["spec"]["nodeName"], late["metadata"]["labels"][GPU_GROUP]) == (node, group)
+        resized = await in_thread(stack.get, "Pod", chat["metadata"]["name"], ns)
+        assert resized["metadata"]["uid"] == chat["metadata"]["uid"]  # not recreated
+        assert resized["metadata"]["annotations"][GPU_FRACTION] == "0.25"
+        assert await in_thread(gpu_portions, stack, resized) == ["0.50"]  # as it started
+        allocation = await allocation_of(nats_url, made.workload)
+        assert allocation is not None
+        assert (allocation.node, allocation.fraction) == (node, 0.25)
+
+
+def replacement(stack: GpuStack, ns: str, app: str, old_uid: str) -> dict[str, Any] | None:
+    """The pod of ``app`` Running that is not the one with ``old_uid``."""
+    pods = [p for p in running_pods(stack, ns, app) if p["metadata"]["uid"] != old_uid]
+    return pods[0] if pods else None
+
+
+def disruptions_allowed(stack: GpuStack, ns: str, name: str, allowed: int) -> bool | None:
+    budget = stack.get("PodDisruptionBudget", name, ns, api_version="policy/v1")
+    status = budget.get("status") or {}
+    current = status.get("observedGeneration") == budget["metadata"]["generation"]
+    return True if current and status.get("disruptionsAllowed") == allowed else None
+
+
+@pytest.mark.timeout(300)
+async def test_an_upsize_that_does_not_fit_is_evicted_within_the_pdb_and_recreated_elsewhere(
+    gpu_stack: GpuStack,
+    gpu_namespace: str,
+    make_gpu_node: Callable[[int], str],
+    nats_url: str,
+    tmp_path: Path,
+) -> None:
+    stack, ns = gpu_stack, gpu_namespace
+    full = await in_thread(make_gpu_node, 1)
+    async with actuator_on_stack(stack, nats_url, ns, tmp_path):
+        await in_thread(stack.create, kai_deployment("chat", "0.5"), ns)
+        await in_thread(stack.create, kai_pod_body("other", "0.5"), ns)
+        [chat] = await in_thread(wait_running, stack, ns, "chat")
+        await in_thread(wait_running, stack, ns, "other")
+        assert chat["spec"]["nodeName"] == full
+        spare = await in_thread(make_gpu_node, 1)  # empty: where 0.75 fits
+        await in_thread(stack.create, pdb("chat", max_unavailable=0), ns)
+        await in_thread(
+            stack.wait, lambda: disruptions_allowed(stack, ns, "chat", 0), "PDB status", 30
+        )
+
+        refused = decide(ns, "chat", chat["metadata"]["name"], 0.5, 0.75)
+        [result] = await apply(nats_url, refused)
+        assert (result.plan, result.outcome) == (PlanKind.RECREATE_ELSEWHERE, Outcome.FAILED)
+        assert "disruption budget" in (result.error or ""), result
+        assert result.node_after == spare
+        still = await in_thread(stack.get, "Pod", chat["metadata"]["name"], ns)
+        assert not still["metadata"].get("deletionTimestamp")  # retried, never forced
+
+        budget = pdb("chat", max_unavailable=1)
+        budget["metadata"]["namespace"] = ns
+        await in_thread(stack.apply_objects, [budget])
+        await in_thread(
+            stack.wait, lambda: disruptions_allowed(stack, ns, "chat", 1), "PDB allows 1", 30
+        )
+        allowed = decide(ns, "chat", chat["metadata"]["name"], 0.5, 0.75)
+        [result] = await apply(nats_url, allowed)
+        assert (result.plan, result.outcome) == (PlanKind.RECREATE_ELSEWHERE, Outcome.APPLIED)
+
+        # The ReplicaSet's new pod: sized by fracpilot's webhook before KAI's saw it, placed
+        # by KAI on the spare GPU, started with the new portion.
+        new = await in_thread(
+            stack.wait,
+            lambda: replacement(stack, ns, "chat", chat["metadata"]["uid"]),
+            "the recreated chat pod Running",
+            120,
+        )
+        assert new["spec"]["nodeName"] == spare
+        assert new["metadata"]["annotations"][GPU_FRACTION] == "0.75"
+        assert TARGET_ANNOTATION in new["metadata"]["annotations"]
+        assert await in_thread(gpu_portions, stack, new) == ["0.75"]
+        template = await in_thread(stack.get, "Deployment", "chat", ns, "apps/v1")
+        assert template["spec"]["template"]["metadata"]["annotations"][GPU_FRACTION] == "0.5"
+
+
+def kai_queue(name: str, gpu_limit: float) -> dict[str, Any]:
+    """A leaf queue under scripts/gpu-stack/manifests/kai-setup.yaml's default-parent-queue."""
+    unbounded = {"quota": 0, "limit": -1, "overQuotaWeight": 1}
+    return {
+        "apiVersion": "scheduling.run.ai/v2",
+        "kind": "Queue",
+        "metadata": {"name": name},
+        "spec": {
+            "parentQueue": "default-parent-queue",
+            "resources": {
+                "cpu": unbounded,
+                "memory": unbounded,
+                "gpu": {"quota": 0, "limit": gpu_limit, "overQuotaWeight": 1},
+            },
+        },
+    }
+
+
+def queue_allocated(stack: GpuStack, name: str, gpus: float) -> bool | None:
+    """True once the queuecontroller wrote ``gpus`` allocated into the Queue's status."""
+    queue = stack.get("Queue", name, api_version="scheduling.run.ai/v2")
+    allocated = (queue.get("status") or {}).get("allocated") or {}
+    gpu = [v for k, v in allocated.items() if k.endswith("gpu")]
+    found = [float(parse_quantity(v)) for v in gpu]  # type: ignore[no-untyped-call]
+    return True if found == [gpus] else None
+
+
+@pytest.fixture
+def limited_queue(gpu_stack: GpuStack, gpu_namespace: str) -> Iterator[str]:
+    """A KAI queue with a limit of half a GPU, and KAI's controllers that fill its status
+    (for this test only: the podgroupcontroller holds :8080, which nodescaleadjuster needs)."""
+    gpu_stack.start_queue_controllers()
+    name = f"q-{gpu_namespace}"
+    try:
+        gpu_stack.create(kai_queue(name, gpu_limit=0.5))
+        yield name
+    finally:
+        gpu_stack.stop_queue_controllers()
+        with contextlib.suppress(ApiException):
+            resource = gpu_stack.dynamic.resources.get(
+                api_version="scheduling.run.ai/v2", kind="Queue"
+            )
+            resource.delete(name=name)
+
+
+@pytest.mark.timeout(300)
+async def test_no_upsize_in_place_takes_a_kai_queue_past_its_limit(
+    gpu_stack: GpuStack,
+    gpu_namespace: str,
+    make_gpu_node: Callable[[int], str],
+    limited_queue: str,
+    nats_url: str,
+    tmp_path: Path,
+) -> None:
+    stack, ns = gpu_stack, gpu_namespace
+    node = await in_thread(make_gpu_node, 1)
+    async with actuator_on_stack(stack, nats_url, ns, tmp_path):
+        await in_thread(stack.create, kai_deployment("chat", "0.5", queue=limited_queue), ns)
+        [chat] = await in_thread(wait_running, stack, ns, "chat")
+        assert chat["spec"]["nodeName"] == node
+        await in_thread(
+            stack.wait,
+            lambda: queue_allocated(stack, limited_queue, 0.5),
+            "queue status allocated 0.5 GPU",
+            60,
+        )
+
+        # 0.75 fits on the GPU (alone on it), but not in the queue: KAI would not notice.
+        made = decide(ns, "chat", chat["metadata"]["name"], 0.5, 0.75)
+        [result] = await apply(nats_url, made)
+        # Held back as a recommendation (the judge's queue_limit), the reason in the result.
+        assert (result.plan, result.outcome) == (PlanKind.IN_PLACE, Outcome.DRY_RUN), result
+        assert "past its limit 0.5" in result.detail, result
+        assert limited_queue in result.detail
+        pod = await in_thread(stack.get, "Pod", chat["metadata"]["name"], ns)
+        assert pod["metadata"]["annotations"][GPU_FRACTION] == "0.5"
+        assert not pod["metadata"].get("deletionTimestamp")

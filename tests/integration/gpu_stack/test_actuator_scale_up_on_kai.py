@@ -1,0 +1,109 @@
+"""fracpilot's scale-up on the real stack (issue 15, "Proof against the real stack", scenario 3).
+
+An upsize that fits on no GPU: the actuator's placeholder (one whole GPU, the pod's CPU and
+memory requests, kube-scheduler) makes the real cluster-autoscaler (kwok provider) add a node;
+once the placeholder is bound there the actuator removes it and evicts the pod, the
+ReplicaSet's new pod gets the new fraction from fracpilot's webhook and KAI binds it on the new
+node. The time from the decision going onto NATS to the new pod Running is printed (``-s``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fracpilot_libs.contracts import Outcome, PlanKind
+from support.fracpilot_on_stack import (
+    actuator_on_stack,
+    decide,
+    in_thread,
+    kai_deployment,
+    kai_pod_body,
+    publish,
+    running_pods,
+    wait_results,
+    wait_running,
+)
+from support.gpu_stack import GPU_FRACTION, GpuStack
+
+pytestmark = pytest.mark.integration
+
+NODE_GROUP_LABEL = "example.io/nodegroup"  # fromNodeLabelKey in ca-kwok-config.yaml
+CAPACITY_SELECTOR = "fracpilot.io/role=capacity"  # the placeholders' label (object_values.py)
+
+
+def moved(stack: GpuStack, ns: str, old_uid: str) -> dict[str, Any] | None:
+    pods = [p for p in running_pods(stack, ns, "chat") if p["metadata"]["uid"] != old_uid]
+    return pods[0] if pods else None
+
+
+@contextlib.asynccontextmanager
+async def autoscaling(stack: GpuStack) -> AsyncIterator[None]:
+    """cluster-autoscaler for the block (it deletes the nodes it added when it stops).
+
+    Without KAI's nodescaleadjuster: fracpilot's placeholder asks for a whole GPU, which CA
+    sees by itself. nodescaleadjuster would make a scaling pod for the recreated pod the moment
+    it exists (it checks no condition), and KAI's binder binds no fraction pod while a scaling
+    pod is not PodScheduled=True; on this stack one stayed PodScheduled=False/Unschedulable
+    although bound, and the recreated pod was never bound (see GpuStack.start_autoscaler).
+    """
+    await in_thread(functools.partial(stack.start_autoscaler, scale_adjuster=False))
+    try:
+        yield
+    finally:
+        await in_thread(stack.stop_autoscaler)
+
+
+@pytest.mark.timeout(420)
+async def test_an_upsize_that_fits_nowhere_gets_a_node_from_the_autoscaler(
+    gpu_stack: GpuStack,
+    gpu_namespace: str,
+    make_gpu_node: Callable[[int], str],
+    nats_url: str,
+    tmp_path: Path,
+) -> None:
+    stack, ns = gpu_stack, gpu_namespace
+    full = await in_thread(make_gpu_node, 1)
+    async with actuator_on_stack(stack, nats_url, ns, tmp_path):
+        await in_thread(stack.create, kai_deployment("chat", "0.5"), ns)
+        await in_thread(stack.create, kai_pod_body("other", "0.5"), ns)
+        [chat] = await in_thread(wait_running, stack, ns, "chat")
+        await in_thread(wait_running, stack, ns, "other")
+        assert chat["spec"]["nodeName"] == full
+        async with autoscaling(stack):
+            await scale_up(stack, ns, nats_url, chat)
+
+
+async def scale_up(stack: GpuStack, ns: str, nats_url: str, chat: dict[str, Any]) -> None:
+    """chat 0.5 -> 0.75 where its only GPU is full and no other node exists."""
+    made = decide(ns, "chat", chat["metadata"]["name"], 0.5, 0.75)
+    published = await publish(nats_url, made)
+    [asked] = await wait_results(nats_url, made)
+    assert (asked.plan, asked.outcome) == (PlanKind.SCALE_UP, Outcome.APPLIED), asked
+    assert "capacity requested" in asked.detail
+    [placeholder] = await in_thread(stack.items, "Pod", ns, CAPACITY_SELECTOR)
+    limits = placeholder["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"nvidia.com/gpu": "1"}
+
+    new = await in_thread(
+        stack.wait,
+        lambda: moved(stack, ns, chat["metadata"]["uid"]),
+        "chat recreated and Running on a node cluster-autoscaler added",
+        300,
+    )
+    to_running = time.monotonic() - published
+    print(f"\nscale-up: decision -> recreated pod Running in {to_running:.1f} s")
+
+    node = await in_thread(stack.get, "Node", new["spec"]["nodeName"])
+    assert node["metadata"]["labels"].get(NODE_GROUP_LABEL) == "gpu-h100"
+    assert new["metadata"]["annotations"][GPU_FRACTION] == "0.75"
+    done = await wait_results(nats_url, made, count=2)
+    assert (done[-1].plan, done[-1].outcome) == (PlanKind.SCALE_UP, Outcome.APPLIED), done
+    assert "evicted" in done[-1].detail
+    assert await in_thread(stack.items, "Pod", ns, CAPACITY_SELECTOR) == []
