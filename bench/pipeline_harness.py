@@ -92,7 +92,7 @@ def _publisher(plan: PublishPlan, out: Any) -> None:
 
 
 async def _publish(plan: PublishPlan) -> dict[str, float]:
-    nc = await nats.connect(plan.url, pending_size=64 * 1024 * 1024)
+    nc = await nats.connect(plan.url.split(","), pending_size=64 * 1024 * 1024)
     js = nc.jetstream(publish_async_max_pending=8000)
     hot = set(plan.hot)
     subj = [
@@ -152,7 +152,7 @@ class Observer:
     _nc: Any = None
 
     async def start(self, url: str) -> None:
-        self._nc = await nats.connect(url, pending_size=256 * 1024 * 1024)
+        self._nc = await nats.connect(url.split(","), pending_size=256 * 1024 * 1024)
         await self._nc.subscribe(f"{subjects.DECISION_PREFIX}.>", cb=self._on_decision)
         await self._nc.subscribe(f"{subjects.ACTUATION_PREFIX}.>", cb=self._on_result)
         await self._nc.flush()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import AsyncIterator
+from typing import Any
 
 import nats
 import pytest
@@ -175,3 +177,47 @@ async def test_a_large_checkpoint_is_spread_over_chunks(nats_url: str) -> None:
         assert {k for part in restored.values() for k in part} == set(states)
     finally:
         await nc.close()
+
+
+async def test_a_stalled_restore_is_tried_again_and_no_workload_starts_afresh(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first read of the checkpoints stalls after one state (as during a KV leader
+    election): the partitions are given up and claimed again, and every workload keeps its
+    history; none is restored from a partial read."""
+    from fracpilot_decision import checkpoints as checkpoints_module
+    from fracpilot_libs.kv_snapshot import SnapshotStalledError
+
+    await reset_nats(nats_url)
+    feed = [sample(name=f"w{i}", memory_share=0.1 + 0.05 * i, minute=i) for i in range(6)]
+    settings = DecisionSettings(
+        nats={"url": nats_url}, checkpoint={"interval_s": 3600, "when_idle_s": 0}
+    )
+    first = DecisionService(settings)
+    async with running(first):
+        await publish(nats_url, *feed)
+        await wait_for(lambda: first.samples._value.get() >= len(feed))
+    before = dict(first.histories)
+    assert len(before) == len(feed)
+
+    real_chunks = checkpoints_module.kv_chunks
+    stalls = 0
+
+    async def stalls_once(*args: Any, **kwargs: Any) -> AsyncIterator[list[Any]]:
+        nonlocal stalls
+        if stalls:
+            async for part in real_chunks(*args, **kwargs):
+                yield part
+            return
+        stalls += 1
+        async for part in real_chunks(*args, **kwargs):
+            yield part[:1]
+            raise SnapshotStalledError("stalled (injected)", 1, len(feed))
+
+    monkeypatch.setattr(checkpoints_module, "kv_chunks", stalls_once)
+    second = DecisionService(settings)
+    async with running(second):
+        await wait_for(lambda: set(second.histories) == set(before), timeout=30)
+        assert stalls == 1
+        for key, state in before.items():
+            assert_same_state(second.histories[key], state)

@@ -47,6 +47,7 @@ from fracpilot_libs.consumer import (
     ensure_durable,
     watch_lag,
 )
+from fracpilot_libs.declare_retry import declare_patiently
 from fracpilot_libs.decoding import DecodeError, ErrorKind, dead_letter_record, decode
 from fracpilot_libs.kv_snapshot import read_kv_watched
 from fracpilot_libs.kv_watch import follow_kv
@@ -293,33 +294,29 @@ class Bus:
         (:func:`fracpilot_libs.usage_streams.ensure_usage_streams`): only the decision
         service, which consumes the partitions, changes their number (``assign_partitions``)."""
         replicas = self.replicas
-        await ensure_streams(self.js, specs or default_streams(self.settings.streams), replicas)
-        if specs is None:
-            s = self.settings
-            await ensure_usage_streams(
-                self.js,
-                s.decision_partitions,
-                s.usage_max_age_s,
-                assign=assign_partitions,
-                replicas=replicas,
-                max_bytes=s.streams.usage_max_bytes or None,
-            )
+
+        async def declare() -> None:
+            await ensure_streams(self.js, specs or default_streams(self.settings.streams), replicas)
+            if specs is None:
+                s = self.settings
+                await ensure_usage_streams(
+                    self.js,
+                    s.decision_partitions,
+                    s.usage_max_age_s,
+                    assign=assign_partitions,
+                    replicas=replicas,
+                    max_bytes=s.streams.usage_max_bytes or None,
+                )
+
+        await declare_patiently(declare, "streams")
 
     async def kv(self, bucket: str, history: int = 1) -> KeyValue:
         """The bucket, made with :attr:`replicas` replicas, or raised to them once per
         connection when an earlier version made it with fewer."""
-        try:
-            kv = await self.js.key_value(bucket)
-        except BucketNotFoundError:
-            return await self.js.create_key_value(
-                KeyValueConfig(
-                    bucket=bucket, history=history, storage=StorageType.FILE, replicas=self.replicas
-                )
-            )
-        if bucket not in self._replicated:
-            await set_replicas(self.js, f"KV_{bucket}", self.replicas)
-            self._replicated.add(bucket)
-        return kv
+        return await declare_patiently(
+            lambda: open_bucket(self.js, bucket, history, self.replicas, self._replicated),
+            f"bucket {bucket}",
+        )
 
     async def kv_values(self, bucket: str) -> dict[str, bytes]:
         """Every current value of a KV bucket, read in one pass (deleted keys left out)."""
@@ -461,3 +458,22 @@ class Bus:
         task = asyncio.create_task(lag, name=f"lag-{durable}")
         self._tasks.append(task)
         return task
+
+
+async def open_bucket(
+    js: JetStreamContext, bucket: str, history: int, replicas: int, replicated: set[str]
+) -> KeyValue:
+    """The bucket, made with ``replicas`` replicas, or raised to them once (``replicated``
+    holds the buckets already raised on this connection)."""
+    try:
+        kv = await js.key_value(bucket)
+    except BucketNotFoundError:
+        return await js.create_key_value(
+            KeyValueConfig(
+                bucket=bucket, history=history, storage=StorageType.FILE, replicas=replicas
+            )
+        )
+    if bucket not in replicated:
+        await set_replicas(js, f"KV_{bucket}", replicas)
+        replicated.add(bucket)
+    return kv

@@ -241,11 +241,19 @@ class Checkpointer:
     async def _read_all(self) -> AsyncIterator[list[tuple[str, bytes]]]:
         """The current value of every key (deleted keys left out), in batches as read by a
         snapshot (:mod:`fracpilot_libs.kv_snapshot`): at 100,000 keys far quicker than a KV
-        watch, and never all in memory."""
+        watch, and never all in memory.
+
+        A read that stalls (NATS busy electing a leader) raises: restoring what was read so far
+        would start the unread workloads afresh, their history lost. The callers give the
+        partitions up and a later round claims them again."""
         try:
             async for part in kv_chunks(
                 self.nc, self.bucket, chunk=_READ_BATCH, stall_s=5.0, name_prefix="decision-restore"
             ):
                 yield [(key, m.data) for key, m in part]
         except SnapshotStalledError as exc:
-            log.warning("checkpoint read ended early", extra={"read": exc.read, "of": exc.of})
+            log.warning(
+                "checkpoint read stalled, the restore is given up and tried again",
+                extra={"read": exc.read, "of": exc.of},
+            )
+            raise

@@ -30,13 +30,11 @@ import socket
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from nats.aio.client import Client as NatsClient
 from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import (
     BucketNotFoundError,
@@ -58,6 +56,16 @@ log = logging.getLogger(__name__)
 MEMBER = "member."
 PARTITION = "partition."
 TRUST = 0.75  # share of the lease a replica trusts its own lease for after renewing it
+RETRY_S = 0.5  # between renewals while one goes unanswered (a KV leader moving)
+
+
+def lease_io_timeout(lease_s: float) -> float:
+    """How long a lease write waits for its ack: ``lease_s / 10``, at least 1 s (a loaded
+    machine), at most nats-py's 5 s. A write sent while the bucket has no leader is never
+    answered: the wait is how late the replica notices the new one. With nats-py's 5 s one
+    unanswered renewal of a 10 s lease ran past its trust (renewed at 0, again at 2.5,
+    unanswered until 7.5); with 1 s a renewal is tried every 1.5 s while none is answered."""
+    return min(5.0, max(1.0, lease_s / 10))
 
 
 def default_replica_id() -> str:
@@ -79,7 +87,9 @@ async def renew_lease(kv: KeyValue, partition: int, replica: str, revision: int)
     """Rewrite the partition's lease if it is still at ``revision``; its new revision. Raises
     ``KeyWrongLastSequenceError`` when someone else's write came between, but not when it
     was this replica's own earlier renewal, stored with its ack lost (a KV leader moving):
-    only ``replica`` writes its name there, so a lease naming it is still its own."""
+    only ``replica`` writes its name there, so a lease naming it is still its own. That one
+    is written once more: the server counts its TTL from an unknown earlier moment, while
+    the caller trusts the lease from when this renewal was sent."""
     key = f"{PARTITION}{partition}"
     try:
         return await kv.update(key, replica.encode(), last=revision)
@@ -88,7 +98,59 @@ async def renew_lease(kv: KeyValue, partition: int, replica: str, revision: int)
         if entry.value != replica.encode() or entry.revision is None:
             raise
         log.info("partition lease renewal stored, its ack lost", extra={"partition": partition})
-        return int(entry.revision)
+        return await kv.update(key, replica.encode(), last=entry.revision)
+
+
+async def claim_lease(kv: KeyValue, partition: int, replica: str) -> int | None:
+    """Create the partition's lease; its revision, or None when another replica was quicker
+    or the outcome is unknown (NATS trouble). Never raises: a claim failing halfway through a
+    round once left the partitions claimed before it leased, renewed, and never consumed. A
+    create stored with its ack lost (a KV leader moving) leaves a lease naming this replica
+    that it does not hold: the next round deletes it and claims the partition again."""
+    try:
+        return await kv.create(f"{PARTITION}{partition}", replica.encode())
+    except KeyWrongLastSequenceError:
+        return None  # another replica was quicker
+    except Exception as exc:
+        log.warning("partition not claimed", extra={"partition": partition, "error": repr(exc)})
+        return None
+
+
+async def open_lease_bucket(nc: NatsClient, bucket: str, lease_s: float, replicas: int) -> KeyValue:
+    """The lease bucket, made with ``lease_s`` as its TTL (or that TTL set on an existing one),
+    bound to a JetStream context whose writes wait no longer than :func:`lease_io_timeout`
+    for their ack (the set-up keeps nats-py's timeout)."""
+    js = nc.jetstream()
+    try:
+        await js.key_value(bucket)
+        info = await js.stream_info(f"KV_{bucket}")
+        if info.config.max_age != lease_s:
+            log.warning(
+                "setting the partition lease (the bucket's TTL)",
+                extra={"from_s": info.config.max_age, "to_s": lease_s},
+            )
+            info.config.max_age = lease_s
+            await js.update_stream(info.config)
+        await set_replicas(js, f"KV_{bucket}", replicas)
+    except (BucketNotFoundError, NotFoundError):
+        await js.create_key_value(
+            KeyValueConfig(
+                bucket=bucket,
+                history=1,
+                ttl=lease_s,
+                storage=StorageType.FILE,
+                replicas=replicas,
+                description="decision replicas and their usage-partition leases",
+            )
+        )
+    info = await js.stream_info(f"KV_{bucket}")
+    return KeyValue(  # as js.key_value makes it, on the context with the short wait
+        name=bucket,
+        stream=f"KV_{bucket}",
+        pre=f"$KV.{bucket}.",
+        js=nc.jetstream(timeout=lease_io_timeout(lease_s)),
+        direct=bool(info.config.allow_direct),
+    )
 
 
 class PartitionHolder(Protocol):
@@ -113,6 +175,26 @@ class View:
     revisions: dict[int, int]  # partition -> revision of its lease
 
 
+async def read_view(nc: NatsClient, bucket: str) -> View:
+    """Every live member and lease in the bucket: the last message of each key, read up to
+    the count there was when the read began (a snapshot, :mod:`fracpilot_libs.kv_snapshot`:
+    a KV watch waits for a moment with nothing pending, which a busy bucket may not have)."""
+    members: set[str] = set()
+    owners: dict[int, str] = {}
+    revisions: dict[int, int] = {}
+    async with asyncio.timeout(10):
+        entries = await read_kv(nc, bucket, name_prefix="decision-leases")
+    for key, m in entries.items():
+        if key.startswith(MEMBER):
+            members.add(key[len(MEMBER) :])
+        elif key.startswith(PARTITION):
+            with contextlib.suppress(ValueError):
+                p = int(key[len(PARTITION) :])
+                owners[p] = m.data.decode()
+                revisions[p] = m.sequence
+    return View(frozenset(members), owners, revisions)
+
+
 class Ownership:
     """This replica's leases; :meth:`holds` says whether it may still act on a partition."""
 
@@ -130,7 +212,6 @@ class Ownership:
     ) -> None:
         self.nc = nc
         self.replicas = replicas
-        self.js: JetStreamContext = nc.jetstream()
         self.holder = holder
         self.partitions = partitions
         self.replica = replica
@@ -166,28 +247,7 @@ class Ownership:
 
     async def open(self) -> None:
         """Create the bucket with the lease as its TTL (or set the TTL of an existing one)."""
-        try:
-            self.kv = await self.js.key_value(self.bucket)
-            info = await self.js.stream_info(f"KV_{self.bucket}")
-            if info.config.max_age != self.lease_s:
-                log.warning(
-                    "setting the partition lease (the bucket's TTL)",
-                    extra={"from_s": info.config.max_age, "to_s": self.lease_s},
-                )
-                info.config.max_age = self.lease_s
-                await self.js.update_stream(info.config)
-            await set_replicas(self.js, f"KV_{self.bucket}", self.replicas)
-        except (BucketNotFoundError, NotFoundError):
-            self.kv = await self.js.create_key_value(
-                KeyValueConfig(
-                    bucket=self.bucket,
-                    history=1,
-                    ttl=self.lease_s,
-                    storage=StorageType.FILE,
-                    replicas=self.replicas,
-                    description="decision replicas and their usage-partition leases",
-                )
-            )
+        self.kv = await open_lease_bucket(self.nc, self.bucket, self.lease_s, self.replicas)
 
     def _kv(self) -> KeyValue:
         if self.kv is None:
@@ -199,28 +259,41 @@ class Ownership:
         background: renew every ``lease_s / 4``, rebalance as often or when the bucket changes.
         The renewals start first: restoring the claimed partitions may outlast a lease."""
         await self.renew()
-        self._renewer = asyncio.create_task(self._every(self.renew, "renew"), name="lease-renew")
+        self._renewer = asyncio.create_task(self._renewing(), name="lease-renew")
         await self.rebalance()
         self._tasks = [
-            asyncio.create_task(self._every(self.rebalance, "rebalance"), name="rebalance"),
+            asyncio.create_task(self._rebalancing(), name="rebalance"),
             asyncio.create_task(self._watch(), name="lease-watch"),
         ]
 
-    async def _every(self, step: Callable[[], Awaitable[object]], what: str) -> None:
-        while not (self._stopping and what != "renew"):
-            if what == "rebalance":
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.renew_s):
-                        await self._wake.wait()
-                self._wake.clear()
-            else:
-                await asyncio.sleep(self.renew_s)
-            if self._stopping and what != "renew":
+    async def _renewing(self) -> None:
+        """Renew ``lease_s / 4`` after the last renewal began (one that waited for its ack
+        still leaves the next inside the trust), every ``RETRY_S`` while one goes unanswered.
+        Runs until cancelled: the leases are renewed while the partitions are handed over."""
+        pause = self.renew_s
+        while True:
+            await asyncio.sleep(pause)
+            began = time.monotonic()
+            try:
+                answered = await self.renew()
+            except Exception as exc:  # NATS trouble: the next renewal tries again
+                log.warning("partition renew failed", extra={"error": repr(exc)})
+                answered = False
+            pause = self.renew_s - (time.monotonic() - began)
+            pause = max(0.0, pause) if answered else min(RETRY_S, self.renew_s)
+
+    async def _rebalancing(self) -> None:
+        while not self._stopping:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.renew_s):
+                    await self._wake.wait()
+            self._wake.clear()
+            if self._stopping:
                 return
             try:
-                await step()
+                await self.rebalance()
             except Exception as exc:  # NATS trouble: the next round tries again
-                log.warning(f"partition {what} failed", extra={"error": repr(exc)})
+                log.warning("partition rebalance failed", extra={"error": repr(exc)})
 
     async def _watch(self) -> None:
         """Wake the rebalance when a replica joins (a member key not seen before) or a lease
@@ -255,8 +328,9 @@ class Ownership:
 
     # --- rounds -----------------------------------------------------------------------------
 
-    async def renew(self) -> None:
-        """Say this replica is alive and renew its leases; drop what is lost or untrusted."""
+    async def renew(self) -> bool:
+        """Say this replica is alive and renew its leases; drop what is lost or untrusted.
+        False when a renewal got no answer (NATS trouble)."""
         kv = self._kv()
         sent = time.monotonic()
         body = json.dumps({"replica": self.replica, "partitions": sorted(self.revisions)})
@@ -274,6 +348,7 @@ class Ownership:
             if not self.holds(p):
                 log.warning("partition lease no longer trusted", extra={"partition": p})
                 await self._drop(p)
+        return None not in results
 
     async def _renew_one(self, kv: KeyValue, p: int) -> bool | None:
         """True: renewed; False: lost (someone else holds it, or it ran out); None: unknown
@@ -304,31 +379,12 @@ class Ownership:
         self.metrics.owned.set(len(self.revisions))
         await self.holder.drop(partition)
 
-    async def read(self) -> View:
-        """Every live member and lease in the bucket: the last message of each key, read up to
-        the count there was when the read began (a snapshot, :mod:`fracpilot_libs.kv_snapshot`:
-        a KV watch waits for a moment with nothing pending, which a busy bucket may not have)."""
-        members: set[str] = set()
-        owners: dict[int, str] = {}
-        revisions: dict[int, int] = {}
-        async with asyncio.timeout(10):
-            entries = await read_kv(self.nc, self.bucket, name_prefix="decision-leases")
-        for key, m in entries.items():
-            if key.startswith(MEMBER):
-                members.add(key[len(MEMBER) :])
-            elif key.startswith(PARTITION):
-                with contextlib.suppress(ValueError):
-                    p = int(key[len(PARTITION) :])
-                    owners[p] = m.data.decode()
-                    revisions[p] = m.sequence
-        return View(frozenset(members), owners, revisions)
-
     async def rebalance(self) -> Moves:
         """Read the bucket; hand over what the target gives away; claim what it gives here."""
         async with self._lock:
             if self._stopping:
                 return Moves(frozenset(), frozenset())
-            view = await self.read()
+            view = await read_view(self.nc, self.bucket)
             kv = self._kv()
             owners = dict(view.owners)
             for p, owner in view.owners.items():
@@ -343,22 +399,32 @@ class Ownership:
                 await self._hand_over(p)
             claimed = []
             for p in sorted(moves.claim):
-                try:
-                    sent = time.monotonic()
-                    self.revisions[p] = await kv.create(f"{PARTITION}{p}", self.replica.encode())
+                sent = time.monotonic()
+                if (revision := await claim_lease(kv, p, self.replica)) is not None:
+                    self.revisions[p] = revision
                     self._trusted_until[p] = sent + TRUST * self.lease_s
                     claimed.append(p)
-                except KeyWrongLastSequenceError:
-                    continue  # another replica was quicker
             if claimed:
-                self.metrics.moves.labels("claimed").inc(len(claimed))
-                self.metrics.owned.set(len(self.revisions))
-                log.info(
-                    "partitions claimed",
-                    extra={"partitions": claimed, "replica": self.replica},
-                )
-                await self.holder.take(frozenset(claimed))
+                await self._take(frozenset(claimed))
             return moves
+
+    async def _take(self, claimed: frozenset[int]) -> None:
+        """Hand the claimed partitions to the holder; if that fails they are dropped (their
+        leases freed by the next round, which claims them again), never held unconsumed."""
+        self.metrics.moves.labels("claimed").inc(len(claimed))
+        self.metrics.owned.set(len(self.revisions))
+        log.info(
+            "partitions claimed", extra={"partitions": sorted(claimed), "replica": self.replica}
+        )
+        try:
+            await self.holder.take(claimed)
+        except Exception as exc:
+            log.warning(
+                "claimed partitions not taken, dropped",
+                extra={"partitions": sorted(claimed), "error": repr(exc)},
+            )
+            for p in sorted(claimed):
+                await self._drop(p)
 
     async def _hand_over(self, partition: int) -> None:
         """Checkpoint and acknowledge while the lease is still renewed, then release it: the
