@@ -32,7 +32,7 @@ from rich.table import Table
 
 from fracpilot_cli import options, output, render
 from fracpilot_cli.mig_view import print_mig, trace_mig, with_mig
-from fracpilot_cli.packed import print_packed, run_packed
+from fracpilot_cli.packed import pack_bound_table, print_packed, run_pack_bound, run_packed
 from fracpilot_cli.settings import CliSettings
 from fracpilot_libs.contracts import Policy
 from fracpilot_libs.pricing import GpuPrices
@@ -285,6 +285,15 @@ def replay_command(
             "neighbour that moved or left) onto a GPU in use that holds it",
         ),
     ] = True,
+    pack_bound: Annotated[
+        bool,
+        typer.Option(
+            "--pack-bound",
+            help="also repack from scratch at every instant (free moves) with hard per-pod "
+            "memory: the memory in use (also in hindsight, changed <= 4 times a day), peaks "
+            "plus headroom, and the policy's fractions (table and JSON; docs/sizing.md)",
+        ),
+    ] = False,
     mig: Annotated[
         bool,
         typer.Option(
@@ -368,8 +377,12 @@ def replay_command(
             _fail(f"--plot: cannot write {plot}: {exc.strerror or exc}")
         err.print(f"plot written to {plot}", markup=False, highlight=False)
 
+    bound = run_pack_bound(groups, sizers[0]) if pack_bound and fmt in ("json", "table") else None
     if fmt == "json":  # one line, as --json always printed
-        typer.echo(json.dumps(with_mig(report_json(report, base_report, packed), mig_plan)))
+        doc = report_json(report, base_report, packed)
+        if bound is not None:
+            doc["totals"]["pack_bound"] = bound.as_dict()
+        typer.echo(json.dumps(with_mig(doc, mig_plan)))
         return
     if fmt != "table":
         output.emit(render.replay_listing(report_json(report, base_report, packed)), fmt)
@@ -379,6 +392,8 @@ def replay_command(
     out.print(totals_table(trace, report, sizers[0].name, base_report, base_name))
     if packed:
         print_packed(out, [s.name for s in sizers], packed, top)
+    if bound is not None:
+        out.print(pack_bound_table(sizers[0].name, bound))
     out.print(workloads_table(report.top(top), len(report.workloads)))
     if mig_plan is not None:
         print_mig(out, mig_plan, str(mig_config) if mig_config is not None else None)

@@ -21,6 +21,8 @@ from pydantic import (
     model_validator,
 )
 
+from fracpilot_libs.sizing.headroom_policy import HEADROOM_DOC, MemoryHeadroom
+
 SCHEMA_VERSION: Literal[1] = 1
 MIB = 1024 * 1024
 
@@ -354,6 +356,7 @@ class Policy(WireModel):
     memory_upsize_confirmations: Annotated[int, Field(ge=1, le=20)] = Field(
         default=1, description="samples of memory above the fraction before an upsize"
     )
+    memory_headroom: MemoryHeadroom = Field(default=MemoryHeadroom(), description=HEADROOM_DOC)
     downsize_min_change: Annotated[float, Field(ge=0.0, le=1.0)] = Field(
         default=0.1,
         description="a downsize lowers the fraction by at least this share of a GPU (and a "

@@ -27,7 +27,10 @@ from fracpilot_libs.contracts import (
     ReasonCode,
     UsageSample,
 )
-from fracpilot_libs.sizing.grids import Grid, downsize_band, grid_name, grid_of
+from fracpilot_libs.sizing.explanations import numbers as _numbers
+from fracpilot_libs.sizing.grids import Grid, downsize_band, grid_of
+from fracpilot_libs.sizing.headroom import observe_headroom
+from fracpilot_libs.sizing.headroom_policy import MemoryHeadroomMode
 from fracpilot_libs.sizing.histogram import bucket_of, histogram_percentile, soft_compute_level
 from fracpilot_libs.sizing.state import BUCKETS, MEMORY_SLOTS, WorkloadState, evolve
 
@@ -35,6 +38,7 @@ _MAX_EXPONENT = 40.0  # rescale decaying weights before they grow past 2**40
 EPS = 1e-9  # float noise: values closer than this are equal
 _UP, _DOWN = Direction.UP, Direction.DOWN  # module constants: cheaper than enum lookups
 _SOFT = ComputeSizing.SOFT
+_LEARNED = MemoryHeadroomMode.LEARNED
 
 
 class Need(NamedTuple):
@@ -139,6 +143,10 @@ def observe(
         kept.append(share)
         slots = kept
 
+    jump, learned = state.memory_jump, None  # the learned headroom (sizing/headroom.py)
+    if policy.memory_headroom.mode is _LEARNED:  # from the slots before this sample's
+        oom = signals is not None and signals.oom_event
+        jump, learned = observe_headroom(state, share, current, oom, now, policy)
     keep = policy.compute_upsize_confirmations
     recent = (*state.recent_compute, compute)[-keep:]
     # Positional, in WorkloadState's field order (keywords cost a third more, on every sample;
@@ -161,6 +169,8 @@ def observe(
         state.position if position is None else position,
         waiting,
         kv_cache,
+        jump,
+        learned,
     )
 
 
@@ -179,9 +189,12 @@ def need_of(state: WorkloadState, policy: Policy) -> Need:
     slots = state.memory_slots
     peak = max(slots[1::2]) if slots else 0.0
     # memory_need_of and clamp_to_policy inlined, and conditionals for two-way max and min:
-    # this runs on every sample.
-    margin, headroom = peak * policy.memory_margin, policy.memory_min_headroom
-    m_need = peak + (margin if margin > headroom else headroom)
+    # this runs on every sample. A learned headroom (sizing/headroom.py) replaces the rule.
+    headroom = state.memory_headroom
+    if headroom is None:
+        margin, headroom = peak * policy.memory_margin, policy.memory_min_headroom
+        headroom = margin if margin > headroom else headroom
+    m_need = peak + headroom
     raw = c_need if c_need > r_need else r_need
     on_grid = grid_of(policy).round_up(m_need if m_need > raw else raw)
     low, high = policy.min_fraction, policy.max_fraction
@@ -435,32 +448,6 @@ def _may_downsize(state: WorkloadState, policy: Policy, now: float, below_since:
     if state.first_seen is None or queue_busy(state, policy):
         return False
     return downsize_wait(state, policy, now, below_since)[1] <= 0
-
-
-def _numbers(need: Need, policy: Policy, current: float, target: float) -> str:
-    half_life = f"half-life {policy.compute_half_life_s / 3600:g} h"
-    if policy.compute_sizing is _SOFT:
-        compute = (
-            f"compute (soft, {half_life}): at most {policy.compute_delay_budget:.0%} of the work "
-            f"above {need.compute_percentile:.2f} GPU"
-        )
-    else:
-        compute = (
-            f"compute p{policy.compute_percentile:g} ({half_life}) = "
-            f"{need.compute_percentile:.2f} GPU / target utilization "
-            f"{policy.target_utilization:g} = {need.compute_need:.3f}"
-        )
-    return (
-        f"{compute}; last "
-        f"{policy.compute_upsize_confirmations} samples >= {need.recent_compute:.2f} -> "
-        f"{need.recent_need:.3f}; memory peak over {policy.memory_window_s / 3600:g} h = "
-        f"{need.memory_peak:.3f} of the device + max({policy.memory_margin:g} x peak, "
-        f"{policy.memory_min_headroom:g}) = {need.memory_need:.3f}; the larger need rounded up "
-        f"to {grid_name(policy)} within [{policy.min_fraction:g}, {policy.max_fraction:g}] "
-        f"= {target:g} (was {current:g}); expected utilization after the change: compute "
-        f"{need.compute_percentile / target:.0%}, memory {need.memory_peak / target:.0%} of "
-        f"the fraction."
-    )
 
 
 def _make_decision(

@@ -58,6 +58,10 @@ class WorkloadState:
     # last; empty when the last sample did not report them.
     recent_waiting: tuple[int, ...] = ()
     kv_cache_usage: float | None = None  # as the last sample reported it
+    # memory_headroom learned (sizing/headroom.py): the largest jump above the trailing memory
+    # peak so far, and the headroom learned from it (None: the uniform rule applies).
+    memory_jump: float = 0.0
+    memory_headroom: float | None = None
 
     @property
     def memory_peaks(self) -> tuple[tuple[float, float], ...]:
@@ -119,6 +123,8 @@ class _Checkpoint(BaseModel):
     position: int = Field(default=0, ge=0)  # absent from checkpoints written before it
     recent_waiting: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=21)
     kv_cache_usage: float | None = Field(default=None, ge=0, le=1)
+    memory_jump: float = Field(default=0.0, ge=0, le=1)  # absent before the learned headroom
+    memory_headroom: float | None = Field(default=None, ge=0, le=1)
 
 
 def load_state(data: bytes) -> WorkloadState:
@@ -151,4 +157,6 @@ def load_state(data: bytes) -> WorkloadState:
         position=c.position,
         recent_waiting=tuple(c.recent_waiting),
         kv_cache_usage=c.kv_cache_usage,
+        memory_jump=c.memory_jump,
+        memory_headroom=c.memory_headroom,
     )

@@ -34,6 +34,7 @@ from fracpilot_libs.sizing.engine import (
     observe,
     round_up_to_grid,
 )
+from fracpilot_libs.sizing.headroom_policy import MemoryHeadroom, MemoryHeadroomMode
 from fracpilot_libs.sizing.state import BUCKETS, WorkloadState, dump_state, load_state
 
 PROPERTY = settings(max_examples=30, deadline=None)
@@ -586,6 +587,10 @@ def test_an_empty_state_round_trips() -> None:
 
 def test_a_busy_state_round_trips_exactly() -> None:
     policy = v1_policy(downsize_hold_s=600, cooldown_s=600, min_history_s=300)
+    # the learned headroom (sizing/headroom.py) sets the state's memory_headroom
+    policy = policy.model_copy(
+        update={"memory_headroom": MemoryHeadroom(mode=MemoryHeadroomMode.LEARNED)}
+    )
     trace = noisy_trace(3, 12 * 60)
     app = AppSignals(waiting_requests=0, kv_cache_usage=0.5)
     state, decisions = run(
