@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -11,34 +10,31 @@ import pytest
 from typer.testing import CliRunner
 
 from fracpilot_cli.main import app
+from support.usage_trace import timestamp, write_usage_trace
 
 DEVICE = 80 * 1024**3
 T0 = datetime(2026, 3, 2, tzinfo=UTC)
+MEMORY = int(0.2 * DEVICE)
 
 
 @pytest.fixture
 def trace(tmp_path: Path) -> Path:
     """Four workloads for two hours, each using 0.2 of the device's memory and little compute:
     repacked from scratch, the four share one card."""
-    path = tmp_path / "trace.csv"
-    with path.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(
-            [
-                "timestamp",
-                "namespace",
-                "workload",
-                "pod",
-                "gpu_util",
-                "gpu_mem_used_bytes",
-                "gpu_mem_total_bytes",
-            ]
+    rows = (
+        (
+            timestamp(T0 + timedelta(minutes=m)),
+            "inference",
+            f"w{i}",
+            f"w{i}-0",
+            0.05,
+            MEMORY,
+            DEVICE,
         )
-        for m in range(120):
-            at = (T0 + timedelta(minutes=m)).isoformat().replace("+00:00", "Z")
-            for i in range(4):
-                w.writerow([at, "inference", f"w{i}", f"w{i}-0", 0.05, int(0.2 * DEVICE), DEVICE])
-    return path
+        for m in range(120)
+        for i in range(4)
+    )
+    return write_usage_trace(tmp_path / "trace.csv", rows)
 
 
 def test_the_json_carries_the_bounds(trace: Path) -> None:

@@ -3,7 +3,6 @@ keys, the packed table, and the cards panel of the plot."""
 
 from __future__ import annotations
 
-import csv
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fracpilot_cli.main import app
+from support.usage_trace import timestamp, write_usage_trace
 
 DEVICE = 80 * 1024**3
 T0 = datetime(2026, 3, 2, tzinfo=UTC)
@@ -26,29 +26,30 @@ PACKED_KEYS = {
 }
 
 
+MEMORY = int(0.1 * DEVICE)
+
+
+def util(minute: int, i: int) -> float:
+    return 0.05 + 0.01 * ((minute * (i + 3)) % 5)
+
+
 @pytest.fixture
 def trace(tmp_path: Path) -> Path:
     """Four small steady workloads over six hours: they fit four to a card once sized."""
-    path = tmp_path / "trace.csv"
-    with path.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(
-            [
-                "timestamp",
-                "namespace",
-                "workload",
-                "pod",
-                "gpu_util",
-                "gpu_mem_used_bytes",
-                "gpu_mem_total_bytes",
-            ]
+    rows = (
+        (
+            timestamp(T0 + timedelta(minutes=m)),
+            "inference",
+            f"w{i}",
+            f"w{i}-0",
+            util(m, i),
+            MEMORY,
+            DEVICE,
         )
-        for m in range(360):
-            at = (T0 + timedelta(minutes=m)).isoformat().replace("+00:00", "Z")
-            for i in range(4):
-                util = 0.05 + 0.01 * ((m * (i + 3)) % 5)
-                w.writerow([at, "inference", f"w{i}", f"w{i}-0", util, int(0.1 * DEVICE), DEVICE])
-    return path
+        for m in range(360)
+        for i in range(4)
+    )
+    return write_usage_trace(tmp_path / "trace.csv", rows)
 
 
 def run(*args: str | Path) -> Any:
