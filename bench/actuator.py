@@ -55,8 +55,6 @@ from kubernetes import client
 from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry
 
-from fracpilot_libs import subjects
-from fracpilot_libs.bus import Bus
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import (
     Direction,
@@ -65,7 +63,9 @@ from fracpilot_libs.contracts import (
     WorkloadRef,
     utcnow,
 )
-from fracpilot_libs.embedded_nats import EmbeddedNats
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.bus import Bus
+from fracpilot_libs.nats.embedded import EmbeddedNats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from k8s_control_plane import ControlPlane, k8s_version
@@ -158,8 +158,8 @@ class BackendExecutor:
         from fracpilot_actuator.kube.api import KubeApi
         from fracpilot_actuator.kube.backend import KubernetesBackend
         from fracpilot_actuator.kube.settings import KubeBackendSettings
-        from fracpilot_actuator.kv_stores import KvTargetStore
         from fracpilot_actuator.opt_in import OptInSettings
+        from fracpilot_actuator.stores.nats_kv import KvTargetStore
 
         async def report(*_: object) -> None:
             return None
@@ -567,7 +567,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("fracpilot_libs.bus").setLevel(logging.ERROR)  # "disconnected" at close
+    logging.getLogger("fracpilot_libs.nats.bus").setLevel(logging.ERROR)  # "disconnected" at close
     if args.executor in ("backend", "all") and args.decisions > args.pods:
         # The backend's stale guard refuses a decision made before the workload's last
         # change; published in a backlog, a second decision per workload would be.

@@ -76,8 +76,8 @@ from pipeline_harness import (
     wait_ready,
 )
 
-from fracpilot_libs import subjects
-from fracpilot_libs.embedded_nats import EmbeddedNats, free_port
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.embedded import EmbeddedNats, free_port
 from support.nats_cluster import NatsCluster, replicas_of
 
 LAG = "fracpilot_decision_sample_lag_seconds"

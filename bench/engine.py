@@ -17,10 +17,10 @@ import os
 import time
 from pathlib import Path
 
+from fracpilot_libs.analysis.trace import group_by_workload, read_trace
 from fracpilot_libs.contracts import Policy, UsageSample
 from fracpilot_libs.sizing.engine import decide
 from fracpilot_libs.sizing.state import WorkloadState
-from fracpilot_libs.sizing.trace import group_by_workload, read_trace
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[1].parent / "shared/data/genai_public.csv.gz"
 

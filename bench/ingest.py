@@ -36,7 +36,7 @@ from fracpilot_ingest.attribution import GpuInventory
 from fracpilot_ingest.service import IngestService
 from fracpilot_ingest.settings import IngestSettings
 from fracpilot_ingest.sources.prometheus import points_by_instant
-from fracpilot_libs.embedded_nats import EmbeddedNats
+from fracpilot_libs.nats.embedded import EmbeddedNats
 
 
 def prometheus_response(workloads: int, at: float) -> list[dict[str, Any]]:

@@ -29,9 +29,9 @@ from typing import Any
 import nats
 from nats.aio.msg import Msg
 
-from fracpilot_libs import subjects
 from fracpilot_libs.contracts import UsageSample, WorkloadRef
-from fracpilot_libs.embedded_nats import free_port
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.embedded import free_port
 
 GIB = 1024**3
 DEVICE = 80 * GIB
@@ -334,8 +334,8 @@ async def declare_streams(url: str, partitions: int) -> None:
     """The streams as the services declare them (a usage stream per partition)."""
     from prometheus_client import CollectorRegistry
 
-    from fracpilot_libs.bus import Bus
     from fracpilot_libs.config import ServiceSettings
+    from fracpilot_libs.nats.bus import Bus
 
     bus = Bus("bench", ServiceSettings(nats={"url": url}, decision_partitions=partitions),
               CollectorRegistry())  # fmt: skip

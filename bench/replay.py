@@ -18,11 +18,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from fracpilot_libs.analysis.baselines import EngineSizer, Sizer, VpaSizer
+from fracpilot_libs.analysis.packing_replay import replay_packed
+from fracpilot_libs.analysis.replay import replay
+from fracpilot_libs.analysis.trace import TracePoint, group_by_workload, read_trace
 from fracpilot_libs.contracts import Policy
-from fracpilot_libs.sizing.baselines import EngineSizer, Sizer, VpaSizer
-from fracpilot_libs.sizing.packing_replay import replay_packed
-from fracpilot_libs.sizing.replay import replay
-from fracpilot_libs.sizing.trace import TracePoint, group_by_workload, read_trace
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[1].parent / "shared/data/genai_public.csv.gz"
 

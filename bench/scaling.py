@@ -52,9 +52,9 @@ from pipeline_harness import (
 from prometheus_client import CollectorRegistry
 
 from fracpilot_decision.checkpoints import Checkpointer
-from fracpilot_libs import subjects
-from fracpilot_libs.decision_backlog import decision_backlog
-from fracpilot_libs.embedded_nats import EmbeddedNats, free_port
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.decision_backlog import decision_backlog
+from fracpilot_libs.nats.embedded import EmbeddedNats, free_port
 
 OWNED = "fracpilot_decision_partitions_owned"
 SAMPLES = "fracpilot_decision_samples_total"

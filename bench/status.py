@@ -48,8 +48,6 @@ from fracpilot_cli.operator_cli import status_rows
 from fracpilot_cli.operator_data import read_bucket, read_stream, read_usage
 from fracpilot_cli.settings import CliSettings
 from fracpilot_cli.status import StatusRow
-from fracpilot_libs import subjects
-from fracpilot_libs.bus import Bus, default_streams
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import (
     ActuationResult,
@@ -60,11 +58,13 @@ from fracpilot_libs.contracts import (
     UsageSample,
     WorkloadRef,
 )
-from fracpilot_libs.embedded_nats import EmbeddedNats
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.bus import Bus, default_streams
+from fracpilot_libs.nats.embedded import EmbeddedNats
+from fracpilot_libs.nats.usage_streams import usage_streams
 from fracpilot_libs.pricing import GpuPrices
 from fracpilot_libs.sizing.engine import decide
 from fracpilot_libs.sizing.state import WorkloadState, dump_state
-from fracpilot_libs.usage_streams import usage_streams
 
 GIB = 1024**3
 DEVICE = 80 * GIB

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from chaos import figures_report
-from fracpilot_libs.embedded_nats import EmbeddedNats
+from fracpilot_libs.nats.embedded import EmbeddedNats
 
 # Fuzzing (tests/unit/fuzz, tests/integration/test_fuzz_*.py): inputs per subject. `make test`
 # runs "fuzz"; `make fuzz` (FRACPILOT_FUZZ_LONG=1) runs "fuzz-long", at least 10,000 each.

@@ -13,11 +13,11 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 from prometheus_client import CollectorRegistry
 
-from fracpilot_libs import subjects
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import Allocation, WorkloadRef
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.usage_streams import usage_streams
 from fracpilot_libs.runtime import ServiceRuntime
-from fracpilot_libs.usage_streams import usage_streams
 
 T = TypeVar("T")
 DEFAULT_PARTITIONS = ServiceSettings.model_fields["decision_partitions"].default

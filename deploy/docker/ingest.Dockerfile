@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # fracpilot ingest: Usage sources in, UsageSample messages out. The same image runs the Compose stack's
-# dcgm-exporter simulator: python -m fracpilot_ingest.dcgm_exporter_simulator.
+# dcgm-exporter simulator: python -m fracpilot_ingest.simulated.dcgm_exporter.
 #
 # Build from the repository root (the build context):
 #   docker build -f deploy/docker/ingest.Dockerfile -t ghcr.io/fracpilot/fracpilot-ingest .

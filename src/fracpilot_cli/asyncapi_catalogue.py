@@ -1,4 +1,5 @@
-"""What ``fracpilot asyncapi`` documents: every name in :mod:`fracpilot_libs.subjects` described
+"""What ``fracpilot asyncapi`` documents: every name in :mod:`fracpilot_libs.nats.subjects`
+described
 (streams, consumers, KV buckets, the other names), the wire models, the channels and who sends
 and receives on each. :mod:`fracpilot_cli.asyncapi` turns this table into the document;
 generation fails when a name in subjects.py is not described here.
@@ -11,7 +12,6 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from fracpilot_libs import subjects
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import (
     ActuationResult,
@@ -25,6 +25,7 @@ from fracpilot_libs.contracts import (
     WorkloadRef,
     WorkloadTarget,
 )
+from fracpilot_libs.nats import subjects
 
 MODELS: tuple[type[BaseModel], ...] = (
     UsageSample,
@@ -44,7 +45,7 @@ TOKEN = (
 )
 PARAMETERS = {
     "slot": "The workload's usage slot: FNV-1a (32 bit) of the namespace and workload tokens "
-    "written one after the other, modulo 1024 (fracpilot_libs.subjects.usage_slot).",
+    "written one after the other, modulo 1024 (fracpilot_libs.nats.subjects.usage_slot).",
     "namespace": f"The workload's Kubernetes namespace as {TOKEN}.",
     "workload": f"The workload's owner name (Deployment, StatefulSet, ...) as {TOKEN}.",
     "service": f"The service that refused the message as {TOKEN}.",

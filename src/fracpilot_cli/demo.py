@@ -28,16 +28,16 @@ from fracpilot_cli.operator_cli import operator_hint
 from fracpilot_cli.processes import ServiceProcess
 from fracpilot_cli.settings import CliSettings
 from fracpilot_cli.summary import RunSummary
-from fracpilot_libs import subjects
+from fracpilot_libs.analysis.accounting import overruns
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import ActuationResult, UsageSample
-from fracpilot_libs.decision_backlog import decision_backlog
-from fracpilot_libs.decoding import DecodeError, decode
-from fracpilot_libs.embedded_nats import EmbeddedNats
-from fracpilot_libs.nats_connect import open_connection
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.connect import open_connection
+from fracpilot_libs.nats.decision_backlog import decision_backlog
+from fracpilot_libs.nats.decoding import DecodeError, decode
+from fracpilot_libs.nats.embedded import EmbeddedNats
+from fracpilot_libs.nats.usage_streams import usage_streams
 from fracpilot_libs.simulation.workloads import demo_workloads
-from fracpilot_libs.sizing.accounting import overruns
-from fracpilot_libs.usage_streams import usage_streams
 
 
 @dataclass(frozen=True)

@@ -25,16 +25,16 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from fracpilot_libs.analysis.accounting import sample_intervals
+from fracpilot_libs.analysis.trace import TracePoint
 from fracpilot_libs.contracts import Policy, UsageSample, WorkloadRef
 from fracpilot_libs.mig.layout import GpuLayout, Span, instances_for_peak, pack, peak_count
 from fracpilot_libs.mig.mig_parted import config_name, mig_parted_config
 from fracpilot_libs.mig.profiles import A100_80GB, CARDS, MigCard, card_for_model
 from fracpilot_libs.mig.recommend import MigNeed, Recommendation, recommend
-from fracpilot_libs.sizing.accounting import sample_intervals
 from fracpilot_libs.sizing.engine import need_of, observe
 from fracpilot_libs.sizing.policies import cluster_default
 from fracpilot_libs.sizing.state import WorkloadState
-from fracpilot_libs.sizing.trace import TracePoint
 
 GIB = 1024**3
 GPUS_PER_NODE = 8  # an HGX / DGX board: what a trace without nodes is split into

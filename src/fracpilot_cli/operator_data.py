@@ -24,7 +24,6 @@ from pydantic import BaseModel
 
 from fracpilot_cli.settings import CliSettings
 from fracpilot_cli.status import FleetSnapshot, Recorded, namespace_of_key
-from fracpilot_libs import subjects
 from fracpilot_libs.contracts import (
     ActuationResult,
     Allocation,
@@ -33,20 +32,21 @@ from fracpilot_libs.contracts import (
     UsageSample,
     WorkloadRef,
 )
-from fracpilot_libs.decoding import DecodeError, decode
-from fracpilot_libs.kv_snapshot import (
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.connect import NatsSecurityError, connect_once
+from fracpilot_libs.nats.decoding import DecodeError, decode
+from fracpilot_libs.nats.errors import NatsUnreachableError
+from fracpilot_libs.nats.kv_snapshot import (
     SnapshotStalledError,
     StoredMessage,
     is_deleted,
     kv_stream,
     read_kv,
 )
-from fracpilot_libs.kv_snapshot import read_stream as read_stored
-from fracpilot_libs.nats_connect import NatsSecurityError, connect_once
-from fracpilot_libs.nats_errors import NatsUnreachableError
+from fracpilot_libs.nats.kv_snapshot import read_stream as read_stored
+from fracpilot_libs.nats.usage_streams import usage_partition_count
 from fracpilot_libs.sizing.policies import LivePolicies, cluster_default
 from fracpilot_libs.sizing.state import WorkloadState, load_state
-from fracpilot_libs.usage_streams import usage_partition_count
 
 M = TypeVar("M", bound=BaseModel)
 _CONSUMER_PREFIX = "fracpilot-cli"  # the ephemeral consumers' names: who is reading
@@ -56,7 +56,7 @@ class NatsUnavailableError(Exception):
     """NATS cannot be reached: the message says where and why."""
 
 
-RawMessage = StoredMessage  # a message as a stream holds it (fracpilot_libs.kv_snapshot)
+RawMessage = StoredMessage  # a message as a stream holds it (fracpilot_libs.nats.kv_snapshot)
 
 
 async def connect(settings: CliSettings, timeout_s: float = 5.0) -> NatsClient:

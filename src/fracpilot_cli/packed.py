@@ -1,10 +1,11 @@
 """``fracpilot replay --pack``: the packed replays and their tables.
 
-CLI glue only: :func:`fracpilot_libs.sizing.packing_replay.replay_packed` places the workloads
+CLI glue only: :func:`fracpilot_libs.analysis.packing_replay.replay_packed` places the workloads
 on cards with the actuator's planner and accounts card-hours, contention and collisions
-(definitions in :mod:`fracpilot_libs.sizing.packing`); this module runs it once per sizer with
+(definitions in :mod:`fracpilot_libs.analysis.packing`); this module runs it once per sizer with
 a progress bar, and renders the result beside the unpacked totals. ``--pack-bound`` adds what
-no sizer or planner with hard per-pod memory can beat (:mod:`fracpilot_libs.sizing.packing_bound`).
+no sizer or planner with hard per-pod memory can beat
+(:mod:`fracpilot_libs.analysis.packing_bound`).
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ from rich.console import Console
 from rich.progress import Progress, TaskID
 from rich.table import Table
 
+from fracpilot_libs.analysis.baselines import Sizer
+from fracpilot_libs.analysis.packing import PackedAccount
+from fracpilot_libs.analysis.packing_bound import PackBound, held_fractions, pack_bound
+from fracpilot_libs.analysis.packing_replay import PackedReport, replay_packed
+from fracpilot_libs.analysis.replay import Progress as ReplayProgress
+from fracpilot_libs.analysis.replay import replay
+from fracpilot_libs.analysis.trace import TracePoint
 from fracpilot_libs.pricing import GpuPrices
-from fracpilot_libs.sizing.baselines import Sizer
-from fracpilot_libs.sizing.packing import PackedAccount
-from fracpilot_libs.sizing.packing_bound import PackBound, held_fractions, pack_bound
-from fracpilot_libs.sizing.packing_replay import PackedReport, replay_packed
-from fracpilot_libs.sizing.replay import Progress as ReplayProgress
-from fracpilot_libs.sizing.replay import replay
-from fracpilot_libs.sizing.trace import TracePoint
 
 
 def run_packed(

@@ -19,9 +19,9 @@ from matplotlib.figure import Figure, SubFigure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from fracpilot_libs.sizing.accounting import WorkloadAccount
-from fracpilot_libs.sizing.packing import PackedAccount
-from fracpilot_libs.sizing.replay import ReplayReport
+from fracpilot_libs.analysis.accounting import WorkloadAccount
+from fracpilot_libs.analysis.packing import PackedAccount
+from fracpilot_libs.analysis.replay import ReplayReport
 
 COMPUTE = "#4c72b0"
 MEMORY = "#2ca02c"

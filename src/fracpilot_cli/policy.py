@@ -20,12 +20,12 @@ import typer
 
 from fracpilot_cli import options, output
 from fracpilot_cli.connection import EXIT_USAGE, cli_settings
-from fracpilot_libs import subjects
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import Policy, PolicyLevel, PolicyReply, PolicyScope
-from fracpilot_libs.decoding import DecodeError, decode
-from fracpilot_libs.nats_connect import NatsSecurityError, connect_once
-from fracpilot_libs.nats_errors import NatsUnreachableError
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.connect import NatsSecurityError, connect_once
+from fracpilot_libs.nats.decoding import DecodeError, decode
+from fracpilot_libs.nats.errors import NatsUnreachableError
 
 policy_app = typer.Typer(
     help="Read and change the decision engine's policies (cluster < namespace < workload).",

@@ -1,8 +1,8 @@
 """``fracpilot replay``: what a policy would have done on a recorded usage trace.
 
-CLI glue only: the trace is read by :mod:`fracpilot_libs.sizing.trace`, replayed and measured
-by :mod:`fracpilot_libs.sizing.replay` with the sizers of :mod:`fracpilot_libs.sizing.baselines`;
-this module parses the options, shows
+CLI glue only: the trace is read by :mod:`fracpilot_libs.analysis.trace`, replayed and measured
+by :mod:`fracpilot_libs.analysis.replay` with the sizers of
+:mod:`fracpilot_libs.analysis.baselines`; this module parses the options, shows
 progress on stderr and prints the totals as a table or as one JSON object. With ``--pack``
 (:mod:`fracpilot_cli.packed`) the same sizers are also replayed packed on GPUs.
 """
@@ -34,14 +34,14 @@ from fracpilot_cli import options, output, render
 from fracpilot_cli.mig_view import print_mig, trace_mig, with_mig
 from fracpilot_cli.packed import pack_bound_table, print_packed, run_pack_bound, run_packed
 from fracpilot_cli.settings import CliSettings
+from fracpilot_libs.analysis.accounting import Metrics, WorkloadAccount
+from fracpilot_libs.analysis.baselines import EngineSizer, Sizer, baseline_from_spec
+from fracpilot_libs.analysis.packing_replay import PackedReport
+from fracpilot_libs.analysis.replay import Progress as ReplayProgress
+from fracpilot_libs.analysis.replay import ReplayReport, replay
+from fracpilot_libs.analysis.trace import TraceError, TracePoint, group_by_workload, read_trace
 from fracpilot_libs.contracts import Policy
 from fracpilot_libs.pricing import GpuPrices
-from fracpilot_libs.sizing.accounting import Metrics, WorkloadAccount
-from fracpilot_libs.sizing.baselines import EngineSizer, Sizer, baseline_from_spec
-from fracpilot_libs.sizing.packing_replay import PackedReport
-from fracpilot_libs.sizing.replay import Progress as ReplayProgress
-from fracpilot_libs.sizing.replay import ReplayReport, replay
-from fracpilot_libs.sizing.trace import TraceError, TracePoint, group_by_workload, read_trace
 
 EXIT_USAGE = 2
 LONG_TRACE = 20_000  # samples: from here on progress is shown even when stderr is no terminal

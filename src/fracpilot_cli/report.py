@@ -5,7 +5,7 @@ per workload, usage against the fraction in force over time (a sample's ``alloca
 a workload not placed yet holds a whole GPU, as in the demo's summary), GPU-hours held against
 whole GPUs, their cost by the GPU's model, overruns (usage above the fraction), the fraction
 changes, the decisions and the actions; and the fleet's totals. The account is
-:mod:`fracpilot_libs.sizing.accounting`, as in ``fracpilot replay``: each sample stands for the
+:mod:`fracpilot_libs.analysis.accounting`, as in ``fracpilot replay``: each sample stands for the
 time until the next one, gaps capped at 5 median steps.
 :meth:`Report.as_dict` is ``report.json``; the HTML shows exactly those numbers.
 """
@@ -20,9 +20,9 @@ from datetime import UTC, datetime
 from itertools import pairwise
 from typing import Any
 
+from fracpilot_libs.analysis.accounting import Metrics, WorkloadAccount, sample_intervals
 from fracpilot_libs.contracts import ActuationResult, FractionDecision, UsageSample, WorkloadRef
 from fracpilot_libs.pricing import GpuPrices
-from fracpilot_libs.sizing.accounting import Metrics, WorkloadAccount, sample_intervals
 
 
 def _iso(at: datetime | float | None) -> str | None:

@@ -21,8 +21,8 @@ from matplotlib.figure import Figure
 
 from fracpilot_cli.plots import ALLOCATION, BASELINE, COMPUTE, plot_replay
 from fracpilot_cli.report import Report, WorkloadReport
-from fracpilot_libs.sizing.accounting import sample_intervals
-from fracpilot_libs.sizing.replay import ReplayReport
+from fracpilot_libs.analysis.accounting import sample_intervals
+from fracpilot_libs.analysis.replay import ReplayReport
 
 FLEET_BINS = 96
 

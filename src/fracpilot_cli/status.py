@@ -18,7 +18,7 @@ from functools import cache
 from typing import Any, Generic, TypeVar
 
 from fracpilot_cli.mig_view import status_profile
-from fracpilot_libs import subjects
+from fracpilot_libs.analysis.accounting import EPS, overruns
 from fracpilot_libs.contracts import (
     ActuationResult,
     Allocation,
@@ -27,8 +27,8 @@ from fracpilot_libs.contracts import (
     UsageSample,
     WorkloadRef,
 )
+from fracpilot_libs.nats import subjects
 from fracpilot_libs.pricing import GpuPrices, monthly
-from fracpilot_libs.sizing.accounting import EPS, overruns
 from fracpilot_libs.sizing.outlook import Outlook, describe
 from fracpilot_libs.sizing.state import WorkloadState
 

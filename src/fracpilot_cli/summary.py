@@ -2,7 +2,7 @@
 
 Each sample stands for one simulated step at the fraction it reports (a workload not placed yet
 holds a whole GPU), priced by its GPU's model; the account is
-:mod:`fracpilot_libs.sizing.accounting`, as in ``fracpilot replay`` and ``report``.
+:mod:`fracpilot_libs.analysis.accounting`, as in ``fracpilot replay`` and ``report``.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from fracpilot_libs.analysis.accounting import Metrics
 from fracpilot_libs.contracts import ActuationResult, UsageSample
 from fracpilot_libs.pricing import GpuPrices
-from fracpilot_libs.sizing.accounting import Metrics
 
 
 @dataclass

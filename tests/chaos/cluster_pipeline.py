@@ -24,9 +24,9 @@ from chaos.invariants import Findings, check, read_all, wait_drained
 from chaos.test_pipeline_chaos import expected_sample_ids
 from fracpilot_cli.demo import DemoConfig
 from fracpilot_cli.processes import ServiceProcess
-from fracpilot_libs import subjects
-from fracpilot_libs.embedded_nats import free_port
-from fracpilot_libs.kv_snapshot import read_kv
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.embedded import free_port
+from fracpilot_libs.nats.kv_snapshot import read_kv
 from support.nats_cluster import ClusterNode, NatsCluster, stream_info
 
 LONG = os.environ.get("FRACPILOT_CHAOS_LONG", "") not in ("", "0", "false")

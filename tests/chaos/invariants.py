@@ -54,7 +54,6 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from fracpilot_libs import subjects
 from fracpilot_libs.contracts import (
     ActuationResult,
     DeadLetter,
@@ -64,7 +63,8 @@ from fracpilot_libs.contracts import (
     Policy,
     UsageSample,
 )
-from fracpilot_libs.usage_streams import usage_streams
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.usage_streams import usage_streams
 
 EPS = 1e-9
 

@@ -34,9 +34,9 @@ from chaos.invariants import Budget, EvictionSeen, check, wait_drained
 from chaos.kube_cluster import GpuCluster
 from factories import decision as make_decision
 from fracpilot_cli.processes import ServiceProcess
-from fracpilot_libs import subjects
 from fracpilot_libs.contracts import ActuationResult, FractionDecision, Outcome, PlanKind, utcnow
-from fracpilot_libs.embedded_nats import EmbeddedNats, free_port
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.embedded import EmbeddedNats, free_port
 from k8s_control_plane import ControlPlane
 from support.fault_proxy import FaultProxy, Rule, proxy_kubeconfig, upstream_context
 

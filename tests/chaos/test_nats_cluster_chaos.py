@@ -33,7 +33,7 @@ from chaos.cluster_pipeline import (
 )
 from chaos.faults import READY_WITHIN_S, FaultRun, ScenarioFigures
 from fracpilot_cli.demo import DemoConfig
-from fracpilot_libs import subjects
+from fracpilot_libs.nats import subjects
 
 pytestmark = pytest.mark.chaos
 

@@ -25,8 +25,6 @@ from chaos.faults import readyz
 from factories import decision
 from fracpilot_actuator.app import ActuatorService
 from fracpilot_actuator.settings import ActuatorSettings
-from fracpilot_libs import subjects
-from fracpilot_libs.bus import Bus
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import (
     ActuationResult,
@@ -36,7 +34,9 @@ from fracpilot_libs.contracts import (
     WorkloadRef,
     utcnow,
 )
-from fracpilot_libs.embedded_nats import EmbeddedNats
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.bus import Bus
+from fracpilot_libs.nats.embedded import EmbeddedNats
 from fracpilot_libs.runtime import ServiceRuntime
 from helpers import read_stream, read_usage, running, wait_for
 

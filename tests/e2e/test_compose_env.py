@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from fracpilot_libs import subjects
 from fracpilot_libs.contracts import (
     ActuationResult,
     FractionDecision,
@@ -30,6 +29,7 @@ from fracpilot_libs.contracts import (
     PlanKind,
     UsageSample,
 )
+from fracpilot_libs.nats import subjects
 from helpers import read_stream, read_usage
 from support.compose_stack import OUR_SERVICES, ComposeStack, scrape
 

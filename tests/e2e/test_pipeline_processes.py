@@ -18,9 +18,9 @@ import pytest
 
 from fracpilot_cli.demo import DemoConfig
 from fracpilot_cli.processes import ServiceProcess
-from fracpilot_libs import subjects
 from fracpilot_libs.contracts import ActuationResult, Allocation, FractionDecision, Outcome
-from fracpilot_libs.decision_backlog import decision_backlog
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.decision_backlog import decision_backlog
 from helpers import read_stream, read_usage, reset_nats
 
 pytestmark = pytest.mark.e2e

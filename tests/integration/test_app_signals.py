@@ -10,8 +10,8 @@ import pytest
 
 from factories import sample
 from fracpilot_decision.service import DecisionService, DecisionSettings
-from fracpilot_libs import subjects
 from fracpilot_libs.contracts import AppSignals, FractionDecision, ReasonCode
+from fracpilot_libs.nats import subjects
 from helpers import read_stream, reset_nats, running, wait_for
 
 pytestmark = pytest.mark.integration

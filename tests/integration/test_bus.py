@@ -17,12 +17,12 @@ from prometheus_client import CollectorRegistry
 from factories import sample
 from fracpilot_decision.service import DecisionService
 from fracpilot_decision.settings import DecisionSettings
-from fracpilot_libs import subjects
-from fracpilot_libs.bus import Bus
 from fracpilot_libs.config import ServiceSettings
-from fracpilot_libs.consumer import PermanentError
 from fracpilot_libs.contracts import DeadLetter, UsageSample
-from fracpilot_libs.usage_streams import usage_partition_count
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.bus import Bus
+from fracpilot_libs.nats.consumer import PermanentError
+from fracpilot_libs.nats.usage_streams import usage_partition_count
 from helpers import counter, read_stream, read_usage, reset_nats, running, usage_stream_of, wait_for
 
 pytestmark = pytest.mark.integration

@@ -17,8 +17,8 @@ import pytest
 from factories import sample
 from fracpilot_decision.service import DecisionService
 from fracpilot_decision.settings import DecisionSettings
-from fracpilot_libs import subjects
 from fracpilot_libs.contracts import Policy, UsageSample
+from fracpilot_libs.nats import subjects
 from fracpilot_libs.sizing.engine import decide
 from fracpilot_libs.sizing.state import WorkloadState, dump_state, load_state
 from helpers import counter, reset_nats, running, wait_for
@@ -186,7 +186,7 @@ async def test_a_stalled_restore_is_tried_again_and_no_workload_starts_afresh(
     election): the partitions are given up and claimed again, and every workload keeps its
     history; none is restored from a partial read."""
     from fracpilot_decision import checkpoints as checkpoints_module
-    from fracpilot_libs.kv_snapshot import SnapshotStalledError
+    from fracpilot_libs.nats.kv_snapshot import SnapshotStalledError
 
     await reset_nats(nats_url)
     feed = [sample(name=f"w{i}", memory_share=0.1 + 0.05 * i, minute=i) for i in range(6)]

@@ -14,11 +14,11 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from prometheus_client import CollectorRegistry
 
 from factories import sample
-from fracpilot_libs import consumer as consumer_module
-from fracpilot_libs import subjects
-from fracpilot_libs.bus import Bus
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import UsageSample
+from fracpilot_libs.nats import consumer as consumer_module
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.bus import Bus
 from helpers import reset_nats, usage_stream_of, wait_for
 
 pytestmark = pytest.mark.integration

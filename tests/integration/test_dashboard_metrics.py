@@ -28,8 +28,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from fracpilot_libs import subjects
 from fracpilot_libs.contracts import ActuationResult, Outcome, WorkloadRef
+from fracpilot_libs.nats import subjects
 from helpers import read_stream
 from support.compose_stack import OUR_SERVICES, ComposeStack, scrape
 from support.prometheus_server import PrometheusError

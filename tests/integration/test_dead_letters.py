@@ -15,8 +15,8 @@ from fracpilot_decision.service import DecisionService
 from fracpilot_decision.settings import DecisionSettings
 from fracpilot_ingest.service import IngestService
 from fracpilot_ingest.settings import IngestSettings
-from fracpilot_libs import subjects
 from fracpilot_libs.contracts import DeadLetter
+from fracpilot_libs.nats import subjects
 from helpers import counter, read_stream, reset_nats, running, wait_for
 
 pytestmark = pytest.mark.integration

@@ -26,13 +26,13 @@ from factories import T0, sample
 from fracpilot_decision.checkpoints import mark_key
 from fracpilot_decision.service import DecisionService
 from fracpilot_decision.settings import DecisionSettings, PartitionLeaseSettings
-from fracpilot_libs import subjects
-from fracpilot_libs.bus import Bus
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import UsageSample
-from fracpilot_libs.decision_backlog import decision_backlog
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.bus import Bus
+from fracpilot_libs.nats.decision_backlog import decision_backlog
+from fracpilot_libs.nats.usage_streams import usage_partition_count
 from fracpilot_libs.sizing.state import WorkloadState
-from fracpilot_libs.usage_streams import usage_partition_count
 from helpers import counter, read_stream, read_usage, reset_nats, wait_for
 
 pytestmark = pytest.mark.integration

@@ -30,8 +30,6 @@ from fracpilot_actuator.settings import ActuatorSettings
 from fracpilot_decision.service import DecisionService, DecisionSettings
 from fracpilot_ingest.service import IngestService
 from fracpilot_ingest.settings import IngestSettings
-from fracpilot_libs import subjects
-from fracpilot_libs.bus import DecodeError
 from fracpilot_libs.contracts import (
     Allocation,
     DeadLetter,
@@ -42,6 +40,8 @@ from fracpilot_libs.contracts import (
     PolicyScope,
     UsageSample,
 )
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.bus import DecodeError
 from fracpilot_libs.sizing.policies import parse_scope, scope_problem
 from helpers import read_stream, reset_nats, running, usage_stream_of, wait_for
 from support.fuzzing import draw, examples_per_subject, junk_payloads, rejected_junk

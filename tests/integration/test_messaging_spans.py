@@ -30,10 +30,10 @@ from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import CollectorRegistry
 
 from factories import sample
-from fracpilot_libs import subjects
-from fracpilot_libs.bus import Bus
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import UsageSample
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.bus import Bus
 from fracpilot_libs.telemetry import JsonFormatter, TraceContextFilter, setup_tracing
 from helpers import reset_nats, usage_stream_of, wait_for
 

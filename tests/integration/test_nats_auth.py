@@ -33,8 +33,6 @@ from fracpilot_decision.service import DecisionService
 from fracpilot_decision.settings import DecisionSettings
 from fracpilot_ingest.service import IngestService
 from fracpilot_ingest.settings import IngestSettings
-from fracpilot_libs import subjects
-from fracpilot_libs.bus import Bus
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import (
     ActuationResult,
@@ -44,8 +42,10 @@ from fracpilot_libs.contracts import (
     PolicyReply,
     UsageSample,
 )
-from fracpilot_libs.decoding import decode
-from fracpilot_libs.nats_connect import NatsSecurityError, open_connection
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.bus import Bus
+from fracpilot_libs.nats.connect import NatsSecurityError, open_connection
+from fracpilot_libs.nats.decoding import decode
 from helpers import running, usage_stream_of, wait_for
 from support.fuzzing import decodes
 from support.nats_auth import SecuredNats, TlsFiles, make_tls_files, make_user_nkey

@@ -14,9 +14,9 @@ from prometheus_client import CollectorRegistry
 
 from fracpilot_decision.service import DecisionService
 from fracpilot_decision.settings import DecisionSettings
-from fracpilot_libs import subjects
-from fracpilot_libs.bus import Bus
 from fracpilot_libs.config import ServiceSettings
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.bus import Bus
 from helpers import reset_nats, running, wait_for
 from support.nats_cluster import (
     IdleService,

@@ -17,9 +17,9 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry
 
-from fracpilot_libs import subjects
-from fracpilot_libs.bus import Bus
 from fracpilot_libs.config import ServiceSettings
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.bus import Bus
 from helpers import reset_nats, running, wait_for
 from support.nats_cluster import IdleService, NatsCluster, replicas_of
 

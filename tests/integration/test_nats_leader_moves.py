@@ -21,10 +21,10 @@ from prometheus_client import CollectorRegistry
 from factories import decision, sample
 from fracpilot_decision.service import DecisionService
 from fracpilot_decision.settings import DecisionSettings
-from fracpilot_libs import subjects
-from fracpilot_libs.bus import Bus
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import Allocation, FractionDecision, WorkloadRef, utcnow
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.bus import Bus
 from helpers import counter, reset_nats, running, wait_for
 from support.nats_cluster import NatsCluster, stream_info
 

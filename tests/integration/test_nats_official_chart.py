@@ -27,9 +27,9 @@ from fracpilot_decision.service import DecisionService
 from fracpilot_decision.settings import DecisionSettings
 from fracpilot_ingest.service import IngestService
 from fracpilot_ingest.settings import IngestSettings
-from fracpilot_libs import subjects
-from fracpilot_libs.bus import Bus
 from fracpilot_libs.config import ServiceSettings
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.bus import Bus
 from helpers import running, wait_for
 from support.nats_auth import EXAMPLE_DIR, IDENTITIES
 from support.nats_config_cluster import OFFICIAL_CHART_CONF, ConfigFileCluster

@@ -8,9 +8,9 @@ import nats
 from nats.js.api import DiscardPolicy
 from prometheus_client import CollectorRegistry
 
-from fracpilot_libs import subjects
-from fracpilot_libs.bus import Bus
 from fracpilot_libs.config import ServiceSettings
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.bus import Bus
 from helpers import reset_nats
 
 

@@ -24,8 +24,8 @@ from click.testing import Result
 from typer.testing import CliRunner
 
 from fracpilot_cli.main import app
-from fracpilot_libs import subjects
 from fracpilot_libs.contracts import ActuationResult, FractionDecision
+from fracpilot_libs.nats import subjects
 from helpers import reset_nats
 from support.operator_scenario import (
     DEVICE,

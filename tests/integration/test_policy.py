@@ -15,7 +15,6 @@ import pytest
 
 from factories import sample, workload
 from fracpilot_decision.service import DecisionService, DecisionSettings
-from fracpilot_libs import subjects
 from fracpilot_libs.contracts import (
     DeadLetter,
     Direction,
@@ -26,6 +25,7 @@ from fracpilot_libs.contracts import (
     PolicyScope,
     ReasonCode,
 )
+from fracpilot_libs.nats import subjects
 from helpers import counter, read_stream, reset_nats, running, wait_for
 
 pytestmark = pytest.mark.integration

@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from fracpilot_libs.embedded_nats import nats_server_binary
+from fracpilot_libs.nats.embedded import nats_server_binary
 from support.dockerfile import parse as parse_dockerfile
 from support.prometheus_server import PrometheusServer
 

@@ -31,7 +31,6 @@ from factories import decision
 from fracpilot_actuator.admission import webhook_configuration
 from fracpilot_actuator.app import ActuatorService
 from fracpilot_actuator.settings import ActuatorSettings
-from fracpilot_libs import subjects
 from fracpilot_libs.contracts import (
     ActuationResult,
     Allocation,
@@ -39,6 +38,7 @@ from fracpilot_libs.contracts import (
     WorkloadRef,
     utcnow,
 )
+from fracpilot_libs.nats import subjects
 from helpers import read_stream, reset_nats, running
 from support.gpu_stack import (
     DEFAULT_QUEUE,

@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from fracpilot_libs.bus import DecodeError, decode
+from fracpilot_libs.nats.bus import DecodeError, decode
 
 T = TypeVar("T")
 

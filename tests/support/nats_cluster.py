@@ -23,7 +23,7 @@ from typing import Any
 import nats
 
 from fracpilot_libs.config import ServiceSettings
-from fracpilot_libs.embedded_nats import free_port, nats_server_binary
+from fracpilot_libs.nats.embedded import free_port, nats_server_binary
 from fracpilot_libs.runtime import ServiceRuntime
 
 CLUSTER_NAME = "fracpilot"

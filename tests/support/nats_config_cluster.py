@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from fracpilot_libs.embedded_nats import nats_server_binary
+from fracpilot_libs.nats.embedded import nats_server_binary
 from support.nats_cluster import ClusterNode, NatsCluster
 
 OFFICIAL_CHART_CONF = Path(__file__).resolve().parent / "official_chart_nats.conf"

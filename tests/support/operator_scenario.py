@@ -18,8 +18,6 @@ from datetime import UTC, datetime, timedelta
 from prometheus_client import CollectorRegistry
 
 from factories import v1_policy
-from fracpilot_libs import subjects
-from fracpilot_libs.bus import Bus
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import (
     ActuationResult,
@@ -33,6 +31,8 @@ from fracpilot_libs.contracts import (
     UsageSample,
     WorkloadRef,
 )
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.bus import Bus
 from fracpilot_libs.sizing.engine import decide
 from fracpilot_libs.sizing.state import WorkloadState, dump_state
 

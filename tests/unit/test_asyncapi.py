@@ -16,7 +16,6 @@ from pydantic import BaseModel
 
 from factories import decision, sample
 from fracpilot_cli import asyncapi
-from fracpilot_libs import subjects
 from fracpilot_libs.contracts import (
     ActuationResult,
     Allocation,
@@ -29,6 +28,7 @@ from fracpilot_libs.contracts import (
     WorkloadRef,
     utcnow,
 )
+from fracpilot_libs.nats import subjects
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENT = ROOT / "docs" / "asyncapi.yaml"

@@ -2,7 +2,7 @@
 
 Each model is frozen, forbids unknown fields and carries a ``schema_version`` so that a
 consumer can refuse a payload it does not understand instead of guessing. JSON on the wire.
-The subjects these models travel on live in :mod:`fracpilot_libs.subjects`.
+The subjects these models travel on live in :mod:`fracpilot_libs.nats.subjects`.
 """
 
 from __future__ import annotations

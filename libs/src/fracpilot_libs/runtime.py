@@ -19,9 +19,9 @@ from collections.abc import Awaitable, Callable
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from prometheus_client import CollectorRegistry, Gauge
 
-from fracpilot_libs.bus import Bus
 from fracpilot_libs.config import ServiceSettings
-from fracpilot_libs.nats_servers import has_quorum, servers_answering
+from fracpilot_libs.nats.bus import Bus
+from fracpilot_libs.nats.servers import has_quorum, servers_answering
 from fracpilot_libs.telemetry import HealthState, TelemetryServer, setup_tracing
 
 log = logging.getLogger(__name__)

@@ -27,8 +27,6 @@ from factories import sample, workload
 from fracpilot_actuator.policy_sync.controller import PolicySync
 from fracpilot_actuator.policy_sync.settings import PolicySyncSettings
 from fracpilot_decision.service import DecisionService, DecisionSettings
-from fracpilot_libs import subjects
-from fracpilot_libs.bus import Bus
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import (
     DeadLetter,
@@ -41,6 +39,8 @@ from fracpilot_libs.contracts import (
     ReasonCode,
 )
 from fracpilot_libs.kube.policy_crd import GROUP, NAMESPACED_PLURAL, VERSION
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.bus import Bus
 from helpers import read_stream, reset_nats, running
 from k8s_control_plane import REPO_ROOT, ControlPlane, wait_for
 from support.policy_crds import condition, create, install_crds, looser_crd, read, table

@@ -21,9 +21,9 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from fracpilot_libs import subjects
-from fracpilot_libs.bus import Bus
 from fracpilot_libs.config import ServiceSettings
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.bus import Bus
 from k8s_control_plane import REPO_ROOT, ensure_testbin
 from support.nats_config_cluster import ConfigFileCluster
 

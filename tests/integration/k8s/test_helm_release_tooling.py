@@ -25,14 +25,14 @@ from cryptography import x509
 from kubernetes import client, utils
 from prometheus_client import CollectorRegistry
 
-from fracpilot_actuator import release_secrets
 from fracpilot_actuator.admission.certificates import issue_serving_bundle, renewal_reason
-from fracpilot_actuator.release_checks import run_check
+from fracpilot_actuator.hooks import release_secrets
+from fracpilot_actuator.hooks.release_checks import run_check
 from fracpilot_actuator.settings import WebhookSettings
 from fracpilot_actuator.webhook import WebhookServer, start_webhook
 from fracpilot_decision.service import DecisionService, DecisionSettings
-from fracpilot_libs.bus import Bus
 from fracpilot_libs.config import ServiceSettings
+from fracpilot_libs.nats.bus import Bus
 from helpers import reset_nats, running
 from k8s_control_plane import ControlPlane
 

@@ -30,7 +30,6 @@ from kubernetes import client
 from factories import decision
 from fracpilot_actuator.app import ActuatorService
 from fracpilot_actuator.settings import ActuatorSettings
-from fracpilot_libs import subjects
 from fracpilot_libs.contracts import (
     ActuationResult,
     Allocation,
@@ -42,6 +41,7 @@ from fracpilot_libs.contracts import (
     WorkloadTarget,
     utcnow,
 )
+from fracpilot_libs.nats import subjects
 from helpers import counter, read_stream, reset_nats, running, wait_for
 from support import kube
 from support.kube import MEM_MIB

@@ -34,7 +34,7 @@ from fracpilot_cli import kube_access
 from fracpilot_cli.forwarding import Stream
 from fracpilot_cli.kube_access import KubeTarget
 from fracpilot_cli.main import app, version
-from fracpilot_libs.embedded_nats import EmbeddedNats
+from fracpilot_libs.nats.embedded import EmbeddedNats
 from k8s_control_plane import ControlPlane
 from support.kube import MERGE_PATCH, RUNNING_AND_READY
 

@@ -11,15 +11,15 @@ from contextlib import asynccontextmanager
 import pytest
 from kubernetes import client
 
-from fracpilot_actuator.leader_election import (
+from fracpilot_actuator.election.core import (
     DEFAULT_LEASE_NAME,
     ElectionTiming,
     RoundOutcome,
 )
-from fracpilot_actuator.leader_elector import (
+from fracpilot_actuator.election.elector import (
     LeaderElector,
 )
-from fracpilot_actuator.lease_stores import KubernetesLeaseStore, SeverableLeaseStore
+from fracpilot_actuator.election.lease_stores import KubernetesLeaseStore, SeverableLeaseStore
 from k8s_control_plane import ControlPlane
 
 pytestmark = pytest.mark.integration

@@ -26,7 +26,6 @@ from factories import decision
 from fracpilot_actuator.app import ActuatorService
 from fracpilot_actuator.settings import ActuatorSettings
 from fracpilot_cli.main import app
-from fracpilot_libs import subjects
 from fracpilot_libs.contracts import (
     ActuationResult,
     FractionDecision,
@@ -36,6 +35,7 @@ from fracpilot_libs.contracts import (
     WorkloadRef,
     utcnow,
 )
+from fracpilot_libs.nats import subjects
 from helpers import read_stream, reset_nats, running, wait_for
 from k8s_control_plane import REPO_ROOT, ControlPlane
 from support import kube as objects

@@ -31,27 +31,27 @@ from prometheus_client import CollectorRegistry
 
 from factories import decision
 from fracpilot_actuator.actuation import Actuation
+from fracpilot_actuator.election.core import (
+    DEFAULT_LEASE_NAME,
+    ElectionCore,
+    ElectionTiming,
+    RoundOutcome,
+)
+from fracpilot_actuator.election.lease_stores import (
+    KubernetesLeaseStore,
+    microtime,
+)
 from fracpilot_actuator.guardrails import GuardrailSettings
 from fracpilot_actuator.kube.api import KubeApi
 from fracpilot_actuator.kube.backend import KubernetesBackend
 from fracpilot_actuator.kube.namespaces import NamespaceLabels
 from fracpilot_actuator.kube.placeholders import PRIORITY_CLASS
 from fracpilot_actuator.kube.settings import EvictionSettings, KubeBackendSettings
-from fracpilot_actuator.kv_stores import KvTargetStore
-from fracpilot_actuator.leader_election import (
-    DEFAULT_LEASE_NAME,
-    ElectionCore,
-    ElectionTiming,
-    RoundOutcome,
-)
-from fracpilot_actuator.lease_stores import (
-    KubernetesLeaseStore,
-    microtime,
-)
-from fracpilot_libs import subjects
-from fracpilot_libs.bus import Bus
+from fracpilot_actuator.stores.nats_kv import KvTargetStore
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import FractionDecision, Outcome, PlanKind, utcnow
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.bus import Bus
 from helpers import wait_for as wait_until
 from k8s_control_plane import REPO_ROOT, ControlPlane, wait_for
 from support.kube import gpu_node, kai_reservation, running_pod

@@ -43,12 +43,12 @@ from fracpilot_actuator.admission import (
     webhook_configuration,
 )
 from fracpilot_actuator.settings import WebhookSettings
-from fracpilot_actuator.targets import TargetCache
+from fracpilot_actuator.stores.targets import TargetCache
 from fracpilot_actuator.webhook import WebhookServer, start_webhook
-from fracpilot_libs import subjects
-from fracpilot_libs.bus import Bus
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import GpuSharing, WorkloadRef, WorkloadTarget
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.bus import Bus
 from helpers import reset_nats
 from helpers import wait_for as until
 from k8s_control_plane import _issue, _Issued, _write_cert, _write_key, wait_for

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 from factories import decision, workload
 from fracpilot_actuator.actuation import Actuation
-from fracpilot_actuator.fakes import MemoryAllocationStore, MemoryTargetStore
 from fracpilot_actuator.guardrails import Disruption, GuardrailSettings, GuardState
 from fracpilot_actuator.kube.api import KubeApi
 from fracpilot_actuator.kube.backend import KubernetesBackend
@@ -32,6 +31,7 @@ from fracpilot_actuator.kube.inventory import PodInfo, build_inventory
 from fracpilot_actuator.kube.judge import ActuationPlan, ClusterView, Guards, Skip, judge
 from fracpilot_actuator.kube.settings import KubeBackendSettings
 from fracpilot_actuator.opt_in import OptInSettings
+from fracpilot_actuator.stores.memory import MemoryAllocationStore, MemoryTargetStore
 from fracpilot_libs.contracts import EnforcementMode, FractionDecision, Outcome, PlanKind
 from fracpilot_libs.placement.planner import ResizePlan
 from support.kube_objects import MEM_MIB, T0, hami, kai, node, reservation

@@ -6,15 +6,15 @@ import asyncio
 from datetime import UTC, datetime
 
 from factories import workload
-from fracpilot_actuator.fakes import (
+from fracpilot_actuator.guardrails import Disruption
+from fracpilot_actuator.stores.memory import (
     MemoryAllocationStore,
     MemoryDisruptionHistory,
     MemoryTargetStore,
 )
-from fracpilot_actuator.guardrails import Disruption
-from fracpilot_actuator.ports import AllocationStore, DisruptionHistory, TargetStore
-from fracpilot_libs import subjects
+from fracpilot_actuator.stores.ports import AllocationStore, DisruptionHistory, TargetStore
 from fracpilot_libs.contracts import Allocation, GpuSharing, WorkloadTarget
+from fracpilot_libs.nats import subjects
 
 T0 = datetime(2026, 3, 2, tzinfo=UTC)
 

@@ -1,7 +1,7 @@
 """The Kubernetes backend wired to in-memory stores and a recording API: what it writes where.
 
 The API here answers from fixed objects and records each write; the stores are the fakes of
-:mod:`fracpilot_actuator.fakes`. The real API server is in tests/integration/k8s.
+:mod:`fracpilot_actuator.stores.memory`. The real API server is in tests/integration/k8s.
 """
 
 from __future__ import annotations
@@ -12,19 +12,19 @@ from typing import Any, cast
 
 from factories import decision
 from fracpilot_actuator.actuation import Actuation
-from fracpilot_actuator.fakes import (
-    MemoryAllocationStore,
-    MemoryDisruptionHistory,
-    MemoryTargetStore,
-)
 from fracpilot_actuator.guardrails import GuardrailSettings
 from fracpilot_actuator.kube.api import KubeApi
 from fracpilot_actuator.kube.backend import KubernetesBackend
 from fracpilot_actuator.kube.errors import PermanentKubeError
 from fracpilot_actuator.kube.settings import EvictionSettings, KubeBackendSettings
 from fracpilot_actuator.opt_in import OptInSettings
-from fracpilot_libs import subjects
+from fracpilot_actuator.stores.memory import (
+    MemoryAllocationStore,
+    MemoryDisruptionHistory,
+    MemoryTargetStore,
+)
 from fracpilot_libs.contracts import FractionDecision, GpuSharing, Outcome, PlanKind, WorkloadTarget
+from fracpilot_libs.nats import subjects
 from support.kube_objects import MEM_MIB, T0, hami, kai, node, reservation
 
 UUID_A = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"

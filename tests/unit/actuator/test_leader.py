@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from fracpilot_actuator.leader_election import (
+from fracpilot_actuator.election.core import (
     Attempt,
     ElectionCore,
     ElectionTiming,
@@ -26,10 +26,10 @@ from fracpilot_actuator.leader_election import (
     RoundResult,
     decide_lease,
 )
-from fracpilot_actuator.leader_elector import (
+from fracpilot_actuator.election.elector import (
     LeaderElector,
 )
-from fracpilot_actuator.lease_stores import (
+from fracpilot_actuator.election.lease_stores import (
     MemoryLeaseStore,
     SeverableLeaseStore,
 )

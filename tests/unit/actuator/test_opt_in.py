@@ -19,8 +19,8 @@ from fracpilot_actuator.opt_in import (
     matches,
     webhook_selectors,
 )
-from fracpilot_libs import subjects
 from fracpilot_libs.contracts import GpuSharing, Mode, WorkloadRef, WorkloadTarget
+from fracpilot_libs.nats import subjects
 
 MODE = "fracpilot.io/mode"
 OUT = "fracpilot.io/opt-out"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from factories import GIB, workload
-from fracpilot_actuator.simulated_cluster import parse_seed_pods, seed_cluster
+from fracpilot_actuator.simulated.cluster import parse_seed_pods, seed_cluster
 from fracpilot_libs.contracts import WorkloadRef
 
 MEM = 80 * GIB

@@ -44,8 +44,8 @@ from fracpilot_actuator.admission import (
     webhook_configuration,
     workload_candidates,
 )
-from fracpilot_libs import subjects
 from fracpilot_libs.contracts import GpuSharing, WorkloadRef, WorkloadTarget
+from fracpilot_libs.nats import subjects
 
 CLUSTER = "test"
 NS = "inference"

@@ -197,7 +197,7 @@ def test_the_report_gets_a_mig_section_for_mig_cards_or_when_asked() -> None:
 def test_status_wide_shows_the_recommended_profile() -> None:
     from fracpilot_cli import render
     from fracpilot_cli.status import FleetSnapshot, build_status_rows
-    from fracpilot_libs import subjects
+    from fracpilot_libs.nats import subjects
     from fracpilot_libs.pricing import GpuPrices
     from fracpilot_libs.sizing.engine import observe
     from fracpilot_libs.sizing.state import WorkloadState

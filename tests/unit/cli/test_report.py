@@ -16,9 +16,9 @@ from factories import T0, decision, sample
 from fracpilot_cli.operator_cli import parse_duration
 from fracpilot_cli.report import build_report, measure
 from fracpilot_cli.report_html import fleet_series, num, render_report
+from fracpilot_libs.analysis.accounting import sample_intervals
 from fracpilot_libs.contracts import ActuationResult, Outcome, PlanKind, UsageSample
 from fracpilot_libs.pricing import GpuPrices
-from fracpilot_libs.sizing.accounting import sample_intervals
 
 A100 = "NVIDIA A100-SXM4-80GB"  # 3.40 USD per GPU-hour in the built-in table
 

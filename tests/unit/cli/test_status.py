@@ -22,7 +22,6 @@ from fracpilot_cli.status import (
     totals,
     workload_from_key,
 )
-from fracpilot_libs import subjects
 from fracpilot_libs.contracts import (
     ActuationResult,
     Allocation,
@@ -31,6 +30,7 @@ from fracpilot_libs.contracts import (
     Policy,
     WorkloadRef,
 )
+from fracpilot_libs.nats import subjects
 from fracpilot_libs.pricing import GpuPrices
 from fracpilot_libs.sizing.engine import decide
 from fracpilot_libs.sizing.state import WorkloadState

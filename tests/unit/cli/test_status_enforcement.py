@@ -10,8 +10,8 @@ from factories import GIB, T0, v1_policy, workload
 from fracpilot_cli import render
 from fracpilot_cli.explain import DecisionTimeline
 from fracpilot_cli.status import FleetSnapshot, StatusRow, build_status_rows
-from fracpilot_libs import subjects
 from fracpilot_libs.contracts import ActuationResult, Allocation, Outcome, PlanKind
+from fracpilot_libs.nats import subjects
 from fracpilot_libs.pricing import GpuPrices
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from factories import GIB, T0, sample, v1_policy, workload
 from fracpilot_cli import render
 from fracpilot_cli.status import FleetSnapshot, StatusRow, build_status_rows
-from fracpilot_libs import subjects
 from fracpilot_libs.contracts import Allocation
+from fracpilot_libs.nats import subjects
 from fracpilot_libs.pricing import GpuPrices
 from fracpilot_libs.sizing.engine import decide
 from fracpilot_libs.sizing.state import WorkloadState

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 from fracpilot_decision.routing import Route, left_behind_reason, misrouted_reason, route
-from fracpilot_libs import subjects
 from fracpilot_libs.contracts import WorkloadRef
+from fracpilot_libs.nats import subjects
 from fracpilot_libs.sizing.state import WorkloadState
 
 CHAT = WorkloadRef(namespace="inference", owner_name="chat")

@@ -30,8 +30,8 @@ from fracpilot_decision.metrics import (
     OwnershipMetrics,
 )
 from fracpilot_ingest.metrics import IngestMetrics
-from fracpilot_libs.bus_metrics import BusMetrics
 from fracpilot_libs.contracts import Outcome, ReasonCode
+from fracpilot_libs.nats.bus_metrics import BusMetrics
 from fracpilot_libs.pricing import GpuPrices
 
 ROOT = Path(__file__).resolve().parents[3]

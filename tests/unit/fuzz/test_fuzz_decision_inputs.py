@@ -16,8 +16,8 @@ from datetime import UTC, datetime
 from hypothesis import strategies as st
 
 from factories import sample, workload
-from fracpilot_libs.bus import DecodeError, decode
 from fracpilot_libs.contracts import AppSignals, Policy, PolicyScope, UsageSample
+from fracpilot_libs.nats.bus import DecodeError, decode
 from fracpilot_libs.sizing.engine import decide
 from fracpilot_libs.sizing.policies import parse_scope, scope_problem
 from fracpilot_libs.sizing.state import WorkloadState, dump_state, load_state

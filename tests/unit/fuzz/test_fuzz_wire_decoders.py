@@ -1,7 +1,7 @@
 """Every wire model's decoder, fuzzed: any payload decodes or is refused with a reason.
 
 The services decode every message they consume and every KV value they read with
-:func:`fracpilot_libs.bus.decode` (usage samples in decision, decisions in the actuator,
+:func:`fracpilot_libs.nats.bus.decode` (usage samples in decision, decisions in the actuator,
 policies and scopes at the policy endpoint, allocations in ingest, targets in the webhook,
 results in the CLI); a refusal is a :class:`DecodeError` whose kind and reason go into the
 dead letter. Nothing else may escape, and what decodes must be a message the service can write
@@ -17,7 +17,6 @@ import pytest
 from pydantic import BaseModel
 
 from factories import T0, decision, sample, workload
-from fracpilot_libs.bus import DecodeError, decode
 from fracpilot_libs.contracts import (
     ActuationResult,
     Allocation,
@@ -34,6 +33,7 @@ from fracpilot_libs.contracts import (
     WorkloadRef,
     WorkloadTarget,
 )
+from fracpilot_libs.nats.bus import DecodeError, decode
 from support.fuzzing import examples_per_subject, junk_payloads, run_property
 
 VALID: dict[type[BaseModel], BaseModel] = {

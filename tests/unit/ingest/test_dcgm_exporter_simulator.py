@@ -9,14 +9,14 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from fracpilot_ingest.attribution import GpuInventory, PodKey, observe_points
-from fracpilot_ingest.dcgm_exporter_simulator import (
+from fracpilot_ingest.mappings import MappingTable
+from fracpilot_ingest.simulated.dcgm_exporter import (
     DcgmSample,
     SimulatedClock,
     dcgm_samples,
     metric_families,
     placed_pods,
 )
-from fracpilot_ingest.mappings import MappingTable
 from fracpilot_ingest.sources.scrape import parse_exposition
 from fracpilot_libs.contracts import Allocation, WorkloadRef
 from fracpilot_libs.simulation.workloads import demo_workloads, usage_at

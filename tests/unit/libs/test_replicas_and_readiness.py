@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from fracpilot_libs.bus import jetstream_unavailable
 from fracpilot_libs.config import ServiceSettings
+from fracpilot_libs.nats.bus import jetstream_unavailable
+from fracpilot_libs.nats.streams import default_streams, replicas_for, stream_config
+from fracpilot_libs.nats.usage_streams import usage_stream_config
 from fracpilot_libs.runtime import readiness_problem
-from fracpilot_libs.streams import default_streams, replicas_for, stream_config
-from fracpilot_libs.usage_streams import usage_stream_config
 
 
 def test_replicas_follow_the_setting_else_the_server() -> None:

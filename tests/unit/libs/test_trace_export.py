@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fracpilot_libs.messaging_spans import destination_template
+from fracpilot_libs.nats.spans import destination_template
 from fracpilot_libs.telemetry import TraceExport, trace_export
 
 

@@ -12,7 +12,7 @@ change a running pod (HAMi), so that even a fit on the pod's own GPU is a recrea
 given the backend's own fit rule (:data:`FitRule`; HAMi's is
 :func:`fracpilot_libs.hami.placement.hami_fit`) instead of "the free share holds it".
 No I/O: the backend that executes the plan (the actuator's simulated cluster or Kubernetes)
-lives in the actuator; ``fracpilot replay --pack`` (:mod:`fracpilot_libs.sizing.packing`) runs
+lives in the actuator; ``fracpilot replay --pack`` (:mod:`fracpilot_libs.analysis.packing`) runs
 the same plans on a replayed cluster.
 """
 

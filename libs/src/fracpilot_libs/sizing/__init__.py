@@ -1,5 +1,6 @@
-"""The sizing domain, pure: the decision engine and its state, the outlook operators see, the
-baselines it is measured against, trace replay and its accounting, and policy resolution.
+"""The live sizing domain, pure: the decision engine and its state, the headroom and grid rules,
+the outlook operators see, and policy resolution. Replay, accounting, baselines and packing
+analysis are in :mod:`fracpilot_libs.analysis`.
 
 No I/O, no clock, no NATS, Kubernetes or telemetry (an import-linter contract): the decision
 service, ``fracpilot replay``, ``status`` and ``report`` and the benches all run this code.

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pydantic import BaseModel, Field
 
 from fracpilot_libs.contracts import Policy, PolicyLevel, PolicyScope, WorkloadRef
-from fracpilot_libs.decoding import DecodeError, decode
+from fracpilot_libs.nats.decoding import DecodeError, decode
 
 _NAMESPACE = re.compile(r"[-/_=A-Za-z0-9]+")
 _WORKLOAD = re.compile(r"[-/_=A-Za-z0-9]+(\.[-/_=A-Za-z0-9]+)*")
@@ -96,7 +96,7 @@ def scope_problem(scope: PolicyScope) -> str | None:
 def parse_scope(data: bytes) -> PolicyScope:
     """A get request: empty (the cluster), a PolicyScope, or a WorkloadRef (its workload).
 
-    Raises :class:`~fracpilot_libs.decoding.DecodeError` with a readable reason.
+    Raises :class:`~fracpilot_libs.nats.decoding.DecodeError` with a readable reason.
     """
     if not data.strip():
         return PolicyScope()

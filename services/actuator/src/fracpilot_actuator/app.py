@@ -1,7 +1,7 @@
 """The one place that wires the actuator: settings in, a running service out.
 
 :class:`ActuatorService` builds the cluster backend named by ``FRACPILOT_BACKEND``
-(``simulated``: :mod:`fracpilot_actuator.simulated_backend`; ``kubernetes``:
+(``simulated``: :mod:`fracpilot_actuator.simulated.backend`; ``kubernetes``:
 :mod:`fracpilot_actuator.kube.backend` on its NATS KV stores), the admission webhook (every
 replica, leader or not), leader election (backend=kubernetes: only the Lease holder acts) and
 the :class:`~fracpilot_actuator.decision_handler.DecisionHandler` that consumes the decisions.
@@ -19,17 +19,17 @@ from prometheus_client import Counter
 
 from fracpilot_actuator.actuation import Actuation, ClusterBackend
 from fracpilot_actuator.decision_handler import DecisionHandler
-from fracpilot_actuator.kv_stores import KvAllocationStore, KvDisruptionHistory, KvTargetStore
-from fracpilot_actuator.leader_election import ElectionTiming
-from fracpilot_actuator.leader_elector import LeaderElector
-from fracpilot_actuator.lease_stores import KubernetesLeaseStore
+from fracpilot_actuator.election.core import ElectionTiming
+from fracpilot_actuator.election.elector import LeaderElector
+from fracpilot_actuator.election.lease_stores import KubernetesLeaseStore
 from fracpilot_actuator.metrics import ActuatorMetrics
 from fracpilot_actuator.settings import CLUSTER_KINDS, ActuatorSettings
-from fracpilot_actuator.simulated_backend import SimulatedBackend
-from fracpilot_actuator.simulated_cluster import SimulatedCluster, parse_seed_pods, seed_cluster
+from fracpilot_actuator.simulated.backend import SimulatedBackend
+from fracpilot_actuator.simulated.cluster import SimulatedCluster, parse_seed_pods, seed_cluster
+from fracpilot_actuator.stores.nats_kv import KvAllocationStore, KvDisruptionHistory, KvTargetStore
 from fracpilot_actuator.webhook import WebhookServer, start_webhook
-from fracpilot_libs import subjects
 from fracpilot_libs.contracts import FractionDecision
+from fracpilot_libs.nats import subjects
 from fracpilot_libs.runtime import ServiceRuntime
 
 if TYPE_CHECKING:

@@ -24,12 +24,12 @@ from nats.js.errors import KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from fracpilot_actuator.actuation import Actuation, ClusterBackend
-from fracpilot_actuator.leader_elector import LeaderElector
+from fracpilot_actuator.election.elector import LeaderElector
 from fracpilot_actuator.metrics import ActuatorMetrics
 from fracpilot_actuator.settings import ActuatorSettings
-from fracpilot_libs import subjects
-from fracpilot_libs.bus import Bus
 from fracpilot_libs.contracts import ActuationResult, FractionDecision, utcnow
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.bus import Bus
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Every Prometheus metric of the actuator (names unchanged), by the component that counts:
 
 - :class:`ActuatorMetrics`: decisions handled, resumed, Kubernetes API retries;
-- :class:`LeaderMetrics`: leader election (:mod:`fracpilot_actuator.leader_elector`);
+- :class:`LeaderMetrics`: leader election (:mod:`fracpilot_actuator.election.elector`);
 - :class:`WebhookMetrics`: the admission webhook (:mod:`fracpilot_actuator.webhook`);
 - :class:`PolicySyncMetrics`: the policy sync (FractionPolicy objects -> the policy bucket).
 """

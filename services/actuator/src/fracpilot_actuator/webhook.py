@@ -2,8 +2,8 @@
 
 As the VPA admission controller does, the actuator keeps each workload's current target
 (:class:`WorkloadTarget`, NATS KV bucket ``subjects.TARGET_BUCKET``, held in memory by
-:class:`~fracpilot_actuator.targets.TargetCache`) and writes it into each pod of that workload
-when the pod is created. Resizing then means recreating pods: whatever recreates them (a
+:class:`~fracpilot_actuator.stores.targets.TargetCache`) and writes it into each pod of that
+workload when the pod is created. Resizing then means recreating pods: whatever recreates them (a
 rollout, an eviction, a crash) gets the current target.
 
 :class:`WebhookServer` is an asyncio HTTPS server (stdlib ``ssl`` + streams, HTTP/1.1 with
@@ -38,9 +38,9 @@ from fracpilot_actuator.admission import (
 from fracpilot_actuator.metrics import WebhookMetrics
 from fracpilot_actuator.opt_in import OptInSettings
 from fracpilot_actuator.settings import WebhookSettings
-from fracpilot_actuator.targets import TargetCache
-from fracpilot_libs.bus import Bus
+from fracpilot_actuator.stores.targets import TargetCache
 from fracpilot_libs.contracts import WorkloadTarget
+from fracpilot_libs.nats.bus import Bus
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +64,9 @@ class _Response:
 class WebhookServer:
     """HTTPS: ``POST /mutate`` (AdmissionReview), ``GET /healthz``, ``GET /readyz``.
 
-    ``targets`` is read on every admission (a :class:`~fracpilot_actuator.targets.TargetCache`
-    or any mapping from KV key to target); ``ready`` says whether it is loaded (``/readyz``).
+    ``targets`` is read on every admission (a
+    :class:`~fracpilot_actuator.stores.targets.TargetCache` or any mapping from KV key to target);
+    ``ready`` says whether it is loaded (``/readyz``).
     The certificate and key are read from files, and re-read when they change on disk
     (a Secret volume is updated in place), checked every ``tls_reload_interval_s``.
     Connections are kept alive, as the kube-apiserver reuses them.

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from fracpilot_decision.checkpoints import Checkpointer
 from fracpilot_decision.partition_state import Partition
 from fracpilot_decision.settings import CheckpointSettings
-from fracpilot_libs import subjects
+from fracpilot_libs.nats import subjects
 
 log = logging.getLogger(__name__)
 

@@ -32,10 +32,10 @@ from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry
 
 from fracpilot_decision.metrics import CheckpointMetrics
-from fracpilot_libs import subjects
-from fracpilot_libs.kv_snapshot import SnapshotStalledError, kv_chunks
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.kv_snapshot import SnapshotStalledError, kv_chunks
+from fracpilot_libs.nats.streams import set_replicas
 from fracpilot_libs.sizing.state import WorkloadState, dump_state, load_state
-from fracpilot_libs.streams import set_replicas
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +240,7 @@ class Checkpointer:
 
     async def _read_all(self) -> AsyncIterator[list[tuple[str, bytes]]]:
         """The current value of every key (deleted keys left out), in batches as read by a
-        snapshot (:mod:`fracpilot_libs.kv_snapshot`): at 100,000 keys far quicker than a KV
+        snapshot (:mod:`fracpilot_libs.nats.kv_snapshot`): at 100,000 keys far quicker than a KV
         watch, and never all in memory.
 
         A read that stalls (NATS busy electing a leader) raises: restoring what was read so far

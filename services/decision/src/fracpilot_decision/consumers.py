@@ -3,7 +3,7 @@ partition's mark, so that what a previous owner decided but never checkpointed c
 
 One durable pull consumer per usage partition stream (``decision-p<k>``), acknowledged
 all-up-to (``AckPolicy.ALL``); messages are taken through the shared
-:class:`~fracpilot_libs.pull_feed.PullFeed`. The restored states' positions are checked against
+:class:`~fracpilot_libs.nats.pull_feed.PullFeed`. The restored states' positions are checked against
 the stream first (:meth:`~fracpilot_decision.partition_state.Partition.forget_positions`).
 """
 
@@ -19,8 +19,8 @@ from nats.js.errors import NotFoundError
 from fracpilot_decision.checkpoints import Checkpointer
 from fracpilot_decision.partition_state import Partition
 from fracpilot_decision.settings import DecisionSettings
-from fracpilot_libs import subjects
-from fracpilot_libs.pull_feed import PullFeed
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.pull_feed import PullFeed
 
 log = logging.getLogger(__name__)
 

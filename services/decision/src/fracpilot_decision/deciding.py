@@ -1,8 +1,9 @@
 """The hot path: a partition's batch of samples decided, decisions published, the rest refused.
 
 Samples are parsed once into the wire model (one that does not parse is dead-lettered as
-classified by :func:`fracpilot_libs.decoding.classify`), routed (:mod:`fracpilot_decision.routing`),
-and decided by the pure engine with the workload's effective policy; a decision (only when
+classified by :func:`fracpilot_libs.nats.decoding.classify`), routed
+(:mod:`fracpilot_decision.routing`), and decided by the pure engine with the workload's effective
+policy; a decision (only when
 the fraction should change) is published, in a span joined to the sample's trace, before the
 new history is kept. The batch is then acknowledged all-up-to. Nothing else is awaited per
 sample.
@@ -20,11 +21,11 @@ from pydantic import ValidationError
 from fracpilot_decision.metrics import DecisionMetrics
 from fracpilot_decision.partition_state import Partition
 from fracpilot_decision.routing import Route, left_behind_reason, misrouted_reason, route
-from fracpilot_libs import subjects
-from fracpilot_libs.bus import Bus
 from fracpilot_libs.contracts import FractionDecision, Policy, UsageSample
-from fracpilot_libs.decoding import ErrorKind, classify
-from fracpilot_libs.messaging_spans import process_span
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.bus import Bus
+from fracpilot_libs.nats.decoding import ErrorKind, classify
+from fracpilot_libs.nats.spans import process_span
 from fracpilot_libs.sizing.engine import decide
 from fracpilot_libs.sizing.policies import LivePolicies
 from fracpilot_libs.sizing.state import WorkloadState

@@ -48,8 +48,8 @@ from prometheus_client import CollectorRegistry
 from fracpilot_decision.metrics import OwnershipMetrics
 from fracpilot_decision.partitions import Moves, moves_for
 from fracpilot_decision.settings import PartitionLeaseSettings
-from fracpilot_libs.kv_snapshot import read_kv
-from fracpilot_libs.streams import set_replicas
+from fracpilot_libs.nats.kv_snapshot import read_kv
+from fracpilot_libs.nats.streams import set_replicas
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ class View:
 
 async def read_view(nc: NatsClient, bucket: str) -> View:
     """Every live member and lease in the bucket: the last message of each key, read up to
-    the count there was when the read began (a snapshot, :mod:`fracpilot_libs.kv_snapshot`:
+    the count there was when the read began (a snapshot, :mod:`fracpilot_libs.nats.kv_snapshot`:
     a KV watch waits for a moment with nothing pending, which a busy bucket may not have)."""
     members: set[str] = set()
     owners: dict[int, str] = {}

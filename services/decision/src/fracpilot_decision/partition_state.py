@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from nats.aio.msg import Msg
 
-from fracpilot_libs.pull_feed import PullFeed
+from fracpilot_libs.nats.pull_feed import PullFeed
 from fracpilot_libs.sizing.state import WorkloadState
 
 log = logging.getLogger(__name__)

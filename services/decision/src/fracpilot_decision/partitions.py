@@ -1,7 +1,7 @@
 """Which decision replica owns which usage partition: pure functions, no I/O.
 
 Each workload's samples are stored in one of ``partitions`` usage streams, its partition
-(:func:`fracpilot_libs.subjects.usage_partition`). Decision replicas share the
+(:func:`fracpilot_libs.nats.subjects.usage_partition`). Decision replicas share the
 partitions: each replica owns some, consumes only those, and keeps only those workloads'
 histories. Ownership itself is a lease per partition in NATS KV (:mod:`.ownership`); this
 module says what the ownership *should* be, given who is alive and who owns what now:

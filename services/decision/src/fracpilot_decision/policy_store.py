@@ -31,10 +31,10 @@ from collections.abc import Callable, Mapping
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from fracpilot_libs import subjects
-from fracpilot_libs.bus import Bus
 from fracpilot_libs.contracts import Policy, PolicyReply, PolicyScope
-from fracpilot_libs.decoding import DecodeError, ErrorKind, decode
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.bus import Bus
+from fracpilot_libs.nats.decoding import DecodeError, ErrorKind, decode
 from fracpilot_libs.sizing.policies import (
     next_revision,
     parse_scope,

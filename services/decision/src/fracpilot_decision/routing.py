@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from enum import Enum
 
-from fracpilot_libs import subjects
 from fracpilot_libs.contracts import WorkloadRef
+from fracpilot_libs.nats import subjects
 from fracpilot_libs.sizing.state import WorkloadState
 
 

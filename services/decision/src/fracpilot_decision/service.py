@@ -1,8 +1,8 @@
 """The decision service: a thin NATS adapter around the pure engine, partitioned by workload.
 
 **Partitions.** Every sample is stored in one of ``FRACPILOT_DECISION_PARTITIONS`` usage
-streams, chosen by its workload (see :mod:`fracpilot_libs.subjects`; this service sets the
-count: :mod:`fracpilot_libs.usage_streams`). Replicas share the partitions through leases in KV
+streams, chosen by its workload (see :mod:`fracpilot_libs.nats.subjects`; this service sets the
+count: :mod:`fracpilot_libs.nats.usage_streams`). Replicas share the partitions through leases in KV
 (:mod:`fracpilot_decision.ownership`, balanced with minimal movement by
 :mod:`fracpilot_decision.partitions`); each replica consumes only the partitions it owns, one
 durable pull consumer per partition stream (``decision-p<k>``), in stream order, so each workload's
@@ -57,8 +57,8 @@ from fracpilot_decision.partition_state import Partition
 from fracpilot_decision.policy_store import PolicyStore
 from fracpilot_decision.settings import DecisionSettings
 from fracpilot_decision.worker import PartitionWorker
-from fracpilot_libs import subjects
 from fracpilot_libs.contracts import Policy
+from fracpilot_libs.nats import subjects
 from fracpilot_libs.runtime import ServiceRuntime
 from fracpilot_libs.sizing.policies import LivePolicies, cluster_default
 from fracpilot_libs.sizing.state import WorkloadState

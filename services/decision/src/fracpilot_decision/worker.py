@@ -14,7 +14,7 @@ from fracpilot_decision.consumers import PartitionConsumers
 from fracpilot_decision.deciding import Decider
 from fracpilot_decision.ownership import Ownership
 from fracpilot_decision.partition_state import Partition
-from fracpilot_libs.pull_feed import ConsumerGoneError
+from fracpilot_libs.nats.pull_feed import ConsumerGoneError
 
 log = logging.getLogger(__name__)
 

@@ -41,8 +41,8 @@ from fracpilot_ingest.signals import SignalTracker
 from fracpilot_ingest.sources import make_sources
 from fracpilot_ingest.sources.base import Source, SourceContext
 from fracpilot_ingest.supervision import SourceSupervisor
-from fracpilot_libs import subjects
 from fracpilot_libs.contracts import Allocation, UsageSample
+from fracpilot_libs.nats import subjects
 from fracpilot_libs.runtime import ServiceRuntime
 
 log = logging.getLogger(__name__)

@@ -10,14 +10,14 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from factories import sample
+from fracpilot_libs.analysis.baselines import EngineSizer
+from fracpilot_libs.analysis.packing_replay import replay_packed
+from fracpilot_libs.analysis.trace import group_by_workload, read_trace
 from fracpilot_libs.contracts import AppSignals, FractionDecision, Policy
-from fracpilot_libs.sizing.baselines import EngineSizer
 from fracpilot_libs.sizing.engine import decide
 from fracpilot_libs.sizing.headroom import learn, learned_headroom, uniform_headroom
 from fracpilot_libs.sizing.headroom_policy import MemoryHeadroom, MemoryHeadroomMode
-from fracpilot_libs.sizing.packing_replay import replay_packed
 from fracpilot_libs.sizing.state import WorkloadState, dump_state, load_state
-from fracpilot_libs.sizing.trace import group_by_workload, read_trace
 
 DATA = Path("/work/shared/data/genai_public.csv.gz")
 PROPERTY = settings(max_examples=200, deadline=None)

@@ -7,7 +7,7 @@ import pytest
 from factories import workload
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import Policy, PolicyLevel, PolicyScope
-from fracpilot_libs.decoding import DecodeError
+from fracpilot_libs.nats.decoding import DecodeError
 from fracpilot_libs.sizing.policies import (
     ClusterPolicySettings,
     LivePolicies,

@@ -15,17 +15,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from factories import T0, sample
+from fracpilot_libs.analysis.baselines import EngineSizer, baseline_from_spec
+from fracpilot_libs.analysis.hindsight import hindsight_fraction, replay_hindsight
+from fracpilot_libs.analysis.packing_replay import replay_packed
+from fracpilot_libs.analysis.replay import replay
+from fracpilot_libs.analysis.trace import group_by_workload, read_trace
 from fracpilot_libs.contracts import AppSignals, GpuSharing, Policy, ReasonCode, UsageSample
 from fracpilot_libs.simulation.workloads import demo_workloads, signals_at, usage_at
-from fracpilot_libs.sizing.baselines import EngineSizer, baseline_from_spec
 from fracpilot_libs.sizing.engine import decide, need_of, observe
 from fracpilot_libs.sizing.grids import Grid, backend_grid, levels_of_profiles
-from fracpilot_libs.sizing.hindsight import hindsight_fraction, replay_hindsight
 from fracpilot_libs.sizing.histogram import histogram_percentile, soft_compute_level
-from fracpilot_libs.sizing.packing_replay import replay_packed
-from fracpilot_libs.sizing.replay import replay
 from fracpilot_libs.sizing.state import BUCKETS, WorkloadState
-from fracpilot_libs.sizing.trace import group_by_workload, read_trace
 
 DATA = Path("/work/shared/data/genai_public.csv.gz")
 # A100 80GB MIG profiles as (memory share, compute share): 1g.10gb, 2g.20gb, 3g.40gb, 4g.40gb,
@@ -302,7 +302,7 @@ def test_observe_keeps_every_field_it_does_not_update() -> None:
 
 def test_hindsight_covers_the_peak_and_the_p95() -> None:
     series = [sample(c, m, minute=i) for i, (c, m) in enumerate([(0.1, 0.3)] * 19 + [(0.9, 0.4)])]
-    from fracpilot_libs.sizing.trace import TracePoint
+    from fracpilot_libs.analysis.trace import TracePoint
 
     points = [TracePoint(s, None) for s in series]
     assert hindsight_fraction(points, Policy()) == 0.4  # p95 of 20 is the 19th: 0.1

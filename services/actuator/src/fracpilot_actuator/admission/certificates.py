@@ -2,8 +2,9 @@
 
 The chart can make its secrets in the cluster (``secretGeneration: job``) instead of at render
 time, so that two renders of the same values are the same (GitOps tools diff renders). Then a
-hook Job (:mod:`fracpilot_actuator.release_secrets`) calls :func:`issue_serving_bundle` once and
-:func:`renewal_reason` on every upgrade; the CA lives only in the Secret and in the webhook's
+hook Job (:mod:`fracpilot_actuator.hooks.release_secrets`) calls :func:`issue_serving_bundle`
+once and :func:`renewal_reason` on every upgrade; the CA lives only in the Secret and in the
+webhook's
 ``caBundle``. Time is an argument, so expiry is testable.
 """
 

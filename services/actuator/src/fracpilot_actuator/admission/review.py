@@ -26,8 +26,8 @@ from fracpilot_actuator.admission.pods import (
 )
 from fracpilot_actuator.admission.sizing import sizing_patch
 from fracpilot_actuator.opt_in import MODE_LABEL, OptInSettings, selector_mode
-from fracpilot_libs import subjects
 from fracpilot_libs.contracts import WorkloadRef, WorkloadTarget
+from fracpilot_libs.nats import subjects
 
 ADMISSION_API_VERSION = "admission.k8s.io/v1"
 

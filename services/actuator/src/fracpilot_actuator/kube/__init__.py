@@ -21,5 +21,5 @@ I/O:
 - :mod:`.executor`: the steps carried out (annotation patch, eviction, placeholder pod,
   template patch), each with a Kubernetes Event on the pod;
 - :mod:`.backend`: read, judge, execute; the target, disruption and allocation stores
-  (:mod:`fracpilot_actuator.ports`); :mod:`.scale_ups`: scale-ups waiting for capacity.
+  (:mod:`fracpilot_actuator.stores.ports`); :mod:`.scale_ups`: scale-ups waiting for capacity.
 """

@@ -6,7 +6,7 @@ namespace's labels from :class:`~.namespaces.NamespaceLabels`), asks the pure ju
 (:mod:`.judge`: opt-out, the opt-in rule, validity, the plan, the guardrails, dry-run, resume)
 for a plan or a skip, and carries a plan out (:mod:`.executor`):
 
-- the workload's target (``WorkloadTarget``, :class:`~fracpilot_actuator.ports.TargetStore`)
+- the workload's target (``WorkloadTarget``, :class:`~fracpilot_actuator.stores.ports.TargetStore`)
   is recorded first, so any pod created from now on gets the new fraction from the admission
   webhook (or, with ``targets_via="template"``, from the patched pod template);
 - in place (KAI), recreate (eviction) and scale up (placeholder pods) steps, in plan order;
@@ -16,7 +16,7 @@ for a plan or a skip, and carries a plan out (:mod:`.executor`):
   carries on where it was.
 
 Crashes and faults. Before it acts, the backend records the target and, for a disruptive plan,
-the disruption itself (:class:`~fracpilot_actuator.ports.DisruptionHistory`, so the
+the disruption itself (:class:`~fracpilot_actuator.stores.ports.DisruptionHistory`, so the
 disruption budget holds across restarts and leader changes). A decision whose earlier attempt
 stopped half-way (the service passes ``resumed``) and whose target was recorded is finished,
 not re-judged: the guardrails it passed are not checked again, and only what the cluster
@@ -24,8 +24,8 @@ shows as still to do is done (evicted pods are terminating or gone, resized ones
 share), so no pod is evicted twice.
 
 After an action is done (at once, or when a scale-up finishes) the workload's ``Allocation``
-goes to the :class:`~fracpilot_actuator.ports.AllocationStore`, as the simulated cluster does,
-so that ingest knows the fractions: one record per workload, for one of its pods (see
+goes to the :class:`~fracpilot_actuator.stores.ports.AllocationStore`, as the simulated
+cluster does, so that ingest knows the fractions: one record per workload, for one of its pods (see
 :func:`allocation_of`).
 """
 
@@ -38,7 +38,6 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 from fracpilot_actuator.actuation import Actuation, Report
-from fracpilot_actuator.fakes import MemoryDisruptionHistory
 from fracpilot_actuator.guardrails import Disruption, GuardState
 from fracpilot_actuator.kube.api import KubeApi
 from fracpilot_actuator.kube.cache import InventoryCache
@@ -57,7 +56,8 @@ from fracpilot_actuator.kube.placeholders import PendingScaleUp, pending_of
 from fracpilot_actuator.kube.reader import ClusterReader
 from fracpilot_actuator.kube.scale_ups import ScaleUps
 from fracpilot_actuator.kube.settings import KubeBackendSettings
-from fracpilot_actuator.ports import (
+from fracpilot_actuator.stores.memory import MemoryDisruptionHistory
+from fracpilot_actuator.stores.ports import (
     AllocationStore,
     DisruptionHistory,
     TargetStore,

@@ -29,10 +29,7 @@ from fracpilot_actuator.metrics import PolicySyncMetrics
 from fracpilot_actuator.policy_sync.objects import PolicyObject
 from fracpilot_actuator.policy_sync.plan import SyncPlan, plan_sync, status_patch
 from fracpilot_actuator.policy_sync.settings import PolicySyncSettings
-from fracpilot_libs import subjects
-from fracpilot_libs.bus import Bus
 from fracpilot_libs.contracts import Policy, utcnow
-from fracpilot_libs.decoding import DecodeError, decode
 from fracpilot_libs.kube.client import in_thread
 from fracpilot_libs.kube.informer import Informer
 from fracpilot_libs.kube.policy_crd import (
@@ -43,6 +40,9 @@ from fracpilot_libs.kube.policy_crd import (
     NAMESPACED_PLURAL,
     VERSION,
 )
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.bus import Bus
+from fracpilot_libs.nats.decoding import DecodeError, decode
 
 log = logging.getLogger(__name__)
 MERGE_PATCH = "application/merge-patch+json"

@@ -1,0 +1,357 @@
+"""Packed replay: every workload of a trace on shared GPUs, placed by the actuator's planner.
+
+All workloads are replayed together in time order. At each instant, first the intervals that
+end there end: a workload that stops reporting (its last sample, or a gap longer than the cap
+of :func:`~fracpilot_libs.analysis.accounting.sample_intervals`) leaves its card, then the
+decisions taken on the samples just ended take effect, downsizes before upsizes so that room
+freed on a card can be used by its neighbours; each goes through
+:func:`fracpilot_libs.placement.planner.plan_workload` (in place when it fits on the current
+card, else a recreate on the best-fitting other card, else a scale-up). Then the samples of the
+instant start: a workload not on a card is placed by best fit, every sample is accounted
+against the placement in force (:mod:`fracpilot_libs.analysis.packing`, and the per-workload
+:class:`~fracpilot_libs.analysis.accounting.Metrics` of the unpacked replay), and is shown to
+the sizer. A fraction decided on a sample thus applies when that sample's interval ends, as in
+:func:`fracpilot_libs.analysis.replay.replay_workload`: without ``gpus`` the fractions, overruns
+and resizes are the unpacked replay's, and only the cards are new.
+
+With ``consolidate`` (the default), a workload left alone on its card, by its own resize or
+by a neighbour that moved away or left, moves to the best-fitting card in use that holds it
+(the planner's :func:`~fracpilot_libs.placement.planner.plan_consolidation`), one recreate.
+
+Cards are identical, with the trace's device memory. Without ``gpus`` a scale-up adds a card;
+with ``gpus`` the cards are fixed and what fits nowhere is refused or left unplaced.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from itertools import groupby
+
+from fracpilot_libs.analysis.accounting import Metrics, WorkloadAccount, sample_intervals
+from fracpilot_libs.analysis.baselines import Sizer
+from fracpilot_libs.analysis.packing import PackedAccount
+from fracpilot_libs.analysis.replay import Progress, ReplayReport
+from fracpilot_libs.analysis.trace import TracePoint
+from fracpilot_libs.contracts import PlanKind, WorkloadRef
+from fracpilot_libs.placement.planner import (
+    ClusterState,
+    Placement,
+    ResizePlan,
+    add_node,
+    apply_pod_plan,
+    move_or_scale_up,
+    plan_consolidation,
+    plan_workload,
+)
+from fracpilot_libs.pricing import GpuPrices
+
+_END, _START = 0, 1  # at one instant, intervals end before samples start
+
+
+class ReplayCluster:
+    """Identical cards and the workloads on them, changed only through the planner."""
+
+    def __init__(self, memory_bytes: int, gpus: int | None, consolidate: bool = True) -> None:
+        self.memory_bytes = memory_bytes
+        self.consolidate = consolidate
+        self.pinned = gpus is not None
+        self.state = ClusterState()
+        for _ in range(gpus or 0):
+            self._add_card()
+        self.card_of: dict[str, str] = {}  # workload key -> GPU uuid
+        self.neighbour_moves = 0  # consolidations of a workload left alone by another's change
+
+    def _add_card(self) -> None:
+        # Zero-padded so that the planner's tie-break on uuid follows the order cards came in.
+        node = f"card-{len(self.state.gpus):05d}"
+        self.state = add_node(self.state, node, 1, self.memory_bytes)
+
+    def place(self, workload: WorkloadRef, pod: str, fraction: float) -> bool:
+        """Put an arriving workload on the best-fitting card; False when none holds it."""
+        plan = self._best_fit(workload, fraction)
+        if plan.kind is PlanKind.SCALE_UP:
+            if self.pinned:
+                return False
+            self._add_card()
+            plan = self._best_fit(workload, fraction)
+        placement = Placement(
+            workload=workload, pod=pod, gpu_uuid=plan.gpu_after, fraction=fraction
+        )
+        self.state = self.state.model_copy(
+            update={"placements": (*self.state.placements, placement)}
+        )
+        self.card_of[workload.key] = plan.gpu_after
+        return True
+
+    def _best_fit(self, workload: WorkloadRef, fraction: float) -> ResizePlan:
+        base = {"workload": workload, "fraction_before": None, "fraction_after": fraction}
+        return move_or_scale_up(self.state, "", fraction, base, self.state.free)
+
+    def resize(self, workload: WorkloadRef, fraction: float) -> PlanKind:
+        """The planner's plan for a new fraction, carried out: ``in_place``,
+        ``recreate_elsewhere`` (onto a new card when none fits and cards may be added), or
+        ``scale_up`` when it fits nowhere on pinned cards (refused: nothing changes). When
+        consolidating, a workload left alone on its card then moves to the best-fitting card
+        in use, if one holds it (one recreate in all: ``recreate_elsewhere``), and so does a
+        neighbour the workload left alone on the card it moved from (counted in
+        :attr:`neighbour_moves`)."""
+        left = self.card_of.get(workload.key)
+        pods = tuple(p for p in self.state.placements if p.workload.key == workload.key)
+        step = plan_workload(self.state, workload, pods, fraction).steps[0]
+        if step.kind is PlanKind.SCALE_UP:
+            if self.pinned:
+                return PlanKind.SCALE_UP
+            self._add_card()
+            step = plan_workload(self.state, workload, pods, fraction).steps[0]
+        self.state = apply_pod_plan(self.state, step)
+        kind = step.kind
+        if self.consolidate:
+            placement = self.state.placement(workload)
+            assert placement is not None
+            move = plan_consolidation(self.state, placement)
+            if move.kind is PlanKind.RECREATE_ELSEWHERE:
+                self.state = apply_pod_plan(self.state, move)
+                step, kind = move, PlanKind.RECREATE_ELSEWHERE
+        self.card_of[workload.key] = step.gpu_after
+        if left is not None and left != step.gpu_after:
+            self._consolidate_lone(left)
+        return kind
+
+    def release(self, workload: WorkloadRef) -> None:
+        """The workload leaves its card; when consolidating, a neighbour it leaves alone there
+        moves to the best-fitting card in use, if one holds it."""
+        placements = tuple(p for p in self.state.placements if p.workload.key != workload.key)
+        self.state = self.state.model_copy(update={"placements": placements})
+        self._consolidate_lone(self.card_of.pop(workload.key))
+
+    def _consolidate_lone(self, card: str) -> None:
+        """The planner's consolidation for the one workload left on ``card``, if only one is."""
+        if not self.consolidate:
+            return
+        on_card = [p for p in self.state.placements if p.gpu_uuid == card]
+        if len(on_card) != 1:
+            return
+        move = plan_consolidation(self.state, on_card[0])
+        if move.kind is PlanKind.RECREATE_ELSEWHERE:
+            self.state = apply_pod_plan(self.state, move)
+            self.card_of[move.workload.key] = move.gpu_after
+            self.neighbour_moves += 1
+
+    def cards_in_use(self) -> int:
+        return len(set(self.card_of.values()))
+
+    def overcommitted(self) -> list[str]:
+        """Cards whose fractions sum above 1.0 (the planner never leaves one)."""
+        return [g.uuid for g in self.state.gpus if self.state.used(g.uuid) > 1.0 + 1e-9]
+
+
+@dataclass
+class PackedReport:
+    """The packed account, and the per-workload accounts of the same run."""
+
+    replay: ReplayReport
+    packed: PackedAccount
+
+
+@dataclass
+class _Workload:
+    ref: WorkloadRef
+    key: str
+    series: list[TracePoint]
+    intervals: list[float]  # seconds each sample stands for
+    leaves: list[bool]  # whether the workload leaves its card when a sample's interval ends
+    metrics: Metrics
+    fraction: float
+    state: object
+    pending: float | None = None
+    util: float = 0.0
+    memory: int = 0
+    on_card: bool = False  # placed and inside a sample's interval
+
+
+def _events(workloads: list[_Workload]) -> list[tuple[float, int, int, int]]:
+    """(time, END or START, workload index, sample index), in time order. A sample's END
+    event is at the next sample's time unless the interval was capped (a gap) or is the last;
+    a sample at the same time as the next (an interval of 0 s) has none: see :func:`_rounds`."""
+    events = []
+    for w, wl in enumerate(workloads):
+        times = [p.sample.timestamp.timestamp() for p in wl.series]
+        wl.intervals = sample_intervals(times)
+        for i, (at, dt) in enumerate(zip(times, wl.intervals, strict=True)):
+            events.append((at, _START, w, i))
+            leaves = i + 1 == len(times) or at + dt < times[i + 1]
+            wl.leaves.append(leaves)
+            if dt > 0:
+                events.append((at + dt if leaves else times[i + 1], _END, w, i))
+    events.sort()
+    return events
+
+
+def replay_packed(
+    groups: dict[str, list[TracePoint]],
+    sizer: Sizer,
+    gpus: int | None = None,
+    card_memory_bytes: int | None = None,
+    progress: Progress | None = None,
+    prices: GpuPrices | None = None,
+    consolidate: bool = True,
+) -> PackedReport:
+    """Every workload replayed together through ``sizer``, packed on cards of
+    ``card_memory_bytes`` (the largest device memory in the trace by default); ``gpus`` pins
+    the number of cards; ``consolidate`` moves a workload left alone on its card (by its
+    resize, or a neighbour's move or departure) onto a card in use that holds it."""
+    if gpus is not None and gpus < 1:
+        raise ValueError("gpus must be at least 1")
+    prices = prices or GpuPrices()
+    workloads = [
+        _Workload(
+            ref=groups[k][0].sample.workload,
+            key=groups[k][0].sample.workload.key,
+            series=groups[k],
+            intervals=[],
+            leaves=[],
+            metrics=Metrics(workloads=1),
+            fraction=sizer.initial(groups[k][0].requested_fraction),
+            state=sizer.start(),
+        )
+        for k in sorted(groups)
+    ]
+    memory = card_memory_bytes or max(wl.series[0].sample.memory_total_bytes for wl in workloads)
+    cluster = ReplayCluster(memory, gpus, consolidate)
+    account = PackedAccount(card_memory_bytes=memory, gpus=gpus)
+    events = _events(workloads)
+    previous: float | None = None
+    for at, group in groupby(events, key=lambda e: e[0]):
+        if previous is not None:
+            _hold(account, workloads, cluster, at - previous)
+        previous = at
+        batch = list(group)
+        _end_intervals(account, workloads, cluster, [e for e in batch if e[1] == _END])
+        starts = [(workloads[w], i) for _, kind, w, i in batch if kind == _START]
+        for n, round_ in enumerate(_rounds(starts)):
+            if n:  # a workload's earlier sample of this instant decided: it applies now
+                _apply(account, cluster, [wl for wl, _ in round_ if wl.pending is not None])
+            _start_samples(account, workloads, cluster, round_)
+            _step_sizers(sizer, round_)
+        account.in_use(at, cluster.cards_in_use())
+        if progress is not None and starts:
+            progress(len(starts))
+    totals = Metrics()
+    accounts = []
+    for wl in workloads:
+        wl.metrics.price(prices.hourly(wl.series[0].sample.gpu_model))
+        totals.add(wl.metrics)
+        accounts.append(WorkloadAccount(wl.ref, wl.metrics, wl.fraction))
+    account.memory_overrun_samples = totals.memory_overrun_samples
+    account.moves += cluster.neighbour_moves
+    return PackedReport(ReplayReport(totals, accounts), account)
+
+
+def _hold(
+    account: PackedAccount, workloads: list[_Workload], cluster: ReplayCluster, seconds: float
+) -> None:
+    cards: dict[str, dict[str, float]] = {}
+    held: dict[str, float] = {}
+    for wl in workloads:
+        if wl.on_card:
+            card = cluster.card_of[wl.key]
+            cards.setdefault(card, {})[wl.ref.display] = wl.util
+            held[card] = held.get(card, 0.0) + wl.fraction
+    account.peak_card_fraction = max(account.peak_card_fraction, *held.values(), 0.0)
+    account.hold(seconds, cards.values())
+
+
+def _end_intervals(
+    account: PackedAccount,
+    workloads: list[_Workload],
+    cluster: ReplayCluster,
+    ends: list[tuple[float, int, int, int]],
+) -> None:
+    changes: list[_Workload] = []
+    for _, _, w, i in ends:
+        wl = workloads[w]
+        if not wl.on_card:
+            continue  # unplaced: its sample was not replayed
+        if wl.leaves[i]:
+            wl.on_card = False
+            cluster.release(wl.ref)
+            if wl.pending is not None:  # it returns (if ever) at the fraction decided
+                wl.fraction, wl.pending = wl.pending, None
+                wl.metrics.resizes += 1
+        elif wl.pending is not None:
+            changes.append(wl)
+    _apply(account, cluster, changes)
+
+
+def _rounds(starts: list[tuple[_Workload, int]]) -> list[list[tuple[_Workload, int]]]:
+    """The samples starting at one instant, in rounds: the n-th sample of each workload at
+    that instant is in round n (a trace may repeat a timestamp; each sample still counts, and
+    a decision on one applies to the next, as in the unpacked replay)."""
+    rounds: list[list[tuple[_Workload, int]]] = []
+    seen: dict[str, int] = {}
+    for wl, i in starts:
+        n = seen[wl.key] = seen.get(wl.key, -1) + 1
+        if n == len(rounds):
+            rounds.append([])
+        rounds[n].append((wl, i))
+    return rounds
+
+
+def _apply(account: PackedAccount, cluster: ReplayCluster, changes: list[_Workload]) -> None:
+    """Decisions taking effect, each through the planner."""
+    # Downsizes first: the room they free may let an upsize stay in place.
+    changes.sort(key=lambda wl: (wl.pending is not None and wl.pending > wl.fraction, wl.key))
+    for wl in changes:
+        assert wl.pending is not None
+        kind = cluster.resize(wl.ref, wl.pending)
+        if kind is PlanKind.SCALE_UP:
+            account.decisions_refused += 1
+        else:
+            wl.fraction = wl.pending
+            wl.metrics.resizes += 1
+            account.in_place += kind is PlanKind.IN_PLACE
+            account.moves += kind is PlanKind.RECREATE_ELSEWHERE
+        wl.pending = None
+
+
+def _start_samples(
+    account: PackedAccount,
+    workloads: list[_Workload],
+    cluster: ReplayCluster,
+    starts: list[tuple[_Workload, int]],
+) -> None:
+    started: list[_Workload] = []
+    for wl, i in starts:
+        s = wl.series[i].sample
+        if wl.key not in cluster.card_of:
+            if not cluster.place(wl.ref, s.pod, wl.fraction):
+                account.unplaced.add(wl.ref.display)
+                account.unplaced_samples += 1
+                continue
+            account.placements += 1
+        wl.on_card = True
+        wl.util, wl.memory = s.compute, s.memory_used_bytes
+        wl.metrics.record(wl.fraction, s.compute, s.memory_share, wl.intervals[i])
+        started.append(wl)
+    if not started:
+        return
+    used: dict[str, int] = {}
+    for wl in workloads:
+        if wl.on_card:
+            card = cluster.card_of[wl.key]
+            used[card] = used.get(card, 0) + wl.memory
+    account.samples += len(started)
+    account.memory_collision_samples += sum(
+        used[cluster.card_of[wl.key]] > cluster.memory_bytes for wl in started
+    )
+
+
+def _step_sizers(sizer: Sizer, starts: list[tuple[_Workload, int]]) -> None:
+    for wl, i in starts:
+        if not wl.on_card:
+            continue
+        sample = wl.series[i].sample.model_copy(update={"allocated_fraction": wl.fraction})
+        wl.state, new = sizer.step(wl.state, sample)
+        if new is not None and not math.isclose(new, wl.fraction):
+            wl.pending = new

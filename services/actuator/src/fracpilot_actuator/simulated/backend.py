@@ -1,0 +1,96 @@
+"""The simulated cluster as a :class:`~fracpilot_actuator.actuation.ClusterBackend`.
+
+The opt-in rule (:mod:`fracpilot_actuator.opt_in`) holds here as in a real cluster: the simulated
+namespaces' labels (``FRACPILOT_SIM_NAMESPACE_LABELS``) say which are in auto mode, so the demo
+opts its namespace in as a user would label theirs."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
+from datetime import datetime
+
+from fracpilot_actuator.actuation import Actuation
+from fracpilot_actuator.opt_in import Automation, OptInSettings, automation_of
+from fracpilot_actuator.simulated.cluster import SimulatedCluster
+from fracpilot_libs.contracts import FractionDecision, Outcome, PlanKind
+from fracpilot_libs.placement.planner import ResizePlan, plan_resize
+
+
+class SimulatedBackend:
+    """The demo's cluster: plans with :func:`plan_resize` and executes on the simulation."""
+
+    def __init__(
+        self,
+        cluster: SimulatedCluster,
+        seed: Callable[[], Awaitable[None]],
+        opt_in: OptInSettings | None = None,
+        namespace_labels: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self._seed = seed
+        self.opt_in = opt_in or OptInSettings()
+        self.namespace_labels = dict(namespace_labels or {})
+
+    async def start(self) -> None:
+        await self._seed()
+
+    async def reconcile(self, now: datetime) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    async def actuate(
+        self, decision: FractionDecision, *, dry_run: str, now: datetime, resumed: bool = False
+    ) -> Actuation:
+        if resumed and self.cluster.has_applied(decision.decision_id):
+            placement = self.cluster.state.placement(decision.workload)
+            gpu = self.cluster.state.gpu(placement.gpu_uuid) if placement else None
+            return Actuation(
+                plan=PlanKind.NONE,
+                outcome=Outcome.APPLIED,
+                detail="applied by an earlier attempt that stopped before recording it; "
+                "not executed again",
+                fraction_after=placement.fraction if placement else None,
+                node_after=gpu.node if gpu else "",
+                gpu_after=placement.gpu_uuid if placement else "",
+            )
+        wl = decision.workload
+        labels = self.namespace_labels.get(wl.namespace, {})
+        selected = automation_of(wl.namespace, labels, (), decision.mode, self.opt_in)
+        if selected.mode is Automation.OFF:
+            detail = f"off: {selected.reason}"
+            return Actuation(PlanKind.NONE, Outcome.SKIPPED, detail, held_back="off")
+        held_back = "dry_run" if dry_run else selected.held_back
+        dry_run = dry_run or ("" if selected.applies else selected.reason)
+        plan = plan_resize(self.cluster.state, decision)
+        if dry_run:
+            would = self._actuation(plan, Outcome.DRY_RUN, f"{dry_run}: would {plan.reason}")
+            return replace(would, held_back=held_back)
+        if plan.kind is PlanKind.NONE:
+            return self._actuation(plan, Outcome.SKIPPED, plan.reason)
+        executed = await self.cluster.execute(
+            plan,
+            f"{decision.workload.owner_name}-{decision.decision_id[:5]}",
+            decision.decision_id,
+        )
+        return self._actuation(executed, Outcome.APPLIED, executed.reason)
+
+    def _actuation(self, plan: ResizePlan, outcome: Outcome, detail: str) -> Actuation:
+        state = self.cluster.state
+        before = state.gpu(plan.gpu_before) if plan.gpu_before else None
+        after = state.gpu(plan.gpu_after) if plan.gpu_after else None
+        return Actuation(
+            plan=plan.kind,
+            outcome=outcome,
+            detail=detail,
+            fraction_before=plan.fraction_before,
+            fraction_after=plan.fraction_after
+            if outcome is Outcome.APPLIED
+            else plan.fraction_before,
+            node_before=before.node if before else "",
+            node_after=after.node if after else "",
+            gpu_before=plan.gpu_before,
+            gpu_after=plan.gpu_after,
+        )

@@ -1,0 +1,70 @@
+"""The ports of :mod:`fracpilot_actuator.stores.ports` on NATS KV buckets.
+
+- targets: ``subjects.TARGET_BUCKET``, one :class:`WorkloadTarget` per ``kv_key(workload)``;
+- disruptions: the actuator's state bucket, key ``guardrails.disruptions``, a JSON list of
+  ``{"workload", "namespace", "at"}``;
+- allocations: ``subjects.ALLOCATION_BUCKET``, one :class:`Allocation` per workload.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+from nats.js.errors import KeyNotFoundError
+from nats.js.kv import KeyValue
+
+from fracpilot_actuator.guardrails import Disruption
+from fracpilot_actuator.stores.ports import UnreadableHistoryError
+from fracpilot_libs.contracts import Allocation, WorkloadRef, WorkloadTarget
+from fracpilot_libs.nats import subjects
+
+DISRUPTIONS_KEY = "guardrails.disruptions"  # in the state bucket: recent disruptive actions
+
+
+class KvTargetStore:
+    def __init__(self, kv: KeyValue) -> None:
+        self.kv = kv
+
+    async def get(self, workload: WorkloadRef) -> WorkloadTarget | None:
+        try:
+            entry = await self.kv.get(subjects.kv_key(workload))
+            return WorkloadTarget.model_validate_json(entry.value or b"")
+        except (KeyNotFoundError, ValueError):
+            return None
+
+    async def put(self, target: WorkloadTarget) -> None:
+        await self.kv.put(subjects.kv_key(target.workload), target.to_json())
+
+
+class KvDisruptionHistory:
+    def __init__(self, kv: KeyValue) -> None:
+        self.kv = kv
+
+    async def load(self) -> tuple[Disruption, ...] | None:
+        try:
+            entry = await self.kv.get(DISRUPTIONS_KEY)
+        except KeyNotFoundError:
+            return None
+        try:
+            return tuple(
+                Disruption(str(a["workload"]), str(a["namespace"]), datetime.fromisoformat(a["at"]))
+                for a in json.loads(entry.value or b"[]")
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UnreadableHistoryError(str(exc)) from exc
+
+    async def save(self, recent: tuple[Disruption, ...]) -> None:
+        body = [
+            {"workload": a.workload, "namespace": a.namespace, "at": a.at.isoformat()}
+            for a in recent
+        ]
+        await self.kv.put(DISRUPTIONS_KEY, json.dumps(body).encode())
+
+
+class KvAllocationStore:
+    def __init__(self, kv: KeyValue) -> None:
+        self.kv = kv
+
+    async def put(self, allocation: Allocation) -> None:
+        await self.kv.put(subjects.kv_key(allocation.workload), allocation.to_json())
