@@ -135,7 +135,7 @@ async def test_a_claim_with_its_ack_lost_strands_no_partition(
     assert holder.running == set(range(PARTITIONS)) == own.owned
 
     assert own.kv is not None
-    fault = LeaderMove(own.kv, monkeypatch)
+    fault = LeaderMove(own.kv.raw, monkeypatch)
     # Renewals unanswered: past the trust every partition is dropped, then claimed again,
     # one of the claims answered by a timeout although stored.
     await wait_for(lambda: holder.drops >= PARTITIONS, timeout=15)
@@ -162,7 +162,7 @@ async def test_a_renewal_with_its_ack_lost_keeps_every_lease(
     own, holder = ownership
     await own.start()
     assert own.kv is not None
-    fault = LostRenewalAcks(own.kv, monkeypatch)
+    fault = LostRenewalAcks(own.kv.raw, monkeypatch)
     await wait_for(lambda: len(fault.lost) == PARTITIONS, timeout=10)
     await asyncio.sleep(own.lease_s)  # past the trust of the renewals before the lost one
     assert holder.drops == 0
