@@ -21,8 +21,6 @@ from pydantic import (
     model_validator,
 )
 
-from fracpilot_libs.sizing.headroom_policy import HEADROOM_DOC, MemoryHeadroom
-
 SCHEMA_VERSION: Literal[1] = 1
 MIB = 1024 * 1024
 
@@ -267,6 +265,53 @@ class ComputeSizing(StrEnum):
 
 
 BACKEND_GRID_STEPS = 100  # KAI's GPU_PORTION "%.2f" and HAMi's whole percents: hundredths
+
+
+HEADROOM_DOC = (
+    "the headroom above a workload's memory peak: mode uniform (the default: memory_margin "
+    "and memory_min_headroom) or learned per workload (experimental; docs/sizing.md)"
+)
+
+
+class MemoryHeadroomMode(StrEnum):
+    """How the engine chooses the headroom above a workload's memory peak."""
+
+    UNIFORM = "uniform"  # one rule for all: max(memory_margin x peak, memory_min_headroom)
+    LEARNED = "learned"  # per workload, from its own jumps above its peak (experimental)
+
+
+class MemoryHeadroom(BaseModel):
+    """The headroom above a workload's memory peak (``Policy.memory_headroom``)."""
+
+    # The settings only: the rule is in fracpilot_libs.sizing.headroom. Field names are single
+    # words, so the CRD spec spells them as the model does. The floor's and the cap's ranges do
+    # not overlap: the floor is never above the cap.
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    mode: MemoryHeadroomMode = Field(
+        default=MemoryHeadroomMode.UNIFORM,
+        description="uniform: max(memory_margin x peak, memory_min_headroom) for every "
+        "workload; learned: per workload, factor x its largest jump above its own peak over "
+        "memory_window_s so far, within [floor, cap], raised at once by an overrun",
+    )
+    factor: Annotated[float, Field(ge=1.0, le=8.0), AfterValidator(_finite)] = Field(
+        default=1.5, description="learned: safety factor on the largest jump seen (1.5)"
+    )
+    floor: Annotated[float, Field(gt=0.0, le=0.2), AfterValidator(_finite)] = Field(
+        default=0.03, description="learned: least headroom, share of the device (0.03)"
+    )
+    cap: Annotated[float, Field(ge=0.2, le=1.0), AfterValidator(_finite)] = Field(
+        default=0.25, description="learned: most headroom, share of the device (0.25)"
+    )
+    warmup: Annotated[float, Field(ge=0.0), AfterValidator(_finite)] = Field(
+        default=2 * 3600.0,
+        description="learned: seconds of history before the learned headroom replaces the "
+        "uniform one (7200)",
+    )
+
+    def __str__(self) -> str:  # the CRD's "(default: ...)" and explanations
+        return self.model_dump_json()
 
 
 class Policy(WireModel):

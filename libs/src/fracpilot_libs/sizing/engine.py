@@ -16,13 +16,13 @@ import hashlib
 import math
 from array import array
 from itertools import pairwise
-from typing import NamedTuple
 
 from fracpilot_libs.contracts import (
     MIB,
     ComputeSizing,
     Direction,
     FractionDecision,
+    MemoryHeadroomMode,
     Policy,
     ReasonCode,
     UsageSample,
@@ -30,8 +30,8 @@ from fracpilot_libs.contracts import (
 from fracpilot_libs.sizing.explanations import numbers as _numbers
 from fracpilot_libs.sizing.grids import Grid, downsize_band, grid_of
 from fracpilot_libs.sizing.headroom import observe_headroom
-from fracpilot_libs.sizing.headroom_policy import MemoryHeadroomMode
 from fracpilot_libs.sizing.histogram import bucket_of, histogram_percentile, soft_compute_level
+from fracpilot_libs.sizing.need import Need
 from fracpilot_libs.sizing.state import BUCKETS, MEMORY_SLOTS, WorkloadState, evolve
 
 _MAX_EXPONENT = 40.0  # rescale decaying weights before they grow past 2**40
@@ -39,27 +39,6 @@ EPS = 1e-9  # float noise: values closer than this are equal
 _UP, _DOWN = Direction.UP, Direction.DOWN  # module constants: cheaper than enum lookups
 _SOFT = ComputeSizing.SOFT
 _LEARNED = MemoryHeadroomMode.LEARNED
-
-
-class Need(NamedTuple):
-    """The numbers behind a decision (a named tuple: built on every sample, and a frozen
-    dataclass costs four times as much to build)."""
-
-    # The compute level that sizes compute, share of a GPU: the policy percentile, or (soft)
-    # the level above which only the delay budget of the compute work lies.
-    compute_percentile: float
-    compute_need: float  # percentile: that / target utilization; soft: that level
-    recent_compute: float  # the lowest of the last confirmation samples
-    recent_need: float  # percentile: that / target utilization; soft: that
-    memory_peak: float  # share of the device over the memory window
-    memory_need: float  # peak plus headroom
-    fraction: float  # the larger need on the grid, clamped
-
-    @property
-    def driver(self) -> ReasonCode:
-        if self.memory_need >= max(self.compute_need, self.recent_need):
-            return ReasonCode.MEMORY_HIGH
-        return ReasonCode.COMPUTE_HIGH
 
 
 def round_up_to_grid(value: float, steps: int) -> float:

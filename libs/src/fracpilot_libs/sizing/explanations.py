@@ -6,14 +6,10 @@ rules and their wording change separately.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from fracpilot_libs.contracts import ComputeSizing, Policy
 from fracpilot_libs.sizing.grids import grid_name
 from fracpilot_libs.sizing.headroom import headroom_rule
-
-if TYPE_CHECKING:
-    from fracpilot_libs.sizing.engine import Need
+from fracpilot_libs.sizing.need import Need
 
 
 def numbers(need: Need, policy: Policy, current: float, target: float) -> str:

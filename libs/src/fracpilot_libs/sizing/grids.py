@@ -23,6 +23,7 @@ from bisect import bisect_left
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import pairwise
 
 from fracpilot_libs.contracts import BACKEND_GRID_STEPS, GpuSharing, GridKind, Policy
 
@@ -70,6 +71,12 @@ def levels_of_profiles(shares: Iterable[tuple[float, float]]) -> tuple[float, ..
     return tuple(sorted({round(profile_level(m, c), 6) for m, c in shares}))
 
 
+# The engine asks for a policy's grid and band on every sample: both are derived from the
+# policy's grid fields (and ``downsize_min_change``) by value, and memoized by those values, so
+# equal policies share them and nothing depends on which policy object asks. Bounded: a service
+# resolves few policies, but may see many revisions over its life.
+
+
 @lru_cache(maxsize=256)
 def _grid(kind: GridKind, steps: int, levels: tuple[float, ...]) -> Grid:
     if kind is GridKind.LEVELS:
@@ -79,31 +86,25 @@ def _grid(kind: GridKind, steps: int, levels: tuple[float, ...]) -> Grid:
     return Grid(steps=BACKEND_GRID_STEPS)
 
 
-# The engine asks for a policy's grid and band on every sample: kept per policy object (policies
-# are immutable; the few a service resolves live as long as it uses them).
-_BY_POLICY: dict[int, tuple[Policy, Grid, float]] = {}
-
-
-def _of(policy: Policy) -> tuple[Policy, Grid, float]:
-    known = _BY_POLICY.get(id(policy))
-    if known is not None and known[0] is policy:
-        return known
-    if len(_BY_POLICY) > 4096:  # policies replaced many times over: start again
-        _BY_POLICY.clear()
-    grid = _grid(policy.grid, policy.grid_steps, policy.grid_levels)
-    known = _BY_POLICY[id(policy)] = (policy, grid, max(policy.step, policy.downsize_min_change))
-    return known
+@lru_cache(maxsize=256)
+def _band(kind: GridKind, steps: int, levels: tuple[float, ...], min_change: float) -> float:
+    grid = _grid(kind, steps, levels)
+    if grid.levels:  # the smallest gap, as Policy.step says it (the first level counts from 0)
+        finest = min(b - a for a, b in pairwise((0.0, *grid.levels)))
+    else:
+        finest = 1.0 / grid.steps
+    return max(finest, min_change)
 
 
 def grid_of(policy: Policy) -> Grid:
     """The policy's grid."""
-    return _of(policy)[1]
+    return _grid(policy.grid, policy.grid_steps, policy.grid_levels)
 
 
 def downsize_band(policy: Policy) -> float:
     """How far below the fraction a need must be to downsize: ``downsize_min_change`` and at
     least one grid step (so a fine grid does not mean frequent resizes)."""
-    return _of(policy)[2]
+    return _band(policy.grid, policy.grid_steps, policy.grid_levels, policy.downsize_min_change)
 
 
 def grid_name(policy: Policy) -> str:

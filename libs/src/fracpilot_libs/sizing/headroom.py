@@ -4,11 +4,11 @@ The uniform rule gives every workload the same headroom above its memory peak, a
 headroom must cover the largest jump of the jumpiest workload. The learned rule gives each
 workload its own: ``factor`` times the largest jump above its own trailing peak (over
 ``memory_window_s``) it has shown so far, within ``[floor, cap]`` (the settings are
-``Policy.memory_headroom``, :mod:`fracpilot_libs.sizing.headroom_policy`). Until the workload
-has ``warmup`` seconds of history it keeps the uniform headroom (a conservative start). Memory
-first: an overrun (an out-of-memory signal, or memory in use above the fraction held) raises
-the learned jump at once to at least the headroom that failed plus the floor, so the next
-headroom is larger by the floor or reaches the cap.
+``Policy.memory_headroom``, a :class:`~fracpilot_libs.contracts.MemoryHeadroom`). Until the
+workload has ``warmup`` seconds of history it keeps the uniform headroom (a conservative
+start). Memory first: an overrun (an out-of-memory signal, or memory in use above the fraction
+held) raises the learned jump at once to at least the headroom that failed plus the floor, so
+the next headroom is larger by the floor or reaches the cap.
 
 State: two numbers in :class:`~fracpilot_libs.sizing.state.WorkloadState`, ``memory_jump``
 (the largest jump so far) and ``memory_headroom`` (the learned headroom; None while the uniform
@@ -19,8 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fracpilot_libs.contracts import Policy
-from fracpilot_libs.sizing.headroom_policy import MemoryHeadroomMode
+from fracpilot_libs.contracts import MemoryHeadroomMode, Policy
 from fracpilot_libs.sizing.state import MEMORY_SLOTS, WorkloadState
 
 EPS = 1e-9

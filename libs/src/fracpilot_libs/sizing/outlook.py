@@ -13,12 +13,12 @@ from enum import StrEnum
 from fracpilot_libs.contracts import Direction, Policy
 from fracpilot_libs.sizing.engine import (
     EPS,
-    Need,
     downsize_wait,
     need_of,
     pending_request,
     sizing_direction,
 )
+from fracpilot_libs.sizing.need import Need
 from fracpilot_libs.sizing.state import WorkloadState
 
 

@@ -20,6 +20,8 @@ from fracpilot_libs.contracts import (
     AppSignals,
     Direction,
     FractionDecision,
+    MemoryHeadroom,
+    MemoryHeadroomMode,
     Policy,
     ReasonCode,
     UsageSample,
@@ -34,7 +36,6 @@ from fracpilot_libs.sizing.engine import (
     observe,
     round_up_to_grid,
 )
-from fracpilot_libs.sizing.headroom_policy import MemoryHeadroom, MemoryHeadroomMode
 from fracpilot_libs.sizing.state import BUCKETS, WorkloadState, dump_state, load_state
 
 PROPERTY = settings(max_examples=30, deadline=None)

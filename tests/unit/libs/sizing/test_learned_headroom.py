@@ -13,10 +13,15 @@ from factories import sample
 from fracpilot_libs.analysis.baselines import EngineSizer
 from fracpilot_libs.analysis.packing_replay import replay_packed
 from fracpilot_libs.analysis.trace import group_by_workload, read_trace
-from fracpilot_libs.contracts import AppSignals, FractionDecision, Policy
+from fracpilot_libs.contracts import (
+    AppSignals,
+    FractionDecision,
+    MemoryHeadroom,
+    MemoryHeadroomMode,
+    Policy,
+)
 from fracpilot_libs.sizing.engine import decide
 from fracpilot_libs.sizing.headroom import learn, learned_headroom, uniform_headroom
-from fracpilot_libs.sizing.headroom_policy import MemoryHeadroom, MemoryHeadroomMode
 from fracpilot_libs.sizing.state import WorkloadState, dump_state, load_state
 
 DATA = Path("/work/shared/data/genai_public.csv.gz")

@@ -9,6 +9,7 @@ import random
 from array import array
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -23,7 +24,13 @@ from fracpilot_libs.analysis.trace import group_by_workload, read_trace
 from fracpilot_libs.contracts import AppSignals, GpuSharing, Policy, ReasonCode, UsageSample
 from fracpilot_libs.simulation.workloads import demo_workloads, signals_at, usage_at
 from fracpilot_libs.sizing.engine import decide, need_of, observe
-from fracpilot_libs.sizing.grids import Grid, backend_grid, levels_of_profiles
+from fracpilot_libs.sizing.grids import (
+    Grid,
+    backend_grid,
+    downsize_band,
+    grid_of,
+    levels_of_profiles,
+)
 from fracpilot_libs.sizing.histogram import histogram_percentile, soft_compute_level
 from fracpilot_libs.sizing.state import BUCKETS, WorkloadState
 
@@ -76,6 +83,26 @@ def test_mig_profiles_become_levels_the_engine_rounds_to() -> None:
         1.0,
         1.0,
     ]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"grid_steps": 8, "min_fraction": 0.125, "downsize_min_change": 0.0},
+        {"grid": "steps", "grid_steps": 3, "min_fraction": 1 / 3, "downsize_min_change": 0.5},
+        {"grid": "levels", "grid_levels": (0.3, 0.31, 1.0), "min_fraction": 0.3},
+        {"grid": "levels", "grid_levels": levels_of_profiles(A100_PROFILES), "min_fraction": 0.125},
+    ],
+    ids=["backend", "steps", "wide-band", "close-levels", "mig-levels"],
+)
+def test_grid_and_band_follow_the_policys_values_not_its_identity(fields: dict[str, Any]) -> None:
+    policy, twin = Policy(**fields), Policy(**fields)
+    assert grid_of(policy) == grid_of(twin)
+    assert downsize_band(policy) == downsize_band(twin)
+    assert downsize_band(policy) == max(policy.step, policy.downsize_min_change)
+    wider = policy.model_copy(update={"downsize_min_change": 0.9})
+    assert downsize_band(wider) == 0.9  # a policy's copy is not its original
 
 
 @pytest.mark.parametrize(
