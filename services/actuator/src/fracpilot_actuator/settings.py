@@ -12,12 +12,12 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator
 
 from fracpilot_actuator.guardrails import GuardrailSettings
-from fracpilot_actuator.kube.kai import KaiSettings
 from fracpilot_actuator.kube.object_values import KAI_SCALE_ADJUST_NAMESPACE
 from fracpilot_actuator.kube.settings import EvictionSettings
 from fracpilot_actuator.opt_in import OptInSettings
 from fracpilot_actuator.policy_sync.settings import PolicySyncSettings
 from fracpilot_libs.config import ServiceSettings
+from fracpilot_libs.kai import KaiSettings
 
 ClusterKind = Literal["simulated", "kubernetes"]
 """Where decisions are carried out (``FRACPILOT_BACKEND``)."""

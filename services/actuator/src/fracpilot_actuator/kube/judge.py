@@ -47,7 +47,6 @@ from fracpilot_actuator.kube.enforcement import Enforcement, enforce, enforced_a
 from fracpilot_actuator.kube.hami import fit_rule
 from fracpilot_actuator.kube.inventory import Inventory, PodInfo, last_change
 from fracpilot_actuator.kube.kai import (
-    KaiSettings,
     kai_fraction,
     kai_memory_mib,
     multi_device_refusal,
@@ -62,6 +61,7 @@ from fracpilot_libs.contracts import (
     PlanKind,
     WorkloadTarget,
 )
+from fracpilot_libs.kai import KaiSettings
 from fracpilot_libs.placement.planner import ResizePlan, WorkloadPlan, plan_workload
 
 

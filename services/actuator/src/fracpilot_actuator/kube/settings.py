@@ -8,8 +8,8 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from fracpilot_actuator.guardrails import GuardrailSettings
-from fracpilot_actuator.kube.kai import KaiSettings
 from fracpilot_actuator.opt_in import OptInSettings
+from fracpilot_libs.kai import KaiSettings
 
 
 class EvictionSettings(BaseModel):
