@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 
 from factories import sample, workload
 from fracpilot_actuator.policy_sync.controller import PolicySync
-from fracpilot_actuator.policy_sync.settings import PolicySyncSettings
+from fracpilot_actuator.settings import PolicySyncSettings
 from fracpilot_decision.service import DecisionService, DecisionSettings
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import (

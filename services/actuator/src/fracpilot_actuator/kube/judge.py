@@ -53,7 +53,8 @@ from fracpilot_actuator.kube.kai import (
 )
 from fracpilot_actuator.kube.object_values import is_opted_out
 from fracpilot_actuator.kube.queues import Queue, queue_verdict
-from fracpilot_actuator.opt_in import Automation, OptInSettings, Selected, automation_of
+from fracpilot_actuator.opt_in import Automation, Selected, automation_of
+from fracpilot_actuator.settings import OptInSettings
 from fracpilot_libs.contracts import (
     FractionDecision,
     GpuSharing,
