@@ -158,7 +158,7 @@ class BackendExecutor:
         from fracpilot_actuator.kube.api import KubeApi
         from fracpilot_actuator.kube.backend import KubernetesBackend
         from fracpilot_actuator.kube.settings import KubeBackendSettings
-        from fracpilot_actuator.opt_in import OptInSettings
+        from fracpilot_actuator.settings import OptInSettings
         from fracpilot_actuator.stores.nats_kv import KvTargetStore
 
         async def report(*_: object) -> None:

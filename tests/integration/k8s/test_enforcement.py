@@ -20,7 +20,7 @@ from fracpilot_actuator.kube.api import KubeApi
 from fracpilot_actuator.kube.backend import KubernetesBackend
 from fracpilot_actuator.kube.reader import ClusterReader
 from fracpilot_actuator.kube.settings import KubeBackendSettings
-from fracpilot_actuator.opt_in import OptInSettings
+from fracpilot_actuator.settings import OptInSettings
 from fracpilot_actuator.stores.memory import MemoryTargetStore
 from fracpilot_libs.contracts import FractionDecision, Outcome, PlanKind, WorkloadRef, utcnow
 from support import kube

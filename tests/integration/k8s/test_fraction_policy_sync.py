@@ -4,7 +4,7 @@ in force, deletion falls back, an invalid object is reported and dead-lettered, 
 decision service decides with the synced policy.
 
 The schema, the CEL rules and the roles: test_fraction_policies.py; the pure plan:
-tests/unit/actuator/test_policy_sync.py.
+tests/unit/actuator/policy_sync/test_objects_and_plan.py.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 
 from factories import sample, workload
 from fracpilot_actuator.policy_sync.controller import PolicySync
-from fracpilot_actuator.policy_sync.settings import PolicySyncSettings
+from fracpilot_actuator.settings import PolicySyncSettings
 from fracpilot_decision.service import DecisionService, DecisionSettings
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import (

@@ -27,7 +27,7 @@ from fracpilot_actuator.kube.api import KubeApi
 from fracpilot_actuator.kube.backend import KubernetesBackend
 from fracpilot_actuator.kube.cache import CrdWatch
 from fracpilot_actuator.kube.settings import KubeBackendSettings
-from fracpilot_actuator.opt_in import OptInSettings
+from fracpilot_actuator.settings import OptInSettings
 from fracpilot_actuator.stores.memory import MemoryTargetStore
 from fracpilot_libs.contracts import FractionDecision, Outcome, WorkloadRef, utcnow
 from helpers import wait_for

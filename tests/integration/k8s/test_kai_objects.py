@@ -20,12 +20,12 @@ from factories import decision
 from fracpilot_actuator.actuation import Actuation
 from fracpilot_actuator.kube.api import KubeApi
 from fracpilot_actuator.kube.backend import KubernetesBackend
-from fracpilot_actuator.kube.kai import KaiSettings
 from fracpilot_actuator.kube.reader import ClusterReader
 from fracpilot_actuator.kube.settings import KubeBackendSettings
-from fracpilot_actuator.opt_in import OptInSettings
+from fracpilot_actuator.settings import OptInSettings
 from fracpilot_actuator.stores.memory import MemoryTargetStore
 from fracpilot_libs.contracts import FractionDecision, Outcome, PlanKind, WorkloadRef, utcnow
+from fracpilot_libs.kai import KaiSettings
 from support import kube
 from support.policy_crds import install_crds
 

@@ -46,7 +46,8 @@ from fracpilot_actuator.kube.api import KubeApi
 from fracpilot_actuator.kube.backend import KubernetesBackend
 from fracpilot_actuator.kube.namespaces import NamespaceLabels
 from fracpilot_actuator.kube.placeholders import PRIORITY_CLASS
-from fracpilot_actuator.kube.settings import EvictionSettings, KubeBackendSettings
+from fracpilot_actuator.kube.settings import KubeBackendSettings
+from fracpilot_actuator.settings import EvictionSettings
 from fracpilot_actuator.stores.nats_kv import KvTargetStore
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import FractionDecision, Outcome, PlanKind, utcnow

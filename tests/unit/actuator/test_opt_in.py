@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 from fracpilot_actuator.admission import AdmissionOutcome, admit
 from fracpilot_actuator.opt_in import (
     Automation,
-    OptInSettings,
     automation_of,
     matches,
     webhook_selectors,
 )
+from fracpilot_actuator.settings import OptInSettings
 from fracpilot_libs.contracts import GpuSharing, Mode, WorkloadRef, WorkloadTarget
 from fracpilot_libs.nats import subjects
 

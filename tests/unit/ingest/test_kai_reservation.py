@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from fracpilot_actuator.settings import ActuatorSettings
-from fracpilot_ingest.pod_facts import KaiReservation, kai_shared_gpus, pod_projection
+from fracpilot_ingest.pod_facts import kai_shared_gpus, pod_projection
 from fracpilot_ingest.settings import IngestSettings
+from fracpilot_libs.kai import KaiReservation
 
 GPU = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"
 MOVED = KaiReservation("kai-res", "res")

@@ -34,8 +34,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
-
+from fracpilot_actuator.settings import OptInSettings
 from fracpilot_libs.contracts import Mode
 
 MODE_LABEL = "fracpilot.io/mode"
@@ -57,22 +56,6 @@ class Automation(StrEnum):
 
 _RANK = {Automation.OFF: 0, Automation.RECOMMEND: 1, Automation.AUTO: 2}
 _BY_VALUE = {a.value: a for a in Automation}
-
-
-class OptInSettings(BaseModel):
-    """``FRACPILOT_OPTIN_*``: the mode of a namespace without the label ``fracpilot.io/mode``,
-    and the namespaces fracpilot never changes (the webhook is not called for them either)."""
-
-    default_mode: Literal["recommend", "auto"] = Field(
-        default="recommend",
-        description="the mode of workloads whose pod and namespace carry no fracpilot.io/mode "
-        "label: recommend (decisions are shown, nothing is applied) or auto",
-    )
-    excluded_namespaces: list[str] = Field(
-        default_factory=lambda: ["kube-system"],
-        description="namespaces whose workloads are never changed, whatever their labels say "
-        "(the chart passes webhook.excludedNamespaces and its own namespace), a JSON list",
-    )
 
 
 @dataclass(frozen=True)

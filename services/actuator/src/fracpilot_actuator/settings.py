@@ -1,8 +1,16 @@
-"""The actuator's settings: flat ones, and groups whose environment names share a prefix.
+"""Every setting of the actuator: :class:`ActuatorSettings` (read from ``FRACPILOT_*``) and its
+groups, whose environment names share a prefix.
 
 A group ``kube`` with a field ``timeout_s`` reads ``FRACPILOT_KUBE_TIMEOUT_S`` (the base
 settings' nested delimiter), so every environment name is what it was when they were flat.
-Each group goes whole to the component that uses it.
+Each group goes whole to the component that uses it; the pure modules take them as values
+(this module imports pydantic and the libs' pure settings only). ``FRACPILOT_KAI_*`` is
+:class:`fracpilot_libs.kai.KaiSettings`, shared with the ingest.
+
+Not here, because they are not read from the environment: the values the service builds from
+these for one component, next to the logic that reads them
+(:class:`fracpilot_actuator.guardrails.GuardrailSettings`,
+:class:`fracpilot_actuator.kube.settings.KubeBackendSettings`).
 """
 
 from __future__ import annotations
@@ -12,12 +20,9 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator
 
 from fracpilot_actuator.guardrails import GuardrailSettings
-from fracpilot_actuator.kube.kai import KaiSettings
 from fracpilot_actuator.kube.object_values import KAI_SCALE_ADJUST_NAMESPACE
-from fracpilot_actuator.kube.settings import EvictionSettings
-from fracpilot_actuator.opt_in import OptInSettings
-from fracpilot_actuator.policy_sync.settings import PolicySyncSettings
 from fracpilot_libs.config import ServiceSettings
+from fracpilot_libs.kai import KaiSettings
 
 ClusterKind = Literal["simulated", "kubernetes"]
 """Where decisions are carried out (``FRACPILOT_BACKEND``)."""
@@ -38,6 +43,20 @@ class KubeApiSettings(BaseModel):
     )
     retry_backoff_max_s: float = Field(
         default=5.0, gt=0, description="longest wait before an API call is tried again"
+    )
+
+
+class EvictionSettings(BaseModel):
+    """``FRACPILOT_EVICTION_*``: how patiently an eviction a PDB refuses is tried again."""
+
+    attempts: int = Field(
+        default=8, ge=1, description="attempts of an eviction a PDB refuses (429) before failing"
+    )
+    backoff_s: float = Field(
+        default=1.0, gt=0, description="first wait between eviction attempts (doubles), seconds"
+    )
+    backoff_max_s: float = Field(
+        default=30.0, gt=0, description="longest wait between eviction attempts, seconds"
     )
 
 
@@ -95,6 +114,39 @@ class WebhookSettings(BaseModel):
     port: int = Field(default=8443, ge=0, le=65535)
     cert_file: str = "/etc/fracpilot/webhook/tls.crt"
     key_file: str = "/etc/fracpilot/webhook/tls.key"
+
+
+class PolicySyncSettings(BaseModel):
+    """``FRACPILOT_POLICYSYNC_*``: FractionPolicy objects -> the policy bucket (the leader
+    actuator, backend=kubernetes)."""
+
+    enabled: bool = Field(
+        default=True,
+        description="sync FractionPolicy / ClusterFractionPolicy objects into the policy "
+        "bucket (needs the CRDs and the RBAC the chart installs)",
+    )
+    resync_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="a full pass at least this often, seconds (also notices NATS policies)",
+    )
+    timeout_s: float = Field(default=30.0, gt=0, description="how long one API call may take")
+
+
+class OptInSettings(BaseModel):
+    """``FRACPILOT_OPTIN_*``: the mode of a namespace without the label ``fracpilot.io/mode``,
+    and the namespaces fracpilot never changes (the webhook is not called for them either)."""
+
+    default_mode: Literal["recommend", "auto"] = Field(
+        default="recommend",
+        description="the mode of workloads whose pod and namespace carry no fracpilot.io/mode "
+        "label: recommend (decisions are shown, nothing is applied) or auto",
+    )
+    excluded_namespaces: list[str] = Field(
+        default_factory=lambda: ["kube-system"],
+        description="namespaces whose workloads are never changed, whatever their labels say "
+        "(the chart passes webhook.excludedNamespaces and its own namespace), a JSON list",
+    )
 
 
 class SimSettings(BaseModel):

@@ -36,8 +36,7 @@ from fracpilot_actuator.admission import (
     pod_name,
 )
 from fracpilot_actuator.metrics import WebhookMetrics
-from fracpilot_actuator.opt_in import OptInSettings
-from fracpilot_actuator.settings import WebhookSettings
+from fracpilot_actuator.settings import OptInSettings, WebhookSettings
 from fracpilot_actuator.stores.targets import TargetCache
 from fracpilot_libs.contracts import WorkloadTarget
 from fracpilot_libs.nats.bus import Bus

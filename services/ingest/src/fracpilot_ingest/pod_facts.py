@@ -6,11 +6,11 @@
   labelled ``app=<--resource-reservation-app-label>`` (both ``kai-resource-reservation`` by
   default: NVIDIA/KAI-scheduler v0.12.0 ``cmd/binder/app/options.go``,
   ``pkg/common/constants/constants.go`` ``DefaultResourceReservationName``, ``AppLabelName``;
-  :class:`KaiReservation`, set like the actuator's ``FRACPILOT_KAI_*``). Each fraction pod of
-  that GPU carries the same group label and its ``gpu-fraction`` (or ``gpu-memory``, MiB)
-  annotation. So the pods of a group share that GPU, whether or not an exporter names them
-  (dcgm labels one pod per GPU). Multi-device fraction pods (``runai-gpu-group/<g>`` labels
-  only) are not read.
+  :class:`~fracpilot_libs.kai.KaiReservation`, from the ``FRACPILOT_KAI_*`` settings the
+  actuator reads too). Each fraction pod of that GPU carries the same group label and its
+  ``gpu-fraction`` (or ``gpu-memory``, MiB) annotation. So the pods of a group share that GPU,
+  whether or not an exporter names them (dcgm labels one pod per GPU). Multi-device fraction
+  pods (``runai-gpu-group/<g>`` labels only) are not read.
 - **Out-of-memory exits**: a container whose last termination says ``OOMKilled`` (the kernel's
   cgroup OOM killer), or whose termination message names a GPU out-of-memory error. With
   ``terminationMessagePolicy: FallbackToLogsOnError`` the kubelet puts the log tail of a failed
@@ -25,14 +25,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fracpilot_libs.kai import KAI_APP_LABEL, KaiReservation
 from fracpilot_libs.kube.store import metadata_only
 
 KAI_GROUP = "runai-gpu-group"
 KAI_RESERVED_GPU = "run.ai/reserve_for_gpu_index"
 KAI_FRACTION = "gpu-fraction"
 KAI_MEMORY = "gpu-memory"
-KAI_APP_LABEL = "app"  # constants.AppLabelName
-DEFAULT_RESERVATION = "kai-resource-reservation"  # constants.DefaultResourceReservationName
 _LABELS = (KAI_GROUP,)
 _ANNOTATIONS = (KAI_RESERVED_GPU, KAI_FRACTION, KAI_MEMORY)
 _DONE = ("Succeeded", "Failed")
@@ -51,25 +50,10 @@ CUDA_OOM = (
     "No available memory for the cache blocks",
 )
 
+KAI_DEFAULTS = KaiReservation()  # the binder's flags left unset
+
 PodRef = tuple[str, str]  # (namespace, pod)
 Obj = dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class KaiReservation:
-    """Where KAI's binder puts its GPU reservation pods (its flags' values)."""
-
-    namespace: str = DEFAULT_RESERVATION
-    app_label: str = DEFAULT_RESERVATION
-
-    def holds(self, pod: Mapping[str, Any]) -> bool:
-        """A reservation pod: in the namespace, with the app label (its GPU group and the GPU
-        it reserved are read by the caller)."""
-        meta = pod.get("metadata") or {}
-        return (
-            meta.get("namespace") == self.namespace
-            and _meta(pod, "labels").get(KAI_APP_LABEL) == self.app_label
-        )
 
 
 def pod_projection(obj: Obj) -> Obj:
@@ -138,7 +122,7 @@ def _fraction(notes: Mapping[str, str], device_memory: int | None) -> float | No
 def kai_shared_gpus(
     pods: Iterable[Mapping[str, Any]],
     device_memory: Mapping[str, int] | None = None,
-    reservation: KaiReservation = KaiReservation(),
+    reservation: KaiReservation = KAI_DEFAULTS,
 ) -> dict[str, dict[PodRef, float | None]]:
     """GPU UUID -> the KAI fraction pods placed on it and their fractions (None: unknown).
     Only ``reservation``'s pods name a group's GPU."""

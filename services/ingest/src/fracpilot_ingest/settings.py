@@ -12,8 +12,8 @@ from datetime import UTC, datetime
 from pydantic import BaseModel, Field, TypeAdapter
 
 from fracpilot_ingest.mappings import MappingTable, MetricMapping
-from fracpilot_ingest.pod_facts import DEFAULT_RESERVATION, KaiReservation
 from fracpilot_libs.config import ServiceSettings
+from fracpilot_libs.kai import KaiSettings
 
 
 class PrometheusSettings(BaseModel):
@@ -57,26 +57,6 @@ class SimulatorSettings(BaseModel):
     workloads: int = Field(default=8, ge=1, le=8)
     namespace: str = "inference"
     cluster: str = "demo"
-
-
-class KaiSettings(BaseModel):
-    """FRACPILOT_KAI_*: where KAI's binder puts its GPU reservation pods (its flags; the
-    actuator reads the same variables)."""
-
-    reservation_namespace: str = Field(
-        default=DEFAULT_RESERVATION,
-        description="KAI binder's --resource-reservation-namespace (where its GPU reservation "
-        "pods are)",
-    )
-    reservation_app_label: str = Field(
-        default=DEFAULT_RESERVATION,
-        description="KAI's --resource-reservation-app-label: the value of the label app on "
-        "its reservation pods",
-    )
-
-    @property
-    def reservation(self) -> KaiReservation:
-        return KaiReservation(self.reservation_namespace, self.reservation_app_label)
 
 
 class RestartSettings(BaseModel):
@@ -129,7 +109,12 @@ class IngestSettings(ServiceSettings):
         "(annotation hami.io/node-nvidia-register; needs list/watch on nodes)",
     )
     sim: SimulatorSettings = Field(default_factory=SimulatorSettings)
-    kai: KaiSettings = Field(default_factory=KaiSettings)
+    kai: KaiSettings = Field(
+        default_factory=KaiSettings,
+        description="where KAI's binder puts its GPU reservation pods: "
+        "FRACPILOT_KAI_RESERVATION_NAMESPACE and FRACPILOT_KAI_RESERVATION_APP_LABEL, the "
+        "actuator's variables (the queue ones are the actuator's only)",
+    )
     restarts: RestartSettings = Field(default_factory=RestartSettings)
     workload_metrics_limit: int = Field(
         default=500,

@@ -25,7 +25,8 @@ from fracpilot_actuator.admission.pods import (
     workload_candidates,
 )
 from fracpilot_actuator.admission.sizing import sizing_patch
-from fracpilot_actuator.opt_in import MODE_LABEL, OptInSettings, selector_mode
+from fracpilot_actuator.opt_in import MODE_LABEL, selector_mode
+from fracpilot_actuator.settings import OptInSettings
 from fracpilot_libs.contracts import WorkloadRef, WorkloadTarget
 from fracpilot_libs.nats import subjects
 

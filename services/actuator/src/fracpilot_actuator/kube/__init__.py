@@ -10,7 +10,8 @@ Pure:
   BindRequests, the fractions its rounding keeps); :mod:`.queues`: KAI Queues and how far an
   in-place upsize may take them;
 - :mod:`.placeholders`: the scale-up placeholder pods; :mod:`.errors`: API failures as types;
-  :mod:`.settings`: the backend's settings.
+  :mod:`.settings`: the backend's settings (one value, built from
+  :mod:`fracpilot_actuator.settings`).
 
 I/O:
 - :mod:`.api`: the few Kubernetes API calls the backend makes, each awaitable; client failures

@@ -35,10 +35,10 @@ from fracpilot_actuator.kube.kai import (
     BIND_REQUEST_GROUP,
     BIND_REQUEST_PLURAL,
     BIND_REQUEST_VERSION,
-    KaiSettings,
 )
 from fracpilot_actuator.kube.kai_objects import CachedKaiObjects
 from fracpilot_actuator.kube.queues import QUEUE_GROUP, QUEUE_PLURAL, QUEUE_VERSION
+from fracpilot_libs.kai import KaiSettings
 from fracpilot_libs.kube.client import hand_over, in_thread
 from fracpilot_libs.kube.informer import Informer
 from fracpilot_libs.kube.store import Key

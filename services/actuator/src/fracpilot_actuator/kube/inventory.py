@@ -40,7 +40,6 @@ from typing import Any
 from fracpilot_actuator.kube.hami import hami_share, node_register, registered_gpus
 from fracpilot_actuator.kube.kai import (
     BindTarget,
-    KaiSettings,
     is_multi_device,
     is_reservation,
     memory_fraction,
@@ -71,6 +70,7 @@ from fracpilot_actuator.kube.object_values import (
 )
 from fracpilot_libs.contracts import MIB, GpuSharing, WorkloadRef
 from fracpilot_libs.hami.register import RegisteredGpu
+from fracpilot_libs.kai import KaiSettings
 from fracpilot_libs.owners import Controller, OwnerKey, top_owner
 from fracpilot_libs.placement.planner import ClusterState, Gpu, Placement
 

@@ -47,14 +47,14 @@ from fracpilot_actuator.kube.enforcement import Enforcement, enforce, enforced_a
 from fracpilot_actuator.kube.hami import fit_rule
 from fracpilot_actuator.kube.inventory import Inventory, PodInfo, last_change
 from fracpilot_actuator.kube.kai import (
-    KaiSettings,
     kai_fraction,
     kai_memory_mib,
     multi_device_refusal,
 )
 from fracpilot_actuator.kube.object_values import is_opted_out
 from fracpilot_actuator.kube.queues import Queue, queue_verdict
-from fracpilot_actuator.opt_in import Automation, OptInSettings, Selected, automation_of
+from fracpilot_actuator.opt_in import Automation, Selected, automation_of
+from fracpilot_actuator.settings import OptInSettings
 from fracpilot_libs.contracts import (
     FractionDecision,
     GpuSharing,
@@ -62,6 +62,7 @@ from fracpilot_libs.contracts import (
     PlanKind,
     WorkloadTarget,
 )
+from fracpilot_libs.kai import KaiSettings
 from fracpilot_libs.placement.planner import ResizePlan, WorkloadPlan, plan_workload
 
 

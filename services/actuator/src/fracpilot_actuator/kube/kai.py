@@ -5,10 +5,9 @@ Written from NVIDIA/KAI-scheduler v0.12.0 (Go module ``github.com/NVIDIA/KAI-sch
 paths below are upstream's.
 
 - Reservation pods: the binder puts them in ``--resource-reservation-namespace`` with the label
-  ``app=<--resource-reservation-app-label>``, both defaulting to ``kai-resource-reservation``
-  (``cmd/binder/app/options.go``, ``pkg/common/constants/constants.go``
-  ``DefaultResourceReservationName``, ``AppLabelName = "app"``); the scheduler tells them by
-  that label (``pkg/scheduler/api/pod_info/utility_pods.go`` ``IsResourceReservationTask``).
+  ``app=<--resource-reservation-app-label>`` (:class:`fracpilot_libs.kai.KaiSettings`, the
+  ``FRACPILOT_KAI_*`` settings the ingest reads too); the scheduler tells them by that label
+  (``pkg/scheduler/api/pod_info/utility_pods.go`` ``IsResourceReservationTask``).
 - Multi-device fraction pods: ``gpu-fraction-num-devices`` (``GpuFractionsNumDevices``) asks
   for that many GPUs, each with the pod's fraction or ``gpu-memory``
   (``pod_info.go`` ``updatePodAdditionalFields``); their groups are the labels
@@ -34,18 +33,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
-
-from pydantic import BaseModel, Field
+from typing import Any
 
 from fracpilot_actuator.kube.object_values import KAI_GROUP, as_api_dict, get_path
+from fracpilot_libs.kai import KAI_APP_LABEL, KaiSettings
 
 KAI_NUM_DEVICES = "gpu-fraction-num-devices"
 KAI_MULTI_GROUP_PREFIX = f"{KAI_GROUP}/"
-KAI_APP_LABEL = "app"  # constants.AppLabelName
-DEFAULT_RESERVATION = "kai-resource-reservation"  # constants.DefaultResourceReservationName
-DEFAULT_QUEUE_LABEL = "kai.scheduler/queue"  # constants.DefaultQueueLabel
-DEFAULT_QUEUE = "default-queue"  # pkg/podgrouper/podgrouper/plugins/constants DefaultQueueName
 
 BIND_REQUEST_GROUP, BIND_REQUEST_VERSION, BIND_REQUEST_PLURAL = (
     "scheduling.run.ai",
@@ -56,41 +50,6 @@ BIND_REQUEST_GROUP, BIND_REQUEST_VERSION, BIND_REQUEST_PLURAL = (
 PORTION_STEPS = 100  # gpuPortionsAsDecimalsRoundingFactor; GPU_PORTION "%.2f"
 MEMORY_FLOOR_MIB = 100  # getNodeGpuMemory floors the node's label to 100 MiB
 EPS = 1e-9
-
-QueueBound = Literal["limit", "quota"]
-
-
-class KaiSettings(BaseModel):
-    """``FRACPILOT_KAI_*``: how KAI-Scheduler is set up in the cluster (its binder's flags) and
-    how far an in-place upsize may take a KAI queue."""
-
-    reservation_namespace: str = Field(
-        default=DEFAULT_RESERVATION,
-        description="KAI binder's --resource-reservation-namespace (where its GPU reservation "
-        "pods are)",
-    )
-    reservation_app_label: str = Field(
-        default=DEFAULT_RESERVATION,
-        description="KAI's --resource-reservation-app-label: the value of the label app on "
-        "its reservation pods",
-    )
-    queue_label: str = Field(
-        default=DEFAULT_QUEUE_LABEL,
-        description="the label naming a workload's KAI queue (on the workload or its pods)",
-    )
-    default_queue: str = Field(
-        default=DEFAULT_QUEUE, description="the queue of workloads without the queue label"
-    )
-    queue_bound: QueueBound = Field(
-        default="limit",
-        description="how far an in-place upsize may take a KAI queue's GPUs: limit (its "
-        "spec.resources.gpu.limit; past it the upsize is only recommended) or quota (past the "
-        "quota but within the limit the pod is recreated, so KAI's own quota check admits it)",
-    )
-    read_queues: bool = Field(default=True, description="read KAI Queues for quota-aware upsizing")
-    read_bind_requests: bool = Field(
-        default=True, description="count pods on their KAI BindRequest's node before binding"
-    )
 
 
 def is_reservation(namespace: str, labels: Mapping[str, str], settings: KaiSettings) -> bool:

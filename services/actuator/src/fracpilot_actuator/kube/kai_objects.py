@@ -23,7 +23,6 @@ from fracpilot_actuator.kube.kai import (
     BIND_REQUEST_PLURAL,
     BIND_REQUEST_VERSION,
     BindTarget,
-    KaiSettings,
     bind_targets,
 )
 from fracpilot_actuator.kube.queues import (
@@ -33,6 +32,7 @@ from fracpilot_actuator.kube.queues import (
     Queue,
     parse_queues,
 )
+from fracpilot_libs.kai import KaiSettings
 
 log = logging.getLogger(__name__)
 

@@ -30,9 +30,10 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
-from fracpilot_actuator.kube.kai import KaiSettings, QueueBound, quota_portion
+from fracpilot_actuator.kube.kai import quota_portion
 from fracpilot_actuator.kube.object_values import as_api_dict, get_path
 from fracpilot_libs.contracts import PlanKind
+from fracpilot_libs.kai import KaiSettings, QueueBound
 from fracpilot_libs.placement.planner import WorkloadPlan
 
 QUEUE_GROUP, QUEUE_VERSION, QUEUE_PLURAL = "scheduling.run.ai", "v2", "queues"

@@ -1,29 +1,15 @@
-"""The Kubernetes backend's settings (the service builds them from its own, grouped ones)."""
+"""The Kubernetes backend's settings: one value the service builds from its groups
+(:mod:`fracpilot_actuator.settings`, where they are read from the environment), next to the
+backend that reads it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, Field
-
 from fracpilot_actuator.guardrails import GuardrailSettings
-from fracpilot_actuator.kube.kai import KaiSettings
-from fracpilot_actuator.opt_in import OptInSettings
-
-
-class EvictionSettings(BaseModel):
-    """``FRACPILOT_EVICTION_*``: how patiently an eviction a PDB refuses is tried again."""
-
-    attempts: int = Field(
-        default=8, ge=1, description="attempts of an eviction a PDB refuses (429) before failing"
-    )
-    backoff_s: float = Field(
-        default=1.0, gt=0, description="first wait between eviction attempts (doubles), seconds"
-    )
-    backoff_max_s: float = Field(
-        default=30.0, gt=0, description="longest wait between eviction attempts, seconds"
-    )
+from fracpilot_actuator.settings import EvictionSettings, OptInSettings
+from fracpilot_libs.kai import KaiSettings
 
 
 @dataclass(frozen=True)

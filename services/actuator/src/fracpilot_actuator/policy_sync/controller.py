@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 from fracpilot_actuator.metrics import PolicySyncMetrics
 from fracpilot_actuator.policy_sync.objects import PolicyObject
 from fracpilot_actuator.policy_sync.plan import SyncPlan, plan_sync, status_patch
-from fracpilot_actuator.policy_sync.settings import PolicySyncSettings
+from fracpilot_actuator.settings import PolicySyncSettings
 from fracpilot_libs.contracts import Policy, utcnow
 from fracpilot_libs.kube.client import in_thread
 from fracpilot_libs.kube.informer import Informer

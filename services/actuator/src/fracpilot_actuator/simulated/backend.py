@@ -11,7 +11,8 @@ from dataclasses import replace
 from datetime import datetime
 
 from fracpilot_actuator.actuation import Actuation
-from fracpilot_actuator.opt_in import Automation, OptInSettings, automation_of
+from fracpilot_actuator.opt_in import Automation, automation_of
+from fracpilot_actuator.settings import OptInSettings
 from fracpilot_actuator.simulated.cluster import SimulatedCluster
 from fracpilot_libs.contracts import FractionDecision, Outcome, PlanKind
 from fracpilot_libs.placement.planner import ResizePlan, plan_resize

@@ -1,7 +1,7 @@
-"""In-memory implementations of the ports in :mod:`fracpilot_actuator.stores.ports`.
-
-For tests, and for a backend that keeps its state in memory only (no NATS): what is put is
-what is got, nothing survives the process.
+"""In-memory implementations of the ports in :mod:`fracpilot_actuator.stores.ports`: production
+stores for running without NATS (the Kubernetes backend keeps its disruption history here when
+given no bucket), and the stores the tests use. What is put is what is got; nothing survives
+the process.
 """
 
 from __future__ import annotations

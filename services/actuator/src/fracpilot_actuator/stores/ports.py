@@ -6,8 +6,8 @@
   across restarts and leader changes;
 - :class:`AllocationStore`: where a workload's pod runs once an action is done, for ingest.
 
-The NATS KV adapters are in :mod:`fracpilot_actuator.stores.nats_kv`, in-memory fakes (for tests
-and for running without NATS) in :mod:`fracpilot_actuator.stores.memory`.
+The NATS KV adapters are in :mod:`fracpilot_actuator.stores.nats_kv`, in-memory stores (for
+running without NATS, and for tests) in :mod:`fracpilot_actuator.stores.memory`.
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ from factories import decision
 from fracpilot_actuator.guardrails import GuardrailSettings, GuardState
 from fracpilot_actuator.kube.inventory import build_inventory
 from fracpilot_actuator.kube.judge import ActuationPlan, ClusterView, Guards, Skip, judge
-from fracpilot_actuator.kube.kai import KaiSettings
 from fracpilot_actuator.kube.kai_objects import KaiReader
 from fracpilot_actuator.kube.queues import (
     Queue,
@@ -24,6 +23,7 @@ from fracpilot_actuator.kube.queues import (
     upsize_of,
 )
 from fracpilot_libs.contracts import FractionDecision, Outcome, PlanKind
+from fracpilot_libs.kai import KaiSettings
 from support.kube_objects import MEM_MIB, T0, kai, node, reservation
 
 UUID_A = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"

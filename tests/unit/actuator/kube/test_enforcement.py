@@ -30,7 +30,7 @@ from fracpilot_actuator.kube.enforcement import (
 from fracpilot_actuator.kube.inventory import PodInfo, build_inventory
 from fracpilot_actuator.kube.judge import ActuationPlan, ClusterView, Guards, Skip, judge
 from fracpilot_actuator.kube.settings import KubeBackendSettings
-from fracpilot_actuator.opt_in import OptInSettings
+from fracpilot_actuator.settings import OptInSettings
 from fracpilot_actuator.stores.memory import MemoryAllocationStore, MemoryTargetStore
 from fracpilot_libs.contracts import EnforcementMode, FractionDecision, Outcome, PlanKind
 from fracpilot_libs.placement.planner import ResizePlan

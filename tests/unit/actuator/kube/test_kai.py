@@ -23,7 +23,6 @@ from fracpilot_actuator.kube.inventory import Inventory, build_inventory
 from fracpilot_actuator.kube.judge import ActuationPlan, ClusterView, Guards, Skip, judge
 from fracpilot_actuator.kube.kai import (
     BindTarget,
-    KaiSettings,
     bind_targets,
     fraction_devices,
     gpu_portion,
@@ -34,6 +33,7 @@ from fracpilot_actuator.kube.kai import (
     quota_portion,
 )
 from fracpilot_libs.contracts import GpuSharing, Outcome, PlanKind
+from fracpilot_libs.kai import KaiSettings
 from support.kube_objects import MEM_MIB, T0, kai, node, pod, reservation
 
 UUID_A = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"

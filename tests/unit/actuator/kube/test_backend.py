@@ -16,8 +16,8 @@ from fracpilot_actuator.guardrails import GuardrailSettings
 from fracpilot_actuator.kube.api import KubeApi
 from fracpilot_actuator.kube.backend import KubernetesBackend
 from fracpilot_actuator.kube.errors import PermanentKubeError
-from fracpilot_actuator.kube.settings import EvictionSettings, KubeBackendSettings
-from fracpilot_actuator.opt_in import OptInSettings
+from fracpilot_actuator.kube.settings import KubeBackendSettings
+from fracpilot_actuator.settings import EvictionSettings, OptInSettings
 from fracpilot_actuator.stores.memory import (
     MemoryAllocationStore,
     MemoryDisruptionHistory,

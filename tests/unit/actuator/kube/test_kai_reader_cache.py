@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fracpilot_actuator.kube.kai import KaiSettings
 from fracpilot_actuator.kube.kai_objects import CachedKaiObjects, KaiReader
+from fracpilot_libs.kai import KaiSettings
 
 REQUEST = {
     "metadata": {"name": "chat-1", "namespace": "inference"},
