@@ -19,6 +19,9 @@ from pydantic import BaseModel, Field
 KAI_APP_LABEL = "app"  # constants.AppLabelName
 DEFAULT_RESERVATION = "kai-resource-reservation"  # constants.DefaultResourceReservationName
 DEFAULT_QUEUE_LABEL = "kai.scheduler/queue"  # constants.DefaultQueueLabel
+# KAI's nodescaleadjuster puts its scaling pods here; KAI creates no reservation pods while one
+# is pending (so fracpilot's placeholders never go there).
+SCALE_ADJUST_NAMESPACE = "kai-scale-adjust"
 DEFAULT_QUEUE = "default-queue"  # pkg/podgrouper/podgrouper/plugins/constants DefaultQueueName
 
 QueueBound = Literal["limit", "quota"]

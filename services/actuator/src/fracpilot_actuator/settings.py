@@ -20,8 +20,8 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator
 
 from fracpilot_actuator.guardrails import GuardrailSettings
-from fracpilot_actuator.kube.object_values import KAI_SCALE_ADJUST_NAMESPACE
 from fracpilot_libs.config import ServiceSettings
+from fracpilot_libs.kai import SCALE_ADJUST_NAMESPACE as KAI_SCALE_ADJUST_NAMESPACE
 from fracpilot_libs.kai import KaiSettings
 
 ClusterKind = Literal["simulated", "kubernetes"]

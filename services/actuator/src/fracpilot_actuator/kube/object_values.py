@@ -11,6 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from fracpilot_libs.kai import SCALE_ADJUST_NAMESPACE
+
 # --- names the backends and fracpilot use -----------------------------------------------------
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -22,9 +24,7 @@ KAI_MEMORY = "gpu-memory"
 KAI_GROUP = "runai-gpu-group"
 KAI_RESERVATION_NAMESPACE = "kai-resource-reservation"
 KAI_RESERVED_GPU = "run.ai/reserve_for_gpu_index"
-# KAI's nodescaleadjuster puts its scaling pods here; KAI creates no reservation pods while one
-# is pending (so fracpilot's placeholders never go there).
-KAI_SCALE_ADJUST_NAMESPACE = "kai-scale-adjust"
+KAI_SCALE_ADJUST_NAMESPACE = SCALE_ADJUST_NAMESPACE
 
 HAMI_ALLOCATED = "hami.io/vgpu-devices-allocated"
 HAMI_MEMORY = "nvidia.com/gpumem"

@@ -9,27 +9,49 @@ backend's ``report`` callback.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from fracpilot_actuator.kube.enforcement import NOT_ENFORCED, must_recreate
+from fracpilot_actuator.actuation import Report
+from fracpilot_actuator.guardrails import GuardState
+from fracpilot_actuator.kube.enforcement import NOT_ENFORCED, Enforcement, must_recreate
+from fracpilot_actuator.kube.executor import StepExecutor
 from fracpilot_actuator.kube.hami import fit_rule
 from fracpilot_actuator.kube.inventory import Inventory
-from fracpilot_actuator.kube.judge import actuation_of, memory_share_mib
+from fracpilot_actuator.kube.judge import ClusterView, actuation_of, memory_share_mib
 from fracpilot_actuator.kube.placeholders import PendingScaleUp
-from fracpilot_libs.contracts import GpuSharing, Outcome, PlanKind
+from fracpilot_actuator.kube.settings import KubeBackendSettings
+from fracpilot_libs.contracts import GpuSharing, Outcome, PlanKind, WorkloadRef
 from fracpilot_libs.placement.planner import ResizePlan, apply_pod_plan, plan_pod
 
-if TYPE_CHECKING:
-    from fracpilot_actuator.kube.backend import KubernetesBackend
-
 log = logging.getLogger(__name__)
+
+
+class ScaleUpHost(Protocol):
+    """What the scale-ups use of the backend that owns them (the backend imports this module,
+    so naming the backend's class here would be an import circle)."""
+
+    settings: KubeBackendSettings
+    executor: StepExecutor
+    guards: GuardState
+    report: Report
+
+    async def observe(self, workload: WorkloadRef) -> ClusterView: ...
+
+    async def publish_allocation(
+        self,
+        workload: WorkloadRef,
+        inventory: Inventory,
+        steps: tuple[ResizePlan, ...],
+        enforcement: Mapping[str, Enforcement] | None = None,
+    ) -> None: ...
 
 
 class ScaleUps:
     """The backend's waiting scale-ups, by workload key."""
 
-    def __init__(self, backend: KubernetesBackend) -> None:
+    def __init__(self, backend: ScaleUpHost) -> None:
         self.backend = backend
         self.pending: dict[str, PendingScaleUp] = {}
 
