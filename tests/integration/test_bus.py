@@ -41,7 +41,7 @@ async def test_declarations_are_idempotent_and_publishes_deduplicate(nats_url: s
     await bus.ensure_streams()  # a second service starting must not fail or reset anything
     kv1 = await bus.kv(subjects.POLICY_BUCKET)
     kv2 = await bus.kv(subjects.POLICY_BUCKET)
-    assert kv1._name == kv2._name == subjects.POLICY_BUCKET
+    assert kv1.name == kv2.name == subjects.POLICY_BUCKET
     s = sample()
     subject = subjects.usage_subject(s.workload)
     assert await bus.publish(subject, s, s.sample_id) is True

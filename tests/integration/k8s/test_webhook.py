@@ -29,7 +29,6 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry
 
 from fracpilot_actuator.admission import (
@@ -49,6 +48,7 @@ from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import GpuSharing, WorkloadRef, WorkloadTarget
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.bus import Bus
+from fracpilot_libs.nats.kv import KvBucket
 from helpers import reset_nats
 from helpers import wait_for as until
 from k8s_control_plane import _issue, _Issued, _write_cert, _write_key, wait_for
@@ -121,7 +121,7 @@ def target(
     )
 
 
-async def put(kv: KeyValue, value: WorkloadTarget) -> None:
+async def put(kv: KvBucket, value: WorkloadTarget) -> None:
     await kv.put(subjects.kv_key(value.workload), value.to_json())
 
 
@@ -129,7 +129,7 @@ async def put(kv: KeyValue, value: WorkloadTarget) -> None:
 class Webhook:
     server: WebhookServer
     cache: TargetCache
-    kv: KeyValue
+    kv: KvBucket
     registry: CollectorRegistry
 
     def count(self, outcome: str) -> float:

@@ -17,6 +17,7 @@ from fracpilot_ingest.sources.prometheus import CURSOR_KEY, PrometheusSource
 from fracpilot_ingest.sources.scrape import ScrapeSource, scrape_targets
 from fracpilot_ingest.sources.simulator import SimulatorSource, simulated_sample
 from fracpilot_libs.contracts import Allocation, Attribution
+from fracpilot_libs.nats.kv import KvEntry
 from fracpilot_libs.pricing import GpuPrices
 from fracpilot_libs.simulation.workloads import demo_workloads
 
@@ -27,12 +28,10 @@ class FakeKv:
     def __init__(self) -> None:
         self.values: dict[str, bytes] = {}
 
-    async def get(self, key: str) -> Any:
-        from nats.js.errors import KeyNotFoundError
-
+    async def get(self, key: str) -> KvEntry | None:
         if key not in self.values:
-            raise KeyNotFoundError
-        return type("Entry", (), {"value": self.values[key]})()
+            return None
+        return KvEntry(key, self.values[key], 1)
 
     async def put(self, key: str, value: bytes) -> int:
         self.values[key] = value

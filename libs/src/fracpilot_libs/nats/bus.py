@@ -17,7 +17,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.subscription import Subscription
@@ -26,12 +26,8 @@ from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
     DeliverPolicy,
-    KeyValueConfig,
     PubAck,
-    StorageType,
 )
-from nats.js.errors import BucketNotFoundError
-from nats.js.kv import KeyValue
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
@@ -40,7 +36,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.bus_metrics import BusMetrics, subject_prefix
-from fracpilot_libs.nats.connect import connect_options, open_connection
+from fracpilot_libs.nats.connect import client_options, connect_options, open_connection
 from fracpilot_libs.nats.consumer import (
     DurableConsumer,
     Handler,
@@ -51,6 +47,7 @@ from fracpilot_libs.nats.consumer import (
 from fracpilot_libs.nats.declare_retry import declare_patiently
 from fracpilot_libs.nats.decoding import DecodeError, ErrorKind, dead_letter_record, decode
 from fracpilot_libs.nats.errors import NatsUnreachableError, TransientNatsError
+from fracpilot_libs.nats.kv import KvBucket, open_kv
 from fracpilot_libs.nats.kv_snapshot import read_kv_watched
 from fracpilot_libs.nats.kv_watch import follow_kv
 from fracpilot_libs.nats.publish_retry import PublishRetryPolicy, retry_reason
@@ -63,7 +60,6 @@ from fracpilot_libs.nats.streams import (
     default_streams,
     ensure_streams,
     replicas_for,
-    set_replicas,
 )
 from fracpilot_libs.nats.usage_streams import ensure_usage_streams
 
@@ -210,13 +206,13 @@ class Bus:
     async def connect(self, retry_for_s: float = 60.0) -> None:
         """Connect, retrying with exponential backoff; afterwards nats-py reconnects forever."""
         s = self.settings
-        options: dict[str, Any] = {
-            "servers": [u.strip() for u in s.nats.url.split(",")],
-            "name": f"fracpilot-{self.service}",
-            "connect_timeout": s.nats.connect_timeout_s,
-            "max_reconnect_attempts": -1,
-            "reconnect_time_wait": 1,
-            "allow_reconnect": True,
+        options = client_options(
+            s,
+            connect_timeout_s=s.nats.connect_timeout_s,
+            keep_reconnecting=True,
+            name=f"fracpilot-{self.service}",
+        )
+        options |= {
             "error_cb": self._on_error,
             "disconnected_cb": self._on_disconnect,
             "reconnected_cb": self._on_reconnect,
@@ -310,11 +306,17 @@ class Bus:
 
         await declare_patiently(declare, "streams")
 
-    async def kv(self, bucket: str, history: int = 1) -> KeyValue:
+    async def kv(self, bucket: str, history: int = 1) -> KvBucket:
         """The bucket, made with :attr:`replicas` replicas, or raised to them once per
         connection when an earlier version made it with fewer."""
         return await declare_patiently(
-            lambda: open_bucket(self.js, bucket, history, self.replicas, self._replicated),
+            lambda: open_kv(
+                self.js,
+                bucket,
+                history=history,
+                replicas=self.replicas,
+                replicated=self._replicated,
+            ),
             f"bucket {bucket}",
         )
 
@@ -332,7 +334,7 @@ class Bus:
         (:func:`fracpilot_libs.nats.kv_watch.follow_kv`). The returned event is set once every
         value present at the start has been reported."""
         kv = await self.kv(bucket)
-        watcher = await kv.watchall()
+        watcher = await kv.watch_all()
         initial_done = asyncio.Event()
         follow = follow_kv(
             kv,
@@ -458,22 +460,3 @@ class Bus:
         task = asyncio.create_task(lag, name=f"lag-{durable}")
         self._tasks.append(task)
         return task
-
-
-async def open_bucket(
-    js: JetStreamContext, bucket: str, history: int, replicas: int, replicated: set[str]
-) -> KeyValue:
-    """The bucket, made with ``replicas`` replicas, or raised to them once (``replicated``
-    holds the buckets already raised on this connection)."""
-    try:
-        kv = await js.key_value(bucket)
-    except BucketNotFoundError:
-        return await js.create_key_value(
-            KeyValueConfig(
-                bucket=bucket, history=history, storage=StorageType.FILE, replicas=replicas
-            )
-        )
-    if bucket not in replicated:
-        await set_replicas(js, f"KV_{bucket}", replicas)
-        replicated.add(bucket)
-    return kv

@@ -76,6 +76,38 @@ def tls_context(settings: ServiceSettings) -> ssl.SSLContext | None:
     return context
 
 
+def server_urls(settings: ServiceSettings) -> list[str]:
+    """The servers of ``FRACPILOT_NATS_URL`` (comma-separated)."""
+    return [u.strip() for u in settings.nats.url.split(",")]
+
+
+def client_options(
+    settings: ServiceSettings,
+    *,
+    connect_timeout_s: float,
+    keep_reconnecting: bool,
+    name: str | None = None,
+) -> dict[str, Any]:
+    """nats-py ``connect`` options of a fracpilot connection, but for identity and TLS (which
+    :func:`open_connection` adds): a service's reconnects forever (``keep_reconnecting``), a
+    command's connects once and fails fast (each server tried twice)."""
+    options: dict[str, Any] = {
+        "servers": server_urls(settings),
+        "connect_timeout": connect_timeout_s,
+    }
+    if keep_reconnecting:
+        options |= {"max_reconnect_attempts": -1, "reconnect_time_wait": 1, "allow_reconnect": True}
+    else:  # each server twice, then give up
+        options |= {
+            "allow_reconnect": False,
+            "max_reconnect_attempts": 1,
+            "reconnect_time_wait": 0.1,
+        }
+    if name is not None:
+        options["name"] = name
+    return options
+
+
 def connect_options(settings: ServiceSettings) -> dict[str, Any]:
     """nats-py ``connect`` options for the configured identity and TLS (checked here)."""
     s = settings
@@ -216,16 +248,10 @@ async def connect_once(
     async def remember(exc: Exception) -> None:
         seen.append(exc)
 
-    options: dict[str, Any] = {
-        "servers": [u.strip() for u in settings.nats.url.split(",")],
-        "connect_timeout": timeout_s,
-        "allow_reconnect": False,
-        "max_reconnect_attempts": 1,  # each server twice, then give up
-        "reconnect_time_wait": 0.1,
-        "error_cb": remember,
-    }
-    if name is not None:
-        options["name"] = name
+    options = client_options(
+        settings, connect_timeout_s=timeout_s, keep_reconnecting=False, name=name
+    )
+    options["error_cb"] = remember
     try:
         return await open_connection(settings, **options)
     except NatsSecurityError:

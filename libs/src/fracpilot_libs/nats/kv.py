@@ -12,7 +12,7 @@ says the same things as values and fracpilot's own errors:
 
 Buckets are opened with :func:`open_kv` (made when missing, raised to the replica count when an
 earlier version made them with fewer). ``raw`` is for this package's own readers (snapshots,
-watches); nothing outside ``fracpilot_libs.nats`` touches it.
+watches, through :meth:`KvBucket.watch_all`); nothing outside ``fracpilot_libs.nats`` touches it.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import (
+    BadRequestError,
     BucketNotFoundError,
     KeyDeletedError,
     KeyNotFoundError,
@@ -39,6 +40,9 @@ from fracpilot_libs.nats.errors import TransientNatsError
 from fracpilot_libs.nats.streams import set_replicas
 
 log = logging.getLogger(__name__)
+
+# JSStreamWrongLastSequenceErrF, JSStreamWrongLastSequenceConstantErr
+_WRONG_LAST_SEQUENCE = (10071, 10164)
 
 
 class RevisionMismatchError(Exception):
@@ -102,10 +106,20 @@ class KvBucket:
         """Delete ``key`` (only at revision ``last`` when given)."""
         try:
             await self.raw.delete(key, last=last)
-        except KeyWrongLastSequenceError as exc:
+        except BadRequestError as exc:
+            # nats-py names a stale ``last`` KeyWrongLastSequenceError on update only; on a
+            # delete it is the server's bare 400 with the wrong-last-sequence codes.
+            if exc.err_code not in _WRONG_LAST_SEQUENCE:
+                raise
             raise RevisionMismatchError(f"{self.name}/{key} is past revision {last}") from exc
         except nats.errors.TimeoutError as exc:
             raise KvTimeoutError(f"KV delete {self.name}/{key}: no answer") from exc
+
+    async def watch_all(self, *, ignore_deletes: bool = False) -> KeyValue.KeyWatcher:
+        """A watcher of every key: each current value, then ``None`` once, then every change
+        (read by this package's followers and snapshots, :mod:`fracpilot_libs.nats.kv_watch`
+        and :mod:`fracpilot_libs.nats.kv_snapshot`)."""
+        return await self.raw.watchall(ignore_deletes=ignore_deletes)
 
     async def put_many(
         self, nc: NatsClient, items: list[tuple[str, bytes]], timeout_s: float
@@ -120,7 +134,12 @@ class KvBucket:
         all_in = asyncio.Event()
 
         async def on_ack(msg: Msg) -> None:
-            stored[int(msg.subject.rsplit(".", 1)[1])] = b'"error"' not in msg.data
+            # A publish acknowledgement is a JSON object; an error is one with "error", and
+            # "no responders" (no such bucket) an empty status message.
+            data = msg.data
+            stored[int(msg.subject.rsplit(".", 1)[1])] = (
+                data.startswith(b"{") and b'"error"' not in data
+            )
             if len(stored) == len(items):
                 all_in.set()
 
@@ -161,8 +180,11 @@ async def open_kv(
             config.ttl = ttl_s
         try:
             return KvBucket(await js.create_key_value(config), bucket)
-        except Exception:  # made by another replica meanwhile: open that one
-            return KvBucket(await js.key_value(bucket), bucket)
+        except Exception as exc:  # made by another replica meanwhile: open that one
+            try:
+                return KvBucket(await js.key_value(bucket), bucket)
+            except BucketNotFoundError:
+                raise exc from None  # not made at all: the creation's own error (retried?)
     if replicated is None or bucket not in replicated:
         await set_replicas(js, f"KV_{bucket}", replicas)
         if replicated is not None:

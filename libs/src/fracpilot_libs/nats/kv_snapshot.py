@@ -21,9 +21,9 @@ from datetime import UTC, datetime
 from nats.aio.client import Client as NatsClient
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
-from nats.js.kv import KeyValue
 
 from fracpilot_libs.nats.errors import TransientNatsError
+from fracpilot_libs.nats.kv import KvBucket
 from fracpilot_libs.nats.pull_feed import ConsumerGoneError, PullFeed
 from fracpilot_libs.nats.subjects import stream_position
 
@@ -181,11 +181,11 @@ async def read_kv(
     return values
 
 
-async def read_kv_watched(kv: KeyValue) -> dict[str, bytes]:
+async def read_kv_watched(kv: KvBucket) -> dict[str, bytes]:
     """Every current value of a KV bucket through a KV watch (deleted keys left out): for an
     identity allowed to watch a bucket but not to read its stream with a consumer of its own
     (the decision service and the policy bucket, deploy/nats/permissions.conf)."""
-    watcher = await kv.watchall(ignore_deletes=True)
+    watcher = await kv.watch_all(ignore_deletes=True)
     values: dict[str, bytes] = {}
     try:
         while (entry := await watcher.updates(timeout=5)) is not None:  # type: ignore[no-untyped-call]

@@ -9,18 +9,18 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.kv import KeyValue
 from pydantic import BaseModel
 
 from fracpilot_libs.nats.consumer import DeadLetterer
 from fracpilot_libs.nats.decoding import DecodeError, decode
+from fracpilot_libs.nats.kv import KvBucket
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
 
 
 async def follow_kv(
-    kv: KeyValue,
+    kv: KvBucket,
     watcher: Any,
     bucket: str,
     model: type[M],
@@ -45,7 +45,7 @@ async def follow_kv(
             with contextlib.suppress(Exception):
                 await watcher.stop()
             try:
-                watcher = await kv.watchall()
+                watcher = await kv.watch_all()
             except Exception as exc:
                 log.warning("KV watch not restarted yet", extra={"error": str(exc)})
                 await asyncio.sleep(0.5)

@@ -13,7 +13,6 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from nats.js.kv import KeyValue
 from opentelemetry.sdk.trace import SpanProcessor
 from prometheus_client import Counter
 
@@ -30,6 +29,7 @@ from fracpilot_actuator.stores.nats_kv import KvAllocationStore, KvDisruptionHis
 from fracpilot_actuator.webhook import WebhookServer, start_webhook
 from fracpilot_libs.contracts import FractionDecision
 from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.kv import KvBucket
 from fracpilot_libs.runtime import ServiceRuntime
 
 if TYPE_CHECKING:
@@ -162,7 +162,7 @@ class ActuatorService:
         )
         self.policy_sync.start()
 
-    async def _simulated_backend(self, claims: KeyValue) -> SimulatedBackend:
+    async def _simulated_backend(self, claims: KvBucket) -> SimulatedBackend:
         sim = self.settings.sim
         cluster = self.cluster = SimulatedCluster(
             claims,
@@ -180,7 +180,7 @@ class ActuatorService:
             cluster, lambda: cluster.load_or_seed(seed), self.settings.optin, sim.namespace_labels
         )
 
-    async def _kubernetes_backend(self, claims: KeyValue) -> ClusterBackend:
+    async def _kubernetes_backend(self, claims: KvBucket) -> ClusterBackend:
         from fracpilot_actuator.kube.api import ApiRetry, KubeApi, api_client
         from fracpilot_actuator.kube.backend import KubernetesBackend
         from fracpilot_actuator.kube.settings import KubeBackendSettings

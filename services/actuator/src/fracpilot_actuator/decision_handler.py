@@ -19,10 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from nats.aio.msg import Msg
-from nats.js.errors import KeyWrongLastSequenceError
-from nats.js.kv import KeyValue
-
 from fracpilot_actuator.actuation import Actuation, ClusterBackend
 from fracpilot_actuator.election.elector import LeaderElector
 from fracpilot_actuator.metrics import ActuatorMetrics
@@ -30,6 +26,8 @@ from fracpilot_actuator.settings import ActuatorSettings
 from fracpilot_libs.contracts import ActuationResult, FractionDecision, utcnow
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.bus import Bus
+from fracpilot_libs.nats.client_types import Msg
+from fracpilot_libs.nats.kv import KvBucket, RevisionMismatchError
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +45,7 @@ class DecisionHandler:
         self,
         settings: ActuatorSettings,
         bus: Bus,
-        claims: KeyValue,
+        claims: KvBucket,
         backend: ClusterBackend,
         metrics: ActuatorMetrics,
         elector: LeaderElector | None = None,
@@ -82,9 +80,11 @@ class DecisionHandler:
         try:
             await self.claims.create(key, b"started")
             return None
-        except KeyWrongLastSequenceError:
+        except RevisionMismatchError:
             entry = await self.claims.get(key)
-            return (entry.value or b"").decode()
+            if entry is None:  # deleted meanwhile: failed, the decision is delivered again
+                raise LookupError(f"claim {key} exists, then not") from None
+            return entry.value.decode()
 
     async def _handle(self, decision: FractionDecision) -> None:
         earlier = await self._claim(decision)

@@ -17,24 +17,20 @@ that workload starts afresh.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import re
 import time
 from collections.abc import AsyncIterator, Collection, Mapping
 
-from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
-from nats.js import JetStreamContext
-from nats.js.errors import KeyNotFoundError
-from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry
 
 from fracpilot_decision.metrics import CheckpointMetrics
 from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.client_types import NatsClient
+from fracpilot_libs.nats.declare_retry import declare_patiently
+from fracpilot_libs.nats.kv import KvBucket, open_kv
 from fracpilot_libs.nats.kv_snapshot import SnapshotStalledError, kv_chunks
-from fracpilot_libs.nats.streams import set_replicas
 from fracpilot_libs.sizing.state import WorkloadState, dump_state, load_state
 
 log = logging.getLogger(__name__)
@@ -60,35 +56,27 @@ class Checkpointer:
     def __init__(self, nc: NatsClient, registry: CollectorRegistry, replicas: int = 1) -> None:
         self.nc = nc
         self.replicas = replicas
-        self.js: JetStreamContext = nc.jetstream()
         self.bucket = subjects.DECISION_STATE_BUCKET
-        self._prefix = f"$KV.{self.bucket}."
+        self._kv: KvBucket | None = None
         self.metrics = CheckpointMetrics(registry)
         m = self.metrics
         self.written, self.write_failures = m.written, m.write_failures
         self.restored, self.corrupt = m.restored, m.corrupt
 
     async def open(self) -> None:
-        """Create the bucket if it does not exist yet."""
-        try:
-            await self.js.key_value(self.bucket)
-        except Exception:
-            from nats.js.api import KeyValueConfig, StorageType
+        """Open the bucket, made when missing and raised to :attr:`replicas`; a JetStream
+        election in the way is waited out (:func:`declare_patiently`), anything else raised:
+        a service that cannot checkpoint must not start."""
+        js = self.nc.jetstream()
+        self._kv = await declare_patiently(
+            lambda: open_kv(js, self.bucket, replicas=self.replicas), f"bucket {self.bucket}"
+        )
 
-            with contextlib.suppress(Exception):  # created by another replica meanwhile
-                await self.js.create_key_value(
-                    KeyValueConfig(
-                        bucket=self.bucket,
-                        history=1,
-                        storage=StorageType.FILE,
-                        replicas=self.replicas,
-                    )
-                )
-            return
-        await set_replicas(self.js, f"KV_{self.bucket}", self.replicas)
-
-    async def _kv(self) -> KeyValue:
-        return await self.js.key_value(self.bucket)
+    @property
+    def kv(self) -> KvBucket:
+        if self._kv is None:
+            raise RuntimeError("the checkpoint bucket is not opened (Checkpointer.open)")
+        return self._kv
 
     # --- marks ------------------------------------------------------------------------------
 
@@ -100,12 +88,11 @@ class Checkpointer:
         counted): the whole stream is delivered again rather than a sample lost (positions
         skip what is known)."""
         key = mark_key(partition)
-        try:
-            entry = await (await self._kv()).get(key)
-        except KeyNotFoundError:
+        entry = await self.kv.get(key)
+        if entry is None:
             return None
         try:
-            body = json.loads(entry.value or b"")
+            body = json.loads(entry.value)
             seq, made = body["seq"], body.get("stream")
             if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
                 raise ValueError(f"not a stream position: {seq!r}")
@@ -129,7 +116,7 @@ class Checkpointer:
         after those checkpoints are written), in the stream created at ``stream``. Raises
         when it is not stored."""
         body = json.dumps({"seq": seq, "at": time.time(), "stream": stream}).encode()
-        await (await self._kv()).put(mark_key(partition), body)
+        await self.kv.put(mark_key(partition), body)
 
     # --- writing ----------------------------------------------------------------------------
 
@@ -156,13 +143,13 @@ class Checkpointer:
                 continue
             batch.append((key, dump_state(state)))
             if len(batch) == CHECKPOINT_CHUNK:
-                lost = await self._put(batch)
+                lost = await self.kv.put_many(self.nc, batch, _ACK_TIMEOUT_S)
                 failed |= lost
                 written += len(batch) - len(lost)
                 batch = []
                 await asyncio.sleep(pause_s)  # at least a turn of the loop: never block it
         if batch:
-            lost = await self._put(batch)
+            lost = await self.kv.put_many(self.nc, batch, _ACK_TIMEOUT_S)
             failed |= lost
             written += len(batch) - len(lost)
         if invalid:
@@ -172,33 +159,6 @@ class Checkpointer:
             self.write_failures.inc(len(failed))
             log.warning("checkpoint writes failed", extra={"failed": len(failed)})
         return failed
-
-    async def _put(self, chunk: list[tuple[str, bytes]]) -> set[str]:
-        """KV puts as plain JetStream publishes, each with its own reply subject on one inbox
-        subscription: no future or task per write (what ``KeyValue.put`` costs), and a failed
-        write is still told apart. Returns the keys not acknowledged as stored."""
-        inbox = self.nc.new_inbox()
-        stored: dict[int, bool] = {}
-        all_in = asyncio.Event()
-
-        async def on_ack(msg: Msg) -> None:
-            stored[int(msg.subject.rsplit(".", 1)[1])] = b'"error"' not in msg.data
-            if len(stored) == len(chunk):
-                all_in.set()
-
-        sub = await self.nc.subscribe(f"{inbox}.*", cb=on_ack)
-        try:
-            for i, (key, data) in enumerate(chunk):
-                await self.nc.publish(self._prefix + key, data, reply=f"{inbox}.{i}")
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(_ACK_TIMEOUT_S):
-                    await all_in.wait()
-        except Exception as exc:  # the connection is down: whatever is not stored failed
-            log.warning("checkpoint writes failed", extra={"error": repr(exc)})
-        finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-        return {key for i, (key, _) in enumerate(chunk) if not stored.get(i)}
 
     # --- reading ----------------------------------------------------------------------------
 

@@ -15,7 +15,6 @@ import logging
 import time
 from collections.abc import Callable
 
-from nats.aio.msg import Msg
 from pydantic import ValidationError
 
 from fracpilot_decision.metrics import DecisionMetrics
@@ -24,6 +23,7 @@ from fracpilot_decision.routing import Route, left_behind_reason, misrouted_reas
 from fracpilot_libs.contracts import FractionDecision, Policy, UsageSample
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.bus import Bus
+from fracpilot_libs.nats.client_types import Msg
 from fracpilot_libs.nats.decoding import ErrorKind, classify
 from fracpilot_libs.nats.spans import process_span
 from fracpilot_libs.sizing.engine import decide

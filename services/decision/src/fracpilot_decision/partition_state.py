@@ -11,8 +11,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from nats.aio.msg import Msg
-
+from fracpilot_libs.nats.client_types import Msg
 from fracpilot_libs.nats.pull_feed import PullFeed
 from fracpilot_libs.sizing.state import WorkloadState
 

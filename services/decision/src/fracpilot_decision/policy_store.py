@@ -28,13 +28,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
-from nats.js.kv import KeyValue
-
 from fracpilot_libs.contracts import Policy, PolicyReply, PolicyScope
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.bus import Bus
 from fracpilot_libs.nats.decoding import DecodeError, ErrorKind, decode
+from fracpilot_libs.nats.kv import KvBucket, RevisionMismatchError
 from fracpilot_libs.sizing.policies import (
     next_revision,
     parse_scope,
@@ -61,7 +59,7 @@ class PolicyStore:
     def __init__(
         self,
         bus: Bus,
-        kv: KeyValue,
+        kv: KvBucket,
         default: Policy,
         on_stored: Callable[[str, Policy], None] | None = None,
     ) -> None:
@@ -91,12 +89,11 @@ class PolicyStore:
 
     async def _entry(self, key: str) -> tuple[Policy | None, int | None]:
         """The stored policy (None if absent or unreadable) and its KV revision (None: absent)."""
-        try:
-            entry = await self._kv.get(key)
-        except KeyNotFoundError:
+        entry = await self._kv.get(key)
+        if entry is None:
             return None, None
         try:
-            return decode(Policy, entry.value or b""), entry.revision
+            return decode(Policy, entry.value), entry.revision
         except DecodeError as exc:
             log.error(
                 "stored policy does not decode, ignoring it",
@@ -124,7 +121,7 @@ class PolicyStore:
                     await self._kv.create(key, stored.to_json())
                 else:
                     await self._kv.update(key, stored.to_json(), last=kv_revision)
-            except KeyWrongLastSequenceError:
+            except RevisionMismatchError:
                 continue  # another replica wrote it meanwhile: read again
             return stored
         raise PolicyConflictError(f"policy {key} changed {_CAS_ATTEMPTS} times during a set")

@@ -7,13 +7,12 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from nats.aio.msg import Msg
-
 from fracpilot_decision.checkpoints import Checkpointer
 from fracpilot_decision.consumers import PartitionConsumers
 from fracpilot_decision.deciding import Decider
 from fracpilot_decision.ownership import Ownership
 from fracpilot_decision.partition_state import Partition
+from fracpilot_libs.nats.client_types import Msg
 from fracpilot_libs.nats.pull_feed import ConsumerGoneError
 
 log = logging.getLogger(__name__)

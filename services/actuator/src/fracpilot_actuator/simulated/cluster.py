@@ -17,11 +17,9 @@ from __future__ import annotations
 import json
 import logging
 
-from nats.js.errors import KeyNotFoundError
-from nats.js.kv import KeyValue
-
 from fracpilot_libs.contracts import PlanKind, WorkloadRef, utcnow
 from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.kv import KvBucket
 from fracpilot_libs.placement.planner import (
     ClusterState,
     Placement,
@@ -78,7 +76,7 @@ def parse_seed_pods(spec: str, cluster: str) -> list[tuple[WorkloadRef, float]]:
 
 class SimulatedCluster:
     def __init__(
-        self, state_kv: KeyValue, allocation_kv: KeyValue, gpus_per_node: int, gpu_memory_bytes: int
+        self, state_kv: KvBucket, allocation_kv: KvBucket, gpus_per_node: int, gpu_memory_bytes: int
     ) -> None:
         self._state_kv = state_kv
         self._allocation_kv = allocation_kv
@@ -91,8 +89,8 @@ class SimulatedCluster:
         return decision_id in self.applied
 
     async def load_or_seed(self, seed: ClusterState) -> None:
-        try:
-            entry = await self._state_kv.get(STATE_KEY)
+        entry = await self._state_kv.get(STATE_KEY)
+        if entry is not None:
             body = json.loads(entry.value or b"{}")
             if "cluster" in body:
                 self.state = ClusterState.model_validate(body["cluster"])
@@ -100,7 +98,7 @@ class SimulatedCluster:
             else:  # written before the state carried the executed decisions
                 self.state = ClusterState.model_validate(body)
             log.info("simulated cluster restored", extra={"gpus": len(self.state.gpus)})
-        except KeyNotFoundError:
+        else:
             self.state = seed
             await self._save(None)
             log.info(

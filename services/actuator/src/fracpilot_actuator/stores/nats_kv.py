@@ -11,26 +11,26 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
-from nats.js.errors import KeyNotFoundError
-from nats.js.kv import KeyValue
-
 from fracpilot_actuator.guardrails import Disruption
 from fracpilot_actuator.stores.ports import UnreadableHistoryError
 from fracpilot_libs.contracts import Allocation, WorkloadRef, WorkloadTarget
 from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.kv import KvBucket
 
 DISRUPTIONS_KEY = "guardrails.disruptions"  # in the state bucket: recent disruptive actions
 
 
 class KvTargetStore:
-    def __init__(self, kv: KeyValue) -> None:
+    def __init__(self, kv: KvBucket) -> None:
         self.kv = kv
 
     async def get(self, workload: WorkloadRef) -> WorkloadTarget | None:
+        entry = await self.kv.get(subjects.kv_key(workload))
+        if entry is None:
+            return None
         try:
-            entry = await self.kv.get(subjects.kv_key(workload))
-            return WorkloadTarget.model_validate_json(entry.value or b"")
-        except (KeyNotFoundError, ValueError):
+            return WorkloadTarget.model_validate_json(entry.value)
+        except ValueError:
             return None
 
     async def put(self, target: WorkloadTarget) -> None:
@@ -38,13 +38,12 @@ class KvTargetStore:
 
 
 class KvDisruptionHistory:
-    def __init__(self, kv: KeyValue) -> None:
+    def __init__(self, kv: KvBucket) -> None:
         self.kv = kv
 
     async def load(self) -> tuple[Disruption, ...] | None:
-        try:
-            entry = await self.kv.get(DISRUPTIONS_KEY)
-        except KeyNotFoundError:
+        entry = await self.kv.get(DISRUPTIONS_KEY)
+        if entry is None:
             return None
         try:
             return tuple(
@@ -63,7 +62,7 @@ class KvDisruptionHistory:
 
 
 class KvAllocationStore:
-    def __init__(self, kv: KeyValue) -> None:
+    def __init__(self, kv: KvBucket) -> None:
         self.kv = kv
 
     async def put(self, allocation: Allocation) -> None:

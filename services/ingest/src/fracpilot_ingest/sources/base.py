@@ -14,12 +14,11 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from nats.js.kv import KeyValue
-
 from fracpilot_ingest.attribution import MetricPoint
 from fracpilot_ingest.metrics import IngestMetrics
 from fracpilot_ingest.samples import PublishedSeries
 from fracpilot_libs.contracts import Allocation, UsageSample
+from fracpilot_libs.nats.kv import KvBucket
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,4 +58,4 @@ class SourceContext:
     metric_names: Sequence[str]  # the metrics the mapping table reads
     published_series: PublishedSeries
     allocations: Mapping[str, Allocation]  # by workload key, kept current by the service
-    state: Callable[[], Awaitable[KeyValue]]  # the ingest state bucket (cursors)
+    state: Callable[[], Awaitable[KvBucket]]  # the ingest state bucket (cursors)

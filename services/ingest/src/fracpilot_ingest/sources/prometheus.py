@@ -20,8 +20,6 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from nats.js.errors import KeyNotFoundError
-from nats.js.kv import KeyValue
 from prometheus_api_client import PrometheusConnect
 from urllib3.util.retry import Retry
 
@@ -29,6 +27,7 @@ from fracpilot_ingest.attribution import MetricPoint
 from fracpilot_ingest.settings import PrometheusSettings
 from fracpilot_ingest.sources.base import Reading, SourceContext
 from fracpilot_ingest.sources.http_auth import prometheus_session
+from fracpilot_libs.nats.kv import KvBucket
 
 log = logging.getLogger(__name__)
 MAX_POINTS_PER_QUERY = 10_000
@@ -167,7 +166,7 @@ class PrometheusSource:
         self.client = RangeQueryClient(settings, context.metric_names, interval_s)
         self.cursor = 0.0  # the last instant published
         self._end = 0.0  # the last instant asked for
-        self._kv: KeyValue | None = None
+        self._kv: KvBucket | None = None
 
     async def open(self) -> None:
         self._kv = await self.context.state()
@@ -212,13 +211,12 @@ class PrometheusSource:
         return max(0.05, self._end + self.interval_s - time.time())
 
 
-async def _read_cursor(kv: KeyValue) -> float | None:
-    try:
-        entry = await kv.get(CURSOR_KEY)
-    except KeyNotFoundError:
+async def _read_cursor(kv: KvBucket) -> float | None:
+    entry = await kv.get(CURSOR_KEY)
+    if entry is None:
         return None
     try:
-        return float((entry.value or b"").decode())
+        return float(entry.value.decode())
     except ValueError:
         log.error("ingest cursor is corrupt; back-filling again")
         return None
