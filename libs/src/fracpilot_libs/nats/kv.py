@@ -7,8 +7,12 @@ says the same things as values and fracpilot's own errors:
 - :meth:`KvBucket.get` returns a :class:`KvEntry` or ``None`` (absent, deleted or purged);
 - :meth:`KvBucket.create` and :meth:`KvBucket.update` raise :class:`RevisionMismatchError`
   when someone else wrote first (compare-and-set), and only then;
-- a server that does not answer raises :class:`~fracpilot_libs.nats.errors.TransientNatsError`
-  (``KvTimeoutError``), so a caller retries or gives up by type, never by inspecting nats-py.
+- every other failure is fracpilot's: a server that does not answer raises
+  :class:`KvTimeoutError`, one that is restarting or electing a leader ("no responders", 503,
+  a reconnecting connection) another
+  :class:`~fracpilot_libs.nats.errors.TransientNatsError`, anything else a
+  :class:`~fracpilot_libs.nats.errors.PermanentNatsError`; so a caller retries or gives up by
+  type, never by inspecting nats-py.
 
 Buckets are opened with :func:`open_kv` (made when missing, raised to the replica count when an
 earlier version made them with fewer). ``raw`` is for this package's own readers (snapshots,
@@ -20,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import nats.errors
@@ -36,7 +41,11 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
-from fracpilot_libs.nats.errors import TransientNatsError
+from fracpilot_libs.nats.errors import (
+    TRANSIENT_CLIENT_ERRORS,
+    PermanentNatsError,
+    TransientNatsError,
+)
 from fracpilot_libs.nats.streams import set_replicas
 
 log = logging.getLogger(__name__)
@@ -51,6 +60,19 @@ class RevisionMismatchError(Exception):
 
 class KvTimeoutError(TransientNatsError):
     """The bucket's server did not answer in time (a leader moving, a server restarting)."""
+
+
+@contextlib.contextmanager
+def fracpilot_errors(what: str) -> Iterator[None]:
+    """nats-py's errors raised inside as fracpilot's (see the module's docstring)."""
+    try:
+        yield
+    except nats.errors.TimeoutError as exc:
+        raise KvTimeoutError(f"{what}: no answer") from exc
+    except TRANSIENT_CLIENT_ERRORS as exc:
+        raise TransientNatsError(f"{what}: {exc!r}") from exc
+    except nats.errors.Error as exc:
+        raise PermanentNatsError(f"{what}: {exc!r}") from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,58 +90,53 @@ class KvBucket:
         self.name = name
 
     async def get(self, key: str) -> KvEntry | None:
-        try:
-            entry = await self.raw.get(key)
-        except (KeyNotFoundError, KeyDeletedError):
-            return None
-        except nats.errors.TimeoutError as exc:
-            raise KvTimeoutError(f"KV get {self.name}/{key}: no answer") from exc
+        with fracpilot_errors(f"KV get {self.name}/{key}"):
+            try:
+                entry = await self.raw.get(key)
+            except (KeyNotFoundError, KeyDeletedError):
+                return None
         if entry.value is None or entry.operation in ("DEL", "PURGE"):
             return None
         return KvEntry(key, entry.value, entry.revision or 0)
 
     async def put(self, key: str, value: bytes) -> int:
-        try:
+        with fracpilot_errors(f"KV put {self.name}/{key}"):
             return await self.raw.put(key, value)
-        except nats.errors.TimeoutError as exc:
-            raise KvTimeoutError(f"KV put {self.name}/{key}: no answer") from exc
 
     async def create(self, key: str, value: bytes) -> int:
         """Write ``key`` only if it holds nothing (absent or deleted); its revision."""
-        try:
-            return await self.raw.create(key, value)
-        except KeyWrongLastSequenceError as exc:
-            raise RevisionMismatchError(f"{self.name}/{key} exists") from exc
-        except nats.errors.TimeoutError as exc:
-            raise KvTimeoutError(f"KV create {self.name}/{key}: no answer") from exc
+        with fracpilot_errors(f"KV create {self.name}/{key}"):
+            try:
+                return await self.raw.create(key, value)
+            except KeyWrongLastSequenceError as exc:
+                raise RevisionMismatchError(f"{self.name}/{key} exists") from exc
 
     async def update(self, key: str, value: bytes, last: int) -> int:
         """Write ``key`` only if its revision is still ``last``; the new revision."""
-        try:
-            return await self.raw.update(key, value, last=last)
-        except KeyWrongLastSequenceError as exc:
-            raise RevisionMismatchError(f"{self.name}/{key} is past revision {last}") from exc
-        except nats.errors.TimeoutError as exc:
-            raise KvTimeoutError(f"KV update {self.name}/{key}: no answer") from exc
+        with fracpilot_errors(f"KV update {self.name}/{key}"):
+            try:
+                return await self.raw.update(key, value, last=last)
+            except KeyWrongLastSequenceError as exc:
+                raise RevisionMismatchError(f"{self.name}/{key} is past revision {last}") from exc
 
     async def delete(self, key: str, last: int | None = None) -> None:
         """Delete ``key`` (only at revision ``last`` when given)."""
-        try:
-            await self.raw.delete(key, last=last)
-        except BadRequestError as exc:
-            # nats-py names a stale ``last`` KeyWrongLastSequenceError on update only; on a
-            # delete it is the server's bare 400 with the wrong-last-sequence codes.
-            if exc.err_code not in _WRONG_LAST_SEQUENCE:
-                raise
-            raise RevisionMismatchError(f"{self.name}/{key} is past revision {last}") from exc
-        except nats.errors.TimeoutError as exc:
-            raise KvTimeoutError(f"KV delete {self.name}/{key}: no answer") from exc
+        with fracpilot_errors(f"KV delete {self.name}/{key}"):
+            try:
+                await self.raw.delete(key, last=last)
+            except BadRequestError as exc:
+                # nats-py names a stale ``last`` KeyWrongLastSequenceError on update only; on a
+                # delete it is the server's bare 400 with the wrong-last-sequence codes.
+                if exc.err_code not in _WRONG_LAST_SEQUENCE:
+                    raise
+                raise RevisionMismatchError(f"{self.name}/{key} is past revision {last}") from exc
 
     async def watch_all(self, *, ignore_deletes: bool = False) -> KeyValue.KeyWatcher:
         """A watcher of every key: each current value, then ``None`` once, then every change
         (read by this package's followers and snapshots, :mod:`fracpilot_libs.nats.kv_watch`
         and :mod:`fracpilot_libs.nats.kv_snapshot`)."""
-        return await self.raw.watchall(ignore_deletes=ignore_deletes)
+        with fracpilot_errors(f"KV watch {self.name}"):
+            return await self.raw.watchall(ignore_deletes=ignore_deletes)
 
     async def put_many(
         self, nc: NatsClient, items: list[tuple[str, bytes]], timeout_s: float

@@ -8,11 +8,6 @@ What this module adds to :mod:`fracpilot_libs.nats.kv`:
   bound to a JetStream context whose writes wait ``io_timeout_s`` for their ack, not nats-py's
   5 s: a write sent while the bucket has no leader is never answered, and the wait is how late
   the holder notices the new leader;
-- :class:`LeaseBucket`: a :class:`~fracpilot_libs.nats.kv.KvBucket` whose every failure is a
-  fracpilot error. ``KvBucket`` turns a timeout into ``KvTimeoutError``; a KV leader moving
-  also answers "no responders" or 503, and a closing connection raises its own error, which
-  here become :class:`~fracpilot_libs.nats.errors.TransientNatsError` or
-  :class:`~fracpilot_libs.nats.errors.PermanentNatsError`, so a lease holder decides by type;
 - :func:`read_lease_bucket`: every live key with its revision, one snapshot;
 - :class:`KeyWatch`: every change from now on, a deletion told apart.
 """
@@ -22,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import nats.errors
@@ -31,56 +25,11 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
-from fracpilot_libs.nats.errors import (
-    TRANSIENT_CLIENT_ERRORS,
-    PermanentNatsError,
-    TransientNatsError,
-)
-from fracpilot_libs.nats.kv import KvBucket, KvEntry, KvTimeoutError
+from fracpilot_libs.nats.kv import KvBucket, KvEntry, KvTimeoutError, fracpilot_errors
 from fracpilot_libs.nats.kv_snapshot import read_kv
 from fracpilot_libs.nats.streams import set_replicas
 
 log = logging.getLogger(__name__)
-
-# The connection, named for the services' signatures (they import no nats).
-NatsClient = Client
-
-
-@contextlib.contextmanager
-def _nats_errors(what: str) -> Iterator[None]:
-    """nats-py's errors as fracpilot's: transient where retrying may help, else permanent."""
-    try:
-        yield
-    except TRANSIENT_CLIENT_ERRORS as exc:
-        raise TransientNatsError(f"{what}: {exc!r}") from exc
-    except nats.errors.Error as exc:
-        raise PermanentNatsError(f"{what}: {exc!r}") from exc
-
-
-class LeaseBucket(KvBucket):
-    """A :class:`KvBucket` raising only fracpilot errors: ``RevisionMismatchError`` for a
-    compare-and-set lost, :class:`TransientNatsError` (``KvTimeoutError`` among them) or
-    :class:`PermanentNatsError` for NATS trouble."""
-
-    async def get(self, key: str) -> KvEntry | None:
-        with _nats_errors(f"KV get {self.name}/{key}"):
-            return await super().get(key)
-
-    async def put(self, key: str, value: bytes) -> int:
-        with _nats_errors(f"KV put {self.name}/{key}"):
-            return await super().put(key, value)
-
-    async def create(self, key: str, value: bytes) -> int:
-        with _nats_errors(f"KV create {self.name}/{key}"):
-            return await super().create(key, value)
-
-    async def update(self, key: str, value: bytes, last: int) -> int:
-        with _nats_errors(f"KV update {self.name}/{key}"):
-            return await super().update(key, value, last)
-
-    async def delete(self, key: str, last: int | None = None) -> None:
-        with _nats_errors(f"KV delete {self.name}/{key}"):
-            await super().delete(key, last)
 
 
 async def open_lease_bucket(
@@ -91,7 +40,7 @@ async def open_lease_bucket(
     replicas: int,
     io_timeout_s: float,
     description: str = "",
-) -> LeaseBucket:
+) -> KvBucket:
     """The bucket, made with ``ttl_s`` as its TTL (or that TTL set on an existing one), bound
     to a JetStream context whose reads and writes wait no longer than ``io_timeout_s`` for
     their answer (the set-up keeps nats-py's timeout). A failure is nats-py's: the caller is
@@ -127,7 +76,7 @@ async def open_lease_bucket(
         js=nc.jetstream(timeout=io_timeout_s),
         direct=bool(info.config.allow_direct),
     )
-    return LeaseBucket(raw, bucket)
+    return KvBucket(raw, bucket)
 
 
 async def read_lease_bucket(
@@ -138,7 +87,7 @@ async def read_lease_bucket(
     watch waits for a moment with nothing pending, which a busy bucket may not have). Raises
     :class:`KvTimeoutError` when the read takes longer than ``timeout_s``, another
     :class:`~fracpilot_libs.nats.errors.NatsError` for other NATS trouble."""
-    with _nats_errors(f"reading {bucket}"):
+    with fracpilot_errors(f"reading {bucket}"):
         try:
             async with asyncio.timeout(timeout_s):
                 entries = await read_kv(nc, bucket, name_prefix=name_prefix)
@@ -166,13 +115,13 @@ class KeyWatch:
     async def start(cls, bucket: KvBucket) -> KeyWatch:
         """Raises :class:`~fracpilot_libs.nats.errors.NatsError` when the server refuses or
         does not answer."""
-        with _nats_errors(f"watching {bucket.name}"):
+        with fracpilot_errors(f"watching {bucket.name}"):
             return cls(await bucket.raw.watchall(include_history=False), bucket.name)
 
     async def next_change(self, timeout_s: float) -> KeyChange | None:
         """The next change; ``None`` when none came within ``timeout_s`` (or at the end of
         the current values)."""
-        with _nats_errors(f"watching {self._bucket}"):
+        with fracpilot_errors(f"watching {self._bucket}"):
             try:
                 entry = await self._watcher.updates(timeout=timeout_s)  # type: ignore[no-untyped-call]
             except nats.errors.TimeoutError:

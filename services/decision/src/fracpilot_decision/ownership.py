@@ -56,15 +56,10 @@ from fracpilot_decision.partition_leases import (
 )
 from fracpilot_decision.partitions import Moves
 from fracpilot_decision.settings import PartitionLeaseSettings
+from fracpilot_libs.nats.client_types import NatsClient
 from fracpilot_libs.nats.errors import NatsError
 from fracpilot_libs.nats.kv import KvBucket, RevisionMismatchError
-from fracpilot_libs.nats.lease_bucket import (
-    KeyWatch,
-    LeaseBucket,
-    NatsClient,
-    open_lease_bucket,
-    read_lease_bucket,
-)
+from fracpilot_libs.nats.lease_bucket import KeyWatch, open_lease_bucket, read_lease_bucket
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +174,7 @@ class Ownership:
         self.timing = LeaseTiming(lease.lease_s)
         self.bucket = bucket
         self.metrics = OwnershipMetrics(registry)
-        self.kv: LeaseBucket | None = None
+        self.kv: KvBucket | None = None
         self.book = LeaseBook(self.timing)  # deadlines on time.monotonic()
         self._lock = asyncio.Lock()  # one round (or the leave) at a time
         # A renewal and a release of the same lease never cross.
@@ -215,7 +210,7 @@ class Ownership:
             description="decision replicas and their usage-partition leases",
         )
 
-    def _kv(self) -> LeaseBucket:
+    def _kv(self) -> KvBucket:
         if self.kv is None:
             raise RuntimeError("ownership is not open")
         return self.kv
