@@ -69,8 +69,9 @@ import uuid as uuidlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
 from typing import Literal, Self
+
+from support.serving_thread import ServingThread
 
 __all__ = [
     "MIB",
@@ -859,13 +860,7 @@ class GpuTestExporter:
         self._server.exporter = self
         self.host = host
         self.port = int(self._server.server_address[1])
-        self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.1},
-            name=f"gpu-test-exporter-{self.port}",
-            daemon=True,
-        )
-        self._thread.start()
+        self._serving = ServingThread(self._server, f"gpu-test-exporter-{self.port}", 0.1)
 
     @property
     def address(self) -> str:
@@ -950,17 +945,10 @@ class GpuTestExporter:
                 self._cond.wait(remaining)
 
     def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(5)
+        self._serving.close()
 
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -23,13 +23,14 @@ import urllib.request
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import TracebackType
 from typing import Self
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from support.serving_thread import ServingThread
 
 __all__ = ["BearerTokenProxy", "TlsFiles", "make_tls_files"]
 
@@ -169,8 +170,7 @@ class BearerTokenProxy:
             self._server.socket, server_side=True
         )
         self.url = f"https://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
+        self._serving = ServingThread(self._server, f"bearer-token-proxy-{self.url}")
 
     def count(self, *, refused: bool) -> None:
         with self._lock:
@@ -180,17 +180,10 @@ class BearerTokenProxy:
                 self.accepted += 1
 
     def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(5)
+        self._serving.close()
 
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -1,0 +1,36 @@
+"""An in-process server (an ``http.server`` one, say) answering from a daemon thread, for the
+test servers that run inside the test process: :meth:`ServingThread.close` stops it and frees
+its port."""
+
+from __future__ import annotations
+
+import socketserver
+import threading
+from typing import Self
+
+
+class ServingThread:
+    """``server.serve_forever()`` in a daemon thread, from construction until :meth:`close`."""
+
+    def __init__(
+        self, server: socketserver.BaseServer, name: str, poll_interval: float = 0.5
+    ) -> None:
+        self.server = server
+        self._thread = threading.Thread(
+            target=server.serve_forever,
+            kwargs={"poll_interval": poll_interval},
+            name=name,
+            daemon=True,
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(5)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
