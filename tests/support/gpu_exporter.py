@@ -68,10 +68,10 @@ import time
 import uuid as uuidlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Literal, Self
 
-from support.serving_thread import ServingThread
+from support.serving_thread import QuietHandler, ServingThread
 
 __all__ = [
     "MIB",
@@ -825,23 +825,16 @@ class _Server(ThreadingHTTPServer):
     exporter: GpuTestExporter
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(QuietHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
 
-    def do_GET(self) -> None:
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
         path = self.path.split("?", 1)[0]
         status, body, delay = self.server.exporter._serve(path)
         if delay:
             time.sleep(delay)
-        self.send_response(status)
-        self.send_header("Content-Type", CONTENT_TYPE if status == 200 else "text/plain")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+        self.answer(status, body, CONTENT_TYPE if status == 200 else "text/plain")
 
 
 class GpuTestExporter:

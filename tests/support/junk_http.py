@@ -3,9 +3,9 @@ of the bodies it was given (garbage, partial or huge exposition text), in turn."
 
 from __future__ import annotations
 
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
-from support.serving_thread import ServingThread
+from support.serving_thread import QuietHandler, ServingThread
 
 
 class JunkHttpServer:
@@ -14,18 +14,11 @@ class JunkHttpServer:
         self.served = 0
         owner = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
+        class Handler(QuietHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 body = owner.bodies[owner.served % len(owner.bodies)]
                 owner.served += 1
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: object) -> None:  # quiet
-                return
+                self.answer(200, body, "text/plain; version=0.0.4")
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._serving: ServingThread | None = None

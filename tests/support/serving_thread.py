@@ -1,12 +1,27 @@
 """An in-process server (an ``http.server`` one, say) answering from a daemon thread, for the
 test servers that run inside the test process: :meth:`ServingThread.close` stops it and frees
-its port."""
+its port. :class:`QuietHandler` is their request handler's base."""
 
 from __future__ import annotations
 
 import socketserver
 import threading
+from http.server import BaseHTTPRequestHandler
 from typing import Self
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """A request handler that logs nothing (pytest shows stderr) and answers in one call."""
+
+    def answer(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
 
 
 class ServingThread:
