@@ -69,7 +69,7 @@ import uuid as uuidlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
-from typing import Literal, Self
+from typing import Literal
 
 from support.serving_thread import QuietHandler, ServingThread
 
@@ -837,7 +837,7 @@ class _Handler(QuietHandler):
         self.answer(status, body, CONTENT_TYPE if status == 200 else "text/plain")
 
 
-class GpuTestExporter:
+class GpuTestExporter(ServingThread):
     """A threaded HTTP server on a free loopback port serving metrics text per path.
 
     ``set_metrics(text_or_exposition, path="/metrics")`` replaces what ``path`` serves; several
@@ -853,7 +853,7 @@ class GpuTestExporter:
         self._server.exporter = self
         self.host = host
         self.port = int(self._server.server_address[1])
-        self._serving = ServingThread(self._server, f"gpu-test-exporter-{self.port}", 0.1)
+        super().__init__(self._server, f"gpu-test-exporter-{self.port}", 0.1)
 
     @property
     def address(self) -> str:
@@ -936,12 +936,3 @@ class GpuTestExporter:
                 if remaining <= 0:
                     raise TimeoutError(f"{path}: fewer than {count} scrapes within {timeout}s")
                 self._cond.wait(remaining)
-
-    def close(self) -> None:
-        self._serving.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

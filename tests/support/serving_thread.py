@@ -1,6 +1,6 @@
 """An in-process server (an ``http.server`` one, say) answering from a daemon thread, for the
 test servers that run inside the test process: :meth:`ServingThread.close` stops it and frees
-its port. :class:`QuietHandler` is their request handler's base."""
+its port; the test servers subclass it. :class:`QuietHandler` is their request handler's base."""
 
 from __future__ import annotations
 

@@ -23,7 +23,6 @@ import urllib.request
 from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
 from pathlib import Path
-from typing import Self
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -143,7 +142,7 @@ class _Handler(QuietHandler):
         self._forward()
 
 
-class BearerTokenProxy:
+class BearerTokenProxy(ServingThread):
     """HTTPS on a free loopback port, checking a bearer token, forwarding to ``upstream``."""
 
     def __init__(self, upstream: str, tls: TlsFiles, token: str) -> None:
@@ -160,7 +159,7 @@ class BearerTokenProxy:
             self._server.socket, server_side=True
         )
         self.url = f"https://127.0.0.1:{self._server.server_address[1]}"
-        self._serving = ServingThread(self._server, f"bearer-token-proxy-{self.url}")
+        super().__init__(self._server, f"bearer-token-proxy-{self.url}")
 
     def count(self, *, refused: bool) -> None:
         with self._lock:
@@ -168,12 +167,3 @@ class BearerTokenProxy:
                 self.refused += 1
             else:
                 self.accepted += 1
-
-    def close(self) -> None:
-        self._serving.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
