@@ -126,6 +126,7 @@ class ServerProcess:
         self.log_path = log_path
         self.process_group = process_group
         self.proc: subprocess.Popen[bytes] | None = None
+        self._output_from = 0  # where the last start's output begins in the log, after its header
 
     @property
     def running(self) -> bool:
@@ -152,6 +153,7 @@ class ServerProcess:
         with self.log_path.open("ab") as log:
             log.write(f"--- {time.strftime('%H:%M:%S')} start: {list(argv)}\n".encode())
             log.flush()
+            self._output_from = log.tell()
             self.proc = subprocess.Popen(
                 list(argv),
                 stdin=subprocess.DEVNULL,
@@ -192,9 +194,9 @@ class ServerProcess:
         )
 
     def wait_for_log(self, text: str, *, timeout: float) -> None:
-        """Wait until the log contains ``text``."""
+        """Wait until the program has written ``text`` since it was last started."""
         self.wait_until(
-            lambda: True if text in self.log_text() else None,
+            lambda: True if text in self.output() else None,
             timeout=timeout,
             what=f"to log {text!r}",
         )
@@ -228,6 +230,15 @@ class ServerProcess:
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def output(self) -> str:
+        """What the program wrote since it was last started (not the header naming its
+        command line, nor an earlier run's)."""
+        if not self.log_path.exists():
+            return ""
+        with self.log_path.open("rb") as log:
+            log.seek(self._output_from)
+            return log.read().decode(errors="replace")
 
     def log_tail(self, lines: int = 30) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
