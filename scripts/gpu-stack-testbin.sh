@@ -31,10 +31,10 @@ CA_VERSION=v0.0.0-20250613073258-1959f5f61f6c     # the only CA version served w
 CA_APIS_VERSION=v0.0.0-20240627115740-d52e4b9665d7 # the only CA apis version served
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 WRAPPERS=$HERE/gpu-stack
-log() { printf 'gpu-stack-testbin: %s\n' "$*" >&2; }
-now() { date +%s.%N; }
-since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1fs", b - a }'; }
-T0=$(now)
+TESTBIN_NAME=gpu-stack-testbin
+# log, now, since, T0 and exit_if_cached:
+# shellcheck source=scripts/testbin-lib.sh
+source "$HERE/testbin-lib.sh"
 
 # kube-scheduler/kube-controller-manager follow the apiserver's version (FRACPILOT_K8S_VERSION).
 K8S_BIN=$(bash "$HERE/k8s-testbin.sh") || { log "scripts/k8s-testbin.sh failed (see above)"; exit 1; }
@@ -67,23 +67,7 @@ up_to_date() {
   [ "$("$BIN/kube-controller-manager" --version 2>/dev/null)" = "Kubernetes $K8S_VERSION" ] || return 1
 }
 
-mkdir -p "$ROOT"
-if up_to_date; then
-  log "cached in $BIN ($(since "$T0"))"
-  echo "$BIN"
-  exit 0
-fi
-
-# One build at a time per cache dir (two clones, or a pytest run racing `make test`).
-if command -v flock >/dev/null 2>&1; then
-  exec 9>"$ROOT/.lock"
-  flock 9
-  if up_to_date; then
-    log "built by another process, cached in $BIN ($(since "$T0"))"
-    echo "$BIN"
-    exit 0
-  fi
-fi
+exit_if_cached
 
 command -v go >/dev/null 2>&1 || { log "needs Go >= 1.24.4 (https://go.dev/dl/)"; exit 1; }
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0 GOWORK=off GO111MODULE=on

@@ -25,10 +25,10 @@ BIN=$ROOT/bin
 SRC=$ROOT/src
 STAMP=$BIN/.stamp
 
-log() { printf 'k8s-testbin: %s\n' "$*" >&2; }
-now() { date +%s.%N; }
-since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1fs", b - a }'; }
-T0=$(now)
+TESTBIN_NAME=k8s-testbin
+# log, now, since, T0 and exit_if_cached:
+# shellcheck source=scripts/testbin-lib.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/testbin-lib.sh"
 
 # Up to date when the stamp names these versions and every binary answers with its version.
 up_to_date() {
@@ -45,23 +45,7 @@ up_to_date() {
   [ "$("$BIN/helm" version --short 2>/dev/null | cut -d+ -f1)" = "$HELM_VERSION" ] || return 1
 }
 
-mkdir -p "$ROOT"
-if up_to_date; then
-  log "cached in $BIN ($(since "$T0"))"
-  echo "$BIN"
-  exit 0
-fi
-
-# One build at a time per cache dir (two clones or a pytest run racing `make test`).
-if command -v flock >/dev/null 2>&1; then
-  exec 9>"$ROOT/.lock"
-  flock 9
-  if up_to_date; then
-    log "built by another process, cached in $BIN ($(since "$T0"))"
-    echo "$BIN"
-    exit 0
-  fi
-fi
+exit_if_cached
 
 command -v go >/dev/null 2>&1 || { log "needs Go (https://go.dev/dl/) to build $K8S_VERSION"; exit 1; }
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0 GOWORK=off GO111MODULE=on

@@ -20,8 +20,6 @@ Identities:
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import datetime
 import ipaddress
 import json
@@ -29,20 +27,16 @@ import os
 import re
 import secrets
 import shutil
-import signal
-import socket
 import ssl
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import IO, TypeVar
+from typing import IO
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -50,7 +44,8 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kubernetes import client
 
-T = TypeVar("T")
+from fracpilot_libs.server_process import ServerProcess, free_port
+from fracpilot_libs.server_process import wait_for as wait_for  # the tests take it from here
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "k8s-testbin.sh"
@@ -233,84 +228,6 @@ def _issue(
     return _Issued(key, cert)
 
 
-# --- processes -----------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    """A loopback port that was free a moment ago (envtest's addr.Suggest)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Linux: SIGTERM the child when the test process dies, so no etcd outlives a killed run."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def wait_for(
-    probe: Callable[[], T | None],
-    *,
-    timeout: float,
-    interval: float = 0.1,
-    what: str = "condition",
-) -> T:
-    """Call ``probe`` until it returns something other than None (or raise TimeoutError).
-
-    Exceptions from ``probe`` count as "not yet"; the last one is chained to the timeout.
-    """
-    deadline = time.monotonic() + timeout
-    last_error: BaseException | None = None
-    while True:
-        try:
-            result = probe()
-        except Exception as exc:
-            last_error = exc
-        else:
-            if result is not None:
-                return result
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}") from last_error
-        time.sleep(interval)
-
-
-class _Process:
-    def __init__(self, name: str, argv: list[str], log_path: Path) -> None:
-        self.name = name
-        self.log_path = log_path
-        self._log = log_path.open("wb")
-        self.popen = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-        )
-
-    def check_alive(self) -> None:
-        if (code := self.popen.poll()) is not None:
-            raise ControlPlaneError(
-                f"{self.name} exited with code {code}; last log lines "
-                f"({self.log_path}):\n{self.log_tail()}"
-            )
-
-    def log_tail(self, lines: int = 30) -> str:
-        self._log.flush()
-        text = self.log_path.read_text(errors="replace")
-        return "\n".join(text.splitlines()[-lines:])
-
-    def stop(self, timeout: float = 15.0) -> None:
-        if self.popen.poll() is None:
-            self.popen.terminate()
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
-        self._log.close()
-
-
 # --- the control plane ---------------------------------------------------------------------------
 
 
@@ -342,20 +259,15 @@ class ControlPlane:
         self.static_token = secrets.token_hex(16)
         self.etcd_url = ""
         self.url = ""
-        self._etcd: _Process | None = None
-        self._apiserver: _Process | None = None
+        self._etcd = ServerProcess("etcd", self.workdir / "etcd.log")
+        self._apiserver = ServerProcess("kube-apiserver", self.workdir / "apiserver.log")
 
     # lifecycle
 
     def __enter__(self) -> ControlPlane:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def start(self) -> ControlPlane:
@@ -371,10 +283,8 @@ class ControlPlane:
 
     def stop(self) -> None:
         """Stop kube-apiserver, then etcd, and remove the temporary directory."""
-        for proc in (self._apiserver, self._etcd):
-            if proc is not None:
-                proc.stop()
-        self._apiserver = self._etcd = None
+        for server in (self._apiserver, self._etcd):
+            server.stop(15.0)
         if os.environ.get("FRACPILOT_K8S_KEEP"):
             print(f"kept control plane directory {self.workdir}", file=sys.stderr)
         else:
@@ -382,7 +292,7 @@ class ControlPlane:
 
     @property
     def log_paths(self) -> dict[str, Path]:
-        return {"etcd": self.workdir / "etcd.log", "kube-apiserver": self.workdir / "apiserver.log"}
+        return {s.name: s.log_path for s in (self._etcd, self._apiserver)}
 
     # set-up steps
 
@@ -433,15 +343,12 @@ class ControlPlane:
         ]
         if _supports_flag(binary, "--unsafe-no-fsync"):
             argv.append("--unsafe-no-fsync=true")
-        self._etcd = _Process("etcd", argv, self.log_paths["etcd"])
-        etcd = self._etcd
 
         def healthy() -> bool | None:
-            etcd.check_alive()
             with urllib.request.urlopen(f"{self.etcd_url}/health", timeout=2) as resp:
                 return True if json.load(resp).get("health") == "true" else None
 
-        self._wait(healthy, "etcd /health", etcd)
+        self._etcd.start(argv, ready=healthy, timeout=self.start_timeout)
 
     def _start_apiserver(self, binary: Path) -> None:
         port = free_port()
@@ -470,41 +377,25 @@ class ControlPlane:
             "--endpoint-reconciler-type=none",
             *self.extra_apiserver_args,
         ]
-        self._apiserver = _Process("kube-apiserver", argv, self.log_paths["kube-apiserver"])
-        apiserver = self._apiserver
         context = ssl.create_default_context(cafile=str(self.ca_path))
         context.load_cert_chain(str(self.admin_cert_path), str(self.admin_key_path))
 
         def ready() -> bool | None:
-            apiserver.check_alive()
             try:
                 with urllib.request.urlopen(f"{self.url}/readyz", timeout=5, context=context):
                     return True
             except urllib.error.HTTPError:
                 return None  # 500 while post-start hooks are still running
 
-        self._wait(ready, "kube-apiserver /readyz", apiserver)
+        self._apiserver.start(argv, ready=ready, timeout=self.start_timeout)
         with self.admin_client() as api:
             core = client.CoreV1Api(api)
-            self._wait(lambda: core.read_namespace("default"), "namespace default", apiserver)
-
-    def _wait(self, probe: Callable[[], T | None], what: str, proc: _Process) -> T:
-        def guarded() -> T | None:
-            try:
-                return probe()
-            except ControlPlaneError:
-                raise
-            except Exception:
-                return None
-
-        try:
-            return wait_for(guarded, timeout=self.start_timeout, interval=0.2, what=what)
-        except ControlPlaneError:
-            raise
-        except TimeoutError as exc:
-            raise ControlPlaneError(
-                f"{exc}; last {proc.name} log lines ({proc.log_path}):\n{proc.log_tail()}"
-            ) from exc
+            self._apiserver.wait_until(
+                lambda: core.read_namespace("default"),
+                timeout=self.start_timeout,
+                interval=0.2,
+                what="namespace default",
+            )
 
     # clients
 

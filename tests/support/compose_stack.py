@@ -22,11 +22,8 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +32,7 @@ from typing import Any
 import yaml
 
 from fracpilot_libs.nats.embedded import nats_server_binary
+from fracpilot_libs.server_process import ServerProcess, free_port
 from support.dockerfile import parse as parse_dockerfile
 from support.prometheus_server import PrometheusServer
 
@@ -60,59 +58,47 @@ def interpolate(value: str, environment: dict[str, str] | None = None) -> str:
     return "$".join(_VARIABLE.sub(one, part) for part in parts)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Process:
+    """One part of the stack as a local process, with its command and whole environment."""
+
     name: str
     command: list[str]
     env: dict[str, str]
     log_path: Path
-    proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    server: ServerProcess = field(init=False)
 
-    def start(self) -> Process:
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                self.command,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
+    def __post_init__(self) -> None:
+        self.server = ServerProcess(self.name, self.log_path)
+
+    def start(self, ready: str | None = None, timeout_s: float = 60.0) -> Process:
+        """Start; given ``ready``, a URL, wait until it answers 200."""
+        probe = None if ready is None else (lambda: _answers_200(ready))
+        self.server.start(self.command, env=self.env, ready=probe, timeout=timeout_s)
         return self
 
     @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.server.proc
+
+    @property
     def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.server.running
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return self.server.log_text()
 
     def wait_for_log(self, text: str, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while text not in self.log():
-            if not self.running:
-                raise RuntimeError(f"{self.name} exited:\n{self.log()[-3000:]}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.name} did not log {text!r}:\n{self.log()[-3000:]}")
-            time.sleep(0.1)
+        self.server.wait_for_log(text, timeout=timeout_s)
 
     def stop(self, timeout_s: float = 20.0) -> int | None:
         """SIGTERM, then SIGKILL after the timeout; the exit code."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return self.server.stop(timeout_s)
+
+
+def _answers_200(url: str) -> bool | None:
+    with urllib.request.urlopen(url, timeout=2) as response:
+        return True if response.status == 200 else None
 
 
 class ComposeStack:
@@ -214,18 +200,15 @@ class ComposeStack:
         http = command.index("--http_port") + 1
         command[http] = str(self.port("nats", int(command[http])))
         command += ["--addr", "127.0.0.1", "--port", str(self.port("nats", 4222))]
-        process = Process(
-            "nats", [nats_server_binary(), *command], dict(os.environ), self._log("nats")
-        )
-        self.processes["nats"] = process.start()
         # The compose healthcheck's URL (JetStream enabled), on this host's port.
         test = self.services["nats"]["healthcheck"]["test"]
         url = next(t for t in test if t.startswith("http"))
         inside = self._nats_http_port()
-        self._wait_http(
-            url.replace(f"127.0.0.1:{inside}", f"127.0.0.1:{self.port('nats', inside)}"),
-            timeout_s,
+        url = url.replace(f"127.0.0.1:{inside}", f"127.0.0.1:{self.port('nats', inside)}")
+        process = Process(
+            "nats", [nats_server_binary(), *command], dict(os.environ), self._log("nats")
         )
+        self.processes["nats"] = process.start(ready=url, timeout_s=timeout_s)
 
     def start_prometheus(self) -> PrometheusServer:
         """Prometheus with deploy/prometheus/prometheus.yml, its targets moved to loopback."""
@@ -276,20 +259,6 @@ class ComposeStack:
     def _log(self, name: str) -> Path:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         return self.work_dir / f"{name}.log"
-
-    @staticmethod
-    def _wait_http(url: str, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                with urllib.request.urlopen(url, timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{url} did not answer 200 within {timeout_s}s")
-            time.sleep(0.1)
 
 
 def scrape(url: str) -> str:

@@ -242,6 +242,24 @@ def wait_running(
     return pods
 
 
+def replacement(stack: GpuStack, namespace: str, app: str, old_uid: str) -> dict[str, Any] | None:
+    """The pod of ``app`` Running that is not the one with ``old_uid`` (None while none is)."""
+    pods = [p for p in running_pods(stack, namespace, app) if p["metadata"]["uid"] != old_uid]
+    return pods[0] if pods else None
+
+
+async def chat_and_other_sharing_a_gpu(
+    stack: GpuStack, namespace: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Deployment ``chat`` and pod ``other`` at 0.5 GPU each, both Running: their pods (KAI
+    puts them on one GPU when a node has only one free)."""
+    await in_thread(stack.create, kai_deployment("chat", "0.5"), namespace)
+    await in_thread(stack.create, kai_pod_body("other", "0.5"), namespace)
+    [chat] = await in_thread(wait_running, stack, namespace, "chat")
+    [other] = await in_thread(wait_running, stack, namespace, "other")
+    return chat, other
+
+
 def unschedulable(stack: GpuStack, namespace: str, name: str) -> dict[str, Any] | None:
     pod = stack.get("Pod", name, namespace)
     for condition in pod["status"].get("conditions") or []:

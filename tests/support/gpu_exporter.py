@@ -68,9 +68,10 @@ import time
 import uuid as uuidlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
-from typing import Literal, Self
+from http.server import ThreadingHTTPServer
+from typing import Literal
+
+from support.serving_thread import QuietHandler, ServingThread
 
 __all__ = [
     "MIB",
@@ -824,26 +825,19 @@ class _Server(ThreadingHTTPServer):
     exporter: GpuTestExporter
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(QuietHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
 
-    def do_GET(self) -> None:
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
         path = self.path.split("?", 1)[0]
         status, body, delay = self.server.exporter._serve(path)
         if delay:
             time.sleep(delay)
-        self.send_response(status)
-        self.send_header("Content-Type", CONTENT_TYPE if status == 200 else "text/plain")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+        self.answer(status, body, CONTENT_TYPE if status == 200 else "text/plain")
 
 
-class GpuTestExporter:
+class GpuTestExporter(ServingThread):
     """A threaded HTTP server on a free loopback port serving metrics text per path.
 
     ``set_metrics(text_or_exposition, path="/metrics")`` replaces what ``path`` serves; several
@@ -859,13 +853,7 @@ class GpuTestExporter:
         self._server.exporter = self
         self.host = host
         self.port = int(self._server.server_address[1])
-        self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.1},
-            name=f"gpu-test-exporter-{self.port}",
-            daemon=True,
-        )
-        self._thread.start()
+        super().__init__(self._server, f"gpu-test-exporter-{self.port}", 0.1)
 
     @property
     def address(self) -> str:
@@ -948,19 +936,3 @@ class GpuTestExporter:
                 if remaining <= 0:
                     raise TimeoutError(f"{path}: fewer than {count} scrapes within {timeout}s")
                 self._cond.wait(remaining)
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(5)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

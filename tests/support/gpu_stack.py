@@ -19,14 +19,11 @@ Every component is its own process group, stopped with SIGTERM then SIGKILL; log
 from __future__ import annotations
 
 import base64
-import contextlib
-import ctypes
 import datetime as dt
 import functools
 import ipaddress
 import os
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -37,7 +34,6 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any
 
 import yaml
@@ -47,7 +43,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kubernetes import client, dynamic
 
-from k8s_control_plane import ControlPlane, free_port, wait_for
+from fracpilot_libs.server_process import ServerProcess, free_port, wait_for, wait_until_ready
+from k8s_control_plane import ControlPlane
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "gpu-stack-testbin.sh"
@@ -154,55 +151,6 @@ def issue_loopback_serving_cert(now: dt.datetime) -> ServingCert:
 # --- processes -----------------------------------------------------------------------------------
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Linux: SIGTERM the child when the test process dies, so nothing outlives a killed run."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-class Component:
-    """One upstream binary in its own process group, logging to a file."""
-
-    def __init__(
-        self, name: str, argv: Sequence[str], log_path: Path, env: dict[str, str] | None = None
-    ) -> None:
-        self.name = name
-        self.log_path = log_path
-        self._log = log_path.open("wb")
-        self.popen = subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-            start_new_session=True,  # its own process group: stop() reaches any children
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-        )
-
-    def check_alive(self) -> None:
-        if (code := self.popen.poll()) is not None:
-            raise GpuStackError(
-                f"{self.name} exited with code {code}; last log lines ({self.log_path}):\n"
-                f"{self.log_tail()}"
-            )
-
-    def log_tail(self, lines: int = 25) -> str:
-        self._log.flush()
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-    def stop(self, timeout: float = 10.0) -> None:
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait()
-        self._log.close()
-
-
 def _http_ok(url: str, context: ssl.SSLContext | None = None) -> bool | None:
     try:
         with urllib.request.urlopen(url, timeout=3, context=context) as resp:
@@ -257,7 +205,7 @@ class GpuStack:
         self.workdir = Path(tempfile.mkdtemp(prefix="fracpilot-gpu-stack-"))
         self.kubeconfig = control_plane.write_kubeconfig(self.workdir / "kubeconfig")
         self.webhook_port = 0
-        self.components: dict[str, Component] = {}
+        self.components: dict[str, ServerProcess] = {}
         self._api: client.ApiClient | None = None
         self._dynamic: Any = None
 
@@ -266,12 +214,7 @@ class GpuStack:
     def __enter__(self) -> GpuStack:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     @property
@@ -295,7 +238,7 @@ class GpuStack:
     def stop(self) -> None:
         """Stop every component (newest first: CA deletes the nodes it made), then clean up."""
         for component in reversed(list(self.components.values())):
-            component.stop()
+            component.stop(10.0)
         self.components.clear()
         if self._api is not None:
             self._api.close()  # type: ignore[no-untyped-call]
@@ -307,9 +250,7 @@ class GpuStack:
 
     def log_tails(self, lines: int = 15) -> str:
         """The last log lines of every component, for a failing test's message."""
-        return "\n".join(
-            f"--- {name} ({c.log_path})\n{c.log_tail(lines)}" for name, c in self.components.items()
-        )
+        return "\n".join(c.log_report(lines) for c in self.components.values())
 
     # objects
 
@@ -409,16 +350,8 @@ class GpuStack:
 
     def wait(self, probe: Callable[[], Any], what: str, timeout: float) -> Any:
         """:func:`wait_for` that fails fast when a component died, with their logs on timeout."""
-
-        def guarded() -> Any:
-            for component in self.components.values():
-                component.check_alive()
-            return probe()
-
-        try:
-            return wait_for(guarded, timeout=timeout, interval=0.5, what=what)
-        except TimeoutError as exc:
-            raise GpuStackError(f"{exc}\n{self.log_tails()}") from exc
+        components = list(self.components.values())
+        return wait_until_ready(probe, components, timeout=timeout, interval=0.5, what=what)
 
     # set-up steps
 
@@ -451,14 +384,14 @@ class GpuStack:
         *,
         ready: Callable[[], bool | None] | None = None,
         env: dict[str, str] | None = None,
-    ) -> Component:
-        component = Component(
-            name,
-            [str(self.bin_dir / argv[0]), *argv[1:]],
-            self.workdir / f"{name}.log",
-            {"KUBECONFIG": str(self.kubeconfig), **(env or {})},
-        )
+    ) -> ServerProcess:
+        # Its own process group: stop() reaches any children.
+        component = ServerProcess(name, self.workdir / f"{name}.log", process_group=True)
         self.components[name] = component
+        component.start(
+            [str(self.bin_dir / argv[0]), *argv[1:]],
+            env={**os.environ, "KUBECONFIG": str(self.kubeconfig), **(env or {})},
+        )
         if ready is not None:
             self.wait(ready, f"{name} ready", self.start_timeout)
         return component

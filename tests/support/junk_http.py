@@ -3,9 +3,9 @@ of the bodies it was given (garbage, partial or huge exposition text), in turn."
 
 from __future__ import annotations
 
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
+from http.server import ThreadingHTTPServer
+
+from support.serving_thread import QuietHandler, ServingThread
 
 
 class JunkHttpServer:
@@ -14,35 +14,23 @@ class JunkHttpServer:
         self.served = 0
         owner = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
+        class Handler(QuietHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 body = owner.bodies[owner.served % len(owner.bodies)]
                 owner.served += 1
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: object) -> None:  # quiet
-                return
+                self.answer(200, body, "text/plain; version=0.0.4")
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._serving: ServingThread | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}/metrics"
 
     def __enter__(self) -> JunkHttpServer:
-        self._thread.start()
+        self._serving = ServingThread(self._server, "junk-http")
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+    def __exit__(self, *exc: object) -> None:
+        if self._serving is not None:
+            self._serving.close()

@@ -24,7 +24,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from fracpilot_libs.nats.embedded import EmbeddedNats, free_port
+from fracpilot_libs.nats.embedded import EmbeddedNats
+from fracpilot_libs.server_process import free_port
 
 EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "deploy" / "nats"
 IDENTITIES = ("ingest", "decision", "actuator", "policy-admin", "operator")

@@ -9,22 +9,20 @@ frozen (SIGSTOP, a partition that looks like a hung machine) and thawed (SIGCONT
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import nats
 
 from fracpilot_libs.config import ServiceSettings
-from fracpilot_libs.nats.embedded import free_port, nats_server_binary
+from fracpilot_libs.nats.embedded import nats_server_binary
 from fracpilot_libs.runtime import ServiceRuntime
+from fracpilot_libs.server_process import ServerProcess, free_port, wait_until_ready
 
 CLUSTER_NAME = "fracpilot"
 
@@ -37,7 +35,15 @@ class ClusterNode:
         self.store_dir = store_dir
         self.port, self.route_port, self.monitor_port = free_port(), free_port(), free_port()
         self.log_path = store_dir / "nats-server.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.server = ServerProcess(name, self.log_path)
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.server.proc
+
+    @proc.setter
+    def proc(self, proc: subprocess.Popen[bytes] | None) -> None:
+        self.server.proc = proc  # a test that stopped the process itself forgets it here
 
     @property
     def url(self) -> str:
@@ -47,9 +53,9 @@ class ClusterNode:
     def route_url(self) -> str:
         return f"nats://127.0.0.1:{self.route_port}"
 
-    def start(self, routes: list[str]) -> None:
-        self.store_dir.mkdir(parents=True, exist_ok=True)
-        args = [
+    def command(self, routes: list[str]) -> list[str]:
+        """The nats-server command line for a node routed to ``routes``."""
+        return [
             nats_server_binary(),
             "-js",
             "-n",
@@ -69,12 +75,18 @@ class ClusterNode:
             "--routes",
             ",".join(r for r in routes if r != self.route_url),
         ]
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+
+    def environment(self) -> dict[str, str] | None:
+        """The process's environment (None: this process's)."""
+        return None
+
+    def start(self, routes: list[str]) -> None:
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        self.server.start(self.command(routes), env=self.environment())
 
     @property
     def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.server.running
 
     def jsz(self) -> dict[str, Any] | None:
         """The node's /jsz monitoring page (None while it does not answer)."""
@@ -93,20 +105,13 @@ class ClusterNode:
         return str(leader) if leader else None
 
     def kill(self) -> None:
-        if self.proc is None:
-            return
-        self.proc.send_signal(signal.SIGCONT)  # a frozen process cannot die otherwise
-        self.proc.kill()
-        self.proc.wait(timeout=10)
-        self.proc = None
+        self.server.stop(kill=True)
 
     def freeze(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGSTOP)
+        self.server.send_signal(signal.SIGSTOP)
 
     def thaw(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGCONT)
+        self.server.send_signal(signal.SIGCONT)
 
 
 class NatsCluster:
@@ -147,16 +152,13 @@ class NatsCluster:
     def wait_for_meta_leader(
         self, timeout_s: float = 30.0, nodes: list[ClusterNode] | None = None
     ) -> str:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for n in self.nodes:
-                if n.proc is not None and n.proc.poll() is not None:
-                    raise RuntimeError(f"{n.name} exited; see {n.log_path}")
-            leader = self.meta_leader(nodes)
-            if leader is not None:
-                return leader
-            time.sleep(0.1)
-        raise TimeoutError(f"no JetStream meta leader within {timeout_s}s; see {self.base_dir}")
+        started = [n.server for n in self.nodes if n.proc is not None]
+        return wait_until_ready(
+            lambda: self.meta_leader(nodes),
+            started,
+            timeout=timeout_s,
+            what=f"a JetStream meta leader (nodes in {self.base_dir})",
+        )
 
     def cleanup(self) -> None:
         for n in self.nodes:
@@ -166,12 +168,7 @@ class NatsCluster:
     def __enter__(self) -> NatsCluster:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.cleanup()
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -68,19 +67,14 @@ class ConfigFileNode(ClusterNode):
         self.files = dict(files)  # included by the configuration, written beside it
         self.conf_path = store_dir / "nats.conf"
 
-    def start(self, routes: list[str]) -> None:
-        self.store_dir.mkdir(parents=True, exist_ok=True)
+    def command(self, routes: list[str]) -> list[str]:
         self.conf_path.write_text(loopback_config(self.conf, self, routes))
         for name, text in self.files.items():
             (self.store_dir / name).write_text(text)
-        env = {**os.environ, **self.env, "POD_NAME": self.name}
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [nats_server_binary(), "-c", str(self.conf_path)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-            )
+        return [nats_server_binary(), "-c", str(self.conf_path)]
+
+    def environment(self) -> dict[str, str]:
+        return {**os.environ, **self.env, "POD_NAME": self.name}
 
 
 class ConfigFileCluster(NatsCluster):

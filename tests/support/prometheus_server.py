@@ -30,15 +30,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.parse
@@ -48,8 +43,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
+
+from fracpilot_libs.server_process import ServerProcess, free_port
 
 if TYPE_CHECKING:
     import ssl
@@ -183,18 +179,6 @@ def values_by(result: Iterable[Series], *labels: str) -> dict[tuple[str, ...], f
     return out
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 _LIVE: weakref.WeakSet[PrometheusServer] = weakref.WeakSet()
 
 
@@ -240,7 +224,7 @@ class PrometheusServer:
         self.data_dir = self.base_dir / "data"
         self.config_path = self.base_dir / "prometheus.yml"
         self.log_path = self.base_dir / "prometheus.log"
-        self.port = _free_port()
+        self.port = free_port()
         self.tls = tls
         self.web_config_path = self.base_dir / "web-config.yml"
         self._context: ssl.SSLContext | None = tls.client_context() if tls else None
@@ -252,7 +236,7 @@ class PrometheusServer:
                 f"  key_file: {_yaml_str(str(tls.key_file))}\n"
             )
         self._targets: list[ScrapeTarget] = list(targets)
-        self._proc: subprocess.Popen[bytes] | None = None
+        self.server = ServerProcess("prometheus", self.log_path)
         self._write_config()
         if start:
             self.start()
@@ -265,11 +249,12 @@ class PrometheusServer:
 
     @property
     def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+        return self.server.running
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self.running and self._proc is not None else None
+        proc = self.server.proc
+        return proc.pid if proc is not None and self.running else None
 
     def command(self) -> list[str]:
         return [
@@ -292,59 +277,21 @@ class PrometheusServer:
         if self.running:
             return
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            log.write(f"--- start {time.strftime('%H:%M:%S')}: {self.command()}\n".encode())
-            log.flush()
-            in_main = threading.current_thread() is threading.main_thread()
-            self._proc = subprocess.Popen(
-                self.command(),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.base_dir,
-                preexec_fn=_die_with_parent if in_main else None,
-            )
         _LIVE.add(self)
-        try:
-            self.wait_ready(self.startup_timeout)
-        except BaseException:
-            self.stop(timeout=5)
-            raise
+        self.server.start(
+            self.command(), cwd=self.base_dir, ready=self._ready, timeout=self.startup_timeout
+        )
 
-    def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self._proc is None or self._proc.poll() is not None:
-                code = None if self._proc is None else self._proc.returncode
-                raise PrometheusError(
-                    f"prometheus exited with {code} before it was ready:\n{self.log_tail()}"
-                )
-            try:
-                with urllib.request.urlopen(
-                    f"{self.url}/-/ready", timeout=2, context=self._context
-                ) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            if time.monotonic() > deadline:
-                raise PrometheusError(
-                    f"prometheus not ready after {timeout}s at {self.url}:\n{self.log_tail()}"
-                )
-            time.sleep(0.05)
+    def _ready(self) -> bool | None:
+        with urllib.request.urlopen(
+            f"{self.url}/-/ready", timeout=2, context=self._context
+        ) as response:
+            return True if response.status == 200 else None
 
     def stop(self, timeout: float = 15.0) -> None:
         """Graceful stop (SIGTERM: the head is kept in the WAL for the next start)."""
-        proc, self._proc = self._proc, None
         _LIVE.discard(self)
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        self.server.stop(timeout)
 
     def restart(self) -> None:
         self.stop()
@@ -360,20 +307,11 @@ class PrometheusServer:
         self.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.cleanup()
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
+        return self.server.log_tail(lines)
 
     # ---- configuration ---------------------------------------------------------------------
 

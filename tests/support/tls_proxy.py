@@ -21,15 +21,15 @@ import threading
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from support.serving_thread import QuietHandler, ServingThread
 
 __all__ = ["BearerTokenProxy", "TlsFiles", "make_tls_files"]
 
@@ -111,7 +111,7 @@ class _Server(ThreadingHTTPServer):
     proxy: BearerTokenProxy
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(QuietHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
 
@@ -121,7 +121,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if self.headers.get("Authorization") != f"Bearer {proxy.token}":
             proxy.count(refused=True)
-            self._answer(401, b"unauthorized\n", "text/plain")
+            self.answer(401, b"unauthorized\n", "text/plain")
             return
         proxy.count(refused=False)
         request = urllib.request.Request(
@@ -131,28 +131,18 @@ class _Handler(BaseHTTPRequestHandler):
             request.add_header("Content-Type", content_type)
         try:
             with urllib.request.urlopen(request, timeout=30, context=proxy.upstream_context) as r:
-                self._answer(r.status, r.read(), r.headers.get("Content-Type", "text/plain"))
+                self.answer(r.status, r.read(), r.headers.get("Content-Type", "text/plain"))
         except urllib.error.HTTPError as err:
-            self._answer(err.code, err.read(), err.headers.get("Content-Type", "text/plain"))
+            self.answer(err.code, err.read(), err.headers.get("Content-Type", "text/plain"))
 
-    def do_GET(self) -> None:
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
         self._forward()
 
-    def do_POST(self) -> None:
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
         self._forward()
 
-    def _answer(self, status: int, body: bytes, content_type: str) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
-class BearerTokenProxy:
+class BearerTokenProxy(ServingThread):
     """HTTPS on a free loopback port, checking a bearer token, forwarding to ``upstream``."""
 
     def __init__(self, upstream: str, tls: TlsFiles, token: str) -> None:
@@ -169,8 +159,7 @@ class BearerTokenProxy:
             self._server.socket, server_side=True
         )
         self.url = f"https://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
+        super().__init__(self._server, f"bearer-token-proxy-{self.url}")
 
     def count(self, *, refused: bool) -> None:
         with self._lock:
@@ -178,19 +167,3 @@ class BearerTokenProxy:
                 self.refused += 1
             else:
                 self.accepted += 1
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(5)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -1,4 +1,5 @@
-"""Small usage traces in the replay CSV format (../shared/data README columns) for CLI tests."""
+"""Small usage traces in the replay CSV format (the columns ``fracpilot_libs.analysis.trace``
+reads) for CLI tests."""
 
 from __future__ import annotations
 
@@ -7,15 +8,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
 
-COLUMNS = (
-    "timestamp",
-    "namespace",
-    "workload",
-    "pod",
-    "gpu_util",
-    "gpu_mem_used_bytes",
-    "gpu_mem_total_bytes",
-)
+from fracpilot_libs.analysis.trace import REQUIRED_COLUMNS
 
 
 def timestamp(at: datetime) -> str:
@@ -26,9 +19,9 @@ def timestamp(at: datetime) -> str:
 def write_usage_trace(
     path: Path, rows: Iterable[Sequence[object]], extra_columns: Sequence[str] = ()
 ) -> Path:
-    """Write ``rows`` (one value per column of :data:`COLUMNS`, then ``extra_columns``)."""
+    """Write ``rows`` (one value per required trace column, then one per ``extra_columns``)."""
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow([*COLUMNS, *extra_columns])
+        w.writerow([*REQUIRED_COLUMNS, *extra_columns])
         w.writerows(rows)
     return path

@@ -25,12 +25,13 @@ from support.fracpilot_on_stack import (
     actuator_on_stack,
     allocation_of,
     apply,
+    chat_and_other_sharing_a_gpu,
     decide,
     in_thread,
     kai_deployment,
     kai_pod_body,
     pdb,
-    running_pods,
+    replacement,
     unschedulable,
     wait_running,
 )
@@ -61,10 +62,7 @@ async def test_a_downsize_in_place_frees_a_share_that_kai_gives_to_a_pending_pod
     stack, ns = gpu_stack, gpu_namespace
     node = await in_thread(make_gpu_node, 1)  # one GPU: the freed share is the only room
     async with actuator_on_stack(stack, nats_url, ns, tmp_path):
-        await in_thread(stack.create, kai_deployment("chat", "0.5"), ns)
-        await in_thread(stack.create, kai_pod_body("other", "0.5"), ns)
-        [chat] = await in_thread(wait_running, stack, ns, "chat")
-        [other] = await in_thread(wait_running, stack, ns, "other")
+        chat, other = await chat_and_other_sharing_a_gpu(stack, ns)
         group = chat["metadata"]["labels"][GPU_GROUP]
         assert other["metadata"]["labels"][GPU_GROUP] == group
         await in_thread(stack.create, kai_pod_body("late", "0.25"), ns)
@@ -90,12 +88,6 @@ async def test_a_downsize_in_place_frees_a_share_that_kai_gives_to_a_pending_pod
         assert (allocation.node, allocation.fraction) == (node, 0.25)
 
 
-def replacement(stack: GpuStack, ns: str, app: str, old_uid: str) -> dict[str, Any] | None:
-    """The pod of ``app`` Running that is not the one with ``old_uid``."""
-    pods = [p for p in running_pods(stack, ns, app) if p["metadata"]["uid"] != old_uid]
-    return pods[0] if pods else None
-
-
 def disruptions_allowed(stack: GpuStack, ns: str, name: str, allowed: int) -> bool | None:
     budget = stack.get("PodDisruptionBudget", name, ns, api_version="policy/v1")
     status = budget.get("status") or {}
@@ -114,10 +106,7 @@ async def test_an_upsize_that_does_not_fit_is_evicted_within_the_pdb_and_recreat
     stack, ns = gpu_stack, gpu_namespace
     full = await in_thread(make_gpu_node, 1)
     async with actuator_on_stack(stack, nats_url, ns, tmp_path):
-        await in_thread(stack.create, kai_deployment("chat", "0.5"), ns)
-        await in_thread(stack.create, kai_pod_body("other", "0.5"), ns)
-        [chat] = await in_thread(wait_running, stack, ns, "chat")
-        await in_thread(wait_running, stack, ns, "other")
+        chat, _ = await chat_and_other_sharing_a_gpu(stack, ns)
         assert chat["spec"]["nodeName"] == full
         spare = await in_thread(make_gpu_node, 1)  # empty: where 0.75 fits
         await in_thread(stack.create, pdb("chat", max_unavailable=0), ns)

@@ -21,14 +21,12 @@ import pytest
 from fracpilot_libs.contracts import Outcome, PlanKind
 from support.fracpilot_on_stack import (
     actuator_on_stack,
+    chat_and_other_sharing_a_gpu,
     decide,
     in_thread,
-    kai_deployment,
-    kai_pod_body,
     publish,
-    running_pods,
+    replacement,
     wait_results,
-    wait_running,
 )
 from support.gpu_stack import GPU_FRACTION, GpuStack
 
@@ -36,11 +34,6 @@ pytestmark = pytest.mark.integration
 
 NODE_GROUP_LABEL = "example.io/nodegroup"  # fromNodeLabelKey in ca-kwok-config.yaml
 CAPACITY_SELECTOR = "fracpilot.io/role=capacity"  # the placeholders' label (object_values.py)
-
-
-def moved(stack: GpuStack, ns: str, old_uid: str) -> dict[str, Any] | None:
-    pods = [p for p in running_pods(stack, ns, "chat") if p["metadata"]["uid"] != old_uid]
-    return pods[0] if pods else None
 
 
 @contextlib.asynccontextmanager
@@ -71,10 +64,7 @@ async def test_an_upsize_that_fits_nowhere_gets_a_node_from_the_autoscaler(
     stack, ns = gpu_stack, gpu_namespace
     full = await in_thread(make_gpu_node, 1)
     async with actuator_on_stack(stack, nats_url, ns, tmp_path):
-        await in_thread(stack.create, kai_deployment("chat", "0.5"), ns)
-        await in_thread(stack.create, kai_pod_body("other", "0.5"), ns)
-        [chat] = await in_thread(wait_running, stack, ns, "chat")
-        await in_thread(wait_running, stack, ns, "other")
+        chat, _ = await chat_and_other_sharing_a_gpu(stack, ns)
         assert chat["spec"]["nodeName"] == full
         async with autoscaling(stack):
             await scale_up(stack, ns, nats_url, chat)
@@ -93,7 +83,7 @@ async def scale_up(stack: GpuStack, ns: str, nats_url: str, chat: dict[str, Any]
 
     new = await in_thread(
         stack.wait,
-        lambda: moved(stack, ns, chat["metadata"]["uid"]),
+        lambda: replacement(stack, ns, "chat", chat["metadata"]["uid"]),
         "chat recreated and Running on a node cluster-autoscaler added",
         300,
     )

@@ -14,11 +14,9 @@ import asyncio
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
 from factories import decision
@@ -31,20 +29,17 @@ from fracpilot_actuator.settings import OptInSettings
 from fracpilot_actuator.stores.memory import MemoryTargetStore
 from fracpilot_libs.contracts import FractionDecision, Outcome, WorkloadRef, utcnow
 from helpers import wait_for
-from support import kube
+from support import kai_objects
 from support.policy_crds import install_crds
 
 pytestmark = pytest.mark.integration
 
-CRD_DIR = Path(__file__).resolve().parent / "crds"
-KAI_CRDS = ("scheduling.run.ai_queues.yaml", "scheduling.run.ai_bindrequests.yaml")
-QUEUE_LABEL = "kai.scheduler/queue"
 KAI_PATHS = ("/apis/scheduling.run.ai/v2/queues", "/bindrequests")
 
 
 @pytest.fixture(scope="module")
 def kai_crds(kube_admin: client.ApiClient) -> None:
-    install_crds(kube_admin, [yaml.safe_load((CRD_DIR / name).read_text()) for name in KAI_CRDS])
+    kai_objects.install_kai_crds(kube_admin)
 
 
 class RecordingClient:
@@ -79,73 +74,13 @@ def recording(kube_admin: client.ApiClient) -> Iterator[RecordingClient]:
     made.api.close()
 
 
-def make_queue(api: client.ApiClient, name: str, limit: float, allocated: str) -> None:
-    """A Queue and the status KAI's queue controller would write."""
-    custom = client.CustomObjectsApi(api)
-    body = {
-        "apiVersion": "scheduling.run.ai/v2",
-        "kind": "Queue",
-        "metadata": {"name": name},
-        "spec": {"resources": {"gpu": {"quota": limit, "limit": limit, "overQuotaWeight": 1}}},
-    }
-    custom.create_cluster_custom_object("scheduling.run.ai", "v2", "queues", body)
-    custom.patch_cluster_custom_object_status(
-        "scheduling.run.ai", "v2", "queues", name, {"status": {"allocated": {"gpu": allocated}}}
-    )
-
-
-def bind_request(api: client.ApiClient, ns: str, pod: str, node: str, group: str) -> None:
-    """What KAI's scheduler writes for a pod it chose a node and GPU group for."""
-    client.CustomObjectsApi(api).create_namespaced_custom_object(
-        "scheduling.run.ai",
-        "v1alpha2",
-        ns,
-        "bindrequests",
-        {
-            "apiVersion": "scheduling.run.ai/v1alpha2",
-            "kind": "BindRequest",
-            "metadata": {"name": pod},
-            "spec": {
-                "podName": pod,
-                "selectedNode": node,
-                "selectedGPUGroups": [group],
-                "receivedResourceType": "Fraction",
-                "receivedGPU": {"count": 1, "portion": "0.50"},
-            },
-        },
-    )
-
-
 def set_up(api: client.ApiClient, ns: str, queue: str) -> tuple[str, str, WorkloadRef]:
-    """A GPU node, a reserved GPU group, two KAI pods at 0.25 in ``queue`` and a third pod
-    KAI has chosen the group for (its BindRequest), not bound yet."""
-    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
-    node = kube.gpu_node(core, f"gpu-{ns}", 2, {"fracpilot.io/test": ns})
-    group, gpu = f"g-{ns}", f"GPU-{ns}"
-    kube.kai_reservation(core, group, node, gpu)
-    owner = kube.deployment(apps, ns, "chat", labels={QUEUE_LABEL: queue})
-    for i in range(2):
-        kube.running_pod(
-            core,
-            ns,
-            f"chat-{i}",
-            node,
-            labels={"app": "chat", kube.KAI_GROUP: group, QUEUE_LABEL: queue},
-            annotations={"gpu-fraction": "0.25"},
-            owner=owner,
-        )
-    core.create_namespaced_pod(
-        ns,
-        client.V1Pod(
-            metadata=client.V1ObjectMeta(name="late-0", annotations={"gpu-fraction": "0.5"}),
-            spec=client.V1PodSpec(
-                scheduler_name="kai-scheduler",
-                containers=[client.V1Container(name="main", image="registry.invalid/x")],
-            ),
-        ),
-    )
-    bind_request(api, ns, "late-0", node, group)
-    workload = WorkloadRef(cluster="test", namespace=ns, owner_kind="Deployment", owner_name="chat")
+    """A full queue (0.2 GPU left), Deployment chat's two pods at 0.25 in it on one GPU group
+    and a third pod KAI has chosen the group for (its BindRequest), not bound yet."""
+    kai_objects.queue(api, queue, quota=1, limit=1, allocated={"gpu": "800m"})
+    node, gpu, workload = kai_objects.chat_sharing_a_gpu(api, ns, queue)
+    kai_objects.pending_pod(client.CoreV1Api(api), ns, "late-0")
+    kai_objects.bind_request(api, ns, "late-0", node, f"g-{ns}")
     return node, gpu, workload
 
 
@@ -185,7 +120,6 @@ def test_kai_objects_made_after_start_are_read_from_the_cache_without_a_list(
             cache = backend.cache
             assert (cache is not None) is inventory_cache
             # Made after the watches started: only they can bring them.
-            make_queue(kube_admin, queue, limit=1, allocated="800m")  # 0.2 GPU left
             node, gpu, workload = set_up(kube_admin, ns, queue)
             if cache is not None:
 

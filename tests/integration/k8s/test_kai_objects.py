@@ -9,11 +9,9 @@ from __future__ import annotations
 import asyncio
 import uuid
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
 from factories import decision
@@ -24,42 +22,16 @@ from fracpilot_actuator.kube.reader import ClusterReader
 from fracpilot_actuator.kube.settings import KubeBackendSettings
 from fracpilot_actuator.settings import OptInSettings
 from fracpilot_actuator.stores.memory import MemoryTargetStore
-from fracpilot_libs.contracts import FractionDecision, Outcome, PlanKind, WorkloadRef, utcnow
+from fracpilot_libs.contracts import FractionDecision, Outcome, PlanKind, utcnow
 from fracpilot_libs.kai import KaiSettings
-from support import kube
-from support.policy_crds import install_crds
+from support import kai_objects
 
 pytestmark = pytest.mark.integration
-
-CRD_DIR = Path(__file__).resolve().parent / "crds"
-KAI_CRDS = ("scheduling.run.ai_queues.yaml", "scheduling.run.ai_bindrequests.yaml")
-QUEUE_LABEL = "kai.scheduler/queue"
 
 
 @pytest.fixture(scope="module")
 def kai_crds(kube_admin: client.ApiClient) -> None:
-    install_crds(kube_admin, [yaml.safe_load((CRD_DIR / name).read_text()) for name in KAI_CRDS])
-
-
-def make_queue(
-    api: client.ApiClient, name: str, quota: float, limit: float, allocated: str
-) -> None:
-    """A Queue and the status KAI's queue controller would write."""
-    custom = client.CustomObjectsApi(api)
-    body = {
-        "apiVersion": "scheduling.run.ai/v2",
-        "kind": "Queue",
-        "metadata": {"name": name},
-        "spec": {"resources": {"gpu": {"quota": quota, "limit": limit, "overQuotaWeight": 1}}},
-    }
-    custom.create_cluster_custom_object("scheduling.run.ai", "v2", "queues", body)
-    custom.patch_cluster_custom_object_status(
-        "scheduling.run.ai",
-        "v2",
-        "queues",
-        name,
-        {"status": {"allocated": {"nvidia.com/gpu": allocated, "cpu": "2"}}},
-    )
+    kai_objects.install_kai_crds(kube_admin)
 
 
 def settings_for(ns: str, **changes: Any) -> KubeBackendSettings:
@@ -72,67 +44,19 @@ def settings_for(ns: str, **changes: Any) -> KubeBackendSettings:
     )
 
 
-def set_up(api: client.ApiClient, ns: str, queue: str) -> tuple[str, str, WorkloadRef]:
-    """One GPU node, a reserved GPU group, a Deployment with two KAI pods at 0.25 in ``queue``."""
-    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
-    node = kube.gpu_node(core, f"gpu-{ns}", 2, {"fracpilot.io/test": ns})
-    group, gpu = f"g-{ns}", f"GPU-{ns}"
-    kube.kai_reservation(core, group, node, gpu)
-    owner = kube.deployment(apps, ns, "chat", labels={QUEUE_LABEL: queue})
-    for i in range(2):
-        kube.running_pod(
-            core,
-            ns,
-            f"chat-{i}",
-            node,
-            labels={"app": "chat", kube.KAI_GROUP: group, QUEUE_LABEL: queue},
-            annotations={"gpu-fraction": "0.25"},
-            owner=owner,
-        )
-    workload = WorkloadRef(cluster="test", namespace=ns, owner_kind="Deployment", owner_name="chat")
-    return node, gpu, workload
-
-
 @pytest.mark.usefixtures("kai_crds")
 def test_the_reader_reads_kai_queues_and_counts_a_pod_on_its_bind_requests_node(
     kube_admin: client.ApiClient, kube_namespace: str
 ) -> None:
     ns = kube_namespace
     queue = f"team-{ns}"
-    make_queue(kube_admin, queue, quota=1, limit=2, allocated="1500m")
-    node, gpu, workload = set_up(kube_admin, ns, queue)
+    kai_objects.queue(
+        kube_admin, queue, quota=1, limit=2, allocated={"nvidia.com/gpu": "1500m", "cpu": "2"}
+    )
+    node, gpu, workload = kai_objects.chat_sharing_a_gpu(kube_admin, ns, queue)
     # A third pod KAI has chosen a node and GPU group for, not bound yet: its BindRequest.
-    core = client.CoreV1Api(kube_admin)
-    core.create_namespaced_pod(
-        ns,
-        client.V1Pod(
-            metadata=client.V1ObjectMeta(
-                name="late-0", annotations={"gpu-fraction": "0.5"}, labels={"app": "late"}
-            ),
-            spec=client.V1PodSpec(
-                scheduler_name="kai-scheduler",
-                containers=[client.V1Container(name="main", image="registry.invalid/x")],
-            ),
-        ),
-    )
-    client.CustomObjectsApi(kube_admin).create_namespaced_custom_object(
-        "scheduling.run.ai",
-        "v1alpha2",
-        ns,
-        "bindrequests",
-        {
-            "apiVersion": "scheduling.run.ai/v1alpha2",
-            "kind": "BindRequest",
-            "metadata": {"name": "late-0"},
-            "spec": {
-                "podName": "late-0",
-                "selectedNode": node,
-                "selectedGPUGroups": [f"g-{ns}"],
-                "receivedResourceType": "Fraction",
-                "receivedGPU": {"count": 1, "portion": "0.50"},
-            },
-        },
-    )
+    kai_objects.pending_pod(client.CoreV1Api(kube_admin), ns, "late-0", labels={"app": "late"})
+    kai_objects.bind_request(kube_admin, ns, "late-0", node, f"g-{ns}")
 
     async def observe() -> Any:
         return await ClusterReader(KubeApi(kube_admin), settings_for(ns)).observe(workload)
@@ -159,8 +83,10 @@ def test_an_upsize_past_the_queue_limit_is_recommended_and_the_pods_keep_their_s
 ) -> None:
     ns = kube_namespace
     queue = f"full-{ns}"
-    make_queue(kube_admin, queue, quota=1, limit=1, allocated="800m")  # 0.2 GPU left
-    _, _, workload = set_up(kube_admin, ns, queue)
+    kai_objects.queue(  # 0.2 GPU left
+        kube_admin, queue, quota=1, limit=1, allocated={"nvidia.com/gpu": "800m", "cpu": "2"}
+    )
+    _, _, workload = kai_objects.chat_sharing_a_gpu(kube_admin, ns, queue)
     finished: list[Actuation] = []
 
     async def report(_decision: FractionDecision, actuation: Actuation) -> None:

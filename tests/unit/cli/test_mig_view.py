@@ -3,7 +3,6 @@ the mig-parted config it writes), the engine-need adapter, and the status column
 
 from __future__ import annotations
 
-import csv
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,6 +18,7 @@ from fracpilot_libs.contracts import Policy, UsageSample, WorkloadRef
 from fracpilot_libs.mig.mig_parted import spec_problems
 from fracpilot_libs.mig.profiles import A100_80GB, H100_80GB
 from fracpilot_libs.sizing.engine import memory_need_of
+from support.usage_trace import timestamp, write_usage_trace
 
 GIB = 1024**3
 DEVICE = 80 * GIB
@@ -44,26 +44,22 @@ EXPECTED = {
 
 
 def write_trace(path: Path, model: str = "") -> Path:
-    with path.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(
-            [
-                "timestamp",
-                "namespace",
-                "workload",
-                "pod",
-                "gpu_util",
-                "gpu_mem_used_bytes",
-                "gpu_mem_total_bytes",
-                *(["gpu_model"] if model else []),
-            ]
-        )
-        for name, (compute, memory, first, last) in WORKLOADS.items():
-            for m in range(first, last + 1):
-                at = (T0 + timedelta(minutes=m)).isoformat().replace("+00:00", "Z")
-                row = [at, "ml", name, f"{name}-0", compute, int(memory * GIB), DEVICE]
-                w.writerow([*row, *([model] if model else [])])
-    return path
+    gpu_model = [model] if model else []
+    rows = [
+        [
+            timestamp(T0 + timedelta(minutes=m)),
+            "ml",
+            name,
+            f"{name}-0",
+            compute,
+            int(memory * GIB),
+            DEVICE,
+            *gpu_model,
+        ]
+        for name, (compute, memory, first, last) in WORKLOADS.items()
+        for m in range(first, last + 1)
+    ]
+    return write_usage_trace(path, rows, ["gpu_model"] if model else [])
 
 
 def test_replay_mig_json_recommends_a_profile_per_workload_and_the_gpus(tmp_path: Path) -> None:

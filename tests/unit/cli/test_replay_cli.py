@@ -3,11 +3,10 @@ the errors it reports, and the plot it draws."""
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -17,19 +16,11 @@ from typer.testing import CliRunner
 
 from fracpilot_cli import replay as replay_cli
 from fracpilot_cli.main import app
+from support.usage_trace import timestamp, write_usage_trace
 
 GIB = 1024**3
 DEVICE = 80 * GIB
 T0 = datetime(2026, 3, 2, tzinfo=UTC)
-HEADER = [
-    "timestamp",
-    "namespace",
-    "workload",
-    "pod",
-    "gpu_util",
-    "gpu_mem_used_bytes",
-    "gpu_mem_total_bytes",
-]
 METRIC_KEYS = {
     "samples",
     "workloads",
@@ -77,22 +68,18 @@ def write_trace(
 ) -> Path:
     """A trace of one sample a minute per workload, rows interleaved in time order."""
     rng = random.Random(7)
-    header = HEADER + (["requested_fraction"] if requested is not None else [])
-    with path.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(header)
-        for m in range(minutes):
-            at = (T0 + timedelta(minutes=m)).isoformat().replace("+00:00", "Z")
-            for name, usage in (workloads or WORKLOADS).items():
-                compute, share = usage(m, rng)
-                row = [at, "inference", name, f"{name}-0", f"{compute:.4f}"]
-                row += [str(int(share * DEVICE)), str(DEVICE)]
-                if requested is not None:
-                    row.append(str(requested))
-                w.writerow(row)
-        for row in extra_rows:
-            w.writerow(row)
-    return path
+    rows: list[Sequence[object]] = []
+    for m in range(minutes):
+        at = timestamp(T0 + timedelta(minutes=m))
+        for name, usage in (workloads or WORKLOADS).items():
+            compute, share = usage(m, rng)
+            row: list[object] = [at, "inference", name, f"{name}-0", f"{compute:.4f}"]
+            row += [str(int(share * DEVICE)), str(DEVICE)]
+            if requested is not None:
+                row.append(str(requested))
+            rows.append(row)
+    rows += extra_rows
+    return write_usage_trace(path, rows, ["requested_fraction"] if requested is not None else [])
 
 
 @pytest.fixture
@@ -259,7 +246,7 @@ def test_missing_file_missing_column_and_empty_trace_exit_2(tmp_path: Path) -> N
     assert result.exit_code == 2
     assert "missing column(s) pod" in result.stderr
     empty = tmp_path / "empty.csv"
-    empty.write_text(",".join(HEADER) + "\n")
+    write_usage_trace(empty, [])
     result = run(empty)
     assert result.exit_code == 2
     assert "no samples" in result.stderr

@@ -8,19 +8,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-from types import TracebackType
 
+from fracpilot_libs.server_process import ServerProcess, free_port, port_open
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+__all__ = ["EmbeddedNats", "free_port", "nats_server_binary"]
 
 
 def nats_server_binary() -> str:
@@ -48,8 +43,12 @@ class EmbeddedNats:
         self.store_dir = store_dir or tempfile.mkdtemp(prefix="fracpilot-nats-")
         self.port = port or free_port()
         self.extra_args = extra_args
-        self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = Path(self.store_dir) / "nats-server.log"
+        self.server = ServerProcess("nats-server", self.log_path)
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.server.proc
 
     @property
     def url(self) -> str:
@@ -68,34 +67,11 @@ class EmbeddedNats:
             self.store_dir,
             *self.extra_args,
         ]
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"nats-server exited with {self.proc.returncode}; see {self.log_path}"
-                )
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return self
-            except OSError:
-                time.sleep(0.05)
-        raise TimeoutError(f"nats-server did not listen on {self.port} within {timeout_s}s")
+        self.server.start(args, ready=lambda: port_open(self.port), timeout=timeout_s)
+        return self
 
     def stop(self, kill: bool = False) -> None:
-        if self.proc is None:
-            return
-        if kill:
-            self.proc.kill()
-        else:
-            self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc = None
+        self.server.stop(kill=kill)
 
     def cleanup(self) -> None:
         self.stop()
@@ -105,10 +81,5 @@ class EmbeddedNats:
     def __enter__(self) -> EmbeddedNats:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.cleanup()
