@@ -50,7 +50,8 @@ from prometheus_client import CollectorRegistry
 from fracpilot_decision.checkpoints import Checkpointer
 from fracpilot_libs.contracts import Policy, UsageSample, WorkloadRef
 from fracpilot_libs.nats import subjects
-from fracpilot_libs.nats.embedded import EmbeddedNats, free_port
+from fracpilot_libs.nats.embedded import EmbeddedNats
+from fracpilot_libs.server_process import free_port
 from fracpilot_libs.sizing.engine import decide
 from fracpilot_libs.sizing.state import WorkloadState, dump_state, load_state
 

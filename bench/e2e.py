@@ -77,7 +77,8 @@ from pipeline_harness import (
 )
 
 from fracpilot_libs.nats import subjects
-from fracpilot_libs.nats.embedded import EmbeddedNats, free_port
+from fracpilot_libs.nats.embedded import EmbeddedNats
+from fracpilot_libs.server_process import free_port
 from support.nats_cluster import NatsCluster, replicas_of
 
 LAG = "fracpilot_decision_sample_lag_seconds"

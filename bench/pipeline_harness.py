@@ -31,7 +31,7 @@ from nats.aio.msg import Msg
 
 from fracpilot_libs.contracts import UsageSample, WorkloadRef
 from fracpilot_libs.nats import subjects
-from fracpilot_libs.nats.embedded import free_port
+from fracpilot_libs.server_process import ServerProcess, free_port
 
 GIB = 1024**3
 DEVICE = 80 * GIB
@@ -296,38 +296,28 @@ class Service:
     env: dict[str, str]
     log: Path
     profile: Path | None = None
-    proc: Any = None
+    server: ServerProcess | None = None
+
+    @property
+    def proc(self) -> Any:
+        return self.server.proc if self.server is not None else None
 
     def start(self) -> Service:
-        import subprocess
-
         cmd = [sys.executable]
         if self.profile is not None:
             cmd += ["-m", "cProfile", "-o", str(self.profile)]
         cmd += ["-m", self.module]
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                cmd, env={**os.environ, **self.env}, stdout=out, stderr=subprocess.STDOUT
-            )
+        self.server = ServerProcess(self.module, self.log)
+        self.server.start(cmd, env={**os.environ, **self.env})
         return self
 
     def stop(self, timeout_s: float = 60.0) -> None:
-        import signal
-        import subprocess
-
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        if self.server is not None:
+            self.server.stop(timeout_s)
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        if self.server is not None:
+            self.server.stop(kill=True)
 
 
 async def declare_streams(url: str, partitions: int) -> None:

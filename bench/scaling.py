@@ -54,7 +54,8 @@ from prometheus_client import CollectorRegistry
 from fracpilot_decision.checkpoints import Checkpointer
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.decision_backlog import decision_backlog
-from fracpilot_libs.nats.embedded import EmbeddedNats, free_port
+from fracpilot_libs.nats.embedded import EmbeddedNats
+from fracpilot_libs.server_process import free_port
 
 OWNED = "fracpilot_decision_partitions_owned"
 SAMPLES = "fracpilot_decision_samples_total"

@@ -25,8 +25,8 @@ from chaos.test_pipeline_chaos import expected_sample_ids
 from fracpilot_cli.demo import DemoConfig
 from fracpilot_cli.processes import ServiceProcess
 from fracpilot_libs.nats import subjects
-from fracpilot_libs.nats.embedded import free_port
 from fracpilot_libs.nats.kv_snapshot import read_kv
+from fracpilot_libs.server_process import free_port
 from support.nats_cluster import ClusterNode, NatsCluster, stream_info
 
 LONG = os.environ.get("FRACPILOT_CHAOS_LONG", "") not in ("", "0", "false")

@@ -36,7 +36,8 @@ from factories import decision as make_decision
 from fracpilot_cli.processes import ServiceProcess
 from fracpilot_libs.contracts import ActuationResult, FractionDecision, Outcome, PlanKind, utcnow
 from fracpilot_libs.nats import subjects
-from fracpilot_libs.nats.embedded import EmbeddedNats, free_port
+from fracpilot_libs.nats.embedded import EmbeddedNats
+from fracpilot_libs.server_process import free_port
 from k8s_control_plane import ControlPlane
 from support.fault_proxy import FaultProxy, Rule, proxy_kubeconfig, upstream_context
 

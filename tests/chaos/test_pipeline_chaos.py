@@ -31,7 +31,8 @@ from chaos.invariants import check, wait_drained
 from fracpilot_cli.demo import DemoConfig
 from fracpilot_cli.processes import ServiceProcess
 from fracpilot_ingest.settings import IngestSettings
-from fracpilot_libs.nats.embedded import EmbeddedNats, free_port
+from fracpilot_libs.nats.embedded import EmbeddedNats
+from fracpilot_libs.server_process import free_port
 from fracpilot_libs.simulation.workloads import demo_workloads
 
 pytestmark = pytest.mark.chaos

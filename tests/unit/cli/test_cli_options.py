@@ -16,7 +16,7 @@ import yaml
 from typer.testing import CliRunner
 
 from fracpilot_cli.main import app
-from fracpilot_libs.nats.embedded import free_port
+from fracpilot_libs.server_process import free_port
 
 runner = CliRunner()
 CLOSED = f"nats://127.0.0.1:{free_port()}"  # nothing listens there

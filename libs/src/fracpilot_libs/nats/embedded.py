@@ -15,7 +15,7 @@ from pathlib import Path
 
 from fracpilot_libs.server_process import ServerProcess, free_port, port_open
 
-__all__ = ["EmbeddedNats", "free_port", "nats_server_binary"]
+__all__ = ["EmbeddedNats", "nats_server_binary"]
 
 
 def nats_server_binary() -> str:
