@@ -49,6 +49,7 @@ from typing import Any
 from fracpilot_libs.placement.planner import ClusterState, NodeOkFor, Placement
 
 BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+COUNTED = frozenset({"cpu", "memory", "ephemeral-storage", "pods"})
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
 HOSTNAME = "kubernetes.io/hostname"
 
@@ -271,6 +272,9 @@ class NodeFacts:
     allocatable: Resources = Resources()
     pods: int = 110  # allocatable pods
     unschedulable: bool = False
+    # What the node reports in status.allocatable: kube-scheduler counts a missing one as 0;
+    # here it is not checked (real nodes report all; simulated and test nodes often do not).
+    reported: frozenset[str] = COUNTED
 
 
 @dataclass(frozen=True)
@@ -361,6 +365,7 @@ def node_facts(raw: Mapping[str, Any]) -> NodeFacts:
         allocatable=resources_of(allocatable),
         pods=int(quantity(allocatable["pods"])) if "pods" in allocatable else 0,
         unschedulable=bool(spec.get("unschedulable")),
+        reported=COUNTED & allocatable.keys(),
     )
 
 
@@ -517,7 +522,7 @@ def matches_node_affinity(pod: PodFacts, node: NodeFacts) -> bool:
 
 def resource_failure(pod: PodFacts, node: NodeFacts, on_node: Sequence[PodFacts]) -> str | None:
     """NodeResourcesFit: the pod's request beside the requests of the node's pods."""
-    if len(on_node) + 1 > node.pods:
+    if "pods" in node.reported and len(on_node) + 1 > node.pods:
         return f"too many pods ({len(on_node)} of {node.pods} allowed)"
     want = pod.requests
     if want.zero:
@@ -538,7 +543,7 @@ def resource_failure(pod: PodFacts, node: NodeFacts, on_node: Sequence[PodFacts]
         ),
     )
     for name, asked, in_use, total, unit in checks:
-        if asked > 0 and asked > total - in_use:
+        if asked > 0 and name in node.reported and asked > total - in_use:
             return (
                 f"insufficient {name} (asks {asked}{unit}, {in_use}{unit} of "
                 f"{total}{unit} requested already)"
