@@ -5,7 +5,9 @@ Many generated layouts run at once in one cluster: each gets kwok nodes of its o
 GPUs), a namespace of its own with fraction pods already placed by KAI, and then one candidate
 fraction pod with a random node selector, required node affinity, tolerations, requests, pod
 (anti-)affinity and topology spread. Every candidate's node affinity terms also require its
-layout (ANDed into each term, which the planner sees too), so layouts cannot meet.
+layout (ANDed into each term, which the planner sees too), so layouts cannot meet. One more
+layout is written by hand: KAI binds a pod there that kube-scheduler's topology spread rule
+would refuse everywhere.
 
 The planner's answer (:func:`~fracpilot_libs.placement.planner.move_or_scale_up`, the
 "recreate elsewhere" choice, on the cluster as the actuator's inventory reads it, with
@@ -254,6 +256,45 @@ def _candidate(
     return pod, fraction
 
 
+def _spread_layout(i: int, run: str) -> Layout:
+    """KAI v0.12 runs no topology spread filter: zone a holds two web pods, zone b's node is
+    tainted. kube-scheduler would refuse both nodes to a candidate spreading web pods by zone
+    (skew 2 > 1 on a); KAI binds it on a, as the planner does with ``spread=False``."""
+    rng = random.Random(i)
+    nodes = [_node(f"pa-{run}-{i}-{zone}", i, run, rng) for zone in "ab"]
+    for node, zone in zip(nodes, "ab", strict=True):
+        node["metadata"]["labels"][ZONE] = zone
+        node["metadata"]["labels"].pop(SSD, None)
+        node["spec"]["taints"] = [KWOK_TAINT]
+        node["status"]["allocatable"].update(cpu="8", memory="32Gi")  # capacity is the same
+    nodes[1]["spec"]["taints"].append({"key": "gpu", "value": "reserved", "effect": "NoSchedule"})
+    a = nodes[0]["metadata"]["name"]
+    existing = []
+    for k in range(2):
+        web = _fraction_pod(f"{a}-w{k}", 0.25, run, {"app": "web", ROLE: "existing"}, "250m", "1Gi")
+        web["spec"].update(nodeSelector={HOSTNAME: a}, tolerations=[{"operator": "Exists"}])
+        existing.append(web)
+    labels = {"app": "candidate", ROLE: "candidate"}
+    candidate = _fraction_pod(f"candidate-{i}", 0.25, run, labels, "250m", "1Gi")
+    in_layout = {"key": LAYOUT, "operator": "In", "values": [str(i)]}
+    candidate["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [in_layout]}]
+            }
+        }
+    }
+    candidate["spec"]["topologySpreadConstraints"] = [
+        {
+            "maxSkew": 1,
+            "topologyKey": ZONE,
+            "whenUnsatisfiable": "DoNotSchedule",
+            "labelSelector": {"matchLabels": {"app": "web"}},
+        }
+    ]
+    return Layout(i, f"pa-{run}-{i}", nodes, existing, candidate, 0.25)
+
+
 def _layouts(run: str) -> list[Layout]:
     rng = random.Random(SEED)
     layouts = []
@@ -262,6 +303,7 @@ def _layouts(run: str) -> list[Layout]:
         existing = [p for n in nodes for p in _existing(n, i, run, rng)]
         candidate, fraction = _candidate(i, run, nodes, rng)
         layouts.append(Layout(i, f"pa-{run}-{i}", nodes, existing, candidate, fraction))
+    layouts.append(_spread_layout(LAYOUTS, run))
     return layouts
 
 
@@ -379,7 +421,7 @@ def test_the_planner_places_fraction_pods_where_kai_does(
 
         for layout in layouts:
             gpu_stack.create(layout.candidate, layout.namespace)
-        candidates = _settle(gpu_stack, f"{RUN}={run},{ROLE}=candidate", LAYOUTS, SETTLE_S)
+        candidates = _settle(gpu_stack, f"{RUN}={run},{ROLE}=candidate", len(layouts), SETTLE_S)
         time.sleep(3)  # a late bind after an early Unschedulable
         candidates = gpu_stack.items("Pod", selector=f"{RUN}={run},{ROLE}=candidate")
     finally:
@@ -422,6 +464,7 @@ def test_the_planner_places_fraction_pods_where_kai_does(
     assert figures["undecided"] == 0, "KAI decided every candidate within the bounded wait"
     assert figures["fits_somewhere_agreement"] >= 0.95, figures
     assert figures["same_node_agreement"] >= 0.8, figures
+    assert figures["kube_scheduler_spread_would_refuse"] >= 1, "KAI ignored the spread layout"
 
 
 # --- figures ---------------------------------------------------------------------------------
