@@ -55,6 +55,9 @@ def gpu_node(
         {"status": {"capacity": resources, "allocatable": resources}},
         _content_type=MERGE_PATCH,
     )
+    # Created NotReady (admission taints it); no kubelet or node controller here lifts it,
+    # and a recreated pod may go only where kube-scheduler would put it.
+    core.patch_node(name, {"spec": {"taints": []}}, _content_type=MERGE_PATCH)
     return name
 
 

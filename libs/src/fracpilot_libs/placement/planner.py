@@ -10,7 +10,9 @@
 other on the cluster as the earlier steps leave it, and can be told that the backend cannot
 change a running pod (HAMi), so that even a fit on the pod's own GPU is a recreate, and be
 given the backend's own fit rule (:data:`FitRule`; HAMi's is
-:func:`fracpilot_libs.hami.placement.hami_fit`) instead of "the free share holds it".
+:func:`fracpilot_libs.hami.placement.hami_fit`) instead of "the free share holds it", and
+which nodes a recreated pod may go to (:data:`NodeOk`, :data:`NodeOkFor`; kube-scheduler's
+predicates are :mod:`fracpilot_libs.placement.predicates`): without, every node may.
 No I/O: the backend that executes the plan (the actuator's simulated cluster or Kubernetes)
 lives in the actuator; ``fracpilot replay --pack`` (:mod:`fracpilot_libs.analysis.packing`) runs
 the same plans on a replayed cluster.
@@ -120,6 +122,15 @@ FitRule = Callable[[ClusterState, str, float, str], bool]
 is being planned): ``rule(state, uuid, fraction, pod_key)``."""
 
 
+NodeOk = Callable[[str], str | None]
+"""Why the pod being planned may not be recreated on node ``name`` (None: it may). A fit on
+the pod's own GPU, changed in place, does not ask: the pod stays where it is."""
+
+NodeOkFor = Callable[["Placement", "ClusterState"], NodeOk | None]
+"""The :data:`NodeOk` for one pod of a workload, on the cluster as the earlier steps of its
+plan left it; None: every node."""
+
+
 def share_fits(state: ClusterState, gpu_uuid: str, fraction: float, pod_key: str) -> bool:
     """The default rule: the GPU's free share, without the pod, holds the fraction."""
     return state.free(gpu_uuid, excluding_pod=pod_key) + EPSILON >= fraction
@@ -160,16 +171,24 @@ def move_or_scale_up(
     base: dict[str, Any],
     free: Callable[[str], float],
     fit_on: Callable[[str], bool] | None = None,
+    node_ok: NodeOk | None = None,
 ) -> ResizePlan:
     """The plan for a share that does not fit on its GPU: recreate it on the best-fitting other
     GPU (the least free that holds it), or, where none holds it, wait for capacity.
     ``free(uuid)`` is a GPU's free share without the share being planned; ``fit_on(uuid)``,
-    when given, decides whether it fits there (else the free share must hold it)."""
+    when given, decides whether it fits there (else the free share must hold it); ``node_ok``,
+    when given, which nodes the recreated pod may go to."""
 
     def holds(uuid: str) -> bool:
         return fit_on(uuid) if fit_on is not None else free(uuid) + EPSILON >= fraction
 
-    candidates = [g for g in state.gpus if g.uuid != gpu and holds(g.uuid)]
+    holding = [g for g in state.gpus if g.uuid != gpu and holds(g.uuid)]
+    refused: dict[str, str] = {}  # node -> why the pod may not go there
+    if node_ok is not None:
+        for node in dict.fromkeys(g.node for g in holding):
+            if (why := node_ok(node)) is not None:
+                refused[node] = why
+    candidates = [g for g in holding if g.node not in refused]
     if candidates:
         best = min(candidates, key=lambda g: (free(g.uuid), g.uuid))
         return ResizePlan(
@@ -177,7 +196,16 @@ def move_or_scale_up(
             gpu_after=best.uuid,
             **base,
             reason=f"{fraction:g} does not fit on {gpu} ({free(gpu):g} free without it); "
-            f"best fit is {best.uuid} on {best.node} ({free(best.uuid):g} free)",
+            f"best fit is {best.uuid} on {best.node} ({free(best.uuid):g} free)"
+            + (f"; {len(refused)} node(s) with room refused it" if refused else ""),
+        )
+    if refused:
+        return ResizePlan(
+            kind=PlanKind.SCALE_UP,
+            **base,
+            reason=f"{fraction:g} fits nowhere the pod may go: "
+            + "; ".join(refused[n] for n in sorted(refused))
+            + "; capacity must be added before the pod moves",
         )
     largest = max((free(g.uuid) for g in state.gpus), default=0.0)
     return ResizePlan(
@@ -297,12 +325,15 @@ def plan_pod(
     *,
     in_place: bool = True,
     fit: FitRule = share_fits,
+    node_ok: NodeOk | None = None,
 ) -> ResizePlan:
     """The plan for one pod; ``in_place=False`` when the backend cannot change a running pod;
-    ``fit`` is the backend's rule for whether a share fits on a GPU.
+    ``fit`` is the backend's rule for whether a share fits on a GPU; ``node_ok`` which nodes
+    a recreated pod may go to (None: any).
 
     Without in-place changes a fit on the pod's own GPU is still a recreate (the scheduler
-    may put the new pod back on it), reported as ``recreate_elsewhere`` with that GPU.
+    may put the new pod back on it), reported as ``recreate_elsewhere`` with that GPU, unless
+    its node no longer admits a new pod (a taint or label changed since).
     """
     wl, key, gpu = placement.workload, placement.pod_key, placement.gpu_uuid
     base: dict[str, Any] = {
@@ -320,7 +351,11 @@ def plan_pod(
             reason=f"{placement.pod} already holds {new_fraction:g}",
         )
     here = state.free(gpu, excluding_pod=key)
-    if fit(state, gpu, new_fraction, key):
+    own = state.gpu(gpu)
+    refused_here = (
+        node_ok(own.node) if node_ok is not None and own is not None and not in_place else None
+    )
+    if fit(state, gpu, new_fraction, key) and refused_here is None:
         if in_place:
             return ResizePlan(
                 kind=PlanKind.IN_PLACE,
@@ -335,14 +370,23 @@ def plan_pod(
             reason=f"{new_fraction:g} fits on its GPU {gpu} ({here:g} free without it), but "
             "the backend cannot change a running pod: recreate it",
         )
-    return move_or_scale_up(
+    plan = move_or_scale_up(
         state,
         gpu,
         new_fraction,
         base,
         lambda g: state.free(g, excluding_pod=key),
         lambda g: fit(state, g, new_fraction, key),
+        node_ok,
     )
+    if refused_here is not None and fit(state, gpu, new_fraction, key):
+        plan = plan.model_copy(
+            update={
+                "reason": f"its own GPU {gpu} holds {new_fraction:g}, "
+                f"but {refused_here}; {plan.reason}"
+            }
+        )
+    return plan
 
 
 def apply_pod_plan(state: ClusterState, step: ResizePlan) -> ClusterState:
@@ -366,9 +410,11 @@ def plan_workload(
     *,
     in_place: bool = True,
     fit: FitRule = share_fits,
+    node_ok_for: NodeOkFor | None = None,
 ) -> WorkloadPlan:
     """Plan each pod in turn on the cluster as the earlier steps leave it (``fit``: the
-    backend's fit rule, as :func:`plan_pod`).
+    backend's fit rule, as :func:`plan_pod`; ``node_ok_for``: which nodes each pod's
+    replacement may go to, on that cluster).
 
     Two scale-up steps each count on a GPU of their own (one whole-GPU placeholder each):
     that may ask for more than a perfect packing would, never for less.
@@ -382,7 +428,8 @@ def plan_workload(
         )
     steps: list[ResizePlan] = []
     for placement in pods:
-        step = plan_pod(state, placement, new_fraction, in_place=in_place, fit=fit)
+        node_ok = node_ok_for(placement, state) if node_ok_for is not None else None
+        step = plan_pod(state, placement, new_fraction, in_place=in_place, fit=fit, node_ok=node_ok)
         steps.append(step)
         state = apply_pod_plan(state, step)
     kind = max((s.kind for s in steps), key=SEVERITY.__getitem__)

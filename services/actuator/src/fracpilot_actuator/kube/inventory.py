@@ -24,6 +24,9 @@ which :func:`as_api_dict` turns into the same dicts); time is passed in, nothing
   node's GPUs nobody is known to hold are ``<node>/free-<i>``.
 - fracpilot's own capacity placeholders are left out: the capacity they stand for is what a
   scale-up waits for.
+- What kube-scheduler's predicates need to say where a recreated pod may go (labels, taints,
+  allocatable CPU and memory of every node; requests, selectors, affinity and tolerations of
+  every other pod): :attr:`Inventory.facts`, :mod:`fracpilot_libs.placement.predicates`.
 
 A value that cannot be right (``gpu-fraction: "abc"``, ``"1.5"``, ``"-1"``, a HAMi annotation
 that does not parse) is a :class:`Problem` naming the pod; that pod holds no placement, and
@@ -32,6 +35,7 @@ the rest of the cluster is read as usual.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -72,7 +76,16 @@ from fracpilot_libs.contracts import MIB, GpuSharing, WorkloadRef
 from fracpilot_libs.hami.register import RegisteredGpu
 from fracpilot_libs.kai import KaiSettings
 from fracpilot_libs.owners import Controller, OwnerKey, top_owner
-from fracpilot_libs.placement.planner import ClusterState, Gpu, Placement
+from fracpilot_libs.placement.planner import ClusterState, Gpu, NodeOkFor, Placement
+from fracpilot_libs.placement.predicates import (
+    ClusterFacts,
+    NodeFacts,
+    PodFacts,
+    node_facts,
+    node_ok_for,
+    pod_facts,
+    pods_by_node,
+)
 
 # --- the model --------------------------------------------------------------------------------
 
@@ -138,6 +151,14 @@ class Inventory:
     problems: tuple[Problem, ...]
     placeholders: tuple[PodInfo, ...] = ()
     hami_memory_factor: int = 1  # HAMi's memoryFactor: nvidia.com/gpumem is in its units
+    facts: ClusterFacts | None = None  # for the placement predicates; None: not read
+
+    def node_ok_for(self, backend: GpuSharing | None) -> NodeOkFor | None:
+        """Where each pod's replacement may go (kube-scheduler's predicates on what was read;
+        KAI-Scheduler v0.12 runs no topology spread filter); None: anywhere."""
+        if self.facts is None:
+            return None
+        return node_ok_for(self.facts, spread=backend is not GpuSharing.KAI)
 
     def problems_of(self, pods: Iterable[PodInfo]) -> tuple[Problem, ...]:
         subjects = {f"pod {p.key}" for p in pods}
@@ -319,10 +340,16 @@ def build_inventory(
     kai, bound = kai or KaiSettings(), bound or {}
     problems: list[Problem] = []
     node_by_name: dict[str, _Node] = {}
+    facts_of_nodes: dict[str, NodeFacts] = {}
     for raw in nodes:
-        parsed = _node(as_api_dict(raw), default_gpu_memory_mib, problems)
+        obj = as_api_dict(raw)
+        parsed = _node(obj, default_gpu_memory_mib, problems)
         if parsed.gpus:
             node_by_name[parsed.name] = parsed
+        try:
+            facts_of_nodes[parsed.name] = node_facts(obj)
+        except ValueError as exc:  # the predicates then refuse the node for a recreate
+            problems.append(Problem(f"node {parsed.name}", f"allocatable: {exc}"))
 
     live = [
         p
@@ -339,6 +366,7 @@ def build_inventory(
 
     infos: dict[str, PodInfo] = {}
     placeholders: list[PodInfo] = []
+    facts_of_pods: list[PodFacts] = []
     placements: list[Placement] = []
     held: dict[str, set[str]] = {}  # node -> GPU ids with shares on them
     whole: dict[str, int] = {}  # node -> whole GPUs held by pods without a share
@@ -392,6 +420,9 @@ def build_inventory(
         if labels.get(ROLE) == CAPACITY_ROLE:
             placeholders.append(info)
             continue
+        # The API validated its quantities: only a fake's pod can have no facts.
+        with contextlib.suppress(ValueError):
+            facts_of_pods.append(pod_facts(pod))
         if reservation:
             if node is not None and (group := labels.get(KAI_GROUP)):
                 held.setdefault(node.name, set()).add(
@@ -445,6 +476,7 @@ def build_inventory(
         problems=tuple(problems),
         placeholders=tuple(placeholders),
         hami_memory_factor=hami_memory_factor,
+        facts=ClusterFacts(facts_of_nodes, pods_by_node(facts_of_pods)),
     )
 
 

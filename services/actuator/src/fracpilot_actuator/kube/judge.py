@@ -16,7 +16,8 @@ in this order, what the executor (:mod:`fracpilot_actuator.kube.executor`) is to
    in-place upsize past the KAI queue's limit is only recommended, past its quota (policy
    ``queue_bound=quota``) a recreate (:mod:`.queues`);
 5. plan the workload with the pure planner (in place only for KAI; HAMi pods with HAMi's own
-   fit rules, :func:`fracpilot_actuator.kube.hami.fit_rule`);
+   fit rules, :func:`fracpilot_actuator.kube.hami.fit_rule`; a recreated pod only where
+   kube-scheduler's predicates let it go, :meth:`.Inventory.node_ok_for`);
    KAI's in-place steps then say accounted vs enforced (:mod:`.enforcement`): an upsize past
    an enforced memory limit is a recreate, a downsize needs the memory floor under the new
    share, and policy ``enforcement=recreate_within_budget`` recreates when the budget allows;
@@ -303,6 +304,7 @@ def judge(
         decision.new_fraction,
         in_place=gpu_backend is GpuSharing.KAI,
         fit=fit_rule(gpu_backend, view.inventory.hami_memory_factor),
+        node_ok_for=view.inventory.node_ok_for(gpu_backend),
     )
     if gpu_backend is GpuSharing.HAMI and plan.kind is not PlanKind.NONE:
         plan = plan.model_copy(
@@ -318,6 +320,7 @@ def judge(
                 decision.new_fraction,
                 in_place=False,
                 fit=fit_rule(gpu_backend, view.inventory.hami_memory_factor),
+                node_ok_for=view.inventory.node_ok_for(gpu_backend),
             )
             plan = plan.model_copy(update={"reason": f"{bounded.reason}; {plan.reason}"})
         elif bounded.action == "recommend" and not dry_run:

@@ -77,6 +77,7 @@ class ScaleUps:
         for pod_name, (namespace, placeholder) in list(pending.placeholders.items()):
             pod, placement = live.get(pod_name), placements.get(pod_name)
             if pod is not None and placement is not None:
+                node_ok_for = inventory.node_ok_for(pod.backend)
                 step = plan_pod(
                     state,
                     placement,
@@ -85,6 +86,7 @@ class ScaleUps:
                     in_place=pod.backend is GpuSharing.KAI
                     and not must_recreate(view.enforcement.get(pod_name, NOT_ENFORCED), decision),
                     fit=fit_rule(pod.backend, inventory.hami_memory_factor),
+                    node_ok=node_ok_for(placement, state) if node_ok_for else None,
                 )
                 node = bound.get((namespace, placeholder))
                 if step.kind is PlanKind.SCALE_UP and node is None:  # no capacity yet
