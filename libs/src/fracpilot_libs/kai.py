@@ -23,6 +23,8 @@ DEFAULT_QUEUE_LABEL = "kai.scheduler/queue"  # constants.DefaultQueueLabel
 # is pending (so fracpilot's placeholders never go there).
 SCALE_ADJUST_NAMESPACE = "kai-scale-adjust"
 DEFAULT_QUEUE = "default-queue"  # pkg/podgrouper/podgrouper/plugins/constants DefaultQueueName
+DEFAULT_SCHEDULER = "kai-scheduler"  # the scheduler name the podgrouper groups pods of
+POD_GROUP_ANNOTATION = "pod-group-name"  # constants.PodGroupAnnotationForPod, set by the podgrouper
 
 QueueBound = Literal["limit", "quota"]
 
@@ -83,6 +85,15 @@ class KaiSettings(BaseModel):
     read_bind_requests: bool = Field(
         default=True,
         description="actuator: count pods on their KAI BindRequest's node before binding",
+    )
+    read_pod_groups: bool = Field(
+        default=True,
+        description="actuator: read KAI PodGroups (a gang's minMember, a workload's queue)",
+    )
+    scheduler_name: str = Field(
+        default=DEFAULT_SCHEDULER,
+        description="actuator: KAI's scheduler name; its pods without a queue label count in "
+        "the default queue",
     )
 
     @property

@@ -165,6 +165,16 @@ ACTUATOR_CALLS: tuple[Call, ...] = (
         )
         for verb in ("list", "watch")
     ),
+    *(
+        Call(
+            verb,
+            "scheduling.run.ai",
+            "podgroups",
+            scope="cluster",
+            why="a KAI gang's minMember, and the queue KAI charges its pods",
+        )
+        for verb in ("list", "watch")
+    ),
     Call(
         "patch",
         "fracpilot.io",
@@ -215,7 +225,8 @@ ACTUATOR_FORBIDDEN: tuple[Call, ...] = (
     Call("patch", "scheduling.run.ai", "queues", scope="cluster"),  # KAI's objects: read only
     Call("create", "scheduling.run.ai", "bindrequests"),
     Call("delete", "scheduling.run.ai", "bindrequests"),
-    Call("get", "scheduling.run.ai", "podgroups"),
+    Call("get", "scheduling.run.ai", "podgroups"),  # listed and watched, never read one by one
+    Call("patch", "scheduling.run.ai", "podgroups"),
 )
 
 # What fracpilot_ingest.owners.KubernetesOwners calls (owners=kubernetes; nodes with

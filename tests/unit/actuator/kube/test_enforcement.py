@@ -22,8 +22,10 @@ from fracpilot_actuator.kube.enforcement import (
     Enforcement,
     configmaps_of,
     enforcement_map,
+    enforcement_note,
     enforcement_of,
     honest_step,
+    lags,
     must_recreate,
     parse_memory_limit,
 )
@@ -371,3 +373,111 @@ def test_an_in_place_downsize_publishes_the_lag_in_the_result_event_and_allocati
     assert "(lags until the pod restarts)" in message
     [allocation] = allocations.allocations.values()
     assert (allocation.fraction, allocation.enforced_fraction) == (0.25, 0.5)
+
+
+# --- precision: limits in MiB with KAI's rounding (issue 26) ----------------------------------
+
+A100_LABEL = 81559  # nvidia.com/gpu.memory of an A100 80GB: 0.5 of it is not a whole MiB
+
+
+def as_kai_admits(pod: dict[str, Any], container: int = 0) -> dict[str, Any]:
+    """The pod exactly as KAI's admission leaves it with gpu-sharing and hamicore on
+    (kai-scheduler/KAI-Scheduler d5bc503a146317e51037d89775d77172c6d12f71):
+    ``pkg/admission/webhook/v1alpha2/gpusharing/gpu_sharing.go`` ``Mutate`` sets the
+    ``runai/shared-gpu-configmap`` prefix, adds NVIDIA_VISIBLE_DEVICES, RUNAI_NUM_OF_GPUS and
+    GPU_PORTION from ``<prefix>-<index>`` (``common.AddGPUSharingEnvVars``), its volume
+    (``SetConfigMapVolume``: ``<cm>-vol``) and ``envFrom`` ``<cm>-evar`` (optional false); then
+    ``pkg/admission/webhook/v1alpha2/hamicore/hamicore.go`` ``Mutate`` adds
+    CUDA_DEVICE_MEMORY_LIMIT from the same ConfigMap, optional."""
+    pod["metadata"]["annotations"]["runai/shared-gpu-configmap"] = PREFIX
+    cm = f"{PREFIX}-{container}"
+
+    def ref(key: str, **extra: Any) -> dict[str, Any]:
+        return {"name": key, "valueFrom": {"configMapKeyRef": {"key": key, "name": cm, **extra}}}
+
+    target = pod["spec"]["containers"][container]
+    target["env"] = [
+        *(target.get("env") or []),
+        ref("NVIDIA_VISIBLE_DEVICES"),
+        ref("RUNAI_NUM_OF_GPUS"),
+        ref("GPU_PORTION"),
+        ref("CUDA_DEVICE_MEMORY_LIMIT", optional=True),
+    ]
+    target["envFrom"] = [{"configMapRef": {"name": f"{cm}-evar", "optional": False}}]
+    pod["spec"]["volumes"] = [{"name": f"{cm}-vol", "configMap": {"name": cm}}]
+    return pod
+
+
+def bound_cm(label_mib: int, portion: str) -> dict[str, dict[str, str] | None]:
+    """The capabilities ConfigMap once KAI's binder bound the pod: GPU_PORTION and
+    RUNAI_NUM_OF_GPUS (``SetGPUPortion``), and ``pkg/binder/plugins/hamicore/hami_core.go``
+    ``calculateCudaDeviceMemoryLimit``: int64(float64(label) * portion) + "m"."""
+    limit = int(float(label_mib) * float(portion))
+    data = {
+        "GPU_PORTION": portion,
+        "RUNAI_NUM_OF_GPUS": portion,
+        "NVIDIA_VISIBLE_DEVICES": UUID_A,
+        "CUDA_DEVICE_MEMORY_LIMIT": f"{limit}m",
+    }
+    return {f"{PREFIX}-0": data}
+
+
+def a100_view(fraction: str, configmaps: Mapping[str, Mapping[str, str] | None]) -> ClusterView:
+    pod = as_kai_admits(kai("chat-0", fraction, group="g1", owner=OWNER))
+    inventory = build_inventory(
+        [node("n1", gpus=1, memory_mib=A100_LABEL)],
+        [reservation("g1", UUID_A), pod],
+        cluster="test",
+        default_gpu_memory_mib=MEM_MIB,
+    )
+    mine = inventory.pods_of(workload("chat"), {})
+    enforcement = enforcement_map(mine, inventory, configmaps, MEM_MIB)
+    return ClusterView(inventory, mine, None, OPTED_IN, enforcement=enforcement)
+
+
+def test_kais_limit_is_read_as_the_share_it_was_computed_from() -> None:
+    view_ = a100_view("0.5", bound_cm(A100_LABEL, "0.50"))
+    e = view_.enforcement["chat-0"]
+    assert e.memory_mib == 40779  # int(81559 * 0.5): 0.499994 of the GPU
+    assert e.fraction == 0.5, "today: 0.499994, reported as the enforced fraction"
+    assert e.covers(0.5)
+    assert e.matches(0.5)
+    assert not e.covers(0.51)
+    by_hand = enforcement_of(
+        one(as_kai_admits(kai("chat-0", "0.5", owner=OWNER))), {f"{PREFIX}-0": {}}, 0
+    )
+    assert not by_hand.enforced  # the binder wrote no limit: accounting only
+
+
+def test_an_upsize_back_to_the_starting_share_stays_in_place() -> None:
+    # Started at 0.5 (limit 40779 MiB), downsized in place to 0.25; back to 0.5.
+    view_ = a100_view("0.25", bound_cm(A100_LABEL, "0.50"))
+    result = judge(change(0.25, 0.5), view_, GUARDS, NOW)
+    assert isinstance(result, ActuationPlan)
+    assert result.plan.kind is PlanKind.IN_PLACE, "today: a needless recreate (0.499994 < 0.5)"
+    assert "its enforced limit covers it" in result.plan.reason
+    e = view_.enforcement["chat-0"]
+    assert not lags(result.plan.steps[0], e), "today: flagged as lagging"
+    assert "lags" not in enforcement_note(result.plan.steps[0], e)
+    assert result.result(Outcome.APPLIED, "").enforced_fraction == 0.5
+
+
+@given(
+    label=st.integers(1000, 200_000),
+    started=st.integers(1, 99),
+    target=st.integers(1, 99),
+)
+@settings(max_examples=300, deadline=None)
+def test_a_kai_limit_covers_exactly_the_shares_a_new_container_would_get_no_more(
+    label: int, started: int, target: int
+) -> None:
+    """In MiB: the limit of a container started at ``started`` hundredths holds ``target``
+    hundredths iff a container started at ``target`` would get no more memory."""
+    portion = f"{started / 100:.2f}"
+    e = enforcement_of(
+        one(as_kai_admits(kai("chat-0", portion, owner=OWNER))), bound_cm(label, portion), label
+    )
+    wanted = int(float(label) * float(f"{target / 100:.2f}"))
+    assert e.covers(target / 100) == (e.memory_mib is not None and e.memory_mib >= wanted)
+    assert e.matches(target / 100) == (e.memory_mib == wanted)
+    assert e.matches(started / 100)

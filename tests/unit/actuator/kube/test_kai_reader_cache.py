@@ -18,6 +18,10 @@ QUEUE = {
     "spec": {"resources": {"gpu": {"quota": 1, "limit": 2}}},
     "status": {"allocated": {"nvidia.com/gpu": "1500m"}},
 }
+GROUP = {  # as KAI's podgrouper writes it (scheduling.run.ai/v2alpha2)
+    "metadata": {"name": "pg-train-0", "namespace": "inference"},
+    "spec": {"minMember": 2, "queue": "team"},
+}
 
 
 class ListingApi:
@@ -48,38 +52,48 @@ def read(api: ListingApi, cache: MemoryCache, settings: KaiSettings | None = Non
 
 
 def test_what_the_cache_holds_is_read_without_a_list() -> None:
-    api = ListingApi({"queues": [], "bindrequests": []})  # a list would find nothing
+    api = ListingApi({"queues": [], "bindrequests": [], "podgroups": []})  # would find nothing
     cache = MemoryCache(
-        {"queues": CachedKaiObjects([QUEUE]), "bindrequests": CachedKaiObjects([REQUEST])}
+        {
+            "queues": CachedKaiObjects([QUEUE]),
+            "bindrequests": CachedKaiObjects([REQUEST]),
+            "podgroups": CachedKaiObjects([GROUP]),
+        }
     )
     reader, got = read(api, cache)
     assert got.queues is not None
     assert got.queues["team"].allocated == 1.5
     assert got.bound["inference/chat-1"].node == "n1"
+    assert got.pod_groups["inference/pg-train-0"].min_member == 2
+    assert got.pod_groups["inference/pg-train-0"].queue == "team"
     assert (api.calls, reader.lists) == ([], 0)
 
 
 def test_what_the_cache_cannot_say_is_listed() -> None:
-    api = ListingApi({"queues": [QUEUE], "bindrequests": [REQUEST]})
-    cache = MemoryCache({"queues": CachedKaiObjects([])})  # BindRequests: not synced yet
+    api = ListingApi({"queues": [QUEUE], "bindrequests": [REQUEST], "podgroups": [GROUP]})
+    cache = MemoryCache(  # BindRequests and PodGroups: not synced yet
+        {"queues": CachedKaiObjects([])}
+    )
     reader, got = read(api, cache)
     assert got.queues == {}  # from the cache, although the API has one
     assert set(got.bound) == {"inference/chat-1"}
-    assert (api.calls, reader.lists) == (["bindrequests"], 1)
+    assert set(got.pod_groups) == {"inference/pg-train-0"}
+    assert (sorted(api.calls), reader.lists) == (["bindrequests", "podgroups"], 2)
 
 
 def test_a_crd_the_cache_found_absent_reads_as_not_served_without_a_list() -> None:
     api = ListingApi({"queues": [QUEUE], "bindrequests": [REQUEST]})
-    cache = MemoryCache({"queues": CachedKaiObjects(None), "bindrequests": CachedKaiObjects(None)})
+    absent = CachedKaiObjects(None)
+    cache = MemoryCache({"queues": absent, "bindrequests": absent, "podgroups": absent})
     _, got = read(api, cache)
-    assert (got.queues, dict(got.bound)) == (None, {})
+    assert (got.queues, dict(got.bound), got.pod_groups) == (None, {}, None)
     assert api.calls == []
 
 
 def test_kinds_switched_off_are_neither_asked_of_the_cache_nor_listed() -> None:
     api = ListingApi({"queues": [QUEUE]})
     cache = MemoryCache({"queues": CachedKaiObjects([QUEUE])})
-    settings = KaiSettings(read_queues=False, read_bind_requests=False)
+    settings = KaiSettings(read_queues=False, read_bind_requests=False, read_pod_groups=False)
     _, got = read(api, cache, settings)
     assert got.queues is None
     assert (api.calls, cache.asked) == ([], [])

@@ -4,6 +4,7 @@ which KAI itself never checks (it checks quota and limit only when it places a p
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 
 from factories import decision
 from fracpilot_actuator.guardrails import GuardrailSettings, GuardState
+from fracpilot_actuator.kube.gangs import PodGroup
 from fracpilot_actuator.kube.inventory import build_inventory
 from fracpilot_actuator.kube.judge import ActuationPlan, ClusterView, Guards, Skip, judge
 from fracpilot_actuator.kube.kai_objects import KaiReader
@@ -19,12 +21,14 @@ from fracpilot_actuator.kube.queues import (
     check_upsize,
     parse_queue,
     parse_queues,
+    pod_queue,
     queue_of,
     upsize_of,
+    usage_by_queue,
 )
 from fracpilot_libs.contracts import FractionDecision, Outcome, PlanKind
 from fracpilot_libs.kai import KaiSettings
-from support.kube_objects import MEM_MIB, T0, kai, node, reservation
+from support.kube_objects import MEM_MIB, T0, kai, node, pod, reservation
 
 UUID_A = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"
 OWNER = ("Deployment", "chat")
@@ -206,10 +210,140 @@ def test_the_kai_reader_reads_queues_and_bind_requests_and_tolerates_their_absen
     assert sorted(api.calls) == [
         "scheduling.run.ai/v1alpha2/bindrequests",
         "scheduling.run.ai/v2/queues",
+        "scheduling.run.ai/v2alpha2/podgroups",
     ]
     absent = asyncio.run(KaiReader(FakeKaiApi({}), KaiSettings()).read())
-    assert (absent.queues, dict(absent.bound)) == (None, {})
+    assert (absent.queues, dict(absent.bound), absent.pod_groups) == (None, {}, None)
     off = FakeKaiApi({"queues": []})
-    settings = KaiSettings(read_queues=False, read_bind_requests=False)
+    settings = KaiSettings(read_queues=False, read_bind_requests=False, read_pod_groups=False)
     assert asyncio.run(KaiReader(off, settings).read()).queues is None
     assert off.calls == []
+
+
+# --- every upsize path, and what the queue really holds (issue 26) ----------------------------
+
+TEAM = {"kai.scheduler/queue": "team"}
+
+
+def in_team(p: dict[str, Any], queue: str = "team") -> dict[str, Any]:
+    p["metadata"]["labels"]["kai.scheduler/queue"] = queue
+    return p
+
+
+def full_gpu_view(
+    queues: dict[str, Queue] | None,
+    *,
+    spare_gpus: int = 1,
+    others: tuple[Any, ...] = (),
+    group: str = "",
+) -> ClusterView:
+    """chat (0.5) shares n1's only GPU with other (0.5); n2 has ``spare_gpus`` empty GPUs: an
+    upsize to 0.75 is a recreate onto n2 (a scale-up without n2). ``group``: chat's
+    PodGroup (KAI's podgrouper's annotation)."""
+    chat = in_team(kai("chat-0", "0.5", group="g1", owner=OWNER))
+    if group:
+        chat["metadata"]["annotations"]["pod-group-name"] = group
+    other = in_team(kai("other", "0.5", group="g1"))
+    nodes = [node("n1", gpus=1)] + ([node("n2", gpus=spare_gpus)] if spare_gpus else [])
+    inv = build_inventory(
+        nodes,
+        [reservation("g1", UUID_A), chat, other, *others],
+        cluster="test",
+        default_gpu_memory_mib=MEM_MIB,
+    )
+    made = grow(0.5, 0.75)
+    return ClusterView(inv, inv.pods_of(made.workload, {}), None, OPTED_IN, queues=queues)
+
+
+def moving() -> Guards:
+    """Guards that let a single replica be recreated (the plans below move one pod)."""
+    return Guards(GuardState(), GuardrailSettings(allow_single_replica=True))
+
+
+def test_an_upsize_by_recreate_past_the_queue_limit_is_only_recommended_and_keeps_the_pod() -> None:
+    queues = {"team": Queue("team", limit=1.0, allocated=1.0)}
+    result = judge(grow(0.5, 0.75), full_gpu_view(queues), moving(), NOW)
+    assert isinstance(result, Skip), "today: the pod is evicted and KAI refuses its replacement"
+    assert (result.actuation.outcome, result.actuation.held_back) == (
+        Outcome.DRY_RUN,
+        "queue_limit",
+    )
+    assert result.actuation.plan is PlanKind.RECREATE_ELSEWHERE
+    assert "an upsize by recreate of 0.25 GPU" in result.actuation.detail
+    assert "past its limit 1" in result.actuation.detail
+    roomy = {"team": Queue("team", limit=2.0, allocated=1.0)}
+    moved = judge(grow(0.5, 0.75), full_gpu_view(roomy), moving(), NOW)
+    assert isinstance(moved, ActuationPlan)
+    assert moved.plan.kind is PlanKind.RECREATE_ELSEWHERE
+
+
+def test_an_upsize_by_scale_up_past_the_queue_limit_is_only_recommended() -> None:
+    queues = {"team": Queue("team", limit=1.0, allocated=1.0)}
+    result = judge(grow(0.5, 0.75), full_gpu_view(queues, spare_gpus=0), moving(), NOW)
+    assert isinstance(result, Skip)
+    assert (result.actuation.plan, result.actuation.held_back) == (
+        PlanKind.SCALE_UP,
+        "queue_limit",
+    )
+    assert "an upsize by scale-up" in result.actuation.detail
+
+
+def test_a_queue_whose_status_lags_counts_the_pods_fracpilot_sees() -> None:
+    # No status yet (a new queue, or the queuecontroller behind): the pods hold 1.0 GPU.
+    lagging = {"team": Queue("team", limit=1.0)}
+    result = judge(grow(0.5, 0.75), full_gpu_view(lagging), moving(), NOW)
+    assert isinstance(result, Skip), "today: a queue without status reads as 0 allocated"
+    assert result.actuation.held_back == "queue_limit"
+    assert "allocated 1 by the pods seen; its status says 0" in result.actuation.detail
+
+
+def test_a_parent_queue_counts_the_pods_of_all_its_children() -> None:
+    # team has no limit; its parent org (limit 2, no status yet) also holds sibling's GPU.
+    sibling = in_team(pod("trainer", node_name="n2", limits={"nvidia.com/gpu": "1"}), "sibling")
+    queues = {
+        "team": Queue("team", parent="org"),
+        "sibling": Queue("sibling", parent="org"),
+        "org": Queue("org", limit=2.0),
+    }
+    result = judge(
+        grow(0.5, 0.75), full_gpu_view(queues, spare_gpus=2, others=(sibling,)), moving(), NOW
+    )
+    assert isinstance(result, Skip), "today: org reads as 0 allocated"
+    assert "queue org to 2.25 GPU, past its limit 2" in result.actuation.detail
+
+
+def test_the_pods_in_a_queue_are_those_kai_charges_for_it() -> None:
+    pods = [
+        in_team(kai("a", "0.25", group="g1")),  # bound: 0.25
+        in_team(kai("b", "0.125", group="g1")),  # KAI counts 0.13
+        in_team(kai("pending", "0.5", node_name=None)),  # not allocated yet
+        in_team(pod("whole", limits={"nvidia.com/gpu": "2"})),  # whole GPUs count
+        pod("elsewhere", limits={"nvidia.com/gpu": "1"}),  # not KAI's: no queue
+    ]
+    kai_pod = pod("unlabelled", annotations={"gpu-fraction": "0.5"})
+    kai_pod["spec"]["schedulerName"] = "kai-scheduler"  # KAI's: the default queue
+    inv = build_inventory(
+        [node("n1", gpus=4)],
+        [reservation("g1", UUID_A), *pods, kai_pod],
+        cluster="t",
+        default_gpu_memory_mib=MEM_MIB,
+    )
+    usage = usage_by_queue(inv.pods.values(), None, KaiSettings())
+    assert usage == pytest.approx({"team": 2.38, "default-queue": 0.5})
+    group = {"inference/pg": PodGroup("inference", "pg", queue="research")}
+    a = inv.pods["inference/a"]
+    assert pod_queue(a, group, KaiSettings()) == "team"
+    grouped = replace(a, annotations={**a.annotations, "pod-group-name": "pg"})
+    assert pod_queue(grouped, group, KaiSettings()) == "research"  # the PodGroup's spec.queue
+
+
+def test_the_pod_groups_queue_is_the_one_checked() -> None:
+    queues = {
+        "team": Queue("team", limit=10.0),
+        "capped": Queue("capped", limit=0.5),
+    }
+    base = full_gpu_view(queues, group="pg-chat")
+    groups = {"inference/pg-chat": PodGroup("inference", "pg-chat", 1, "capped")}
+    result = judge(grow(0.5, 0.75), replace(base, pod_groups=groups), moving(), NOW)
+    assert isinstance(result, Skip), "today: the queue label (team) is read, not the PodGroup"
+    assert "KAI queue capped" in result.actuation.detail

@@ -5,8 +5,8 @@ in pages, then watched from the list's resourceVersion; a watch that ends is res
 last resourceVersion seen, one that fails (410 Gone, API trouble) lists again, and the relist
 removes what was deleted meanwhile. ``synced`` is set once every resource has been listed.
 
-KAI-Scheduler's BindRequests and Queues (as :class:`KaiSettings` asks) are watched too, each
-by a :class:`CrdWatch`: their CRDs may be absent (a cluster without KAI) or not watchable
+KAI-Scheduler's BindRequests, Queues and PodGroups (as :class:`KaiSettings` asks) are watched
+too, each by a :class:`CrdWatch`: their CRDs may be absent (a cluster without KAI) or not watchable
 (RBAC without ``watch``). A resource the API server refuses (404, 403) is logged once and
 asked again after a doubling pause (``kai_retry_s`` up to ``resync_s``, never a hot loop);
 meanwhile :meth:`InventoryCache.kai_objects` says "not served" for a 404 (what a list would
@@ -31,6 +31,7 @@ from typing import Any, Literal
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from fracpilot_actuator.kube.gangs import POD_GROUP_GROUP, POD_GROUP_PLURAL, POD_GROUP_VERSION
 from fracpilot_actuator.kube.kai import (
     BIND_REQUEST_GROUP,
     BIND_REQUEST_PLURAL,
@@ -218,7 +219,7 @@ class CrdWatch:
 
 class InventoryCache:
     """Nodes (matching ``node_selector``), pods, ReplicaSets and Jobs of every namespace, and
-    KAI's BindRequests and Queues as ``kai`` asks (none without it).
+    KAI's BindRequests, Queues and PodGroups as ``kai`` asks (none without it).
 
     Start, read and wait on the event loop: the informers change the cache on it only.
     """
@@ -259,6 +260,7 @@ class InventoryCache:
                 kai and kai.read_bind_requests,
             ),
             (QUEUE_GROUP, QUEUE_VERSION, QUEUE_PLURAL, kai and kai.read_queues),
+            (POD_GROUP_GROUP, POD_GROUP_VERSION, POD_GROUP_PLURAL, kai and kai.read_pod_groups),
         )
         self._kai = {
             plural: CrdWatch(
@@ -285,7 +287,7 @@ class InventoryCache:
 
     @property
     def kai_watches(self) -> dict[str, CrdWatch]:
-        """The KAI objects watched, by plural (``bindrequests``, ``queues``)."""
+        """The KAI objects watched, by plural (``bindrequests``, ``queues``, ``podgroups``)."""
         return dict(self._kai)
 
     # --- lifecycle --------------------------------------------------------------------------

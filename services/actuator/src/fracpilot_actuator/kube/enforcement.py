@@ -4,10 +4,16 @@ KAI's scheduler re-reads a pod's ``gpu-fraction`` / ``gpu-memory`` annotation on
 so an in-place change moves its *accounting* at once; the container keeps what it started
 with. Its ``GPU_PORTION`` and, with KAI's hamicore plugin, its ``CUDA_DEVICE_MEMORY_LIMIT``
 are env vars from the pod's GPU-sharing ConfigMap, filled once by the binder before binding
-(kai-scheduler/KAI-Scheduler d5bc503a: ``pkg/admission/webhook/v1alpha2/hamicore/hamicore.go``
-adds the env as a ``configMapKeyRef`` on ``<runai/shared-gpu-configmap>-<container index>``,
-optional; ``pkg/binder/plugins/hamicore/hami_core.go`` writes
-``int(node nvidia.com/gpu.memory MiB x portion)`` + ``m`` into it; the fraction container is
+(kai-scheduler/KAI-Scheduler d5bc503a146317e51037d89775d77172c6d12f71, v0.17.0+9; the plugin
+came in 55febaf978ca7ee0744f4ff7cb7ba7bf9aee96f6 and is not in v0.12.0, the only version the Go
+module proxy serves, so this path is modelled from that source and tested on pod objects shaped
+as it writes them, never on the real stack: ``pkg/admission/webhook/v1alpha2/hamicore/
+hamicore.go`` ``Mutate`` adds the env as a ``configMapKeyRef`` on
+``<runai/shared-gpu-configmap>-<container index>`` (``i<index>`` for an init container), key
+``CUDA_DEVICE_MEMORY_LIMIT``, optional; ``pkg/binder/plugins/hamicore/hami_core.go``
+``calculateCudaDeviceMemoryLimit`` writes ``int64(float64(node label nvidia.com/gpu.memory) x
+portion)`` + ``m`` into it, the portion being the BindRequest's ``receivedGPU.portion``, which
+the scheduler formats ``%.2f`` (``pkg/scheduler/cache/cache.go``); the fraction container is
 the one named by ``gpu-fraction-container-name``, else the first:
 ``pkg/binder/common/gpu_access.go`` ``GetFractionContainerRef``). Without HAMi-core nothing
 limits the memory (KAI ``docs/gpu-sharing/README.md``). HAMi's device plugin sets
@@ -27,6 +33,11 @@ So (:func:`enforce`, called by the judge on the planner's plan):
 - with the policy's ``enforcement: recreate_within_budget`` an in-place downsize of an
   enforced pod is a recreate when the disruption budget allows (else it lags until the pod's
   next restart, as with ``next_restart``).
+
+Enforced limits are compared in MiB with KAI's rounding (:func:`kai_limit_mib`), never as
+float shares: KAI truncates, so a 0.5 share of an 81559 MiB GPU is held to 40779 MiB, which
+reads back as 0.499994 of it, and that limit does hold 0.5 (an upsize back to it stays in
+place, and it does not lag).
 """
 
 from __future__ import annotations
@@ -55,10 +66,34 @@ class Enforcement:
     fraction: float | None = None  # the limit as a share of its GPU
     how: str = ""  # what enforces it (or why nothing does), for the texts
     unknown: bool = False  # the pod refers to a limit that could not be read
+    gpu_memory_mib: int = 0  # the GPU memory the limit is a share of (0: unknown)
 
     @property
     def enforced(self) -> bool:
         return self.fraction is not None
+
+    def limit_for(self, fraction: float) -> int | None:
+        """The limit (MiB) a container started at ``fraction`` of this GPU would get."""
+        return kai_limit_mib(self.gpu_memory_mib, fraction) if self.gpu_memory_mib > 0 else None
+
+    def covers(self, fraction: float) -> bool:
+        """The limit holds a share of ``fraction`` (in MiB, as KAI computes a limit); not
+        enforced: True (nothing holds it back)."""
+        if self.fraction is None:
+            return True
+        wanted = self.limit_for(fraction)
+        if self.memory_mib is None or wanted is None:
+            return self.fraction + EPS >= fraction
+        return self.memory_mib >= wanted
+
+    def matches(self, fraction: float) -> bool:
+        """The limit is the one a container started at ``fraction`` would get (no lag)."""
+        if self.fraction is None:
+            return True
+        wanted = self.limit_for(fraction)
+        if self.memory_mib is None or wanted is None:
+            return abs(self.fraction - fraction) <= EPS
+        return self.memory_mib == wanted
 
     def describe(self) -> str:
         if self.unknown:
@@ -73,6 +108,25 @@ NOT_ENFORCED = Enforcement(how="KAI without HAMi-core: accounting only")
 
 def _share(value: float) -> str:
     return f"{round(value, 4):g}"
+
+
+def kai_limit_mib(gpu_memory_mib: int, fraction: float) -> int:
+    """KAI's hamicore limit (MiB) for a share: ``int64(float64(label) * portion)`` with the
+    portion as the BindRequest carries it (``%.2f``); Python's float is Go's float64 and
+    ``int`` truncates as Go's conversion does."""
+    portion = float(f"{min(max(fraction, 0.0), 1.0):.2f}")
+    return int(float(gpu_memory_mib) * portion)
+
+
+def kai_share_of(memory_mib: int, gpu_memory_mib: int) -> float:
+    """The share a limit stands for: the hundredth KAI computed it from when there is one
+    (40779 MiB of 81559 is 0.5, not 0.499994), else MiB over MiB (a limit set by hand)."""
+    if gpu_memory_mib <= 0:
+        return 1.0
+    portion = round(memory_mib / gpu_memory_mib, 2)
+    if kai_limit_mib(gpu_memory_mib, portion) == memory_mib:
+        return portion
+    return min(1.0, memory_mib / gpu_memory_mib)
 
 
 def parse_memory_limit(text: str) -> int | None:
@@ -154,7 +208,8 @@ def enforcement_of(
 
 
 def _limited(mib: int, gpu_memory_mib: int, how: str) -> Enforcement:
-    return Enforcement(mib, min(1.0, mib / gpu_memory_mib) if gpu_memory_mib > 0 else 1.0, how)
+    share = kai_share_of(mib, gpu_memory_mib)
+    return Enforcement(mib, share, how, gpu_memory_mib=max(gpu_memory_mib, 0))
 
 
 def enforcement_map(
@@ -202,7 +257,7 @@ def must_recreate(enforcement: Enforcement, decision: FractionDecision) -> bool:
     its limit is unknown): only a new container gets it."""
     e = enforcement
     return decision.new_fraction > decision.current_fraction and (
-        e.unknown or (e.fraction is not None and e.fraction + EPS < decision.new_fraction)
+        e.unknown or not e.covers(decision.new_fraction)
     )
 
 
@@ -215,7 +270,7 @@ def honest_step(
         return step
     before, after, e = step.fraction_before, step.fraction_after, enforcement
     if before is None or after > before:
-        if e.unknown or (e.fraction is not None and e.fraction + EPS < after):
+        if e.unknown or not e.covers(after):
             return _recreate(
                 step,
                 f"{step.reason}, but {after:g} needs more memory than the container may use "
@@ -286,8 +341,7 @@ def enforce(
 
 def lags(step: ResizePlan, enforcement: Enforcement) -> bool:
     """After this in-place step the pod's enforced limit differs from its accounting."""
-    e = enforcement.fraction
-    return step.kind is PlanKind.IN_PLACE and e is not None and abs(e - step.fraction_after) > EPS
+    return step.kind is PlanKind.IN_PLACE and not enforcement.matches(step.fraction_after)
 
 
 def enforced_after(step: ResizePlan, enforcement: Enforcement, applied: bool) -> float | None:
@@ -307,5 +361,5 @@ def enforcement_note(step: ResizePlan, enforcement: Enforcement) -> str:
         return f"accounted {after:g}; {e.describe()}"
     if step.kind in (PlanKind.RECREATE_ELSEWHERE, PlanKind.SCALE_UP):
         return f"accounted and enforced {after:g} once recreated (now {e.describe()})"
-    lag = " (lags until the pod restarts)" if abs(e.fraction - after) > EPS else ""
+    lag = "" if e.matches(after) else " (lags until the pod restarts)"
     return f"accounted {after:g}; {e.describe()}{lag}"

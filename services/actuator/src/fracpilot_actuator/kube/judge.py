@@ -12,15 +12,21 @@ in this order, what the executor (:mod:`fracpilot_actuator.kube.executor`) is to
 3. invalid shares (a bad annotation, an unknown GPU): skip with the error, and a Warning
    event on each pod at fault (not in a dry run);
 4. pods that do not all hold one kind of fractional share (KAI or HAMi): skip; KAI
-   multi-device fraction pods: skip (:mod:`.kai`); a KAI fraction goes onto hundredths, and an
-   in-place upsize past the KAI queue's limit is only recommended, past its quota (policy
-   ``queue_bound=quota``) a recreate (:mod:`.queues`);
+   multi-device fraction pods: skip (:mod:`.kai`); a KAI fraction goes onto hundredths; a
+   whole GPU (1.0) on a ``gpu-fraction`` pod is a recreate (KAI's webhook accepts a
+   ``gpu-fraction`` only in (0, 1), and a running pod's ``nvidia.com/gpu`` limit cannot change:
+   the admission webhook makes the new pod a whole-GPU pod, :mod:`fracpilot_actuator.admission`);
+   an in-place upsize past the KAI queue's quota (policy ``queue_bound=quota``) is a recreate
+   (:mod:`.queues`);
 5. plan the workload with the pure planner (in place only for KAI; HAMi pods with HAMi's own
    fit rules, :func:`fracpilot_actuator.kube.hami.fit_rule`; a recreated pod only where
    kube-scheduler's predicates let it go, :meth:`.Inventory.node_ok_for`);
    KAI's in-place steps then say accounted vs enforced (:mod:`.enforcement`): an upsize past
    an enforced memory limit is a recreate, a downsize needs the memory floor under the new
    share, and policy ``enforcement=recreate_within_budget`` recreates when the budget allows;
+   an upsize on any path (in place, recreate, scale-up) past the KAI queue's limit is then
+   only recommended, the workload keeping its pods (:mod:`.queues`); an eviction that would
+   take a KAI PodGroup below its ``minMember`` is refused (:mod:`.gangs`);
 6. the guardrails (:func:`fracpilot_actuator.guardrails.check`), unless the decision is
    resumed (an earlier attempt recorded its target, so it passed them);
 7. nothing to change: skip (or applied, when an earlier attempt did it); a dry run: what would
@@ -45,6 +51,7 @@ from fracpilot_actuator.guardrails import (
     opt_out,
 )
 from fracpilot_actuator.kube.enforcement import Enforcement, enforce, enforced_after
+from fracpilot_actuator.kube.gangs import Member, PodGroup, gang_refusal
 from fracpilot_actuator.kube.hami import fit_rule
 from fracpilot_actuator.kube.inventory import Inventory, PodInfo, last_change
 from fracpilot_actuator.kube.kai import (
@@ -52,8 +59,14 @@ from fracpilot_actuator.kube.kai import (
     kai_memory_mib,
     multi_device_refusal,
 )
-from fracpilot_actuator.kube.object_values import is_opted_out
-from fracpilot_actuator.kube.queues import Queue, queue_verdict
+from fracpilot_actuator.kube.object_values import KAI_FRACTION, is_opted_out
+from fracpilot_actuator.kube.queues import (
+    Queue,
+    effective_queues,
+    queue_verdict,
+    usage_by_queue,
+    workload_queue,
+)
 from fracpilot_actuator.opt_in import Automation, Selected, automation_of
 from fracpilot_actuator.settings import OptInSettings
 from fracpilot_libs.contracts import (
@@ -76,6 +89,7 @@ class ClusterView:
     owner: Mapping[str, Any] | None = None  # the workload object, when it was read
     namespace_labels: Mapping[str, Any] = field(default_factory=dict)  # the workload's namespace
     queues: Mapping[str, Queue] | None = None  # KAI's Queues by name; None: not read
+    pod_groups: Mapping[str, PodGroup] | None = None  # KAI's PodGroups by ns/name; None: not read
     enforcement: Mapping[str, Enforcement] = field(default_factory=dict)  # by pod name
 
     @property
@@ -246,6 +260,41 @@ def subject_of(decision: FractionDecision, view: ClusterView) -> Subject:
     )
 
 
+WHOLE_GPU = (
+    "a whole GPU: KAI's webhook accepts a gpu-fraction only in (0, 1) and a running pod's "
+    "nvidia.com/gpu limit cannot change, so the pod is recreated and the new one asks for "
+    "nvidia.com/gpu: 1"
+)
+
+
+def whole_gpu_by_recreate(decision: FractionDecision, live: tuple[PodInfo, ...]) -> bool:
+    """A target of a whole GPU for pods holding a ``gpu-fraction``: KAI's validating webhook
+    refuses ``gpu-fraction`` >= 1 on create and update (v0.12.0
+    ``pkg/binder/plugins/gpusharing/gpu-request/gpu_request_validator.go``
+    ``validateGpuFractionAnnotation``) and a fraction with an ``nvidia.com/gpu`` limit, so only
+    a new pod with the limit and no fraction holds one (a ``gpu-memory`` pod may ask for all
+    of its GPU's memory in place)."""
+    return decision.new_fraction >= 1.0 and any(
+        p.share is not None and p.share.kai_key == KAI_FRACTION for p in live
+    )
+
+
+def gang_refusal_of(plan: WorkloadPlan, view: ClusterView) -> str:
+    """Why the plan's evictions must not happen: a KAI PodGroup would go below minMember."""
+    evicted = [
+        (plan.workload.namespace, s.pod)
+        for s in plan.steps
+        if s.kind in (PlanKind.RECREATE_ELSEWHERE, PlanKind.SCALE_UP)
+    ]
+    if not evicted:
+        return ""
+    members = (
+        Member(p.namespace, p.name, p.annotations, bool(p.node) and not p.terminating)
+        for p in view.inventory.pods.values()
+    )
+    return gang_refusal(evicted, members, view.pod_groups)
+
+
 def judge(
     decision: FractionDecision,
     view: ClusterView,
@@ -297,21 +346,28 @@ def judge(
         # On hundredths: KAI's GPU_PORTION ("%.2f") and its accounting equal the plan (kai.py).
         exact = kai_fraction(decision.new_fraction)
         decision = decision.model_copy(update={"new_fraction": exact})
+    whole = gpu_backend is GpuSharing.KAI and whole_gpu_by_recreate(decision, live)
     plan = plan_workload(
         view.inventory.state,
         wl,
         view.inventory.placements_of(live),
         decision.new_fraction,
-        in_place=gpu_backend is GpuSharing.KAI,
+        in_place=gpu_backend is GpuSharing.KAI and not whole,
         fit=fit_rule(gpu_backend, view.inventory.hami_memory_factor),
         node_ok_for=view.inventory.node_ok_for(gpu_backend),
     )
+    if whole and plan.kind is not PlanKind.NONE:
+        plan = plan.model_copy(update={"reason": f"{WHOLE_GPU}: {plan.reason}"})
     if gpu_backend is GpuSharing.HAMI and plan.kind is not PlanKind.NONE:
         plan = plan.model_copy(
             update={"reason": f"HAMi cannot change a running pod's limits: {plan.reason}"}
         )
+    queues, queue = None, ""
     if gpu_backend is GpuSharing.KAI and view.queues is not None:
-        bounded = queue_verdict(plan, view.queues, view.owner, [p.labels for p in live], guards.kai)
+        usage = usage_by_queue(view.inventory.pods.values(), view.pod_groups, guards.kai)
+        queues = effective_queues(view.queues, usage)
+        queue = workload_queue(view.owner, live, view.pod_groups, guards.kai)
+        bounded = queue_verdict(plan, queues, queue, guards.kai)
         if bounded.action == "recreate":  # KAI's quota check then admits the new pod, or not
             plan = plan_workload(
                 view.inventory.state,
@@ -323,8 +379,6 @@ def judge(
                 node_ok_for=view.inventory.node_ok_for(gpu_backend),
             )
             plan = plan.model_copy(update={"reason": f"{bounded.reason}; {plan.reason}"})
-        elif bounded.action == "recommend" and not dry_run:
-            dry_run, held_back = bounded.reason, "queue_limit"
     if gpu_backend is GpuSharing.KAI:  # accounting moves in place, enforced limits do not
         budget = partial(
             check, subject, disruptive=True, state=guards.state, settings=guards.settings, now=now
@@ -333,6 +387,12 @@ def judge(
         if isinstance(honest, str):
             return _skipped(honest)
         plan = honest
+    if queues is not None:  # every path, as the plan now is: past the limit, only recommended
+        bounded = queue_verdict(plan, queues, queue, guards.kai)
+        if bounded.action == "recommend" and not dry_run:
+            dry_run, held_back = bounded.reason, "queue_limit"
+    if refusal := gang_refusal_of(plan, view):
+        return _skipped(refusal, held_back="gang")
     disruptive = is_disruptive(plan, guards.patches_templates)
     verdict = check(
         subject, disruptive=disruptive, state=guards.state, settings=guards.settings, now=now

@@ -1,13 +1,15 @@
 """Reads KAI-Scheduler's own objects for a decision: its BindRequests (where a pod not bound
-yet is going) and its Queues (quota, limit, allocated). The parsing is pure (:mod:`.kai`,
-:mod:`.queues`); this is the I/O, through :meth:`KubeApi.list_kai_objects`.
+yet is going), its Queues (quota, limit, allocated) and its PodGroups (a gang's minMember, the
+queue KAI charges). The parsing is pure (:mod:`.kai`, :mod:`.queues`, :mod:`.gangs`); this is
+the I/O, through :meth:`KubeApi.list_kai_objects`.
 
 With the inventory cache on, they come from its watches (:meth:`InventoryCache.kai_objects
 <fracpilot_actuator.kube.cache.InventoryCache.kai_objects>`, through :class:`KaiObjectsCache`),
 and are listed only while the cache cannot say (starting, or no RBAC to watch them).
 
 A cluster without KAI's CRDs (a HAMi cluster) or without the RBAC for them reads as "no
-BindRequests" and "Queues unknown" (no queue check), logged once.
+BindRequests", "Queues unknown" (no queue check) and "PodGroups unknown" (no gang check; the
+queue from labels), logged once.
 """
 
 from __future__ import annotations
@@ -18,6 +20,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from fracpilot_actuator.kube.gangs import (
+    POD_GROUP_GROUP,
+    POD_GROUP_PLURAL,
+    POD_GROUP_VERSION,
+    PodGroup,
+    parse_pod_groups,
+)
 from fracpilot_actuator.kube.kai import (
     BIND_REQUEST_GROUP,
     BIND_REQUEST_PLURAL,
@@ -63,11 +72,13 @@ class KaiObjects:
     """Pods KAI chose a node for that are not bound yet, by ``ns/pod``."""
     queues: Mapping[str, Queue] | None = None
     """KAI's Queues by name; None: not read (off, or not served to us)."""
+    pod_groups: Mapping[str, PodGroup] | None = None
+    """KAI's PodGroups by ``ns/name``; None: not read (off, or not served to us)."""
 
 
 class KaiReader:
-    """BindRequests and Queues (as the settings say) for each decision: from ``cache`` when
-    it has them, else listed."""
+    """BindRequests, Queues and PodGroups (as the settings say) for each decision: from
+    ``cache`` when it has them, else listed."""
 
     def __init__(
         self, api: KaiObjectsApi, settings: KaiSettings, cache: KaiObjectsCache | None = None
@@ -100,15 +111,17 @@ class KaiReader:
 
     async def read(self) -> KaiObjects:
         s = self.settings
-        requests, queue_objects = await asyncio.gather(
+        requests, queue_objects, group_objects = await asyncio.gather(
             self._list(
                 s.read_bind_requests, BIND_REQUEST_GROUP, BIND_REQUEST_VERSION, BIND_REQUEST_PLURAL
             ),
             self._list(s.read_queues, QUEUE_GROUP, QUEUE_VERSION, QUEUE_PLURAL),
+            self._list(s.read_pod_groups, POD_GROUP_GROUP, POD_GROUP_VERSION, POD_GROUP_PLURAL),
         )
         queues = None
         if queue_objects is not None:
             queues, problems = parse_queues(queue_objects)
             for problem in problems:
                 self._once("KAI queue not read", problem=problem)
-        return KaiObjects(bind_targets(requests or ()), queues)
+        groups = parse_pod_groups(group_objects) if group_objects is not None else None
+        return KaiObjects(bind_targets(requests or ()), queues, groups)

@@ -99,7 +99,9 @@ class ClusterReader:
         parents = owner_parents(replica_sets, "ReplicaSet") | owner_parents(jobs, "Job")
         mine = inventory.pods_of(workload, parents)
         enforcement = await self._enforcement(workload.namespace, mine, inventory)
-        return ClusterView(inventory, mine, enforcement=enforcement, queues=kai.queues)
+        return ClusterView(
+            inventory, mine, enforcement=enforcement, queues=kai.queues, pod_groups=kai.pod_groups
+        )
 
     async def _enforcement(
         self, namespace: str, pods: tuple[PodInfo, ...], inventory: Inventory

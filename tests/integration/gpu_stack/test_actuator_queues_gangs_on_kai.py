@@ -1,0 +1,204 @@
+"""fracpilot's actuator on the real KAI-Scheduler (issue 26): a KAI queue's limit on the recreate
+path, a target of a whole GPU, and a gang's minMember.
+
+As in test_actuator_on_kai.py, the actuator and its webhook run in-process on the stack's
+apiserver (tests/support/fracpilot_on_stack.py); KAI (scheduler, binder, podgrouper,
+admission, and here its queuecontroller), kwok and kube-controller-manager do the rest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+from kubernetes.utils import parse_quantity
+
+from factories import decision
+from fracpilot_libs.contracts import Outcome, PlanKind, WorkloadRef, utcnow
+from support.fracpilot_on_stack import (
+    CLUSTER,
+    actuator_on_stack,
+    apply,
+    decide,
+    in_thread,
+    kai_deployment,
+    kai_pod_body,
+    replacement,
+    wait_running,
+)
+from support.gpu_stack import DEFAULT_QUEUE, GPU_FRACTION, GpuStack
+
+pytestmark = pytest.mark.integration
+
+GPU = "nvidia.com/gpu"
+QUEUES = "scheduling.run.ai/v2"
+
+
+def queue_allocated(stack: GpuStack, name: str, gpus: float) -> bool | None:
+    """True once KAI's queuecontroller wrote ``gpus`` allocated into the Queue's status."""
+    queue = stack.get("Queue", name, api_version=QUEUES)
+    allocated = (queue.get("status") or {}).get("allocated") or {}
+    found = [float(parse_quantity(v)) for k, v in allocated.items() if k.endswith("gpu")]  # type: ignore[no-untyped-call]
+    return True if found == [gpus] else None
+
+
+@pytest.fixture
+def half_gpu_queue(gpu_stack: GpuStack, gpu_namespace: str) -> Iterator[str]:
+    """A leaf queue (under kai-setup.yaml's default-parent-queue) limited to half a GPU, and
+    KAI's controllers that fill its status."""
+    gpu_stack.start_queue_controllers()
+    name = f"q-{gpu_namespace}"
+    unbounded = {"quota": 0, "limit": -1, "overQuotaWeight": 1}
+    try:
+        gpu_stack.create(
+            {
+                "apiVersion": QUEUES,
+                "kind": "Queue",
+                "metadata": {"name": name},
+                "spec": {
+                    "parentQueue": "default-parent-queue",
+                    "resources": {
+                        "cpu": unbounded,
+                        "memory": unbounded,
+                        "gpu": {"quota": 0, "limit": 0.5, "overQuotaWeight": 1},
+                    },
+                },
+            }
+        )
+        yield name
+    finally:
+        gpu_stack.stop_queue_controllers()
+        with contextlib.suppress(ApiException):
+            gpu_stack.dynamic.resources.get(api_version=QUEUES, kind="Queue").delete(name=name)
+
+
+@pytest.mark.timeout(300)
+async def test_an_upsize_by_recreate_past_a_queues_limit_is_a_recommendation_and_the_pod_runs(
+    gpu_stack: GpuStack,
+    gpu_namespace: str,
+    make_gpu_node: Callable[[int], str],
+    half_gpu_queue: str,
+    nats_url: str,
+    tmp_path: Path,
+) -> None:
+    stack, ns = gpu_stack, gpu_namespace
+    full = await in_thread(make_gpu_node, 1)
+    async with actuator_on_stack(stack, nats_url, ns, tmp_path):
+        await in_thread(stack.create, kai_deployment("chat", "0.5", queue=half_gpu_queue), ns)
+        await in_thread(stack.create, kai_pod_body("other", "0.5"), ns)  # the default queue
+        [chat] = await in_thread(wait_running, stack, ns, "chat")
+        await in_thread(wait_running, stack, ns, "other")
+        assert chat["spec"]["nodeName"] == full
+        await in_thread(make_gpu_node, 1)  # where 0.75 fits: only a recreate gets there
+        await in_thread(
+            stack.wait,
+            lambda: queue_allocated(stack, half_gpu_queue, 0.5),
+            "queue status allocated 0.5 GPU",
+            60,
+        )
+
+        made = decide(ns, "chat", chat["metadata"]["name"], 0.5, 0.75)
+        [result] = await apply(nats_url, made)
+        assert (result.plan, result.outcome) == (PlanKind.RECREATE_ELSEWHERE, Outcome.DRY_RUN)
+        assert "an upsize by recreate of 0.25 GPU" in result.detail, result
+        assert f"KAI queue {half_gpu_queue} to 0.75 GPU, past its limit 0.5" in result.detail
+        pod = await in_thread(stack.get, "Pod", chat["metadata"]["name"], ns)
+        assert pod["metadata"]["uid"] == chat["metadata"]["uid"]  # kept, never evicted
+        assert not pod["metadata"].get("deletionTimestamp")
+        assert pod["status"]["phase"] == "Running"
+
+
+@pytest.mark.timeout(300)
+async def test_a_target_of_a_whole_gpu_ends_with_a_pod_kai_accepts_and_binds(
+    gpu_stack: GpuStack,
+    gpu_namespace: str,
+    make_gpu_node: Callable[[int], str],
+    nats_url: str,
+    tmp_path: Path,
+) -> None:
+    stack, ns = gpu_stack, gpu_namespace
+    node = await in_thread(make_gpu_node, 1)
+    async with actuator_on_stack(stack, nats_url, ns, tmp_path):
+        await in_thread(stack.create, kai_deployment("chat", "0.5"), ns)
+        [chat] = await in_thread(wait_running, stack, ns, "chat")
+
+        made = decide(ns, "chat", chat["metadata"]["name"], 0.5, 1.0)
+        [result] = await apply(nats_url, made)
+        # Never gpu-fraction "1" in place (KAI's webhook refuses it): a recreate.
+        assert (result.plan, result.outcome) == (PlanKind.RECREATE_ELSEWHERE, Outcome.APPLIED)
+        assert "KAI's webhook accepts a gpu-fraction only in (0, 1)" in result.detail
+
+        # The ReplicaSet's new pod, made a whole-GPU pod by fracpilot's webhook, accepted by
+        # KAI's, bound by KAI's binder on the one GPU.
+        new = await in_thread(
+            stack.wait,
+            lambda: replacement(stack, ns, "chat", chat["metadata"]["uid"]),
+            "the recreated chat pod Running",
+            120,
+        )
+        assert new["spec"]["nodeName"] == node
+        assert GPU_FRACTION not in new["metadata"]["annotations"]
+        assert new["spec"]["containers"][0]["resources"]["limits"][GPU] == "1"
+
+
+def gang_member(name: str, group: str) -> dict[str, Any]:
+    """A bare fraction pod of a PodGroup its author made (KAI's podgrouper leaves a pod
+    without owners that names its group alone: ``isOrphanPodWithPodGroup``)."""
+    body = kai_pod_body(name, "0.5")
+    body["metadata"]["labels"]["app"] = "gang"
+    body["metadata"]["annotations"]["pod-group-name"] = group
+    return body
+
+
+@pytest.mark.timeout(300)
+async def test_an_eviction_that_takes_a_gang_below_its_min_member_is_refused(
+    gpu_stack: GpuStack,
+    gpu_namespace: str,
+    make_gpu_node: Callable[[int], str],
+    nats_url: str,
+    tmp_path: Path,
+) -> None:
+    stack, ns = gpu_stack, gpu_namespace
+    full = await in_thread(make_gpu_node, 1)
+    group = "pg-gang"
+    async with actuator_on_stack(stack, nats_url, ns, tmp_path):
+        await in_thread(
+            stack.create,
+            {
+                "apiVersion": "scheduling.run.ai/v2alpha2",
+                "kind": "PodGroup",
+                "metadata": {"name": group},
+                "spec": {"minMember": 2, "queue": DEFAULT_QUEUE},
+            },
+            ns,
+        )
+        for i in range(2):
+            await in_thread(stack.create, gang_member(f"gang-{i}", group), ns)
+        pods = await in_thread(wait_running, stack, ns, "gang", 2)
+        assert {p["spec"]["nodeName"] for p in pods} == {full}  # KAI put the gang on one GPU
+        await in_thread(make_gpu_node, 1)  # where 0.75 would fit: only a recreate gets there
+
+        wl = WorkloadRef(cluster=CLUSTER, namespace=ns, owner_kind="Pod", owner_name="gang-0")
+        made = decision(
+            current=0.5,
+            new=0.75,
+            name="gang-0",
+            workload=wl,
+            decision_id=f"d-{uuid.uuid4().hex[:12]}",
+            decided_at=utcnow(),
+            pod="gang-0",
+        )
+        [result] = await apply(nats_url, made)
+        assert (result.plan, result.outcome) == (PlanKind.NONE, Outcome.SKIPPED), result
+        assert f"PodGroup {ns}/{group} with 1 running pod(s), below its minMember 2" in (
+            result.detail
+        )
+        for p in pods:
+            now = await in_thread(stack.get, "Pod", p["metadata"]["name"], ns)
+            assert now["metadata"]["uid"] == p["metadata"]["uid"]
+            assert not now["metadata"].get("deletionTimestamp")
