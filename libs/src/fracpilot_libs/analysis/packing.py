@@ -69,6 +69,9 @@ class PackedAccount:
     memory_overrun_samples: int = 0
     placements: int = 0
     moves: int = 0
+    # of the moves, consolidations of a workload another's change or departure left alone on
+    # its card: moves no decision of that workload asked for
+    neighbour_moves: int = 0
     in_place: int = 0
     decisions_refused: int = 0
     unplaced_samples: int = 0

@@ -245,6 +245,7 @@ def replay_packed(
         accounts.append(WorkloadAccount(wl.ref, wl.metrics, wl.fraction))
     account.memory_overrun_samples = totals.memory_overrun_samples
     account.moves += cluster.neighbour_moves
+    account.neighbour_moves = cluster.neighbour_moves
     return PackedReport(ReplayReport(totals, accounts), account)
 
 
