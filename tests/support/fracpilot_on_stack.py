@@ -74,7 +74,9 @@ def settings_for(nats_url: str, namespace: str, workdir: Path, **changes: Any) -
         "leader_election": False,
         "policysync": {"enabled": False},  # no FractionPolicy CRDs in the stack
         "eviction": {"attempts": 3, "backoff_s": 0.05, "backoff_max_s": 0.1},
-        "capacity": {"poll_s": 0.5, "timeout_s": 300},
+        # longer than the stack's cluster-autoscaler --max-node-provision-time (gpu_stack.py)
+        "capacity": {"poll_s": 0.5, "timeout_s": 300, "autoscaler_max_node_provision_s": 240},
+        "verify": {"timeout_s": 240},
         "namespace": namespace,
         "webhook": {
             "enabled": True,

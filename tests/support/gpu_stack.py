@@ -540,22 +540,29 @@ class GpuStack:
             if component := self.components.pop(name, None):
                 component.stop()
 
-    def start_autoscaler(self, *, scale_adjuster: bool = True) -> None:
-        """Start nodescaleadjuster (unless told not to) and cluster-autoscaler (node group
-        gpu-h100, 0-3 nodes).
+    def start_scale_adjuster(self) -> None:
+        """KAI's nodescaleadjuster, as a production install runs it: a pending fraction pod (no
+        GPU resource request, invisible to CA) gets a 1-GPU scaling pod in kai-scale-adjust.
+        It has no flag for its metrics address: controller-runtime's default :8080."""
+        if "kai-nodescaleadjuster" not in self.components:
+            self._start("kai-nodescaleadjuster", ["kai-nodescaleadjuster"])
+
+    def stop_scale_adjuster(self) -> None:
+        if component := self.components.pop("kai-nodescaleadjuster", None):
+            component.stop()
+
+    def start_autoscaler(self) -> None:
+        """Start KAI's nodescaleadjuster and cluster-autoscaler (node group gpu-h100, 0-3
+        nodes), as a production install runs them.
 
         nodescaleadjuster makes a scaling pod for every KAI fraction pod not yet bound, however
         briefly (KAI pkg/nodescaleadjuster/scale_adjuster/scale_adjuster.go
         ``getUnschedulablePods`` checks no condition), and KAI's binder reserves no GPU while a
         scaling pod's PodScheduled is not True (pkg/binder/binding/resourcereservation/
-        resource_reservation.go ``isScalingUp``). A test of fracpilot's own whole-GPU
-        placeholders can leave it out.
+        resource_reservation.go ``isScalingUp``): see docs/backends.md for what fracpilot does
+        about a scaling pod left bound but marked unschedulable.
         """
-        # nodescaleadjuster turns a pending fraction pod (no GPU resource request, invisible to
-        # CA) into a 1-GPU scaling pod in kai-scale-adjust. It has no flag for its metrics
-        # address: controller-runtime's default :8080 must be free.
-        if scale_adjuster:
-            self._start("kai-nodescaleadjuster", ["kai-nodescaleadjuster"])
+        self.start_scale_adjuster()
         self.apply_manifest(RECIPE_DIR / "manifests" / "ca-kwok-config.yaml")
         port = free_port()
         self._start(
@@ -566,6 +573,7 @@ class GpuStack:
                 f"--kubeconfig={self.kubeconfig}",
                 f"--address=127.0.0.1:{port}",
                 "--scan-interval=5s",
+                "--max-node-provision-time=4m",  # fracpilot_on_stack.py waits longer (300 s)
                 "--leader-elect=false",
             ],
             ready=lambda: _http_ok(f"http://127.0.0.1:{port}/health-check"),
@@ -574,9 +582,9 @@ class GpuStack:
 
     def stop_autoscaler(self) -> None:
         """Stop them again; cluster-autoscaler's kwok provider deletes the nodes it added."""
-        for name in ("cluster-autoscaler", "kai-nodescaleadjuster"):
-            if component := self.components.pop(name, None):
-                component.stop()
+        if component := self.components.pop("cluster-autoscaler", None):
+            component.stop()
+        self.stop_scale_adjuster()
 
 
 def kai_webhook_configurations(port: int, ca_pem: bytes) -> list[dict[str, Any]]:

@@ -194,7 +194,8 @@ class PlanKind(StrEnum):
 
 
 class Outcome(StrEnum):
-    APPLIED = "applied"
+    APPLIED = "applied"  # done and verified (the pod read back, the replacement bound)
+    PENDING = "pending"  # started, not verified yet: a final result of the decision follows
     DRY_RUN = "dry_run"
     SKIPPED = "skipped"
     FAILED = "failed"

@@ -129,8 +129,13 @@ async def test_an_upsize_that_does_not_fit_is_evicted_within_the_pdb_and_recreat
             stack.wait, lambda: disruptions_allowed(stack, ns, "chat", 1), "PDB allows 1", 30
         )
         allowed = decide(ns, "chat", chat["metadata"]["name"], 0.5, 0.75)
-        [result] = await apply(nats_url, allowed)
-        assert (result.plan, result.outcome) == (PlanKind.RECREATE_ELSEWHERE, Outcome.APPLIED)
+        # PENDING once evicted; APPLIED only when the replacement is bound, read from it.
+        evicted, verified = await apply(nats_url, allowed, count=2, timeout=150)
+        assert (evicted.plan, evicted.outcome) == (PlanKind.RECREATE_ELSEWHERE, Outcome.PENDING)
+        assert (verified.plan, verified.outcome) == (
+            PlanKind.RECREATE_ELSEWHERE,
+            Outcome.APPLIED,
+        ), verified
 
         # The ReplicaSet's new pod: sized by fracpilot's webhook before KAI's saw it, placed
         # by KAI on the spare GPU, started with the new portion.
@@ -144,6 +149,9 @@ async def test_an_upsize_that_does_not_fit_is_evicted_within_the_pdb_and_recreat
         assert new["metadata"]["annotations"][GPU_FRACTION] == "0.75"
         assert TARGET_ANNOTATION in new["metadata"]["annotations"]
         assert await in_thread(gpu_portions, stack, new) == ["0.75"]
+        # The result says what the new pod holds: its node, its share, its GPU_PORTION.
+        assert (verified.node_after, verified.fraction_after) == (spare, 0.75)
+        assert verified.enforced_fraction in (None, 0.75)
         template = await in_thread(stack.get, "Deployment", "chat", ns, "apps/v1")
         assert template["spec"]["template"]["metadata"]["annotations"][GPU_FRACTION] == "0.5"
 

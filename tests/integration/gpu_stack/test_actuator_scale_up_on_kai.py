@@ -2,15 +2,15 @@
 
 An upsize that fits on no GPU: the actuator's placeholder (one whole GPU, the pod's CPU and
 memory requests, kube-scheduler) makes the real cluster-autoscaler (kwok provider) add a node;
-once the placeholder is bound there the actuator removes it and evicts the pod, the
-ReplicaSet's new pod gets the new fraction from fracpilot's webhook and KAI binds it on the new
-node. The time from the decision going onto NATS to the new pod Running is printed (``-s``).
+once the placeholder is bound there the actuator evicts the pod (the placeholder stays until
+the replacement is bound), the ReplicaSet's new pod gets the new fraction from fracpilot's
+webhook and KAI binds it on the new node, with KAI's nodescaleadjuster on (as in production).
+The time from the decision going onto NATS to the new pod Running is printed (``-s``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -38,15 +38,11 @@ CAPACITY_SELECTOR = "fracpilot.io/role=capacity"  # the placeholders' label (obj
 
 @contextlib.asynccontextmanager
 async def autoscaling(stack: GpuStack) -> AsyncIterator[None]:
-    """cluster-autoscaler for the block (it deletes the nodes it added when it stops).
-
-    Without KAI's nodescaleadjuster: fracpilot's placeholder asks for a whole GPU, which CA
-    sees by itself. nodescaleadjuster would make a scaling pod for the recreated pod the moment
-    it exists (it checks no condition), and KAI's binder binds no fraction pod while a scaling
-    pod is not PodScheduled=True; on this stack one stayed PodScheduled=False/Unschedulable
-    although bound, and the recreated pod was never bound (see GpuStack.start_autoscaler).
-    """
-    await in_thread(functools.partial(stack.start_autoscaler, scale_adjuster=False))
+    """cluster-autoscaler and KAI's nodescaleadjuster for the block, as in production (CA
+    deletes the nodes it added when it stops). nodescaleadjuster makes a scaling pod for the
+    recreated pod the moment it exists; fracpilot deletes one that KAI's scaler left bound but
+    marked PodScheduled=False (docs/backends.md), which would hold KAI's binder back."""
+    await in_thread(stack.start_autoscaler)
     try:
         yield
     finally:
@@ -75,7 +71,8 @@ async def scale_up(stack: GpuStack, ns: str, nats_url: str, chat: dict[str, Any]
     made = decide(ns, "chat", chat["metadata"]["name"], 0.5, 0.75)
     published = await publish(nats_url, made)
     [asked] = await wait_results(nats_url, made)
-    assert (asked.plan, asked.outcome) == (PlanKind.SCALE_UP, Outcome.APPLIED), asked
+    # Nothing moved yet: PENDING, never APPLIED at "capacity requested".
+    assert (asked.plan, asked.outcome) == (PlanKind.SCALE_UP, Outcome.PENDING), asked
     assert "capacity requested" in asked.detail
     [placeholder] = await in_thread(stack.items, "Pod", ns, CAPACITY_SELECTOR)
     limits = placeholder["spec"]["containers"][0]["resources"]["limits"]
@@ -93,7 +90,11 @@ async def scale_up(stack: GpuStack, ns: str, nats_url: str, chat: dict[str, Any]
     node = await in_thread(stack.get, "Node", new["spec"]["nodeName"])
     assert node["metadata"]["labels"].get(NODE_GROUP_LABEL) == "gpu-h100"
     assert new["metadata"]["annotations"][GPU_FRACTION] == "0.75"
-    done = await wait_results(nats_url, made, count=2)
-    assert (done[-1].plan, done[-1].outcome) == (PlanKind.SCALE_UP, Outcome.APPLIED), done
-    assert "evicted" in done[-1].detail
+    # asked (PENDING), evicted (PENDING, the placeholder kept), verified (APPLIED).
+    done = await wait_results(nats_url, made, count=3, timeout=120)
+    assert [r.outcome for r in done] == [Outcome.PENDING, Outcome.PENDING, Outcome.APPLIED]
+    last = done[-1]
+    assert last.plan is PlanKind.SCALE_UP
+    assert (last.node_after, last.fraction_after) == (new["spec"]["nodeName"], 0.75), last
+    assert "evicted" in last.detail
     assert await in_thread(stack.items, "Pod", ns, CAPACITY_SELECTOR) == []

@@ -402,12 +402,12 @@ async def test_scale_up_asks_for_capacity_and_evicts_only_once_it_exists(
         assert len(placeholders) == 1
         placeholder = placeholders[0]
         assert placeholder.spec.priority_class_name == "fracpilot-capacity"
-        assert placeholder.spec.priority == -10
+        assert placeholder.spec.priority == -1
         # One whole GPU, and the moving pod's CPU and memory requests (as KAI's scaling pod).
         assert placeholder.spec.containers[0].resources.limits == {"nvidia.com/gpu": "1"}
         assert placeholder.spec.containers[0].resources.requests["nvidia.com/gpu"] == "1"
         assert placeholder.spec.node_name is None
-        assert scheduling.read_priority_class("fracpilot-capacity").value == -10
+        assert scheduling.read_priority_class("fracpilot-capacity").value == -1
         assert "CapacityRequested" in cluster.events("chat-0")
         assert await target_of(nats_url, made.workload) is not None
 

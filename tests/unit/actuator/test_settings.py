@@ -29,7 +29,11 @@ def test_groups_read_the_flat_environment_names(monkeypatch: pytest.MonkeyPatch)
     s = ActuatorSettings()
     assert (s.kube.timeout_s, s.kube.retry_attempts, s.kube.retry_backoff_s) == (7, 3, 0.2)
     assert (s.eviction.attempts, s.eviction.backoff_s, s.eviction.backoff_max_s) == (2, 1.0, 9)
-    assert (s.capacity.poll_s, s.capacity.namespace, s.capacity.timeout_s) == (1.5, "capacity", 900)
+    assert (s.capacity.poll_s, s.capacity.namespace, s.capacity.timeout_s) == (
+        1.5,
+        "capacity",
+        1200,
+    )
     assert (s.lease.renew_deadline_s, s.lease.duration_s) == (8, 15)
     assert (s.webhook.enabled, s.webhook.port, s.webhook.host) == (True, 9443, "0.0.0.0")
     assert (s.sim.pods, s.sim.gpus_per_node, s.sim.cluster) == ("inference/chat=0.5", 4, "demo")

@@ -4,7 +4,9 @@ answer, :class:`Actuation`.
 A backend turns one decision into an :class:`Actuation` (the plan it chose, what happened,
 where the pod was and goes); the service claims the decision, calls the backend and
 publishes the ``ActuationResult``. A backend whose action finishes later (a scale-up waits
-for capacity) reports the end through the ``report`` callback it was given.
+for capacity, a recreate waits for its replacement to be bound) answers
+:attr:`~fracpilot_libs.contracts.Outcome.PENDING` first and reports the verified end through
+the ``report`` callback it was given.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ class Actuation:
     """Why a decision was not carried out, for the metric: policy, not_opted_in, off, dry_run
     (see :attr:`fracpilot_actuator.opt_in.Selected.held_back`), multi_device, queue_limit
     (:mod:`fracpilot_actuator.kube.kai`, :mod:`fracpilot_actuator.kube.queues`); "" otherwise."""
+    stage: str = ""
+    """Which later result of the decision this is ("verified", "correction-1", ...), so each
+    is its own message; "" for the first."""
 
 
 Report = Callable[[FractionDecision, Actuation], Awaitable[None]]
@@ -43,7 +48,7 @@ Report = Callable[[FractionDecision, Actuation], Awaitable[None]]
 class ClusterBackend(Protocol):
     """Where decisions are carried out: the simulated cluster or a Kubernetes cluster."""
 
-    async def start(self) -> None: ...
+    async def start(self, now: datetime) -> None: ...
 
     async def actuate(
         self, decision: FractionDecision, *, dry_run: str, now: datetime, resumed: bool = False

@@ -27,7 +27,7 @@ from fracpilot_actuator.simulated.backend import SimulatedBackend
 from fracpilot_actuator.simulated.cluster import SimulatedCluster, parse_seed_pods, seed_cluster
 from fracpilot_actuator.stores.nats_kv import KvAllocationStore, KvDisruptionHistory, KvTargetStore
 from fracpilot_actuator.webhook import WebhookServer, start_webhook
-from fracpilot_libs.contracts import FractionDecision
+from fracpilot_libs.contracts import FractionDecision, utcnow
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.kv import KvBucket
 from fracpilot_libs.runtime import ServiceRuntime
@@ -93,7 +93,7 @@ class ActuatorService:
         else:
             backend = await self._simulated_backend(claims)
         self.backend = backend
-        await backend.start()
+        await backend.start(utcnow())
         if s.backend == "kubernetes" and s.leader_election:
             self.elector = LeaderElector(
                 KubernetesLeaseStore(self._kube_api, s.namespace),
@@ -193,6 +193,9 @@ class ActuatorService:
             hami_memory_factor=s.hami.memory_factor,
             eviction=s.eviction,
             capacity_timeout_s=s.capacity.timeout_s,
+            placeholder_priority=s.capacity.priority,
+            verify_timeout_s=s.verify.timeout_s,
+            corrections=s.verify.corrections,
             capacity_namespace=s.capacity.namespace or s.namespace,
             placeholder_image=s.placeholder_image,
             targets_via=s.targets_via,
@@ -223,7 +226,7 @@ class ActuatorService:
 
     async def _report_finished(self, decision: FractionDecision, actuation: Actuation) -> None:
         assert self.handler is not None
-        await self.handler.report(decision, actuation, "finished")
+        await self.handler.report(decision, actuation, actuation.stage or "finished")
 
     async def stop(self) -> None:
         if self.policy_sync is not None:

@@ -3,7 +3,10 @@
 For each decision it claims the decision id in KV before acting (so a redelivered or
 republished decision is applied at most once), hands it to the cluster backend (which plans
 with the pure planner and executes the plan), and publishes an ``ActuationResult`` saying
-what it did and why. Decisions the opt-in rule holds back (:mod:`fracpilot_actuator.opt_in`:
+what it did and why (PENDING first for an action verified later: the backend reports the end).
+A decision the API server refuses (4xx, e.g. KAI's validating webhook) gets a FAILED result
+with the server's reason and is dead-lettered (counted by the bus), never delivered again.
+Decisions the opt-in rule holds back (:mod:`fracpilot_actuator.opt_in`:
 a workload whose namespace or pods are not labelled ``fracpilot.io/mode=auto``, or a policy in
 recommend mode) and dry-run are recorded as recommendations without changing anything; the
 backend applies the rule, since it is the one that reads the labels.
@@ -21,12 +24,14 @@ import logging
 
 from fracpilot_actuator.actuation import Actuation, ClusterBackend
 from fracpilot_actuator.election.elector import LeaderElector
+from fracpilot_actuator.kube.errors import PermanentKubeError
 from fracpilot_actuator.metrics import ActuatorMetrics
 from fracpilot_actuator.settings import ActuatorSettings
-from fracpilot_libs.contracts import ActuationResult, FractionDecision, utcnow
+from fracpilot_libs.contracts import ActuationResult, FractionDecision, Outcome, PlanKind, utcnow
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.bus import Bus
 from fracpilot_libs.nats.client_types import Msg
+from fracpilot_libs.nats.consumer import PermanentError
 from fracpilot_libs.nats.kv import KvBucket, RevisionMismatchError
 
 log = logging.getLogger(__name__)
@@ -103,7 +108,20 @@ class DecisionHandler:
             )
             self.metrics.resumed.inc()
         why = "dry-run" if self.settings.dry_run else ""
-        actuation = await self.backend.actuate(decision, dry_run=why, now=utcnow(), resumed=resumed)
+        try:
+            actuation = await self.backend.actuate(
+                decision, dry_run=why, now=utcnow(), resumed=resumed
+            )
+        except PermanentKubeError as exc:
+            # The API server refused (4xx): another delivery would be refused the same way.
+            # Say so in a FAILED result, then dead-letter the decision (the bus counts it).
+            error = f"the API server refused ({exc.status}): {exc.message or exc}"
+            failed = Actuation(
+                plan=PlanKind.NONE, outcome=Outcome.FAILED, detail=error, error=error
+            )
+            await self.claims.put(f"decision.{decision.decision_id}", b"done:failed")
+            await self.report(decision, failed)
+            raise PermanentError(error) from exc
         await self.claims.put(
             f"decision.{decision.decision_id}", f"done:{actuation.outcome}".encode()
         )

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from fracpilot_actuator.guardrails import GuardrailSettings
 from fracpilot_libs.config import ServiceSettings
@@ -60,11 +60,35 @@ class EvictionSettings(BaseModel):
     )
 
 
+AUTOSCALER_EXPENDABLE_CUTOFF = -10
+"""cluster-autoscaler's ``--expendable-pods-priority-cutoff`` default: pods below it never
+cause a scale-up."""
+AUTOSCALER_MAX_NODE_PROVISION_S = 900.0
+"""cluster-autoscaler's ``--max-node-provision-time`` default (15 minutes)."""
+
+
 class CapacitySettings(BaseModel):
-    """``FRACPILOT_CAPACITY_*``: scale-ups waiting for a GPU."""
+    """``FRACPILOT_CAPACITY_*``: scale-ups waiting for a GPU, and their placeholder pods."""
 
     timeout_s: float = Field(
-        default=900.0, gt=0, description="a scale-up gives up when no capacity came this long"
+        default=1200.0,
+        gt=0,
+        description="a scale-up gives up when no capacity came this long; longer than the "
+        "autoscaler's max-node-provision-time, so a node it is still provisioning is waited for",
+    )
+    priority: int = Field(
+        default=-1,
+        description="priority of the placeholder pods' PriorityClass fracpilot-capacity: above "
+        "the autoscaler's expendable cutoff (else no scale-up), below real workloads'",
+    )
+    autoscaler_expendable_cutoff: int = Field(
+        default=AUTOSCALER_EXPENDABLE_CUTOFF,
+        description="the cluster-autoscaler's --expendable-pods-priority-cutoff",
+    )
+    autoscaler_max_node_provision_s: float = Field(
+        default=AUTOSCALER_MAX_NODE_PROVISION_S,
+        gt=0,
+        description="the cluster-autoscaler's --max-node-provision-time, seconds",
     )
     poll_s: float = Field(
         default=10.0, gt=0, description="how often waiting scale-ups look for capacity, seconds"
@@ -83,6 +107,38 @@ class CapacitySettings(BaseModel):
         if value == KAI_SCALE_ADJUST_NAMESPACE:
             raise ValueError(f"placeholders may not go to {KAI_SCALE_ADJUST_NAMESPACE}")
         return value
+
+    @model_validator(mode="after")
+    def _safe_beside_the_autoscaler(self) -> CapacitySettings:
+        if self.priority <= self.autoscaler_expendable_cutoff:
+            raise ValueError(
+                f"placeholder priority {self.priority} is not above the autoscaler's "
+                f"expendable-pods-priority-cutoff {self.autoscaler_expendable_cutoff}: "
+                "it would never cause a scale-up"
+            )
+        if self.timeout_s <= self.autoscaler_max_node_provision_s:
+            raise ValueError(
+                f"capacity timeout {self.timeout_s:g} s is not longer than the autoscaler's "
+                f"max-node-provision-time {self.autoscaler_max_node_provision_s:g} s"
+            )
+        return self
+
+
+class VerifySettings(BaseModel):
+    """``FRACPILOT_VERIFY_*``: how long a recreate waits for its replacement to be bound."""
+
+    timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="a recreate is FAILED when the evicted pods' replacements are not bound "
+        "to a node this long after the eviction, seconds",
+    )
+    corrections: int = Field(
+        default=1,
+        ge=0,
+        description="how often a replacement born at another share than the target (the "
+        "webhook was down) is recreated again, within the disruption budget",
+    )
 
 
 class HamiSettings(BaseModel):
@@ -194,6 +250,7 @@ class ActuatorSettings(ServiceSettings):
     eviction: EvictionSettings = Field(default_factory=EvictionSettings)
     kube: KubeApiSettings = Field(default_factory=KubeApiSettings)
     capacity: CapacitySettings = Field(default_factory=CapacitySettings)
+    verify: VerifySettings = Field(default_factory=VerifySettings)
     hami: HamiSettings = Field(default_factory=HamiSettings)
     namespace: str = Field(
         default="fracpilot", description="the actuator's own namespace (its Lease, placeholders)"

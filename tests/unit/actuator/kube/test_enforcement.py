@@ -330,9 +330,16 @@ class FixedApi:
         self.calls.append(("read_configmap", name))
         return self.configmaps.get(name)
 
-    async def patch_pod_annotations(self, namespace: str, name: str, _: Any) -> int:
+    async def patch_pod_annotations(
+        self, namespace: str, name: str, annotations: dict[str, str], **_: str
+    ) -> int:
         self.calls.append(("patch", name))
+        stored = next(p for p in self.pods if p["metadata"]["name"] == name)
+        stored["metadata"]["annotations"].update(annotations)
         return 2
+
+    async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return next((p for p in self.pods if p["metadata"]["name"] == name), None)
 
     async def evict(self, namespace: str, name: str) -> None:
         self.calls.append(("evict", name))
@@ -360,7 +367,7 @@ def test_an_in_place_downsize_publishes_the_lag_in_the_result_event_and_allocati
     )
 
     async def run() -> Actuation:
-        await backend.start()
+        await backend.start(T0)
         return await backend.actuate(change(0.5, 0.25, memory_need_mib=16384), dry_run="", now=NOW)
 
     result = asyncio.run(run())

@@ -236,20 +236,27 @@ def test_whole_gpu_pods_take_gpus_and_overcommit_is_reported() -> None:
     assert [str(p) for p in over.problems] == ["node n1: 2 GPUs are in use but it has 1"]
 
 
-def test_finished_pods_are_ignored_and_placeholders_kept_apart() -> None:
+def test_finished_pods_are_ignored_and_a_bound_placeholder_holds_its_gpu() -> None:
+    """Issue 26: a placeholder bound on a node is a used GPU in every inventory, so no other
+    decision plans onto the capacity a scale-up waits to use; it is no workload's pod."""
+    placeholder = {"fracpilot.io/role": "capacity"}
     inv = inventory(
-        [node("n1", gpus=1)],
+        [node("n1", gpus=2)],
         [
             pod("done-0", phase="Succeeded", limits={"nvidia.com/gpu": "1"}),
+            pod("fracpilot-capacity-x", labels=placeholder, limits={"nvidia.com/gpu": "1"}),
             pod(
-                "fracpilot-capacity-x",
-                labels={"fracpilot.io/role": "capacity"},
+                "fracpilot-capacity-y",
+                node_name=None,  # pending: holds nothing yet
+                labels=placeholder,
                 limits={"nvidia.com/gpu": "1"},
             ),
         ],
     )
-    assert [g.uuid for g in inv.state.gpus] == ["n1/free-0"]  # neither holds the GPU
-    assert [p.name for p in inv.placeholders] == ["fracpilot-capacity-x"]
+    held = "n1/placeholder/inference/fracpilot-capacity-x"
+    assert [g.uuid for g in inv.state.gpus] == [held, "n1/free-0"]
+    assert inv.state.free(held) == 0
+    assert [p.name for p in inv.placeholders] == ["fracpilot-capacity-x", "fracpilot-capacity-y"]
     assert inv.pods == {}
 
 

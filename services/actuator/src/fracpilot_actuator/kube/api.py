@@ -10,11 +10,11 @@ list (verb, resource, scope):
 | list_owners | list | replicasets (apps), jobs (batch) | the decision's namespace |
 | read_owner | get | deployments, statefulsets, replicasets, daemonsets (apps); jobs, cronjobs (batch) | namespaced |
 | read_configmap | get | configmaps | namespaced (a KAI pod's GPU-sharing ConfigMap: its memory limit) |
-| patch_pod_annotations | patch | pods | namespaced |
+| patch_pod_annotations | patch | pods | namespaced (in place: conditional on the pod as read) |
 | patch_pod_template | patch | deployments, statefulsets (apps) | namespaced (targets_via=template) |
 | evict | create | pods/eviction (policy/v1 Eviction) | namespaced |
-| read_pod_version | get | pods | namespaced (after an eviction: has the cache seen it) |
-| create_pod / delete_pod | create / delete | pods (placeholders only) | namespaced |
+| read_pod_version, read_pod | get | pods | namespaced (after a write: the pod as it is now) |
+| create_pod / delete_pod | create / delete | pods (placeholders; KAI's stuck scaling pods) | namespaced |
 | ensure_priority_class | get, create | priorityclasses (scheduling.k8s.io) | cluster |
 | create_event | create | events (core/v1) | namespaced |
 | list_kai_objects | list | queues, bindrequests (scheduling.run.ai) | cluster / all namespaces |
@@ -338,20 +338,37 @@ class KubeApi:
     # --- writes -----------------------------------------------------------------------------
 
     async def patch_pod_annotations(
-        self, namespace: str, name: str, annotations: Mapping[str, str]
+        self,
+        namespace: str,
+        name: str,
+        annotations: Mapping[str, str],
+        *,
+        resource_version: str = "",
+        uid: str = "",
     ) -> int | None:
-        """The patched pod's resourceVersion."""
+        """The patched pod's resourceVersion.
+
+        With ``resource_version`` (and ``uid``) the patch is conditional: the API server
+        applies it only to the pod as it was read (a merge patch that names them is checked
+        against the stored object) and answers 409 otherwise; such a conflict is not retried
+        here, since the caller's judgement was made on the pod as it was."""
+        metadata: dict[str, Any] = {"annotations": dict(annotations)}
+        if resource_version:
+            metadata["resourceVersion"] = resource_version
+        if uid:
+            metadata["uid"] = uid
+        conditional = bool(resource_version or uid)
         return version_of(
             await self._call(
                 "patch_pod_annotations",
                 lambda: self.core.patch_namespaced_pod(
                     name,
                     namespace,
-                    {"metadata": {"annotations": dict(annotations)}},
+                    {"metadata": metadata},
                     _content_type=MERGE_PATCH,
                     _request_timeout=self.timeout_s,
                 ),
-                reread=lambda: self.read_pod_version(namespace, name),
+                reread=None if conditional else lambda: self.read_pod_version(namespace, name),
             )
         )
 
@@ -389,6 +406,22 @@ class KubeApi:
             )
         except Exception as exc:
             raise wrapped(exc) from exc
+
+    async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A pod as the API server holds it now (API JSON); None when it is not there."""
+        try:
+            response: Any = await self._call(
+                "read_pod",
+                lambda: self.core.read_namespaced_pod(
+                    name, namespace, _preload_content=False, _request_timeout=self.timeout_s
+                ),
+            )
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        body: dict[str, Any] = json.loads(response.data)
+        return body
 
     async def read_pod_version(self, namespace: str, name: str) -> int | None:
         """A pod's resourceVersion now; None when it is gone."""
@@ -442,12 +475,19 @@ class KubeApi:
                 raise
 
     async def ensure_priority_class(self, name: str, value: int, description: str) -> None:
-        """Create the PriorityClass when it is missing (a concurrent create is fine)."""
+        """Create the PriorityClass when it is missing (a concurrent create is fine). One with
+        another value (the chart's, or an older default) is kept, with a warning: a value
+        cannot change, and the chart owns it where the chart made it."""
         try:
-            await self._call(
+            found: Any = await self._call(
                 "read_priority_class",
                 lambda: self.scheduling.read_priority_class(name, _request_timeout=self.timeout_s),
             )
+            if found.value != value:
+                log.warning(
+                    "the placeholders' PriorityClass has another value than configured",
+                    extra={"priority_class": name, "value": found.value, "configured": value},
+                )
             return
         except KubeError as exc:
             if exc.status != 404:

@@ -10,15 +10,22 @@ for a plan or a skip, and carries a plan out (:mod:`.executor`):
   is recorded first, so any pod created from now on gets the new fraction from the admission
   webhook (or, with ``targets_via="template"``, from the patched pod template);
 - in place (KAI), recreate (eviction) and scale up (placeholder pods) steps, in plan order;
-- a scale-up waits for capacity: :meth:`KubernetesBackend.reconcile` evicts once the capacity
-  exists (the pod now fits somewhere, or the placeholder was scheduled), and gives up after
-  ``capacity_timeout_s``. The placeholder carries the decision, so a restarted actuator
-  carries on where it was.
+- a result is what was verified: an in-place patch is conditional on the pod as read (its
+  resourceVersion) and the pod is read back; a 409 conflict re-reads the cluster and re-judges
+  once, a second one is FAILED. A recreate answers PENDING once its pods are evicted, and the
+  final result comes from the replacement pods (:mod:`.verification`); a scale-up answers
+  PENDING until its pods moved and their replacements are bound (:mod:`.scale_ups`, which
+  :meth:`KubernetesBackend.reconcile` drives). The placeholder carries the decision, so a
+  restarted actuator carries on where it was.
+- every refusal of the API server (a PDB, KAI's validating webhook, RBAC) is a FAILED result
+  with the server's reason.
 
 Crashes and faults. Before it acts, the backend records the target and, for a disruptive plan,
 the disruption itself (:class:`~fracpilot_actuator.stores.ports.DisruptionHistory`, so the
-disruption budget holds across restarts and leader changes). A decision whose earlier attempt
-stopped half-way (the service passes ``resumed``) and whose target was recorded is finished,
+disruption budget holds across restarts and leader changes). An eviction the cluster refused
+(a PDB, 429 after the retries) disrupted nothing: that record is taken back, and only then, so
+a crash between the two still counts it (too cautious, never too lax). A decision whose earlier
+attempt stopped half-way (the service passes ``resumed``) and whose target was recorded is finished,
 not re-judged: the guardrails it passed are not checked again, and only what the cluster
 shows as still to do is done (evicted pods are terminating or gone, resized ones carry the new
 share), so no pod is evicted twice.
@@ -35,7 +42,7 @@ import logging
 import socket
 from collections.abc import Mapping
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import datetime
 
 from fracpilot_actuator.actuation import Actuation, Report
 from fracpilot_actuator.guardrails import Disruption, GuardState
@@ -47,15 +54,16 @@ from fracpilot_actuator.kube.enforcement import (
     enforced_after,
     enforcement_note,
 )
-from fracpilot_actuator.kube.executor import StepExecutor
+from fracpilot_actuator.kube.executor import InPlaceConflictError, StepExecutor
 from fracpilot_actuator.kube.inventory import Inventory
 from fracpilot_actuator.kube.judge import ActuationPlan, ClusterView, Guards, Skip, judge
 from fracpilot_actuator.kube.namespaces import NamespaceLabels
 from fracpilot_actuator.kube.object_values import CAPACITY_ROLE, ROLE, parse_time
 from fracpilot_actuator.kube.placeholders import PendingScaleUp, pending_of
 from fracpilot_actuator.kube.reader import ClusterReader
-from fracpilot_actuator.kube.scale_ups import ScaleUps
+from fracpilot_actuator.kube.scale_ups import ScaleUps, pending_result
 from fracpilot_actuator.kube.settings import KubeBackendSettings
+from fracpilot_actuator.kube.verification import PendingRecreate
 from fracpilot_actuator.stores.memory import MemoryDisruptionHistory
 from fracpilot_actuator.stores.ports import (
     AllocationStore,
@@ -69,7 +77,6 @@ from fracpilot_libs.contracts import (
     Outcome,
     PlanKind,
     WorkloadRef,
-    utcnow,
 )
 from fracpilot_libs.placement.planner import ResizePlan, allocation_for
 
@@ -139,12 +146,17 @@ class KubernetesBackend:
         """The scale-ups waiting for capacity, by workload key."""
         return self.scale_ups.pending
 
+    @property
+    def recreates(self) -> dict[str, PendingRecreate]:
+        """The recreates waiting for their replacements to be bound, by workload key."""
+        return self.scale_ups.recreates
+
     # --- lifecycle --------------------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, now: datetime) -> None:
         """Start the inventory cache; read the recent disruptions; pick up the scale-ups a
         previous run left waiting (their placeholders say which)."""
-        await self._load_disruptions()
+        await self._load_disruptions(now)
         if (cache := self.reader.cache) is not None:
             cache.start()
             if not await cache.wait_synced():
@@ -157,7 +169,7 @@ class KubernetesBackend:
                 continue
             decision, pod = found
             key = decision.workload.key
-            created = parse_time(meta.get("creationTimestamp")) or datetime.now(UTC)
+            created = parse_time(meta.get("creationTimestamp")) or now
             pending = self.pending.setdefault(
                 key, PendingScaleUp(decision=decision, started_at=created, placeholders={})
             )
@@ -171,13 +183,13 @@ class KubernetesBackend:
         if (cache := self.reader.cache) is not None:
             cache.stop()
 
-    async def _load_disruptions(self) -> None:
+    async def _load_disruptions(self, now: datetime) -> None:
         try:
             recent = await self.history.load()
         except UnreadableHistoryError as exc:
             # Fail safe: with the history unknown, spend the whole budget for one window.
             log.error("disruption history unreadable: no disruption for one window", exc_info=exc)
-            unknown = Disruption("unknown (history unreadable)", "", datetime.now(UTC))
+            unknown = Disruption("unknown (history unreadable)", "", now)
             recent = (unknown,) * self.settings.guardrails.max_disruptions
         if recent is None:
             return
@@ -196,16 +208,10 @@ class KubernetesBackend:
         wl = decision.workload
         # An earlier attempt recorded the target, so it had passed the guardrails: finish it.
         resuming = resumed and not dry_run and await self._target_is(decision)
-        view = await self.reader.observe(wl)
-        if view.live:  # the workload object, for its opt-out and its pod template
-            owner = await self.api.read_owner(wl.namespace, wl.owner_kind, wl.owner_name)
-            view = replace(view, owner=owner)
-        if self.namespaces is not None:
-            labels = await self.namespaces.labels_of(wl.namespace)
-            view = replace(view, namespace_labels=labels)
+        view = await self._view(wl)
         judgement = self._judge(decision, view, now, dry_run, resuming)
         if judgement.disruptive:  # another replica may have led, and disrupted, since
-            await self._load_disruptions()
+            await self._load_disruptions(now)
             judgement = self._judge(decision, view, now, dry_run, resuming)
         # Resuming, a plan was made (an earlier attempt's pods may be done: applied already).
         if resuming and (
@@ -244,7 +250,49 @@ class KubernetesBackend:
         target = await self.targets.get(decision.workload)
         return target is not None and target.decision_id == decision.decision_id
 
-    async def _execute(self, chosen: ActuationPlan, view: ClusterView, now: datetime) -> Actuation:
+    async def correct(
+        self, decision: FractionDecision, now: datetime, corrections: int
+    ) -> Actuation:
+        """Act again on a decision whose replacement was born at another share (the webhook was
+        down): judged afresh, within the disruption budget; when the budget is spent the
+        change is left as a recommendation. The replacement is the decision's own doing, so
+        the decision counts as made now (not stale)."""
+        again = decision.model_copy(update={"decided_at": now})
+        view = await self._view(again.workload)
+        judgement = self._judge(again, view, now, "", False)
+        if isinstance(judgement, Skip):
+            done = judgement.actuation
+            if done.outcome is Outcome.SKIPPED and done.plan is not PlanKind.NONE:
+                return replace(
+                    done,
+                    outcome=Outcome.DRY_RUN,
+                    held_back="policy",
+                    detail=f"correction left as a recommendation: {done.detail}",
+                )
+            return replace(done, detail=f"correction: {done.detail}")
+        return await self._execute(judgement, view, now, corrections=corrections)
+
+    async def _view(self, workload: WorkloadRef, fresh: bool = False) -> ClusterView:
+        view = await self.reader.observe(workload, fresh=fresh)
+        if view.live:  # the workload object, for its opt-out and its pod template
+            owner = await self.api.read_owner(
+                workload.namespace, workload.owner_kind, workload.owner_name
+            )
+            view = replace(view, owner=owner)
+        if self.namespaces is not None:
+            labels = await self.namespaces.labels_of(workload.namespace)
+            view = replace(view, namespace_labels=labels)
+        return view
+
+    async def _execute(
+        self,
+        chosen: ActuationPlan,
+        view: ClusterView,
+        now: datetime,
+        *,
+        rejudged: bool = False,
+        corrections: int = 0,
+    ) -> Actuation:
         decision, plan = chosen.decision, chosen.plan
         wl = decision.workload
         by_name = {p.name: p for p in view.live}
@@ -257,9 +305,11 @@ class KubernetesBackend:
             counted = chosen.resuming and any(
                 a.workload == key for a in self.guards.pruned(now, window).recent
             )
+            disruption: Disruption | None = None
             if chosen.disruptive and not counted:
                 # Recorded, and kept, before any pod is touched: a crash cannot hide it.
-                self.guards = self.guards.record(Disruption(key, wl.namespace, now), window)
+                disruption = Disruption(key, wl.namespace, now)
+                self.guards = self.guards.record(disruption, window)
                 await self.history.save(self.guards.recent)
             notes = ["resumed: target recorded" if chosen.resuming else "target recorded"]
             if self.settings.targets_via == "template":
@@ -271,20 +321,36 @@ class KubernetesBackend:
                     return chosen.result(Outcome.FAILED, detail, error)
             # In plan order: each step was planned on the cluster the earlier ones leave, so
             # a resize that counts on a pod having moved out waits for that eviction.
+            evicted: list[ResizePlan] = []
             for step in plan.steps:
                 enforced = chosen.enforcement.get(step.pod, NOT_ENFORCED)
                 if step.kind is PlanKind.IN_PLACE:
-                    await self.executor.resize_in_place(
-                        decision, by_name[step.pod], step, chosen.memory_mib, now, enforced
-                    )
+                    try:
+                        error = await self.executor.resize_in_place(
+                            decision, by_name[step.pod], step, chosen.memory_mib, now, enforced
+                        )
+                    except InPlaceConflictError as conflict:
+                        if rejudged or evicted:
+                            detail = f"{plan.reason}; {'; '.join(notes)}; {conflict}"
+                            return chosen.result(Outcome.FAILED, detail, str(conflict))
+                        log.info("in-place conflict: re-reading and judging again once")
+                        return await self._rejudge(chosen, now, f"{conflict}; re-read")
+                    if error is not None:
+                        detail = f"{plan.reason}; {'; '.join(notes)}; {error}"
+                        return chosen.result(Outcome.FAILED, detail, error)
                     notes.append(
-                        f"{step.pod} resized in place ({enforcement_note(step, enforced)})"
+                        f"{step.pod} resized in place and read back "
+                        f"({enforcement_note(step, enforced)})"
                     )
                 elif step.kind is PlanKind.RECREATE_ELSEWHERE:
                     error = await self.executor.evict(decision, by_name[step.pod], step, enforced)
                     if error is not None:
+                        if disruption is not None and not evicted:
+                            await self._take_back(disruption, window)
+                            notes.append("the refused eviction used none of the budget")
                         detail = f"{plan.reason}; {'; '.join(notes)}; {error}"
                         return chosen.result(Outcome.FAILED, detail, error)
+                    evicted.append(step)
                     notes.append(f"{step.pod} evicted")
             scale_ups = plan.steps_of(PlanKind.SCALE_UP)
             if scale_ups:
@@ -298,25 +364,68 @@ class KubernetesBackend:
                     + " (placeholder pods); they move once a GPU is free"
                 )
                 pending.notes = notes
-            else:
-                await self.publish_allocation(wl, chosen.inventory, plan.steps, chosen.enforcement)
+                return pending_result(
+                    PlanKind.SCALE_UP,
+                    chosen.primary,
+                    chosen.inventory,
+                    f"{plan.reason}; " + "; ".join(notes),
+                )
+            if evicted:
+                primary = chosen.primary if chosen.primary in evicted else evicted[0]
+                self.scale_ups.recreates[key] = PendingRecreate(
+                    decision=decision,
+                    kind=plan.kind,
+                    step=primary,
+                    node_before=chosen.inventory.gpu_node(primary.gpu_before),
+                    evicted=len(evicted),
+                    known_uids=frozenset(p.uid for p in view.pods),
+                    started_at=now,
+                    notes=[plan.reason, *notes],
+                    corrections=corrections,
+                )
+                detail = f"{plan.reason}; {'; '.join(notes)}; waiting for the replacement"
+                return pending_result(plan.kind, primary, chosen.inventory, detail)
+            await self.publish_allocation(wl, chosen.inventory, plan.steps, now, chosen.enforcement)
             return chosen.result(Outcome.APPLIED, f"{plan.reason}; {'; '.join(notes)}")
         finally:
-            if key not in self.pending:
+            if not self.scale_ups.waiting(key):
                 self.guards = self.guards.end(key)
+
+    async def _rejudge(self, chosen: ActuationPlan, now: datetime, why: str) -> Actuation:
+        """After a 409 on an in-place patch: read the cluster afresh and judge once more (the
+        target is recorded, so as a resumed decision: only what is left is done)."""
+        decision = chosen.decision
+        self.guards = self.guards.end(decision.workload.key)
+        view = await self._view(decision.workload, fresh=True)
+        judgement = self._judge(decision, view, now, "", True)
+        if isinstance(judgement, Skip):
+            done = judgement.actuation
+            return replace(done, detail=f"{why}: {done.detail}")
+        result = await self._execute(judgement, view, now, rejudged=True)
+        return replace(result, detail=f"{why}: {result.detail}")
+
+    async def _take_back(self, disruption: Disruption, window: float) -> None:
+        """An eviction the cluster refused disrupted nothing: forget its record."""
+        recent = tuple(d for d in self.guards.recent if d is not disruption)
+        self.guards = replace(self.guards, recent=recent)
+        try:
+            await self.history.save(self.guards.recent)
+        except Exception as exc:  # kept counted: too cautious, never too lax
+            log.warning("disruption not taken back", extra={"error": str(exc)[:300]})
 
     async def publish_allocation(
         self,
         workload: WorkloadRef,
         inventory: Inventory,
         steps: tuple[ResizePlan, ...],
+        now: datetime,
         enforcement: Mapping[str, Enforcement] | None = None,
     ) -> None:
         """The workload's Allocation (:func:`allocation_of`); failing to write one never fails
         the action."""
         if self.allocations is None:
             return
-        allocation = allocation_of(workload, inventory, steps, utcnow())
+        allocation = allocation_of(workload, inventory, steps, now)
         if allocation is None:
             return
         step = next(s for s in steps if s.pod == allocation.pod)
@@ -334,5 +443,6 @@ class KubernetesBackend:
     # --- scale-ups waiting for capacity -----------------------------------------------------
 
     async def reconcile(self, now: datetime) -> None:
-        """Move the pods of each waiting scale-up whose capacity now exists; give up on time."""
+        """Move the pods of each waiting scale-up whose capacity now exists, verify each
+        waiting recreate; give up on time."""
         await self.scale_ups.reconcile(now)

@@ -44,7 +44,6 @@ from fracpilot_actuator.kube.inventory import PodInfo
 from fracpilot_actuator.kube.object_values import DECISION_ID, KAI_FRACTION, KAI_MEMORY, RESIZED_AT
 from fracpilot_actuator.kube.placeholders import (
     PRIORITY_CLASS,
-    PRIORITY_VALUE,
     PendingScaleUp,
     placeholder_name,
     placeholder_pod,
@@ -71,6 +70,10 @@ def _status(exc: BaseException) -> int | None:
 
 def _message(exc: BaseException) -> str:
     return exc.message if isinstance(exc, KubeError) else str(exc)
+
+
+class InPlaceConflictError(Exception):
+    """The pod changed between the read the plan was made on and the patch (409)."""
 
 
 class StepExecutor:
@@ -129,14 +132,41 @@ class StepExecutor:
         memory_mib: int,
         now: datetime,
         enforcement: Enforcement = NOT_ENFORCED,
-    ) -> None:
+    ) -> str | None:
+        """Patch the pod as it was read (its resourceVersion and UID are the precondition),
+        then read it back: None when it holds the new share, else why not. A conflict (the pod
+        changed since it was read) raises :class:`InPlaceConflictError`; any other refusal of the
+        API server (KAI's validating webhook, RBAC, ...) is the error returned."""
         annotations = {RESIZED_AT: now.isoformat(), DECISION_ID: decision.decision_id}
         if pod.share is not None and pod.share.kai_key == KAI_MEMORY:
-            annotations[KAI_MEMORY] = str(memory_mib)
+            key, value = KAI_MEMORY, str(memory_mib)
         else:
-            annotations[KAI_FRACTION] = f"{step.fraction_after:g}"
-        version = await self.api.patch_pod_annotations(pod.namespace, pod.name, annotations)
+            key, value = KAI_FRACTION, f"{step.fraction_after:g}"
+        annotations[key] = value
+        try:
+            version = await self.api.patch_pod_annotations(
+                pod.namespace,
+                pod.name,
+                annotations,
+                resource_version=pod.resource_version,
+                uid=pod.uid,
+            )
+        except KubeError as exc:
+            if exc.status == 409:
+                why = f"{pod.key} changed since it was read: {exc.message}"
+                raise InPlaceConflictError(why) from exc
+            error = f"in-place resize of {pod.key} refused ({exc.status}): {exc.message}"
+            await self.event(pod, "FractionResizeFailed", error, warning=True)
+            log.warning("in-place resize refused", extra={"pod": pod.key, "error": error})
+            return error
         self._fence(Fence("pods", version, None if version else (pod.namespace, pod.name)))
+        held = await self._read_back(pod, key)
+        if held != value:
+            error = (
+                f"{pod.key} read back with {key}={held or 'nothing'} after the patch, not {value}"
+            )
+            log.warning("in-place resize not held", extra={"pod": pod.key, "error": error})
+            return error
         await self.event(
             pod,
             "FractionResized",
@@ -145,6 +175,20 @@ class StepExecutor:
             f"recreated: {enforcement_note(step, enforcement)}. "
             f"{decision.explanation} (decision {decision.decision_id}: {step.reason})",
         )
+        return None
+
+    async def _read_back(self, pod: PodInfo, key: str) -> str:
+        """The annotation ``key`` on the pod as the API server holds it now ("" when the pod or
+        the annotation is gone, or the read failed)."""
+        try:
+            raw = await self.api.read_pod(pod.namespace, pod.name)
+        except KubeError as exc:
+            log.warning("pod not read back", extra={"pod": pod.key, "error": str(exc)[:300]})
+            return ""
+        meta = (raw or {}).get("metadata") or {}
+        if raw is None or (pod.uid and meta.get("uid") != pod.uid):
+            return ""
+        return str((meta.get("annotations") or {}).get(key, ""))
 
     async def evict(
         self,
@@ -237,7 +281,7 @@ class StepExecutor:
         """A placeholder pod for each pod that fits on no GPU; the scale-up that waits."""
         await self.api.ensure_priority_class(
             PRIORITY_CLASS,
-            PRIORITY_VALUE,
+            self.settings.placeholder_priority,
             "fracpilot placeholder pods: ask the autoscaler for a GPU before a pod moves",
         )
         pending = PendingScaleUp(decision=decision, started_at=now, placeholders={})
@@ -262,7 +306,8 @@ class StepExecutor:
                 pod,
                 "CapacityRequested",
                 f"GPU share {decision.new_fraction:g} fits on no GPU: asked for a GPU with "
-                f"placeholder pod {namespace}/{name}; the pod is evicted once it exists. "
+                f"placeholder pod {namespace}/{name}; the pod is evicted once it exists, and "
+                "the placeholder kept until its replacement is bound. "
                 f"{decision.explanation} (decision {decision.decision_id})",
             )
         return pending

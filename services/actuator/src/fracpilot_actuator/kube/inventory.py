@@ -22,8 +22,9 @@ which :func:`as_api_dict` turns into the same dicts); time is passed in, nothing
   ``nvidia.com/gpu`` counts sharing slots, not GPUs): :mod:`fracpilot_actuator.kube.hami`.
 - Pods asking for whole ``nvidia.com/gpu`` (and no share) take whole GPUs of their node; the
   node's GPUs nobody is known to hold are ``<node>/free-<i>``.
-- fracpilot's own capacity placeholders are left out: the capacity they stand for is what a
-  scale-up waits for.
+- fracpilot's own capacity placeholders are no workload's pods, but a bound one holds its GPU
+  whole (:func:`placeholder_gpu`, or the GPU HAMi gave it) and its CPU and memory, so no other
+  decision plans onto the capacity a scale-up is waiting to use.
 - What kube-scheduler's predicates need to say where a recreated pod may go (labels, taints,
   allocatable CPU and memory of every node; requests, selectors, affinity and tolerations of
   every other pod): :attr:`Inventory.facts`, :mod:`fracpilot_libs.placement.predicates`.
@@ -419,6 +420,22 @@ def build_inventory(
         )
         if labels.get(ROLE) == CAPACITY_ROLE:
             placeholders.append(info)
+            if node is not None:  # bound: its GPU is taken for the pod it was made for
+                with contextlib.suppress(ValueError):
+                    facts_of_pods.append(pod_facts(pod))
+                gpu_id = share.gpu_uuid if share is not None else placeholder_gpu(info)
+                held.setdefault(node.name, set()).add(gpu_id)
+                placements.append(
+                    Placement(
+                        workload=WorkloadRef(
+                            cluster=cluster, namespace=namespace, owner_kind="Pod", owner_name=name
+                        ),
+                        pod=name,
+                        gpu_uuid=gpu_id,
+                        fraction=share.fraction if share is not None else 1.0,
+                        **(_hami_held(share) if share is not None else {}),
+                    )
+                )
             continue
         # The API validated its quantities: only a fake's pod can have no facts.
         with contextlib.suppress(ValueError):
@@ -478,6 +495,12 @@ def build_inventory(
         hami_memory_factor=hami_memory_factor,
         facts=ClusterFacts(facts_of_nodes, pods_by_node(facts_of_pods)),
     )
+
+
+def placeholder_gpu(pod: PodInfo) -> str:
+    """The GPU a bound placeholder holds whole (KAI: kube-scheduler counts nvidia.com/gpu and
+    names no GPU), as the inventory lists it."""
+    return f"{pod.node}/placeholder/{pod.namespace}/{pod.name}"
 
 
 def _hami_held(share: GpuShare) -> dict[str, int]:

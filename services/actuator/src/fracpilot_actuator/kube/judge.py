@@ -31,15 +31,19 @@ in this order, what the executor (:mod:`fracpilot_actuator.kube.executor`) is to
    resumed (an earlier attempt recorded its target, so it passed them);
 7. nothing to change: skip (or applied, when an earlier attempt did it); a dry run: what would
    be done; a denial: skip with the guard's reason; else the plan.
+
+A scale-up waiting for capacity is planned here too (:func:`plan_scale_up`): for each of its
+pods, wait, give up, or move (in place or recreate) and whether its placeholder must go with
+the eviction; :mod:`.scale_ups` only carries that out.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 from fracpilot_actuator.actuation import Actuation
 from fracpilot_actuator.guardrails import (
@@ -50,7 +54,13 @@ from fracpilot_actuator.guardrails import (
     check,
     opt_out,
 )
-from fracpilot_actuator.kube.enforcement import Enforcement, enforce, enforced_after
+from fracpilot_actuator.kube.enforcement import (
+    NOT_ENFORCED,
+    Enforcement,
+    enforce,
+    enforced_after,
+    must_recreate,
+)
 from fracpilot_actuator.kube.gangs import Member, PodGroup, gang_refusal
 from fracpilot_actuator.kube.hami import fit_rule
 from fracpilot_actuator.kube.inventory import Inventory, PodInfo, last_change
@@ -60,6 +70,7 @@ from fracpilot_actuator.kube.kai import (
     multi_device_refusal,
 )
 from fracpilot_actuator.kube.object_values import KAI_FRACTION, is_opted_out
+from fracpilot_actuator.kube.placeholders import PendingScaleUp
 from fracpilot_actuator.kube.queues import (
     Queue,
     effective_queues,
@@ -77,7 +88,16 @@ from fracpilot_libs.contracts import (
     WorkloadTarget,
 )
 from fracpilot_libs.kai import KaiSettings
-from fracpilot_libs.placement.planner import ResizePlan, WorkloadPlan, plan_workload
+from fracpilot_libs.placement.planner import (
+    ClusterState,
+    NodeOkFor,
+    Placement,
+    ResizePlan,
+    WorkloadPlan,
+    apply_pod_plan,
+    plan_pod,
+    plan_workload,
+)
 
 
 @dataclass(frozen=True)
@@ -433,3 +453,86 @@ def judge(
             f"{verdict.guard}: {verdict.reason} (plan was {plan.kind.value}: {plan.reason})",
         )
     return chosen
+
+
+# --- a scale-up waiting for capacity ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScaleUpMove:
+    """What to do now for one pod of a scale-up waiting for capacity."""
+
+    pod: str
+    placeholder: tuple[str, str]  # (namespace, name)
+    action: Literal["wait", "give_up", "gone", "move"]
+    step: ResizePlan | None = None  # "move": in place, or recreate where it now fits
+    node: str = ""  # where the placeholder is bound; "" while it is not
+    release_first: bool = False
+    """The pod fits only on its placeholder's own GPU: the placeholder goes with the eviction
+    (else it stays until the replacement is bound)."""
+
+
+def _without(state: ClusterState, placeholder: tuple[str, str]) -> ClusterState:
+    """The cluster with a placeholder's GPU free again."""
+    key = "/".join(placeholder)
+    return replace_state(state, tuple(p for p in state.placements if p.pod_key != key))
+
+
+def replace_state(state: ClusterState, placements: tuple[Placement, ...]) -> ClusterState:
+    return ClusterState(gpus=state.gpus, placements=placements)
+
+
+def plan_scale_up(
+    pending: PendingScaleUp, view: ClusterView, now: datetime, timeout_s: float
+) -> tuple[ScaleUpMove, ...]:
+    """Each waiting pod's move, planned on the cluster as it is now (bound placeholders count
+    as used GPUs, :mod:`.inventory`), in pod order, each on the cluster the earlier ones
+    leave. A pod waits while it fits nowhere, and is given up on after ``timeout_s``."""
+    decision, inventory = pending.decision, view.inventory
+    live = {p.name: p for p in view.live}
+    placements = {p.pod: p for p in inventory.placements_of(view.live)}
+    bound = {(p.namespace, p.name): p.node for p in inventory.placeholders if p.node}
+    timed_out = now - pending.started_at > timedelta(seconds=timeout_s)
+    state, moves = inventory.state, []
+    for pod_name, placeholder in sorted(pending.placeholders.items()):
+        pod, placement = live.get(pod_name), placements.get(pod_name)
+        if pod is None or placement is None:
+            moves.append(ScaleUpMove(pod_name, placeholder, "gone"))
+            continue
+        enforced = view.enforcement.get(pod_name, NOT_ENFORCED)
+        node_ok_for = inventory.node_ok_for(pod.backend)
+
+        # an upsize past an enforced limit is a recreate (enforcement.py)
+        in_place = pod.backend is GpuSharing.KAI and not must_recreate(enforced, decision)
+        fit = fit_rule(pod.backend, inventory.hami_memory_factor)
+
+        def plan(
+            on: ClusterState,
+            placement: Placement = placement,
+            in_place: bool = in_place,
+            fit: Any = fit,
+            node_ok_for: NodeOkFor | None = node_ok_for,
+        ) -> ResizePlan:
+            return plan_pod(
+                on,
+                placement,
+                decision.new_fraction,
+                in_place=in_place,
+                fit=fit,
+                node_ok=node_ok_for(placement, on) if node_ok_for else None,
+            )
+
+        node = bound.get(placeholder, "")
+        step: ResizePlan = plan(state)
+        release = False
+        if step.kind is PlanKind.SCALE_UP and node:  # only the placeholder's own GPU is room
+            freed = _without(state, placeholder)
+            if (again := plan(freed)).kind is not PlanKind.SCALE_UP:
+                state, step, release = freed, again, True
+        if step.kind is PlanKind.SCALE_UP:
+            action: Literal["wait", "give_up"] = "give_up" if timed_out else "wait"
+            moves.append(ScaleUpMove(pod_name, placeholder, action, step, node))
+            continue
+        state = apply_pod_plan(state, step)
+        moves.append(ScaleUpMove(pod_name, placeholder, "move", step, node, release))
+    return tuple(moves)

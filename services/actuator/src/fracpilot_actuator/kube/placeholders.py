@@ -3,14 +3,24 @@
 A placeholder is shaped like KAI's own scaling pod (``createScalingPodSpec`` in
 ``pkg/nodescaleadjuster/scaler/scaling_pod.go``, kai-scheduler/KAI-Scheduler at d5bc503a): the
 pending pod's node selector, affinity and tolerations, its containers' CPU and memory requests
-summed, and one whole physical GPU, so the cluster-autoscaler adds a node the moving pod fits
-on. One whole GPU is ``nvidia.com/gpu: 1`` for KAI; under HAMi, where ``nvidia.com/gpu``
-counts sharing slots, it is :data:`~fracpilot_libs.hami.fit.WHOLE_GPU_LIMITS`
-(``gpumem-percentage: 100`` and ``gpucores: 100``, which HAMi's ``Fit`` places only on a GPU
-no pod uses). It has the low PriorityClass ``fracpilot-capacity`` and carries the decision, so
-a restarted actuator carries on where it was (:class:`PendingScaleUp` is rebuilt from the
-placeholders it finds). It never goes to ``kai-scale-adjust``: KAI creates no reservation pods
-while a pod there is pending.
+summed, and one whole GPU as a node-allocatable resource, ``nvidia.com/gpu: 1``, so the
+cluster-autoscaler, which simulates kube-scheduler's resource fit on node templates, adds a
+node the moving pod fits on. Under HAMi too: ``nvidia.com/gpu`` is what HAMi's device plugin
+registers on the node (sharing slots), while ``nvidia.com/gpumem*`` and ``gpucores`` are not
+allocatable anywhere, so a pod asking for them never makes the autoscaler act; HAMi gives a
+pod that asks for one slot and no memory its ``defaultMemory`` (0, the default: the GPU's
+whole memory).
+
+Its PriorityClass ``fracpilot-capacity`` has a priority above cluster-autoscaler's
+``--expendable-pods-priority-cutoff`` (pods below it never cause a scale-up) and below every
+real workload's, with ``preemptionPolicy: Never``; both the value and the cutoff it is checked
+against are settings (:class:`~fracpilot_actuator.settings.CapacitySettings`). It carries the
+decision, so a restarted actuator carries on where it was (:class:`PendingScaleUp` is rebuilt
+from the placeholders it finds). It never goes to ``kai-scale-adjust``: KAI creates no
+reservation pods while a pod there is pending.
+
+A placeholder is kept until the pod it was made for has a replacement bound (make before
+break); a bound one counts as a used GPU in every inventory (:mod:`.inventory`).
 """
 
 from __future__ import annotations
@@ -32,10 +42,8 @@ from fracpilot_actuator.kube.object_values import (
     ROLE,
 )
 from fracpilot_libs.contracts import FractionDecision, GpuSharing
-from fracpilot_libs.hami.fit import WHOLE_GPU_LIMITS
 
 PRIORITY_CLASS = "fracpilot-capacity"
-PRIORITY_VALUE = -10
 MANAGED_BY = "app.kubernetes.io/managed-by"
 WORKLOAD = "fracpilot.io/workload"  # on a placeholder: the workload key it asks capacity for
 FOR_POD = "fracpilot.io/for-pod"  # on a placeholder: the pod that moves once capacity exists
@@ -102,9 +110,7 @@ def copied_requests(containers: Iterable[Mapping[str, Any]]) -> dict[str, str]:
 
 
 def whole_gpu(backend: GpuSharing | None) -> dict[str, str]:
-    """What one whole physical GPU is in the backend's resources (see the module docstring)."""
-    if backend is GpuSharing.HAMI:
-        return {k: str(v) for k, v in WHOLE_GPU_LIMITS.items()}
+    """One whole GPU as a node-allocatable resource, for either backend (module docstring)."""
     return {GPU_RESOURCE: "1"}
 
 
@@ -120,8 +126,9 @@ def placeholder_pod(
 
     It copies the pod's node selector, affinity, tolerations and CPU and memory requests (as
     KAI's node-scale-adjuster does), so the autoscaler adds a node the pod can use;
-    ``preemptionPolicy: Never`` and the negative priority keep it from pushing any real pod
-    aside. Raises ValueError for ``kai-scale-adjust`` or a request that does not parse.
+    ``preemptionPolicy: Never`` and its low priority (above the autoscaler's expendable
+    cutoff) keep it from pushing any real pod aside. Raises ValueError for
+    ``kai-scale-adjust`` or a request that does not parse.
     """
     if namespace == KAI_SCALE_ADJUST_NAMESPACE:
         raise ValueError(f"a placeholder may not go to {KAI_SCALE_ADJUST_NAMESPACE}")

@@ -70,9 +70,10 @@ class ClusterReader:
 
         return snap.nodes, snap.pods, mine(snap.replica_sets), mine(snap.jobs)
 
-    async def observe(self, workload: WorkloadRef) -> ClusterView:
-        """The cluster and the workload's pods (the workload object is not read here)."""
-        cached = await self._from_cache(workload.namespace)
+    async def observe(self, workload: WorkloadRef, *, fresh: bool = False) -> ClusterView:
+        """The cluster and the workload's pods (the workload object is not read here);
+        ``fresh``: listed from the API server, never the cache (after a conflict)."""
+        cached = None if fresh else await self._from_cache(workload.namespace)
         if cached is not None:
             nodes, pods, replica_sets, jobs = cached
         else:

@@ -1,35 +1,58 @@
-"""Scale-ups waiting for capacity: move each pod once a GPU is there, give up on time.
+"""What waits after a decision was acted on: scale-ups waiting for capacity, recreates waiting
+for their replacements. This module only executes; the plans are the judge's
+(:func:`~fracpilot_actuator.kube.judge.plan_scale_up`,
+:func:`~fracpilot_actuator.kube.verification.replacement_verdict`).
 
-A scale-up's pods move (in place when they now fit on their GPU, else evicted) once their
-placeholder was scheduled or the pod fits somewhere; after ``capacity_timeout_s`` without
-capacity the scale-up fails and its placeholders are removed. The end is reported through the
-backend's ``report`` callback.
+- A scale-up's pods move once the judge says they fit (their placeholder was bound on a new
+  node, or room appeared): in place, or evicted. An evicted pod's placeholder stays until the
+  replacement is bound (make before break), unless the pod fits only on the placeholder's own
+  GPU, when it goes right after the eviction. After ``capacity_timeout_s`` without capacity
+  the scale-up fails and its placeholders are removed.
+- A recreate (:class:`~fracpilot_actuator.kube.verification.PendingRecreate`) is verified:
+  APPLIED with what the replacement holds, FAILED after ``verify_timeout_s``, or, born at
+  another share, FAILED with the share it has, then corrected (the host's ``correct``).
+- While a replacement of ours waits behind KAI's nodescaleadjuster, a scaling pod of it that
+  is bound but says ``PodScheduled=False`` is deleted (see docs/backends.md: KAI's scaler
+  overwrites the condition kube-scheduler set, and KAI's binder then binds no fraction pod).
+
+Each end is reported through the host's ``report`` callback.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from datetime import datetime, timedelta
-from typing import Protocol
+from dataclasses import replace
+from datetime import datetime
+from typing import Any, Protocol
 
-from fracpilot_actuator.actuation import Report
+from fracpilot_actuator.actuation import Actuation, Report
 from fracpilot_actuator.guardrails import GuardState
-from fracpilot_actuator.kube.enforcement import NOT_ENFORCED, Enforcement, must_recreate
+from fracpilot_actuator.kube.enforcement import NOT_ENFORCED, Enforcement
 from fracpilot_actuator.kube.executor import StepExecutor
-from fracpilot_actuator.kube.hami import fit_rule
 from fracpilot_actuator.kube.inventory import Inventory
-from fracpilot_actuator.kube.judge import ClusterView, actuation_of, memory_share_mib
+from fracpilot_actuator.kube.judge import (
+    ClusterView,
+    actuation_of,
+    memory_share_mib,
+    plan_scale_up,
+)
+from fracpilot_actuator.kube.object_values import KAI_SCALE_ADJUST_NAMESPACE
 from fracpilot_actuator.kube.placeholders import PendingScaleUp
 from fracpilot_actuator.kube.settings import KubeBackendSettings
-from fracpilot_libs.contracts import GpuSharing, Outcome, PlanKind, WorkloadRef
-from fracpilot_libs.placement.planner import ResizePlan, apply_pod_plan, plan_pod
+from fracpilot_actuator.kube.verification import (
+    PendingRecreate,
+    replacement_verdict,
+    replacements_of,
+)
+from fracpilot_libs.contracts import FractionDecision, Outcome, PlanKind, WorkloadRef
+from fracpilot_libs.placement.planner import ResizePlan
 
 log = logging.getLogger(__name__)
 
 
-class ScaleUpHost(Protocol):
-    """What the scale-ups use of the backend that owns them (the backend imports this module,
+class FollowUpHost(Protocol):
+    """What the follow-ups use of the backend that owns them (the backend imports this module,
     so naming the backend's class here would be an import circle)."""
 
     settings: KubeBackendSettings
@@ -44,16 +67,25 @@ class ScaleUpHost(Protocol):
         workload: WorkloadRef,
         inventory: Inventory,
         steps: tuple[ResizePlan, ...],
+        now: datetime,
         enforcement: Mapping[str, Enforcement] | None = None,
     ) -> None: ...
 
+    async def correct(
+        self, decision: FractionDecision, now: datetime, corrections: int
+    ) -> Actuation: ...
+
 
 class ScaleUps:
-    """The backend's waiting scale-ups, by workload key."""
+    """The backend's waiting scale-ups and recreates, by workload key."""
 
-    def __init__(self, backend: ScaleUpHost) -> None:
+    def __init__(self, backend: FollowUpHost) -> None:
         self.backend = backend
         self.pending: dict[str, PendingScaleUp] = {}
+        self.recreates: dict[str, PendingRecreate] = {}
+
+    def waiting(self, key: str) -> bool:
+        return key in self.pending or key in self.recreates
 
     async def reconcile(self, now: datetime) -> None:
         for key, pending in list(self.pending.items()):
@@ -61,72 +93,101 @@ class ScaleUps:
                 await self._advance(pending, now)
             except Exception:
                 log.exception("scale-up check failed; trying again", extra={"workload": key})
+        for key, recreate in list(self.recreates.items()):
+            try:
+                await self._verify(recreate, now)
+            except Exception:
+                log.exception("recreate check failed; trying again", extra={"workload": key})
+
+    # --- scale-ups ----------------------------------------------------------------------------
 
     async def _advance(self, pending: PendingScaleUp, now: datetime) -> None:
         backend, executor = self.backend, self.backend.executor
         settings = backend.settings
         decision = pending.decision
         view = await backend.observe(decision.workload)
-        inventory = view.inventory
-        live = {p.name: p for p in view.live}
-        placements = {p.pod: p for p in inventory.placements_of(view.live)}
-        bound = {(p.namespace, p.name): p.node for p in inventory.placeholders if p.node}
-        timed_out = now - pending.started_at > timedelta(seconds=settings.capacity_timeout_s)
-        state, last = inventory.state, None
-        done: list[ResizePlan] = []
-        for pod_name, (namespace, placeholder) in list(pending.placeholders.items()):
-            pod, placement = live.get(pod_name), placements.get(pod_name)
-            if pod is not None and placement is not None:
-                node_ok_for = inventory.node_ok_for(pod.backend)
-                step = plan_pod(
-                    state,
-                    placement,
-                    decision.new_fraction,
-                    # an upsize past an enforced limit is a recreate (enforcement.py)
-                    in_place=pod.backend is GpuSharing.KAI
-                    and not must_recreate(view.enforcement.get(pod_name, NOT_ENFORCED), decision),
-                    fit=fit_rule(pod.backend, inventory.hami_memory_factor),
-                    node_ok=node_ok_for(placement, state) if node_ok_for else None,
-                )
-                node = bound.get((namespace, placeholder))
-                if step.kind is PlanKind.SCALE_UP and node is None:  # no capacity yet
-                    if not timed_out:
-                        continue
-                    error = (
-                        f"no GPU with {decision.new_fraction:g} free appeared within "
-                        f"{settings.capacity_timeout_s:g} s; placeholder removed"
-                    )
-                    await executor.event(pod, "CapacityNotAvailable", error, warning=True)
-                    await self._finish(pending, Outcome.FAILED, inventory, step, error)
-                    return
-                state, last = apply_pod_plan(state, step), step
-                done.append(step)
-            # Free the placeholder's GPU first: the recreated pod is to take it.
-            await executor.delete_placeholder(namespace, placeholder)
-            pending.placeholders.pop(pod_name)
-            if pod is None or placement is None:
-                pending.notes.append(f"{pod_name} is gone; its replacement gets the target")
-            elif step.kind is PlanKind.IN_PLACE:
-                memory_mib = memory_share_mib(decision, view)
-                enforced = view.enforcement.get(pod_name, NOT_ENFORCED)
-                await executor.resize_in_place(decision, pod, step, memory_mib, now, enforced)
-                pending.notes.append(f"{pod_name} now fits on its GPU: resized in place")
-            elif step.kind is not PlanKind.NONE:
-                where = node or inventory.gpu_node(step.gpu_after) or "a node the scheduler found"
-                failure = await executor.evict(
-                    decision, pod, step, view.enforcement.get(pod_name, NOT_ENFORCED)
-                )
-                if failure is not None:
-                    await self._finish(pending, Outcome.FAILED, inventory, step, failure)
-                    return
-                pending.notes.append(f"capacity appeared on {where}; {pod_name} evicted")
-        if not pending.placeholders:
-            await backend.publish_allocation(
-                decision.workload, inventory, tuple(done), view.enforcement
+        inventory, live = view.inventory, {p.name: p for p in view.live}
+        moves = plan_scale_up(pending, view, now, settings.capacity_timeout_s)
+        if any(m.action == "wait" for m in moves):
+            return  # all pods move together, once each has room
+        if give_up := next((m for m in moves if m.action == "give_up"), None):
+            late = (
+                f"no GPU with {decision.new_fraction:g} free appeared within "
+                f"{settings.capacity_timeout_s:g} s; placeholder removed"
             )
-            await self._finish(pending, Outcome.APPLIED, inventory, last, None)
+            await executor.event(live[give_up.pod], "CapacityNotAvailable", late, warning=True)
+            await self._end_scale_up(pending, Outcome.FAILED, inventory, give_up.step, late)
+            return
+        known = frozenset(p.uid for p in view.pods)
+        evicted: list[tuple[ResizePlan, str]] = []  # (step, node it goes to)
+        kept: dict[str, tuple[str, str]] = {}
+        done: list[ResizePlan] = []
+        for move in moves:
+            step = move.step
+            if move.action == "gone" or step is None:
+                await executor.delete_placeholder(*move.placeholder)
+                pending.notes.append(f"{move.pod} is gone; its replacement gets the target")
+                continue
+            pod = live[move.pod]
+            enforced = view.enforcement.get(move.pod, NOT_ENFORCED)
+            if step.kind is PlanKind.IN_PLACE:
+                memory_mib = memory_share_mib(decision, view)
+                error = await executor.resize_in_place(
+                    decision, pod, step, memory_mib, now, enforced
+                )
+                await executor.delete_placeholder(*move.placeholder)
+                if error is not None:
+                    await self._end_scale_up(pending, Outcome.FAILED, inventory, step, error)
+                    return
+                pending.notes.append(f"{move.pod} now fits on its GPU: resized in place")
+                done.append(step)
+            elif step.kind is not PlanKind.NONE:
+                where = move.node or inventory.gpu_node(step.gpu_after) or "a node it fits on"
+                failure = await executor.evict(decision, pod, step, enforced)
+                if failure is not None:
+                    await self._end_scale_up(pending, Outcome.FAILED, inventory, step, failure)
+                    return
+                if move.release_first:  # its placeholder's GPU is the only room
+                    await executor.delete_placeholder(*move.placeholder)
+                else:
+                    kept[move.pod] = move.placeholder
+                evicted.append((step, move.node or inventory.gpu_node(step.gpu_after)))
+                pending.notes.append(f"capacity appeared on {where}; {move.pod} evicted")
+            else:
+                await executor.delete_placeholder(*move.placeholder)
+        key = decision.workload.key
+        self.pending.pop(key, None)
+        pending.placeholders.clear()
+        if not evicted:
+            await backend.publish_allocation(
+                decision.workload, inventory, tuple(done), now, view.enforcement
+            )
+            last = done[-1] if done else None
+            await self._report(
+                pending.decision,
+                actuation_of(inventory, PlanKind.SCALE_UP, last, Outcome.APPLIED, _notes(pending)),
+                "verified",
+            )
+            backend.guards = backend.guards.end(key)
+            return
+        step, _ = evicted[0]
+        self.recreates[key] = PendingRecreate(
+            decision=decision,
+            kind=PlanKind.SCALE_UP,
+            step=step,
+            node_before=inventory.gpu_node(step.gpu_before),
+            evicted=len(evicted),
+            known_uids=known,
+            started_at=now,
+            placeholders=kept,
+            notes=list(pending.notes),
+        )
+        detail = _notes(pending) + "; waiting for the replacement to be bound"
+        await self._report(
+            decision, pending_result(PlanKind.SCALE_UP, step, inventory, detail), "evicted"
+        )
 
-    async def _finish(
+    async def _end_scale_up(
         self,
         pending: PendingScaleUp,
         outcome: Outcome,
@@ -141,7 +202,123 @@ class ScaleUps:
         self.pending.pop(key, None)
         backend.guards = backend.guards.end(key)
         detail = "; ".join([*pending.notes, *([error] if error else [])])
-        await backend.report(
+        await self._report(
             pending.decision,
             actuation_of(inventory, PlanKind.SCALE_UP, step, outcome, detail, error),
+            "finished",
         )
+
+    # --- recreates ------------------------------------------------------------------------------
+
+    async def _verify(self, recreate: PendingRecreate, now: datetime) -> None:
+        backend = self.backend
+        settings = backend.settings
+        decision = recreate.decision
+        view = await backend.observe(decision.workload)
+        verdict = replacement_verdict(recreate, view, now, settings.verify_timeout_s)
+        if verdict.state == "waiting":
+            await self._unstick_scaling_pods(recreate, view)
+            return
+        key = decision.workload.key
+        self.recreates.pop(key, None)
+        for namespace, placeholder in recreate.placeholders.values():
+            await backend.executor.delete_placeholder(namespace, placeholder)
+        backend.guards = backend.guards.end(key)
+        new, step = verdict.replacement, recreate.step
+        stage = f"verified-{recreate.corrections}" if recreate.corrections else "verified"
+        notes = "; ".join(recreate.notes)
+        failed = Actuation(
+            plan=recreate.kind,
+            outcome=Outcome.FAILED,
+            detail=f"{notes}; {verdict.reason}",
+            fraction_before=step.fraction_before,
+            fraction_after=step.fraction_before,
+            node_before=recreate.node_before,
+            gpu_before=step.gpu_before,
+            error=verdict.reason,
+        )
+        if new is None:  # timed out: nothing bound to report
+            await self._report(decision, failed, stage)
+            return
+        # What the replacement holds, as read from it (never the plan's values).
+        real = replace(
+            failed,
+            fraction_after=new.fraction,
+            node_after=new.node,
+            gpu_after=new.gpu,
+            enforced_fraction=new.enforced,
+        )
+        if verdict.state == "verified":
+            moved = tuple(
+                step.model_copy(update={"pod": p.name, "gpu_after": p.share.gpu_uuid})
+                for p in replacements_of(recreate, view)
+                if p.share is not None
+            )
+            await backend.publish_allocation(
+                decision.workload, view.inventory, moved, now, view.enforcement
+            )
+            await self._report(decision, replace(real, outcome=Outcome.APPLIED, error=None), stage)
+            return
+        # Born at another share: say what it holds, then correct it (within the budget).
+        await self._report(decision, real, stage)
+        if recreate.corrections >= settings.corrections:
+            return
+        corrected = await backend.correct(decision, now, recreate.corrections + 1)
+        await self._report(decision, corrected, f"correction-{recreate.corrections + 1}")
+
+    async def _unstick_scaling_pods(self, recreate: PendingRecreate, view: ClusterView) -> None:
+        """Delete a KAI scaling pod made for one of our waiting replacements that is bound yet
+        says PodScheduled=False (docs/backends.md): the binder waits for it forever otherwise."""
+        namespace = KAI_SCALE_ADJUST_NAMESPACE
+        for pod in replacements_of(recreate, view):
+            if pod.node:
+                continue
+            name = f"{pod.namespace}-{pod.name}"  # scalingPodName (KAI scaler/scaling_pod.go)
+            scaling = await self.backend.executor.api.read_pod(namespace, name)
+            if scaling is not None and stuck_scaling_pod(scaling):
+                log.warning(
+                    "KAI scaling pod bound but marked unschedulable: deleting it",
+                    extra={"scaling_pod": f"{namespace}/{name}", "for": pod.key},
+                )
+                await self.backend.executor.api.delete_pod(namespace, name)
+                recreate.notes.append(
+                    f"deleted KAI's stuck scaling pod {namespace}/{name} (bound, yet "
+                    "PodScheduled=False: KAI's binder waits for it)"
+                )
+
+    async def _report(self, decision: FractionDecision, actuation: Actuation, stage: str) -> None:
+        await self.backend.report(decision, _staged(actuation, stage))
+
+
+def stuck_scaling_pod(raw: Mapping[str, Any]) -> bool:
+    """Bound to a node, yet its PodScheduled condition is not True (KAI's scaler wrote False
+    over the True kube-scheduler set: ``CreateScalingPod`` patches the status after create)."""
+    if not (raw.get("spec") or {}).get("nodeName"):
+        return False
+    conditions = (raw.get("status") or {}).get("conditions") or ()
+    return any(c.get("type") == "PodScheduled" and c.get("status") != "True" for c in conditions)
+
+
+def _staged(actuation: Actuation, stage: str) -> Actuation:
+    return replace(actuation, stage=stage)
+
+
+def _notes(pending: PendingScaleUp) -> str:
+    return "; ".join(pending.notes)
+
+
+def pending_result(
+    kind: PlanKind, step: ResizePlan | None, inventory: Inventory, detail: str
+) -> Actuation:
+    """PENDING: acted on, not verified yet; says where the pod was, not where it will be."""
+    if step is None:
+        return Actuation(plan=kind, outcome=Outcome.PENDING, detail=detail)
+    return Actuation(
+        plan=kind,
+        outcome=Outcome.PENDING,
+        detail=detail,
+        fraction_before=step.fraction_before,
+        fraction_after=step.fraction_before,
+        node_before=inventory.gpu_node(step.gpu_before),
+        gpu_before=step.gpu_before,
+    )

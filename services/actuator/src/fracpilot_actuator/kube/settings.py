@@ -25,9 +25,15 @@ class KubeBackendSettings:
     eviction: EvictionSettings = field(default_factory=EvictionSettings)
     """How often and how patiently an eviction refused with 429 (a PDB allows no disruption)
     is tried again."""
-    capacity_timeout_s: float = 900.0
-    """A scale-up gives up when no capacity appeared this long (cluster-autoscaler's default
-    max-node-provision-time is 15 minutes)."""
+    capacity_timeout_s: float = 1200.0
+    """A scale-up gives up when no capacity appeared this long (longer than cluster-autoscaler's
+    default max-node-provision-time, 15 minutes)."""
+    placeholder_priority: int = -1
+    """The placeholders' priority: above cluster-autoscaler's expendable cutoff (-10)."""
+    verify_timeout_s: float = 600.0
+    """A recreate is FAILED when its replacements are not bound this long after the eviction."""
+    corrections: int = 1
+    """How often a replacement born at the wrong share is recreated again (within the budget)."""
     capacity_namespace: str | None = None
     """Where placeholder pods go; None: the workload's namespace."""
     placeholder_image: str = "registry.k8s.io/pause:3.10"

@@ -33,7 +33,7 @@ class SimulatedBackend:
         self.opt_in = opt_in or OptInSettings()
         self.namespace_labels = dict(namespace_labels or {})
 
-    async def start(self) -> None:
+    async def start(self, now: datetime | None = None) -> None:
         await self._seed()
 
     async def reconcile(self, now: datetime) -> None:
