@@ -58,7 +58,7 @@ from fracpilot_libs.placement.planner import (
 )
 from fracpilot_libs.pricing import GpuPrices
 from fracpilot_libs.sizing.engine import need_of
-from fracpilot_libs.sizing.forecast import forecast_of, population_prior
+from fracpilot_libs.sizing.forecast import forecast_of, peak_profile, population_prior
 
 _END, _START = 0, 1  # at one instant, intervals end before samples start
 
@@ -182,6 +182,7 @@ class _Workload:
     fraction: float  # accounted (the fraction the scheduler holds)
     state: object
     base: float = 0.0  # what its sizer decided (shared isolation: its need; else the fraction)
+    shown: float = 0.0  # memory share of the sample it arrived with (shared isolation)
     pending: float | None = None
     util: float = 0.0
     memory: int = 0
@@ -258,6 +259,7 @@ def replay_packed(
     )
     events = _events(workloads)
     previous: float | None = None
+    next_tidy = 0.0
     for at, group in groupby(events, key=lambda e: e[0]):
         if previous is not None:
             _hold(account, workloads, cluster, at - previous)
@@ -274,6 +276,10 @@ def replay_packed(
                 _apply(account, cluster, [wl for wl, _ in round_ if wl.pending is not None])
             _start_samples(account, workloads, cluster, round_)
             _step_sizers(sizer, round_)
+        if isinstance(cluster, SharedCluster) and at >= next_tidy:
+            account.moves += len(cluster.tidy())
+            _sync_fractions(workloads, cluster)
+            next_tidy = at + TIDY_S
         account.in_use(at, cluster.cards_in_use())
         if progress is not None and starts:
             progress(len(starts))
@@ -372,8 +378,11 @@ def _start_samples(
     starts: list[tuple[_Workload, int]],
 ) -> None:
     placed: list[tuple[_Workload, int]] = []
+    if isinstance(cluster, SharedCluster):  # largest first, as first-fit-decreasing does
+        starts = sorted(starts, key=lambda wi: -wi[0].series[wi[1]].sample.memory_share)
     for wl, i in starts:
         if wl.key not in cluster.card_of:
+            wl.shown = wl.series[i].sample.memory_share  # what an arriving workload shows
             if not cluster.place(wl.ref, wl.series[i].sample.pod, wl.base):
                 account.unplaced.add(wl.ref.display)
                 account.unplaced_samples += 1
@@ -415,6 +424,15 @@ def _sync_fractions(workloads: list[_Workload], cluster: SharedCluster) -> None:
             wl.fraction = fraction
 
 
+# A young workload's need under shared isolation: the most memory it has shown plus this (its
+# engine still holds what the workload asked for, often a whole card). Pods that start late in
+# the GenAI trace load their model in their first minutes: 0.2-0.3 of the card.
+YOUNG_MARGIN = 0.3
+
+
+TIDY_S = 600.0  # how often a shared card is checked against its tenants' forecasts
+
+
 class _Forecasts:
     """Each workload's forecast for the card planner, as it stands at the instant set by
     :meth:`at` (cached for that instant): its need is the fraction its engine decided; a
@@ -427,6 +445,7 @@ class _Forecasts:
         self.now = 0.0
         self.cache: dict[str, TenantForecast] = {}
         self.prior: float | None = None
+        self.young_margin: float | None = YOUNG_MARGIN
 
     def at(self, now: float) -> None:
         self.now, self.prior = now, None
@@ -458,8 +477,18 @@ class _Forecasts:
         if young:
             jump = max(jump, self._prior())
         level = need_of(st.engine, self.policy).compute_need if st.engine.samples else 0.0
-        f = forecast_of(st.engine, self.policy, jump, level, memory_peak=wl.base)
-        out = self.cache[key] = TenantForecast(f.memory_peak, f.memory_jump, f.compute, f.burst)
+        # A young workload's need is what it has shown (its engine still holds what it asked
+        # for), its jump at least the population's; else the fraction its engine decided.
+        peak = wl.base
+        if young and self.young_margin is not None:
+            slots = st.engine.memory_slots
+            shown = max([wl.shown, *slots[1::2]]) + self.young_margin
+            peak = shown if shown < peak else peak
+        f = forecast_of(st.engine, self.policy, jump, level, memory_peak=peak)
+        # A young workload has not shown its peaks: its need counts in every period.
+        profile = () if young else peak_profile(st.engine, self.now, self.policy)
+        out = TenantForecast(f.memory_peak, f.memory_jump, f.compute, f.burst, profile)
+        self.cache[key] = out
         return out
 
 

@@ -105,6 +105,7 @@ class SharedCluster:
         self.fraction_of: dict[str, float] = {}
         self.neighbour_moves = 0
         self.redivisions = 0  # a tenant's accounted fraction changed by a neighbour's change
+        self.tidy_lone = False  # tidy() consolidates lone workloads too (measured: no gain)
 
     def _add_card(self) -> str:
         card = f"card-{len(self.cards):05d}"
@@ -218,6 +219,36 @@ class SharedCluster:
             (lone,) = self.cards[card]
             if self._consolidate(lone):
                 self.neighbour_moves += 1
+
+    def tidy(self) -> list[str]:
+        """What the forecasts, as they changed since the last change, ask of the cards: a card
+        whose tenants no longer fit moves its largest tenant to the fullest card that holds it
+        (a new one when none does and cards may be added: memory first), and a workload alone
+        on its card moves to the fullest card in use that holds it. Returns the workloads
+        moved."""
+        moved = []
+        for card in list(self.cards):
+            tenants = self.cards[card]
+            if len(tenants) < 2 or fits([self.forecast(k) for k in tenants], self.rules):
+                continue
+            largest = max(sorted(tenants), key=lambda k: self.forecast(k).need)
+            target = self._best_card(largest, card, in_use_only=False)
+            if target is None:
+                if self.pinned:
+                    continue
+                target = self._add_card()
+            self._take(largest)
+            self._put(largest, target)
+            self._divide(card, None)
+            self._divide(target, largest)
+            moved.append(largest)
+        if self.consolidate and self.tidy_lone:
+            for card in list(self.cards):
+                if len(self.cards[card]) == 1:
+                    (lone,) = self.cards[card]
+                    if self._consolidate(lone):
+                        moved.append(lone)
+        return moved
 
     def cards_in_use(self) -> int:
         return sum(1 for tenants in self.cards.values() if tenants)

@@ -21,7 +21,7 @@ from typing import NamedTuple
 from fracpilot_libs.contracts import Policy
 from fracpilot_libs.sizing.headroom import trailing_peak
 from fracpilot_libs.sizing.histogram import histogram_percentile
-from fracpilot_libs.sizing.state import WorkloadState
+from fracpilot_libs.sizing.state import MEMORY_SLOTS, WorkloadState
 
 BURST_PERCENTILE = 99.5  # the compute a burst reaches, of the decaying histogram
 DEFAULT_PRIOR = 0.1  # the jump assumed before any workload has history (memory_min_headroom)
@@ -45,6 +45,26 @@ def jump_after(
     if peak is None or share - peak <= jump:
         return jump
     return min(1.0, share - peak)
+
+
+def peak_profile(state: WorkloadState, now: float, policy: Policy) -> tuple[tuple[int, float], ...]:
+    """The workload's memory peak per period of ``memory_window_s / MEMORY_SLOTS`` over the
+    window, on the clock all workloads share (period ``k`` is ``[k, k + 1)`` periods since the
+    epoch), oldest first. The engine's slots start where the workload's samples fell, so a
+    slot's peak counts in both periods it overlaps: the profile never understates."""
+    length = policy.memory_window_s / MEMORY_SLOTS
+    horizon = now - policy.memory_window_s
+    slots = state.memory_slots
+    profile: dict[int, float] = {}
+    for i in range(0, len(slots), 2):
+        start, peak = slots[i], slots[i + 1]
+        if start + length <= horizon:
+            continue
+        first = int(start // length)
+        for period in (first, int((start + length) // length)):
+            if peak > profile.get(period, -1.0):
+                profile[period] = peak
+    return tuple(sorted(profile.items()))
 
 
 def population_prior(jumps: Iterable[float], quantile: float = 0.9) -> float:
