@@ -24,7 +24,9 @@ with ``gpus`` the cards are fixed and what fits nowhere is refused or left unpla
 ``isolation`` (:class:`~fracpilot_libs.placement.card_budget.Isolation`): ``shared`` packs the
 engine's workloads with the card planner instead (:mod:`fracpilot_libs.analysis.shared_packing`:
 a workload's engine sizes its need, the card divides itself among its tenants);
-``enforced`` and None (not set) pack fractions as above, and only label the account.
+``enforced`` packs fractions as above, the engine learning each workload's memory headroom
+with the population's prior (:mod:`fracpilot_libs.analysis.enforced_packing`); None (not set)
+is today's packing of the policy as given.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from itertools import groupby
 
 from fracpilot_libs.analysis.accounting import Metrics, WorkloadAccount, sample_intervals
 from fracpilot_libs.analysis.baselines import EngineSizer, Sizer
+from fracpilot_libs.analysis.enforced_packing import PopulationSizer, enforced_policy
 from fracpilot_libs.analysis.packing import PackedAccount
 from fracpilot_libs.analysis.replay import Progress, ReplayReport
 from fracpilot_libs.analysis.shared_packing import (
@@ -230,6 +233,8 @@ def replay_packed(
     shared = isolation is Isolation.SHARED and isinstance(sizer, EngineSizer | TenantSizer)
     if shared and isinstance(sizer, EngineSizer):
         sizer = TenantSizer(shared_policy(sizer.policy), name=sizer.name)
+    elif isolation is Isolation.ENFORCED and isinstance(sizer, EngineSizer):
+        sizer = PopulationSizer(enforced_policy(sizer.policy), name=sizer.name)
     workloads = [
         _Workload(
             ref=groups[k][0].sample.workload,

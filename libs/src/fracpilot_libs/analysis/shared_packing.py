@@ -36,9 +36,21 @@ from fracpilot_libs.sizing.state import WorkloadState
 SHARED_HEADROOM = {"memory_margin": 0.0, "memory_min_headroom": 0.0}
 
 
+# The resize budget a mode applies when the policy sets none (resizes per workload in 24 h).
+MODE_RESIZE_BUDGET = 4.0
+
+
+def with_resize_budget(policy: Policy) -> Policy:
+    """``policy`` with the modes' resize budget, unless it sets its own."""
+    if "resize_budget_per_day" in policy.model_fields_set:
+        return policy
+    return policy.model_copy(update={"resize_budget_per_day": MODE_RESIZE_BUDGET})
+
+
 def shared_policy(policy: Policy) -> Policy:
-    """``policy`` as a tenant's engine uses it under shared isolation."""
-    return policy.model_copy(update=SHARED_HEADROOM)
+    """``policy`` as a tenant's engine uses it under shared isolation: no per-pod headroom,
+    and the modes' resize budget unless it sets one."""
+    return with_resize_budget(policy.model_copy(update=SHARED_HEADROOM))
 
 
 @dataclass
