@@ -25,7 +25,7 @@ from fracpilot_libs.sizing.state import WorkloadState
 # The learned headroom an enforced-isolation engine uses when the policy sets none (tuned on
 # half the GenAI trace's pods: docs/sizing.md).
 ENFORCED_HEADROOM = MemoryHeadroom(
-    mode=MemoryHeadroomMode.LEARNED, factor=1.0, floor=0.06, cap=0.25, warmup=7200.0
+    mode=MemoryHeadroomMode.LEARNED, factor=1.0, floor=0.05, cap=0.25, warmup=7200.0
 )
 PRIOR_QUANTILE = 0.75  # of the population's jump statistics
 

@@ -118,6 +118,8 @@ class SharedCluster:
         self.neighbour_moves = 0
         self.redivisions = 0  # a tenant's accounted fraction changed by a neighbour's change
         self.tidy_lone = False  # tidy() consolidates lone workloads too (measured: no gain)
+        self.drain = True  # tidy() empties a card whose tenants the others hold
+        self.drain_most = 2  # ... of at most this many tenants (each one recreate)
 
     def _add_card(self) -> str:
         card = f"card-{len(self.cards):05d}"
@@ -254,6 +256,8 @@ class SharedCluster:
             self._divide(card, None)
             self._divide(target, largest)
             moved.append(largest)
+        if self.consolidate and self.drain:
+            moved += self._drain()
         if self.consolidate and self.tidy_lone:
             for card in list(self.cards):
                 if len(self.cards[card]) == 1:
@@ -261,6 +265,49 @@ class SharedCluster:
                     if self._consolidate(lone):
                         moved.append(lone)
         return moved
+
+    def _drain(self) -> list[str]:
+        """Empty the card in use with the smallest budget when the other cards in use hold
+        all its tenants (each moved to the fullest card that holds it, largest first): one
+        card fewer for a recreate per tenant. At most one card per call."""
+        in_use = [c for c, ts in self.cards.items() if ts]
+        if len(in_use) < 2:
+            return []
+        load = {c: budget([self.forecast(k) for k in self.cards[c]], self.rules) for c in in_use}
+        for card in sorted(in_use, key=lambda c: (load[c], c)):
+            tenants = sorted(self.cards[card], key=lambda k: (-self.forecast(k).need, k))
+            if len(tenants) > self.drain_most:
+                continue
+            plan: dict[str, str] = {}
+            for key in tenants:
+                target = self._best_card_with(key, card, plan)
+                if target is None:
+                    break
+                plan[key] = target
+            else:
+                for key, target in plan.items():
+                    self._take(key)
+                    self._put(key, target)
+                for target in sorted(set(plan.values())):
+                    self._divide(target, None)
+                return list(plan)
+        return []
+
+    def _best_card_with(self, key: str, exclude: str, planned: dict[str, str]) -> str | None:
+        """The fullest card in use but ``exclude`` that holds ``key`` besides the tenants
+        ``planned`` to move onto it."""
+        best, best_budget = None, -1.0
+        for card, tenants in self.cards.items():
+            if card == exclude or not tenants:
+                continue
+            keys = [*tenants, *(k for k, c in planned.items() if c == card), key]
+            candidate = [self.forecast(k) for k in keys]
+            if not fits(candidate, self.rules):
+                continue
+            b = budget(candidate, self.rules)
+            if b > best_budget:
+                best, best_budget = card, b
+        return best
 
     def cards_in_use(self) -> int:
         return sum(1 for tenants in self.cards.values() if tenants)
