@@ -160,4 +160,11 @@ def pack_bound_table(name: str, bound: PackBound) -> Table:
         )
     if bound.fractions is not None:
         table.add_row(f"{name}'s fractions", f"{bound.saved_pct(bound.fractions):.2f}%")
+    for window, shared in sorted(bound.shared_chosen().items()):
+        table.add_row(
+            f"shared: last {window / 3600:g} h peak, one pooled headroom {shared.headroom:g} per "
+            f"card, {shared.collision_card_samples} card-level collisions "
+            f"({shared.collision_pct:.4f}% of card-samples)",
+            f"{bound.saved_pct(shared.card_hours):.2f}%",
+        )
     return table

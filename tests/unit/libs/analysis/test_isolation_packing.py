@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fracpilot_libs.analysis.baselines import EngineSizer
+from fracpilot_libs.analysis.packing_bound import pack_bound
 from fracpilot_libs.analysis.packing_replay import replay_packed
 from fracpilot_libs.analysis.replay import replay_workload
 from fracpilot_libs.analysis.trace import TracePoint
@@ -209,3 +210,23 @@ def test_a_stationary_workload_does_not_flap(mode: ComputeSizing) -> None:
     for seed in range(5):
         account = replay_workload(stationary(seed, spikes_every_h=3.0), EngineSizer(policy))
         assert account.metrics.resizes_per_workload_day <= 1.0 + 1e-6
+
+
+def test_the_shared_bound_counts_card_level_collisions_exactly() -> None:
+    # Past peaks (no headroom of their own): a 1.0, 0.4, 0.4 (uses 0.4, 0.4, 0.6); b 1.0, 0.5,
+    # 0.5 (uses 0.5). Without pooled headroom they share a card from minute 1, and at minute 2
+    # use 1.1 of it; with 0.2 kept free on every card they never share.
+    a = series("a", [(0.1, 400), (0.1, 400), (0.1, 600)])
+    b = series("b", [(0.1, 500), (0.1, 500), (0.1, 500)])
+    groups = {s[0].sample.workload.key: s for s in (a, b)}
+    bound = pack_bound(
+        groups, warmup_s=0.0, shared_windows_s=(3600.0,), shared_headrooms=(0.0, 0.2)
+    )
+    none, pooled = bound.shared[(3600.0, 0.0)], bound.shared[(3600.0, 0.2)]
+    assert (none.card_samples, none.collision_card_samples) == (4, 1)
+    assert none.card_hours == pytest.approx(4 / 60)
+    assert (pooled.card_samples, pooled.collision_card_samples) == (6, 0)
+    assert bound.saved_pct(none.card_hours) == pytest.approx(100 / 3)
+    assert bound.shared_chosen() == {3600.0: pooled}
+    lines = bound.as_dict()["shared_window_pooled"]
+    assert [line["chosen"] for line in lines] == [False, True]
