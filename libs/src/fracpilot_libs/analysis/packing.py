@@ -149,6 +149,33 @@ class PackedAccount:
     def in_place_per_workload_day(self) -> float:
         return self.in_place / self.workload_days if self.workload_days else 0.0
 
+    def merged(self, other: PackedAccount) -> PackedAccount:
+        """This account and ``other``'s, of other workloads on other cards, added up (the
+        cards in use summed over time)."""
+        out = PackedAccount(card_memory_bytes=max(self.card_memory_bytes, other.card_memory_bytes))
+        for name in (
+            "card_hours", "whole_card_hours", "work_gpu_hours", "delayed_gpu_hours", "samples",
+            "memory_collision_samples", "memory_overrun_samples", "card_samples",
+            "memory_collision_card_samples", "redivisions", "placements", "moves", "in_place",
+            "decisions_refused", "unplaced_samples",
+        ):  # fmt: skip
+            setattr(out, name, getattr(self, name) + getattr(other, name))
+        out.unplaced = self.unplaced | other.unplaced
+        out.peak_card_fraction = max(self.peak_card_fraction, other.peak_card_fraction)
+        for mine, theirs in ((self.work, other.work), (self.delayed, other.delayed)):
+            target = out.work if mine is self.work else out.delayed
+            target.update(mine)
+            target.update(theirs)
+        changes = sorted(
+            [(at, 0, n) for at, n in self.cards_in_use]
+            + [(at, 1, n) for at, n in other.cards_in_use]
+        )
+        now = [0, 0]
+        for at, side, n in changes:
+            now[side] = n
+            out.in_use(at, now[0] + now[1])
+        return out
+
     def most_contended(self, n: int) -> list[Contended]:
         """The n workloads with the most compute work delayed (ties by name), none unharmed."""
         ranked = sorted(

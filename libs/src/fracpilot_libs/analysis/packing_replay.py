@@ -226,6 +226,71 @@ def replay_packed(
     the number of cards; ``consolidate`` moves a workload left alone on its card (by its
     resize, or a neighbour's move or departure) onto a card in use that holds it.
     ``isolation`` shared: the engine's workloads packed by the card planner under
+    ``card_rules`` (a baseline sizer's fractions are packed as fractions whatever the mode).
+    A workload whose trace names its own isolation (the ``isolation`` column) is packed with
+    the workloads of that mode, on cards of their own (a GPU has one mode), and the accounts
+    are added up (``isolation`` "mixed" when there are several)."""
+    modes = {k: series[0].isolation or isolation for k, series in groups.items()}
+    if (
+        all(series[0].isolation is None for series in groups.values())
+        or len(set(modes.values())) == 1
+    ):
+        return _replay_packed(
+            groups,
+            sizer,
+            gpus,
+            card_memory_bytes,
+            progress,
+            prices,
+            consolidate,
+            next(iter(modes.values())) if modes else isolation,
+            card_rules,
+        )
+    if gpus is not None:
+        raise ValueError("pinned GPUs (gpus) and several isolation modes do not mix")
+    memory = card_memory_bytes or max(s[0].sample.memory_total_bytes for s in groups.values())
+    reports = []
+    for mode in sorted(set(modes.values()), key=lambda m: m.value if m else ""):
+        part = {k: series for k, series in groups.items() if modes[k] is mode}
+        reports.append(
+            _replay_packed(
+                part, sizer, None, memory, progress, prices, consolidate, mode, card_rules
+            )
+        )
+    return _merged(reports)
+
+
+def _merged(reports: list[PackedReport]) -> PackedReport:
+    """The reports of disjoint workloads on disjoint cards, added up."""
+    totals = Metrics()
+    accounts = []
+    for r in reports:
+        totals.add(r.replay.totals)
+        accounts.extend(r.replay.workloads)
+    accounts.sort(key=lambda a: a.workload.key)
+    packed = reports[0].packed
+    for r in reports[1:]:
+        packed = packed.merged(r.packed)
+    packed.isolation = "mixed"
+    return PackedReport(ReplayReport(totals, accounts), packed)
+
+
+def _replay_packed(
+    groups: dict[str, list[TracePoint]],
+    sizer: Sizer,
+    gpus: int | None = None,
+    card_memory_bytes: int | None = None,
+    progress: Progress | None = None,
+    prices: GpuPrices | None = None,
+    consolidate: bool = True,
+    isolation: Isolation | None = None,
+    card_rules: CardRules | None = None,
+) -> PackedReport:
+    """Every workload replayed together through ``sizer``, packed on cards of
+    ``card_memory_bytes`` (the largest device memory in the trace by default); ``gpus`` pins
+    the number of cards; ``consolidate`` moves a workload left alone on its card (by its
+    resize, or a neighbour's move or departure) onto a card in use that holds it.
+    ``isolation`` shared: the engine's workloads packed by the card planner under
     ``card_rules`` (a baseline sizer's fractions are packed as fractions whatever the mode)."""
     if gpus is not None and gpus < 1:
         raise ValueError("gpus must be at least 1")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -16,7 +17,7 @@ from fracpilot_libs.analysis.baselines import EngineSizer
 from fracpilot_libs.analysis.packing_bound import pack_bound
 from fracpilot_libs.analysis.packing_replay import replay_packed
 from fracpilot_libs.analysis.replay import replay_workload
-from fracpilot_libs.analysis.trace import TracePoint
+from fracpilot_libs.analysis.trace import TraceError, TracePoint, group_by_workload, read_trace
 from fracpilot_libs.contracts import ComputeSizing, Policy, UsageSample, WorkloadRef
 from fracpilot_libs.placement.card_budget import Isolation
 from fracpilot_libs.sizing.engine import decide
@@ -230,3 +231,30 @@ def test_the_shared_bound_counts_card_level_collisions_exactly() -> None:
     assert bound.shared_chosen() == {3600.0: pooled}
     lines = bound.as_dict()["shared_window_pooled"]
     assert [line["chosen"] for line in lines] == [False, True]
+
+
+def test_a_trace_column_sets_the_isolation_per_pod(tmp_path: Path) -> None:
+    rows = ["timestamp,namespace,workload,pod,gpu_util,gpu_mem_used_bytes,gpu_mem_total_bytes,"
+            "isolation"]  # fmt: skip
+    for m in range(120):
+        at = (T0 + timedelta(minutes=m)).isoformat()
+        rows.append(f"{at},ns,a,a-0,0.05,200,1000,shared")
+        rows.append(f"{at},ns,b,b-0,0.05,300,1000,enforced")
+        rows.append(f"{at},ns,c,c-0,0.05,250,1000,")
+    trace = tmp_path / "t.csv"
+    trace.write_text("\n".join(rows) + "\n")
+    groups = group_by_workload(read_trace(trace))
+    modes = {k.split("/")[-1]: s[0].isolation for k, s in groups.items()}
+    assert modes == {"a": Isolation.SHARED, "b": Isolation.ENFORCED, "c": None}
+    one = replay_packed(groups, EngineSizer(Policy()))  # no mode given: c packed as today's
+    mixed = replay_packed(groups, EngineSizer(Policy()), isolation=Isolation.SHARED)
+    assert one.packed.isolation == mixed.packed.isolation == "mixed"
+    assert mixed.packed.whole_card_hours == pytest.approx(one.packed.whole_card_hours)
+    assert mixed.packed.samples == 360
+    assert [w.workload.owner_name for w in mixed.replay.workloads] == ["a", "b", "c"]
+    # a and c end on one card; b has one of its own
+    assert min(n for _, n in mixed.packed.cards_in_use if n) == 2
+    bad = tmp_path / "bad.csv"
+    bad.write_text(rows[0] + "\n" + rows[1].replace("shared", "capped") + "\n")
+    with pytest.raises(TraceError, match="isolation 'capped' is not shared or enforced"):
+        list(read_trace(bad))
