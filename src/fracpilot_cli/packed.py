@@ -22,6 +22,7 @@ from fracpilot_libs.analysis.packing_replay import PackedReport, replay_packed
 from fracpilot_libs.analysis.replay import Progress as ReplayProgress
 from fracpilot_libs.analysis.replay import replay
 from fracpilot_libs.analysis.trace import TracePoint
+from fracpilot_libs.placement.card_budget import Isolation
 from fracpilot_libs.pricing import GpuPrices
 
 
@@ -32,6 +33,7 @@ def run_packed(
     gpus: int | None,
     consolidate: bool,
     prices: GpuPrices | None = None,
+    isolation: Isolation | None = None,
 ) -> list[PackedReport]:
     """Each sizer replayed packed on the same parsed trace, one progress bar each."""
     samples = sum(len(series) for series in groups.values())
@@ -46,6 +48,7 @@ def run_packed(
                 progress=_advancer(progress, task),
                 prices=prices,
                 consolidate=consolidate,
+                isolation=isolation,
             )
         )
     return reports
@@ -67,6 +70,10 @@ def _rows(p: PackedAccount) -> list[tuple[str, str]]:
         ("card-hours saved", f"{p.card_hours_saved_pct:.1f}%"),
         ("compute contention", f"{p.contention_pct:.3f}% of compute work"),
         ("memory collisions", f"{p.memory_collision_samples:,} samples"),
+        (
+            "memory collisions per card-sample",
+            f"{p.memory_collision_card_samples:,} ({p.memory_collision_pct:.4f}%)",
+        ),
         ("memory overruns", f"{p.memory_overrun_samples:,} samples"),
         ("moves per workload-day", f"{p.moves_per_workload_day:.2f}"),
         ("in place per workload-day", f"{p.in_place_per_workload_day:.2f}"),
@@ -153,4 +160,11 @@ def pack_bound_table(name: str, bound: PackBound) -> Table:
         )
     if bound.fractions is not None:
         table.add_row(f"{name}'s fractions", f"{bound.saved_pct(bound.fractions):.2f}%")
+    for window, shared in sorted(bound.shared_chosen().items()):
+        table.add_row(
+            f"shared: last {window / 3600:g} h peak, one pooled headroom {shared.headroom:g} per "
+            f"card, {shared.collision_card_samples} card-level collisions "
+            f"({shared.collision_pct:.4f}% of card-samples)",
+            f"{bound.saved_pct(shared.card_hours):.2f}%",
+        )
     return table

@@ -41,6 +41,7 @@ from fracpilot_libs.analysis.replay import Progress as ReplayProgress
 from fracpilot_libs.analysis.replay import ReplayReport, replay
 from fracpilot_libs.analysis.trace import TraceError, TracePoint, group_by_workload, read_trace
 from fracpilot_libs.contracts import Policy
+from fracpilot_libs.placement.card_budget import Isolation
 from fracpilot_libs.pricing import GpuPrices
 
 EXIT_USAGE = 2
@@ -294,6 +295,15 @@ def replay_command(
             "plus headroom, and the policy's fractions (table and JSON; docs/sizing.md)",
         ),
     ] = False,
+    isolation: Annotated[
+        Isolation | None,
+        typer.Option(
+            help="with --pack: how the GPUs hold a pod to its memory. shared (KAI without a "
+            "memory cap): a card's tenants sized together with one pooled headroom; enforced "
+            "(HAMi, HAMi-core): per-pod headroom. Unset: as detected, today's per-pod sizing "
+            "(docs/sizing.md)",
+        ),
+    ] = None,
     mig: Annotated[
         bool,
         typer.Option(
@@ -345,7 +355,9 @@ def replay_command(
     if pack or gpus is not None:
         samples = sum(len(series) for series in groups.values())
         with _progress(err, err.is_terminal or samples >= LONG_TRACE) as progress:
-            packed = run_packed(groups, sizers, progress, gpus, consolidate, prices)
+            packed = run_packed(
+                groups, sizers, progress, gpus, consolidate, prices, isolation=isolation
+            )
     if packed is not None and gpus is None and plot is None:
         # Unpinned, packing changes no fraction: its per-workload accounts are the unpacked
         # replay's (tested), and replaying the sizers twice would double the time.

@@ -433,6 +433,11 @@ class Policy(WireModel):
         description="consecutive samples of a growing application queue (vLLM waiting "
         "requests) before a compute upsize, whatever the utilization",
     )
+    resize_budget_per_day: Annotated[float, Field(ge=0.0, le=1440.0)] | None = Field(
+        default=None,
+        description="most resizes per workload in any 24 h; a resize beyond it waits, except an "
+        "upsize for memory (never withheld, but counted). None: no budget (docs/sizing.md)",
+    )
     enforcement: EnforcementMode = Field(
         default=EnforcementMode.NEXT_RESTART,
         description="after an in-place downsize (KAI accounting only) the container keeps its "

@@ -23,8 +23,8 @@ SCHEMA: dict[str, Any] = json.loads((CHART / "values.schema.json").read_text())
 DEFAULTS: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text())
 CI_FILES = sorted((CHART / "ci").glob("*.yaml"))
 # Policy fields that are not defaults an operator sets: the store sets revision, the chart scope;
-# memory_headroom's learned mode is an experiment, set per FractionPolicy (docs/sizing.md).
-NOT_IN_VALUES = {"schema_version", "scope", "revision", "memory_headroom"}
+# memory_headroom's learned mode and the resize budget are set per FractionPolicy (docs/sizing.md).
+NOT_IN_VALUES = {"schema_version", "scope", "revision", "memory_headroom", "resize_budget_per_day"}
 
 
 def merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

@@ -19,12 +19,19 @@ this account, interval by interval, who is on which card and what they use. Defi
 - **memory collision**: a sample whose card holds more memory in use (the sum of the latest
   ``gpu_mem_used_bytes`` of the workloads on it, after every sample and decision of that
   instant) than the card has. Only a memory overrun (a workload above its fraction) can cause
-  one, since fractions on a card sum to at most 1.0; the only acceptable count is 0.
+  one, since fractions on a card sum to at most 1.0. Counted per tenant's sample
+  (``memory_collision_samples``) and per **card-sample** (a card at an instant at which one
+  of its tenants reports: ``card_samples``, ``memory_collision_card_samples``;
+  ``memory_collision_pct`` is of card-samples).
 - **moves** are recreates on another card (the planner's ``recreate_elsewhere``, including a
   move onto a card added for it, and a consolidation: a workload left alone on its card moved
   to a card in use); **in-place** changes keep the card. Both per workload-day
   (``whole_card_hours / 24``). Placing a workload that arrives, or returns after a gap, is a
   *placement*, neither a move nor an in-place change.
+- **isolation**: ``shared`` (memory shared on the card: cards sized by their tenants
+  together, :mod:`fracpilot_libs.analysis.shared_packing`), ``enforced`` (a per-pod cap), or
+  None (not set: today's per-pod sizing). Under ``shared`` a card re-divided among its
+  tenants changes their fractions in place (*re-divisions*, no restart).
 - With the card count pinned (``--gpus N``) a change that fits nowhere is *refused* (the
   workload keeps its fraction) and a workload that arrives to no room is *unplaced* (its
   samples are not replayed until it fits).
@@ -67,6 +74,10 @@ class PackedAccount:
     samples: int = 0
     memory_collision_samples: int = 0
     memory_overrun_samples: int = 0
+    card_samples: int = 0
+    memory_collision_card_samples: int = 0
+    isolation: str | None = None
+    redivisions: int = 0
     placements: int = 0
     moves: int = 0
     # of the moves, consolidations of a workload another's change or departure left alone on
@@ -127,12 +138,46 @@ class PackedAccount:
         return 100.0 * self.delayed_gpu_hours / self.work_gpu_hours if self.work_gpu_hours else 0.0
 
     @property
+    def memory_collision_pct(self) -> float:
+        """Card-samples whose tenants use more memory than the card has, percent."""
+        if not self.card_samples:
+            return 0.0
+        return 100.0 * self.memory_collision_card_samples / self.card_samples
+
+    @property
     def moves_per_workload_day(self) -> float:
         return self.moves / self.workload_days if self.workload_days else 0.0
 
     @property
     def in_place_per_workload_day(self) -> float:
         return self.in_place / self.workload_days if self.workload_days else 0.0
+
+    def merged(self, other: PackedAccount) -> PackedAccount:
+        """This account and ``other``'s, of other workloads on other cards, added up (the
+        cards in use summed over time)."""
+        out = PackedAccount(card_memory_bytes=max(self.card_memory_bytes, other.card_memory_bytes))
+        for name in (
+            "card_hours", "whole_card_hours", "work_gpu_hours", "delayed_gpu_hours", "samples",
+            "memory_collision_samples", "memory_overrun_samples", "card_samples",
+            "memory_collision_card_samples", "redivisions", "placements", "moves", "in_place",
+            "decisions_refused", "unplaced_samples",
+        ):  # fmt: skip
+            setattr(out, name, getattr(self, name) + getattr(other, name))
+        out.unplaced = self.unplaced | other.unplaced
+        out.peak_card_fraction = max(self.peak_card_fraction, other.peak_card_fraction)
+        for mine, theirs in ((self.work, other.work), (self.delayed, other.delayed)):
+            target = out.work if mine is self.work else out.delayed
+            target.update(mine)
+            target.update(theirs)
+        changes = sorted(
+            [(at, 0, n) for at, n in self.cards_in_use]
+            + [(at, 1, n) for at, n in other.cards_in_use]
+        )
+        now = [0, 0]
+        for at, side, n in changes:
+            now[side] = n
+            out.in_use(at, now[0] + now[1])
+        return out
 
     def most_contended(self, n: int) -> list[Contended]:
         """The n workloads with the most compute work delayed (ties by name), none unharmed."""
@@ -158,6 +203,14 @@ class PackedAccount:
             "delayed_gpu_hours": round(self.delayed_gpu_hours, 4),
             "samples": self.samples,
             "gpus": self.gpus,
+            "isolation": self.isolation,
+            "card_samples": self.card_samples,
+            "memory_collision_card_samples": self.memory_collision_card_samples,
+            "memory_collision_pct": round(self.memory_collision_pct, 4),
+            "redivisions": self.redivisions,
+            "redivisions_per_workload_day": round(
+                self.redivisions / self.workload_days if self.workload_days else 0.0, 3
+            ),
             "peak_cards": self.peak_cards,
             "peak_card_fraction": round(self.peak_card_fraction, 6),
             "card_memory_bytes": self.card_memory_bytes,

@@ -34,6 +34,15 @@ first-fit-decreasing (FFD), each workload on at most one card, reserving per wor
   the budget), as the engine has: the best its memory rule could do with free moves and
   unlimited resizes.
 
+Shared isolation (a pod may use more memory than its fraction; what fails is the card):
+
+- **shared window peak + pooled headroom** (per window W and headroom H): each pod reserves the
+  peak of its own samples over the last W, no headroom of its own (whole card for the first
+  ``warmup_s``), and every card keeps one pooled headroom H free (FFD into cards of 1 - H).
+  Safety is per card: a **card-level collision** is a card-sample (a card of the packing in a
+  slice) whose pods use more memory than the card. Per W, the smallest H of the grid within
+  the collision budget (``shared_collision_pct`` of card-samples) is the line's figure.
+
 Time is cut at every sample boundary (each sample stands for the interval of
 :func:`~fracpilot_libs.analysis.accounting.sample_intervals`, as in the packed account): card-
 hours and whole-card-hours are summed over those slices, so ``whole_card_hours`` equals the
@@ -60,6 +69,9 @@ DEFAULT_OVERRUN_BUDGET = 8  # samples: 0.01% of the GenAI trace's 87,637
 DEFAULT_RESIZES_PER_DAY = 4.0
 CLAIRVOYANT_STEP_S = 900.0  # where the clairvoyant reservation may change
 DEFAULT_WARMUP_S = 1800.0  # the engine's min_history_s: it holds a whole GPU until then
+SHARED_WINDOWS_S = (3600.0, 4 * 3600.0, 24 * 3600.0)
+SHARED_HEADROOMS = (0.0, 0.02, 0.05, 0.1, 0.15)
+SHARED_COLLISION_PCT = 0.01  # of card-samples: the shared mode's memory safety limit
 
 # (workload key, sample index) of every sample whose interval covers a slice
 Slice = list[tuple[str, int]]
@@ -90,6 +102,24 @@ def ffd_cards_2d(items: Sequence[tuple[float, float]]) -> int:
         else:
             free.append((1.0 - mem, 1.0 - comp))
     return len(free)
+
+
+def ffd_bins(sizes: Sequence[float], capacity: float = 1.0) -> list[list[int]]:
+    """First-fit-decreasing into cards of ``capacity``: the indices of ``sizes`` on each card
+    (an item larger than the capacity gets a card of its own)."""
+    free: list[float] = []
+    bins: list[list[int]] = []
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        size = sizes[i]
+        for b, room in enumerate(free):
+            if size <= room + EPS:
+                free[b] = room - size
+                bins[b].append(i)
+                break
+        else:
+            free.append(capacity - size)
+            bins.append([i])
+    return bins
 
 
 def lower_bound_cards(sizes: Sequence[float]) -> int:
@@ -145,6 +175,21 @@ class WindowRule:
 
 
 @dataclass
+class SharedRule:
+    """What the shared window peak + pooled headroom rule packed, and its collisions."""
+
+    window_s: float
+    headroom: float
+    card_hours: float = 0.0
+    card_samples: int = 0
+    collision_card_samples: int = 0
+
+    @property
+    def collision_pct(self) -> float:
+        return 100.0 * self.collision_card_samples / self.card_samples if self.card_samples else 0.0
+
+
+@dataclass
 class PackBound:
     """Card-hours of each repacking; saved against ``whole_card_hours``."""
 
@@ -162,6 +207,18 @@ class PackBound:
     # window (s) -> the window peak + hindsight headroom rule's result, per pod and uniform
     window_peak: dict[float, WindowRule] = field(default_factory=dict)
     window_uniform: dict[float, WindowRule] = field(default_factory=dict)
+    # (window s, pooled headroom) -> the shared rule's result (card-level collisions)
+    shared: dict[tuple[float, float], SharedRule] = field(default_factory=dict)
+
+    def shared_chosen(self, collision_pct: float = SHARED_COLLISION_PCT) -> dict[float, SharedRule]:
+        """Per window, the shared rule with the smallest pooled headroom within the collision
+        budget (the largest headroom tried when none is)."""
+        out: dict[float, SharedRule] = {}
+        for (window, _), rule in sorted(self.shared.items()):
+            if window in out and out[window].collision_pct <= collision_pct:
+                continue
+            out[window] = rule
+        return out
 
     def saved_pct(self, card_hours: float) -> float:
         if not self.whole_card_hours:
@@ -206,6 +263,20 @@ class PackBound:
                 "fraction_hours_saved_pct": round(self.saved_pct(r.fraction_hours), 3),
             }
             for w, r in sorted(self.window_uniform.items())
+        ]
+        chosen = self.shared_chosen()
+        out["shared_window_pooled"] = [
+            {
+                "window_h": r.window_s / HOUR_S,
+                "pooled_headroom": r.headroom,
+                "card_samples": r.card_samples,
+                "memory_collision_card_samples": r.collision_card_samples,
+                "memory_collision_pct": round(r.collision_pct, 4),
+                "card_hours": round(r.card_hours, 4),
+                "saved_pct": round(self.saved_pct(r.card_hours), 3),
+                "chosen": chosen.get(r.window_s) is r,
+            }
+            for _, r in sorted(self.shared.items())
         ]
         if self.fractions is not None:
             out["fractions_card_hours"] = round(self.fractions, 4)
@@ -344,6 +415,8 @@ def pack_bound(
     overrun_budget: int = DEFAULT_OVERRUN_BUDGET,
     warmup_s: float = DEFAULT_WARMUP_S,
     resizes_per_day: float = DEFAULT_RESIZES_PER_DAY,
+    shared_windows_s: Sequence[float] = SHARED_WINDOWS_S,
+    shared_headrooms: Sequence[float] = SHARED_HEADROOMS,
 ) -> PackBound:
     """The bounds of the module doc on ``groups``; ``fractions`` maps a workload key to the
     fraction held at each of its samples (a replay's timeline), to repack those too."""
@@ -360,6 +433,16 @@ def pack_bound(
         times = [p.sample.timestamp.timestamp() for p in series]
         days = sum(sample_intervals(times)) / HOUR_S / 24
         clairvoyant[key] = clairvoyant_reservations(series, int(resizes_per_day * days + EPS))
+    shared_peaks = {
+        w: _reserved(
+            groups,
+            {k: past_peaks(s, w) for k, s in groups.items()},
+            WindowRule(headroom=dict.fromkeys(groups, 0.0)),
+            warmup_s,
+        )[1]
+        for w in shared_windows_s
+    }
+    bound.shared = {(w, h): SharedRule(w, h) for w in shared_windows_s for h in shared_headrooms}
     if fractions is not None:
         bound.fractions = bound.fraction_hours = bound.fraction_hours_over_half = 0.0
     for seconds, on in slices(groups):
@@ -381,6 +464,14 @@ def pack_bound(
             sizes = [reserved[k][i] for k, i in on]
             rule.card_hours += hours * ffd_cards(sizes)
             rule.fraction_hours += hours * sum(sizes)
+        for (w, h), shared in bound.shared.items():
+            sizes = [shared_peaks[w][k][i] for k, i in on]
+            cards = ffd_bins(sizes, 1.0 - h)
+            shared.card_hours += hours * len(cards)
+            shared.card_samples += len(cards)
+            shared.collision_card_samples += sum(
+                sum(memory[i] for i in card) > 1.0 + EPS for card in cards
+            )
         if fractions is not None:
             held = [fractions[k][i] for k, i in on]
             bound.fractions = (bound.fractions or 0.0) + hours * ffd_cards(held)

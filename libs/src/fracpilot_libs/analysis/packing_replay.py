@@ -20,6 +20,13 @@ by a neighbour that moved away or left, moves to the best-fitting card in use th
 
 Cards are identical, with the trace's device memory. Without ``gpus`` a scale-up adds a card;
 with ``gpus`` the cards are fixed and what fits nowhere is refused or left unplaced.
+
+``isolation`` (:class:`~fracpilot_libs.placement.card_budget.Isolation`): ``shared`` packs the
+engine's workloads with the card planner instead (:mod:`fracpilot_libs.analysis.shared_packing`:
+a workload's engine sizes its need, the card divides itself among its tenants);
+``enforced`` packs fractions as above, the engine learning each workload's memory headroom
+with the population's prior (:mod:`fracpilot_libs.analysis.enforced_packing`); None (not set)
+is today's packing of the policy as given.
 """
 
 from __future__ import annotations
@@ -29,11 +36,19 @@ from dataclasses import dataclass
 from itertools import groupby
 
 from fracpilot_libs.analysis.accounting import Metrics, WorkloadAccount, sample_intervals
-from fracpilot_libs.analysis.baselines import Sizer
+from fracpilot_libs.analysis.baselines import EngineSizer, Sizer
+from fracpilot_libs.analysis.enforced_packing import PopulationSizer, enforced_policy
 from fracpilot_libs.analysis.packing import PackedAccount
 from fracpilot_libs.analysis.replay import Progress, ReplayReport
+from fracpilot_libs.analysis.shared_packing import (
+    SharedCluster,
+    TenantSizer,
+    TenantState,
+    shared_policy,
+)
 from fracpilot_libs.analysis.trace import TracePoint
-from fracpilot_libs.contracts import PlanKind, WorkloadRef
+from fracpilot_libs.contracts import PlanKind, Policy, WorkloadRef
+from fracpilot_libs.placement.card_budget import CardRules, Isolation, TenantForecast
 from fracpilot_libs.placement.planner import (
     ClusterState,
     Placement,
@@ -45,6 +60,8 @@ from fracpilot_libs.placement.planner import (
     plan_workload,
 )
 from fracpilot_libs.pricing import GpuPrices
+from fracpilot_libs.sizing.engine import need_of
+from fracpilot_libs.sizing.forecast import forecast_of, peak_profile, population_prior
 
 _END, _START = 0, 1  # at one instant, intervals end before samples start
 
@@ -146,6 +163,9 @@ class ReplayCluster:
         return [g.uuid for g in self.state.gpus if self.state.used(g.uuid) > 1.0 + 1e-9]
 
 
+_Cluster = ReplayCluster | SharedCluster
+
+
 @dataclass
 class PackedReport:
     """The packed account, and the per-workload accounts of the same run."""
@@ -162,8 +182,10 @@ class _Workload:
     intervals: list[float]  # seconds each sample stands for
     leaves: list[bool]  # whether the workload leaves its card when a sample's interval ends
     metrics: Metrics
-    fraction: float
+    fraction: float  # accounted (the fraction the scheduler holds)
     state: object
+    base: float = 0.0  # what its sizer decided (shared isolation: its need; else the fraction)
+    shown: float = 0.0  # memory share of the sample it arrived with (shared isolation)
     pending: float | None = None
     util: float = 0.0
     memory: int = 0
@@ -196,14 +218,88 @@ def replay_packed(
     progress: Progress | None = None,
     prices: GpuPrices | None = None,
     consolidate: bool = True,
+    isolation: Isolation | None = None,
+    card_rules: CardRules | None = None,
 ) -> PackedReport:
     """Every workload replayed together through ``sizer``, packed on cards of
     ``card_memory_bytes`` (the largest device memory in the trace by default); ``gpus`` pins
     the number of cards; ``consolidate`` moves a workload left alone on its card (by its
-    resize, or a neighbour's move or departure) onto a card in use that holds it."""
+    resize, or a neighbour's move or departure) onto a card in use that holds it.
+    ``isolation`` shared: the engine's workloads packed by the card planner under
+    ``card_rules`` (a baseline sizer's fractions are packed as fractions whatever the mode).
+    A workload whose trace names its own isolation (the ``isolation`` column) is packed with
+    the workloads of that mode, on cards of their own (a GPU has one mode), and the accounts
+    are added up (``isolation`` "mixed" when there are several)."""
+    modes = {k: series[0].isolation or isolation for k, series in groups.items()}
+    if (
+        all(series[0].isolation is None for series in groups.values())
+        or len(set(modes.values())) == 1
+    ):
+        return _replay_packed(
+            groups,
+            sizer,
+            gpus,
+            card_memory_bytes,
+            progress,
+            prices,
+            consolidate,
+            next(iter(modes.values())) if modes else isolation,
+            card_rules,
+        )
+    if gpus is not None:
+        raise ValueError("pinned GPUs (gpus) and several isolation modes do not mix")
+    memory = card_memory_bytes or max(s[0].sample.memory_total_bytes for s in groups.values())
+    reports = []
+    for mode in sorted(set(modes.values()), key=lambda m: m.value if m else ""):
+        part = {k: series for k, series in groups.items() if modes[k] is mode}
+        reports.append(
+            _replay_packed(
+                part, sizer, None, memory, progress, prices, consolidate, mode, card_rules
+            )
+        )
+    return _merged(reports)
+
+
+def _merged(reports: list[PackedReport]) -> PackedReport:
+    """The reports of disjoint workloads on disjoint cards, added up."""
+    totals = Metrics()
+    accounts = []
+    for r in reports:
+        totals.add(r.replay.totals)
+        accounts.extend(r.replay.workloads)
+    accounts.sort(key=lambda a: a.workload.key)
+    packed = reports[0].packed
+    for r in reports[1:]:
+        packed = packed.merged(r.packed)
+    packed.isolation = "mixed"
+    return PackedReport(ReplayReport(totals, accounts), packed)
+
+
+def _replay_packed(
+    groups: dict[str, list[TracePoint]],
+    sizer: Sizer,
+    gpus: int | None = None,
+    card_memory_bytes: int | None = None,
+    progress: Progress | None = None,
+    prices: GpuPrices | None = None,
+    consolidate: bool = True,
+    isolation: Isolation | None = None,
+    card_rules: CardRules | None = None,
+) -> PackedReport:
+    """Every workload replayed together through ``sizer``, packed on cards of
+    ``card_memory_bytes`` (the largest device memory in the trace by default); ``gpus`` pins
+    the number of cards; ``consolidate`` moves a workload left alone on its card (by its
+    resize, or a neighbour's move or departure) onto a card in use that holds it.
+    ``isolation`` shared: the engine's workloads packed by the card planner under
+    ``card_rules`` (a baseline sizer's fractions are packed as fractions whatever the mode)."""
     if gpus is not None and gpus < 1:
         raise ValueError("gpus must be at least 1")
     prices = prices or GpuPrices()
+    shared = isolation is Isolation.SHARED and isinstance(sizer, EngineSizer | TenantSizer)
+    if shared and isinstance(sizer, EngineSizer):
+        sizer = TenantSizer(shared_policy(sizer.policy), name=sizer.name)
+    elif isolation is Isolation.ENFORCED and isinstance(sizer, EngineSizer):
+        sizer = PopulationSizer(enforced_policy(sizer.policy), name=sizer.name)
     workloads = [
         _Workload(
             ref=groups[k][0].sample.workload,
@@ -217,23 +313,43 @@ def replay_packed(
         )
         for k in sorted(groups)
     ]
+    for wl in workloads:
+        wl.base = wl.fraction
     memory = card_memory_bytes or max(wl.series[0].sample.memory_total_bytes for wl in workloads)
-    cluster = ReplayCluster(memory, gpus, consolidate)
-    account = PackedAccount(card_memory_bytes=memory, gpus=gpus)
+    cluster: _Cluster
+    forecasts = None
+    if shared:
+        assert isinstance(sizer, TenantSizer)
+        forecasts = _Forecasts(workloads, sizer.policy)
+        cluster = SharedCluster(memory, gpus, card_rules or CardRules(), forecasts, consolidate)
+    else:
+        cluster = ReplayCluster(memory, gpus, consolidate)
+    account = PackedAccount(
+        card_memory_bytes=memory, gpus=gpus, isolation=isolation.value if isolation else None
+    )
     events = _events(workloads)
     previous: float | None = None
+    next_tidy = 0.0
     for at, group in groupby(events, key=lambda e: e[0]):
         if previous is not None:
             _hold(account, workloads, cluster, at - previous)
         previous = at
+        if forecasts is not None:
+            forecasts.at(at)
         batch = list(group)
         _end_intervals(account, workloads, cluster, [e for e in batch if e[1] == _END])
+        if isinstance(cluster, SharedCluster):
+            _sync_fractions(workloads, cluster)
         starts = [(workloads[w], i) for _, kind, w, i in batch if kind == _START]
         for n, round_ in enumerate(_rounds(starts)):
             if n:  # a workload's earlier sample of this instant decided: it applies now
                 _apply(account, cluster, [wl for wl, _ in round_ if wl.pending is not None])
             _start_samples(account, workloads, cluster, round_)
             _step_sizers(sizer, round_)
+        if isinstance(cluster, SharedCluster) and at >= next_tidy:
+            account.moves += len(cluster.tidy())
+            _sync_fractions(workloads, cluster)
+            next_tidy = at + TIDY_S
         account.in_use(at, cluster.cards_in_use())
         if progress is not None and starts:
             progress(len(starts))
@@ -246,11 +362,16 @@ def replay_packed(
     account.memory_overrun_samples = totals.memory_overrun_samples
     account.moves += cluster.neighbour_moves
     account.neighbour_moves = cluster.neighbour_moves
+    if isinstance(cluster, SharedCluster):
+        account.redivisions = cluster.redivisions
     return PackedReport(ReplayReport(totals, accounts), account)
 
 
 def _hold(
-    account: PackedAccount, workloads: list[_Workload], cluster: ReplayCluster, seconds: float
+    account: PackedAccount,
+    workloads: list[_Workload],
+    cluster: _Cluster,
+    seconds: float,
 ) -> None:
     cards: dict[str, dict[str, float]] = {}
     held: dict[str, float] = {}
@@ -266,7 +387,7 @@ def _hold(
 def _end_intervals(
     account: PackedAccount,
     workloads: list[_Workload],
-    cluster: ReplayCluster,
+    cluster: _Cluster,
     ends: list[tuple[float, int, int, int]],
 ) -> None:
     changes: list[_Workload] = []
@@ -278,7 +399,8 @@ def _end_intervals(
             wl.on_card = False
             cluster.release(wl.ref)
             if wl.pending is not None:  # it returns (if ever) at the fraction decided
-                wl.fraction, wl.pending = wl.pending, None
+                wl.fraction = wl.base = wl.pending
+                wl.pending = None
                 wl.metrics.resizes += 1
         elif wl.pending is not None:
             changes.append(wl)
@@ -299,38 +421,50 @@ def _rounds(starts: list[tuple[_Workload, int]]) -> list[list[tuple[_Workload, i
     return rounds
 
 
-def _apply(account: PackedAccount, cluster: ReplayCluster, changes: list[_Workload]) -> None:
+def _apply(account: PackedAccount, cluster: _Cluster, changes: list[_Workload]) -> None:
     """Decisions taking effect, each through the planner."""
     # Downsizes first: the room they free may let an upsize stay in place.
     changes.sort(key=lambda wl: (wl.pending is not None and wl.pending > wl.fraction, wl.key))
     for wl in changes:
         assert wl.pending is not None
+        before, wl.base = wl.base, wl.pending  # a shared card reads the new need
         kind = cluster.resize(wl.ref, wl.pending)
         if kind is PlanKind.SCALE_UP:
             account.decisions_refused += 1
+            wl.base = before
         else:
             wl.fraction = wl.pending
             wl.metrics.resizes += 1
             account.in_place += kind is PlanKind.IN_PLACE
             account.moves += kind is PlanKind.RECREATE_ELSEWHERE
         wl.pending = None
+    if isinstance(cluster, SharedCluster):
+        _sync_fractions(changes, cluster)
 
 
 def _start_samples(
     account: PackedAccount,
     workloads: list[_Workload],
-    cluster: ReplayCluster,
+    cluster: _Cluster,
     starts: list[tuple[_Workload, int]],
 ) -> None:
-    started: list[_Workload] = []
+    placed: list[tuple[_Workload, int]] = []
+    if isinstance(cluster, SharedCluster):  # largest first, as first-fit-decreasing does
+        starts = sorted(starts, key=lambda wi: -wi[0].series[wi[1]].sample.memory_share)
     for wl, i in starts:
-        s = wl.series[i].sample
         if wl.key not in cluster.card_of:
-            if not cluster.place(wl.ref, s.pod, wl.fraction):
+            wl.shown = wl.series[i].sample.memory_share  # what an arriving workload shows
+            if not cluster.place(wl.ref, wl.series[i].sample.pod, wl.base):
                 account.unplaced.add(wl.ref.display)
                 account.unplaced_samples += 1
                 continue
             account.placements += 1
+        placed.append((wl, i))
+    if isinstance(cluster, SharedCluster):
+        _sync_fractions(workloads, cluster)
+    started: list[_Workload] = []
+    for wl, i in placed:
+        s = wl.series[i].sample
         wl.on_card = True
         wl.util, wl.memory = s.compute, s.memory_used_bytes
         wl.metrics.record(wl.fraction, s.compute, s.memory_share, wl.intervals[i])
@@ -346,13 +480,94 @@ def _start_samples(
     account.memory_collision_samples += sum(
         used[cluster.card_of[wl.key]] > cluster.memory_bytes for wl in started
     )
+    reporting = {cluster.card_of[wl.key] for wl in started}
+    account.card_samples += len(reporting)
+    account.memory_collision_card_samples += sum(
+        used[card] > cluster.memory_bytes for card in reporting
+    )
+
+
+def _sync_fractions(workloads: list[_Workload], cluster: SharedCluster) -> None:
+    """Each tenant's accounted fraction as its card divides itself now."""
+    for wl in workloads:
+        fraction = cluster.fraction_of.get(wl.key)
+        if fraction is not None:
+            wl.fraction = fraction
+
+
+# A young workload's need under shared isolation: the most memory it has shown plus this (its
+# engine still holds what the workload asked for, often a whole card). Pods that start late in
+# the GenAI trace load their model in their first minutes: 0.2-0.3 of the card.
+YOUNG_MARGIN = 0.3
+
+
+TIDY_S = 600.0  # how often a shared card is checked against its tenants' forecasts
+
+
+class _Forecasts:
+    """Each workload's forecast for the card planner, as it stands at the instant set by
+    :meth:`at` (cached for that instant): its need is the fraction its engine decided; a
+    workload with less than the policy's ``memory_headroom.warmup`` of history takes at least
+    the population prior as its jump."""
+
+    def __init__(self, workloads: list[_Workload], policy: Policy) -> None:
+        self.by_key = {wl.key: wl for wl in workloads}
+        self.policy = policy
+        self.now = 0.0
+        self.cache: dict[str, TenantForecast] = {}
+        self.prior: float | None = None
+        self.young_margin: float | None = YOUNG_MARGIN
+
+    def at(self, now: float) -> None:
+        self.now, self.prior = now, None
+        self.cache.clear()
+
+    def _prior(self) -> float:
+        if self.prior is None:
+            warm = self.policy.memory_headroom.warmup
+            self.prior = population_prior(
+                st.jump
+                for wl in self.by_key.values()
+                if isinstance(st := wl.state, TenantState)
+                and st.first_seen is not None
+                and self.now - st.first_seen >= warm
+            )
+        return self.prior
+
+    def __call__(self, key: str) -> TenantForecast:
+        cached = self.cache.get(key)
+        if cached is not None:
+            return cached
+        wl = self.by_key[key]
+        st = wl.state
+        assert isinstance(st, TenantState)
+        jump = st.jump
+        young = (
+            st.first_seen is None or self.now - st.first_seen < self.policy.memory_headroom.warmup
+        )
+        if young:
+            jump = max(jump, self._prior())
+        level = need_of(st.engine, self.policy).compute_need if st.engine.samples else 0.0
+        # A young workload's need is what it has shown (its engine still holds what it asked
+        # for), its jump at least the population's; else the fraction its engine decided.
+        peak = wl.base
+        if young and self.young_margin is not None:
+            slots = st.engine.memory_slots
+            shown = max([wl.shown, *slots[1::2]]) + self.young_margin
+            peak = shown if shown < peak else peak
+        f = forecast_of(st.engine, self.policy, jump, level, memory_peak=peak)
+        # A young workload has not shown its peaks: its need counts in every period.
+        profile = () if young else peak_profile(st.engine, self.now, self.policy)
+        out = TenantForecast(f.memory_peak, f.memory_jump, f.compute, f.burst, profile)
+        self.cache[key] = out
+        return out
 
 
 def _step_sizers(sizer: Sizer, starts: list[tuple[_Workload, int]]) -> None:
     for wl, i in starts:
         if not wl.on_card:
             continue
-        sample = wl.series[i].sample.model_copy(update={"allocated_fraction": wl.fraction})
+        sample = wl.series[i].sample.model_copy(update={"allocated_fraction": wl.base})
         wl.state, new = sizer.step(wl.state, sample)
-        if new is not None and not math.isclose(new, wl.fraction):
+        if new is not None and not math.isclose(new, wl.base):
             wl.pending = new

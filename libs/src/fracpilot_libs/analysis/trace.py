@@ -5,7 +5,9 @@ gpu_mem_used_bytes,gpu_mem_total_bytes`` and optional ``requested_fraction`` (th
 fraction; default 1.0; a static baseline holds its own fraction from the start) and
 ``gpu_model`` (prices the GPU-hours; the caller's default model otherwise), and the application
 signals ``waiting_requests`` and ``kv_cache_usage`` (vLLM's queue and KV-cache use, 0..1: the
-engine sizes compute by them as it does in the service). Rows are read as
+engine sizes compute by them as it does in the service), and ``isolation`` (``shared`` or
+``enforced``: how the pod's GPU holds it to its memory, for ``replay --pack``; empty: the mode
+given on the command line). Rows are read as
 validated samples, grouped by workload in time order (:mod:`fracpilot_libs.analysis.replay`
 replays them).
 """
@@ -25,6 +27,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from fracpilot_libs.contracts import AppSignals, UsageSample, WorkloadRef
+from fracpilot_libs.placement.card_budget import Isolation
 
 REQUIRED_COLUMNS = (
     "timestamp",
@@ -45,6 +48,7 @@ class TraceError(ValueError):
 class TracePoint:
     sample: UsageSample
     requested_fraction: float | None
+    isolation: Isolation | None = None  # the trace's isolation column; None: not given
 
 
 def _open_text(path: Path) -> io.TextIOBase:
@@ -101,6 +105,15 @@ def _signals(row: dict[str | Any, str | Any]) -> AppSignals | None:
     )
 
 
+def _isolation(text: str) -> Isolation | None:
+    if not text:
+        return None
+    try:
+        return Isolation(text.strip().lower())
+    except ValueError:
+        raise ValueError(f"isolation {text!r} is not shared or enforced") from None
+
+
 def read_trace(path: Path, cluster: str = "replay", gpu_model: str = "") -> Iterator[TracePoint]:
     """Rows of the trace as validated samples; a bad row raises TraceError naming its line.
 
@@ -113,6 +126,7 @@ def read_trace(path: Path, cluster: str = "replay", gpu_model: str = "") -> Iter
         has_requested = "requested_fraction" in (reader.fieldnames or [])
         has_model = "gpu_model" in (reader.fieldnames or [])
         has_signals = bool({"waiting_requests", "kv_cache_usage"} & set(reader.fieldnames or []))
+        has_isolation = "isolation" in (reader.fieldnames or [])
         refs: dict[tuple[str, str], WorkloadRef] = {}
         expected = len(reader.fieldnames or [])
         for row in reader:
@@ -146,11 +160,12 @@ def read_trace(path: Path, cluster: str = "replay", gpu_model: str = "") -> Iter
                 )
                 if requested is not None and not 0.0 < requested <= 1.0:
                     raise ValueError(f"requested_fraction {requested} is not in (0, 1]")
+                isolation = _isolation(row["isolation"]) if has_isolation else None
             except ValidationError as exc:
                 raise TraceError(f"{path}:{line}: {_describe(exc)}") from exc
             except ValueError as exc:
                 raise TraceError(f"{path}:{line}: {_which_field(row, exc)}") from exc
-            yield TracePoint(sample, requested)
+            yield TracePoint(sample, requested, isolation)
 
 
 def group_by_workload(points: Iterable[TracePoint]) -> dict[str, list[TracePoint]]:

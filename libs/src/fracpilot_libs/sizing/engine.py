@@ -39,6 +39,7 @@ EPS = 1e-9  # float noise: values closer than this are equal
 _UP, _DOWN = Direction.UP, Direction.DOWN  # module constants: cheaper than enum lookups
 _SOFT = ComputeSizing.SOFT
 _LEARNED = MemoryHeadroomMode.LEARNED
+_DAY_S = 24 * 3600.0
 
 
 def round_up_to_grid(value: float, steps: int) -> float:
@@ -62,6 +63,7 @@ def observe(
     policy: Policy,
     now: float,
     position: int | None = None,
+    memory_prior: float | None = None,
 ) -> WorkloadState:
     """Add a sample to the history: decayed compute weight, memory slot peak, recent samples,
     the application's queue.
@@ -72,6 +74,8 @@ def observe(
     so the sizing remembers what the queue asked for.
 
     ``position`` (where the sample sits in its stream) is kept as given; None keeps the last.
+    ``memory_prior``: the population's jump, for a learned headroom still warming up
+    (:func:`fracpilot_libs.sizing.headroom.learn`).
     """
     current = sample.allocated_fraction or state.current_fraction or policy.max_fraction
     signals = sample.signals
@@ -125,7 +129,7 @@ def observe(
     jump, learned = state.memory_jump, None  # the learned headroom (sizing/headroom.py)
     if policy.memory_headroom.mode is _LEARNED:  # from the slots before this sample's
         oom = signals is not None and signals.oom_event
-        jump, learned = observe_headroom(state, share, current, oom, now, policy)
+        jump, learned = observe_headroom(state, share, current, oom, now, policy, memory_prior)
     keep = policy.compute_upsize_confirmations
     recent = (*state.recent_compute, compute)[-keep:]
     # Positional, in WorkloadState's field order (keywords cost a third more, on every sample;
@@ -150,6 +154,7 @@ def observe(
         kv_cache,
         jump,
         learned,
+        state.resize_times,
     )
 
 
@@ -213,15 +218,20 @@ def decision_id(sample: UsageSample, new_fraction: float) -> str:
 
 
 def decide(
-    state: WorkloadState, sample: UsageSample, policy: Policy, position: int | None = None
+    state: WorkloadState,
+    sample: UsageSample,
+    policy: Policy,
+    position: int | None = None,
+    memory_prior: float | None = None,
 ) -> tuple[WorkloadState, FractionDecision | None]:
     """Observe the sample, then decide whether the workload's fraction should change.
 
     ``position``: where the sample sits in its stream, kept in the state (see
-    :attr:`WorkloadState.position`); None keeps the state's.
+    :attr:`WorkloadState.position`); None keeps the state's. ``memory_prior``: see
+    :func:`observe`.
     """
     now = sample.timestamp.timestamp()
-    state = observe(state, sample, policy, now, position)
+    state = observe(state, sample, policy, now, position, memory_prior)
     current = state.current_fraction or policy.max_fraction
     signals = sample.signals
     if signals is not None and (signals.oom_event or signals.contention_event):
@@ -280,6 +290,15 @@ def decide(
 
     if _repeats_pending_request(state, target, now, policy):
         return state, None
+    # Memory first: an upsize for memory (and a return within the policy's bounds) is never
+    # withheld by the resize budget, but it counts.
+    memory_first = direction is _UP and memory_over >= policy.memory_upsize_confirmations
+    if (
+        not memory_first
+        and reason is not ReasonCode.POLICY_BOUNDS
+        and not within_resize_budget(state, policy, now)
+    ):
+        return state, None
     decision = _make_decision(
         sample,
         policy,
@@ -305,6 +324,8 @@ def _on_signal(
     target = clamp_to_policy(max(bump, need.fraction), policy)
     state = evolve(state, hold_until=now + policy.signal_hold_s, below_since=None)
     if target <= current + EPS or _repeats_pending_request(state, target, now, policy):
+        return state, None
+    if kind is not ReasonCode.OOM_SIGNAL and not within_resize_budget(state, policy, now):
         return state, None
     event = "out-of-memory" if kind is ReasonCode.OOM_SIGNAL else "contention"
     explanation = (
@@ -341,6 +362,8 @@ def _on_queue(
     )
     if target <= current + EPS or _repeats_pending_request(state, target, now, policy):
         return state, None
+    if not within_resize_budget(state, policy, now):
+        return state, None
     explanation = (
         f"upsize: the application's queue grew from {waiting[0]} to {waiting[-1]} waiting "
         f"requests over {len(waiting) - 1} samples while compute was {sample.compute:.2f} of "
@@ -362,9 +385,22 @@ def _settled(state: WorkloadState, memory_over: int) -> WorkloadState:
     return evolve(state, memory_over=memory_over, below_since=None)
 
 
+def within_resize_budget(state: WorkloadState, policy: Policy, now: float) -> bool:
+    """Whether one more resize keeps the workload within ``resize_budget_per_day`` over the
+    last 24 h (always, without a budget)."""
+    budget = policy.resize_budget_per_day
+    if budget is None:
+        return True
+    recent = sum(1 for t in state.resize_times if now - t < _DAY_S)
+    return recent + 1 <= budget + EPS
+
+
 def _after_change(state: WorkloadState, target: float, now: float) -> WorkloadState:
+    # Every change is remembered for a day, whatever the budget: a budget set later counts it.
+    times = (*(t for t in state.resize_times if now - t < _DAY_S), now)
     return evolve(
         state,
+        resize_times=times,
         decided_fraction=target,
         decided_at=now,
         last_change_at=now,

@@ -8,7 +8,9 @@ workload its own: ``factor`` times the largest jump above its own trailing peak 
 workload has ``warmup`` seconds of history it keeps the uniform headroom (a conservative
 start). Memory first: an overrun (an out-of-memory signal, or memory in use above the fraction
 held) raises the learned jump at once to at least the headroom that failed plus the floor, so
-the next headroom is larger by the floor or reaches the cap.
+the next headroom is larger by the floor or reaches the cap. Given a *population prior* (the
+jump statistics of the other workloads, :func:`fracpilot_libs.sizing.forecast.population_prior`)
+a workload warming up takes ``factor`` x the larger of its own jump and the prior instead.
 
 State: two numbers in :class:`~fracpilot_libs.sizing.state.WorkloadState`, ``memory_jump``
 (the largest jump so far) and ``memory_headroom`` (the learned headroom; None while the uniform
@@ -55,13 +57,16 @@ def learn(
     oom: bool,
     history_s: float,
     policy: Policy,
+    prior: float | None = None,
 ) -> tuple[float, float | None]:
     """The learned jump and headroom after one sample.
 
     ``jump``, ``headroom``: as learned before the sample (headroom None: the uniform rule was
     in force); ``share``: memory in use (share of the device); ``peak``: the trailing peak
     before this sample (None: none yet); ``held``: the fraction held; ``oom``: an
-    out-of-memory signal; ``history_s``: how long the workload has been observed.
+    out-of-memory signal; ``history_s``: how long the workload has been observed; ``prior``:
+    the population's jump (:func:`fracpilot_libs.sizing.forecast.population_prior`), which a
+    workload still warming up learns from instead of the uniform rule (None: no population).
     """
     if peak is not None and share - peak > jump:
         jump = share - peak
@@ -71,7 +76,9 @@ def learn(
         jump = max(jump, in_force + policy.memory_headroom.floor)
     jump = min(jump, 1.0)
     if history_s < policy.memory_headroom.warmup:
-        return jump, None
+        if prior is None:
+            return jump, None
+        return jump, learned_headroom(max(jump, prior), policy)
     return jump, learned_headroom(jump, policy)
 
 
@@ -87,9 +94,17 @@ def headroom_rule(policy: Policy) -> str:
 
 
 def observe_headroom(
-    state: WorkloadState, share: float, held: float, oom: bool, now: float, policy: Policy
+    state: WorkloadState,
+    share: float,
+    held: float,
+    oom: bool,
+    now: float,
+    policy: Policy,
+    prior: float | None = None,
 ) -> tuple[float, float | None]:
     """:func:`learn` from one sample, before the engine adds it to ``state``'s memory slots."""
     peak = trailing_peak(state.memory_slots, now, policy)
     history = now - state.first_seen if state.first_seen is not None else 0.0
-    return learn(state.memory_jump, state.memory_headroom, share, peak, held, oom, history, policy)
+    return learn(
+        state.memory_jump, state.memory_headroom, share, peak, held, oom, history, policy, prior
+    )

@@ -62,6 +62,8 @@ class WorkloadState:
     # peak so far, and the headroom learned from it (None: the uniform rule applies).
     memory_jump: float = 0.0
     memory_headroom: float | None = None
+    # When the fraction changed within the last day, oldest first (the resize budget).
+    resize_times: tuple[float, ...] = ()
 
     @property
     def memory_peaks(self) -> tuple[tuple[float, float], ...]:
@@ -125,6 +127,7 @@ class _Checkpoint(BaseModel):
     kv_cache_usage: float | None = Field(default=None, ge=0, le=1)
     memory_jump: float = Field(default=0.0, ge=0, le=1)  # absent before the learned headroom
     memory_headroom: float | None = Field(default=None, ge=0, le=1)
+    resize_times: list[float] = Field(default_factory=list, max_length=1441)
 
 
 def load_state(data: bytes) -> WorkloadState:
@@ -159,4 +162,5 @@ def load_state(data: bytes) -> WorkloadState:
         kv_cache_usage=c.kv_cache_usage,
         memory_jump=c.memory_jump,
         memory_headroom=c.memory_headroom,
+        resize_times=tuple(c.resize_times),
     )
