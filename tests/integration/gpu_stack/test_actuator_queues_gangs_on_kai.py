@@ -128,10 +128,13 @@ async def test_a_target_of_a_whole_gpu_ends_with_a_pod_kai_accepts_and_binds(
         [chat] = await in_thread(wait_running, stack, ns, "chat")
 
         made = decide(ns, "chat", chat["metadata"]["name"], 0.5, 1.0)
-        [result] = await apply(nats_url, made)
-        # Never gpu-fraction "1" in place (KAI's webhook refuses it): a recreate.
+        evicted, result = await apply(nats_url, made, count=2, timeout=150)
+        # Never gpu-fraction "1" in place (KAI's webhook refuses it): a recreate, pending until
+        # the replacement is bound, then applied as read from it.
+        assert (evicted.plan, evicted.outcome) == (PlanKind.RECREATE_ELSEWHERE, Outcome.PENDING)
+        assert "KAI's webhook accepts a gpu-fraction only in (0, 1)" in evicted.detail
         assert (result.plan, result.outcome) == (PlanKind.RECREATE_ELSEWHERE, Outcome.APPLIED)
-        assert "KAI's webhook accepts a gpu-fraction only in (0, 1)" in result.detail
+        assert (result.fraction_after, result.node_after) == (1.0, node)
 
         # The ReplicaSet's new pod, made a whole-GPU pod by fracpilot's webhook, accepted by
         # KAI's, bound by KAI's binder on the one GPU.

@@ -142,6 +142,11 @@ class Cluster:
             limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem": str(memory_mib)},
         )
 
+    def gone(self, name: str) -> None:
+        """Finish an eviction's graceful deletion, as the kubelet would (a StatefulSet's
+        replacement takes the same name only once the old pod is gone)."""
+        self.core.delete_namespaced_pod(name, self.ns, grace_period_seconds=0)
+
     def pdb(self, app: str, disruptions_allowed: int) -> None:
         kube.pdb(self.policy, self.ns, app, disruptions_allowed)
 
@@ -179,7 +184,8 @@ def settings_for(nats_url: str, cluster: Cluster, **changes: Any) -> ActuatorSet
         "gpu_node_selector": cluster.selector,
         "allow_single_replica": True,
         "eviction": {"attempts": 3, "backoff_s": 0.05, "backoff_max_s": 0.1},
-        "capacity": {"poll_s": 0.2, "timeout_s": 60},
+        # an autoscaler that provisions a node within 0.1 s (the test creates the Node itself)
+        "capacity": {"poll_s": 0.2, "timeout_s": 60, "autoscaler_max_node_provision_s": 0.1},
         "namespace": cluster.ns,  # the Lease lives in the test's namespace
     }
     for name, value in changes.items():  # a group's changes update the group
@@ -373,10 +379,17 @@ async def test_recreate_elsewhere_honours_the_pdb_then_evicts_with_budget(
 
         cluster.pdb("chat", disruptions_allowed=1)
         allowed = decide(cluster, "chat", 0.5, 0.62, pod="chat-0")
-        [result] = await apply(nats_url, allowed)
+        [evicted] = await apply(nats_url, allowed)
+        # Evicted, not done: nothing has run at 0.62 yet (the result says so).
+        assert (evicted.plan, evicted.outcome) == (PlanKind.RECREATE_ELSEWHERE, Outcome.PENDING)
+        assert cluster.evicted("chat-0")
+        assert cluster.read_pod("chat-1").metadata.annotations["gpu-fraction"] == "0.62"  # type: ignore[union-attr]
+        # The ReplicaSet's new pod, sized by the webhook and bound by the scheduler.
+        cluster.kai_pod("chat-2", f"spare-{cluster.ns}", owner, "0.62", "g2")
+        _, result = await apply(nats_url, allowed, count=2, publish=False)
     assert (result.plan, result.outcome) == (PlanKind.RECREATE_ELSEWHERE, Outcome.APPLIED)
-    assert cluster.evicted("chat-0")
-    assert cluster.read_pod("chat-1").metadata.annotations["gpu-fraction"] == "0.62"  # type: ignore[union-attr]
+    assert (result.fraction_after, result.node_after) == (0.62, f"spare-{cluster.ns}")
+    assert "chat-2" in result.detail
 
 
 # --- scale up -------------------------------------------------------------------------------------
@@ -386,14 +399,15 @@ async def test_scale_up_asks_for_capacity_and_evicts_only_once_it_exists(
     nats_url: str, kube_admin: client.ApiClient, cluster: Cluster
 ) -> None:
     node = cluster.node("gpu", gpus=1)
-    cluster.kai_pod("chat-0", node, cluster.deployment("chat"), "0.5", "g1")
+    owner = cluster.deployment("chat")
+    cluster.kai_pod("chat-0", node, owner, "0.5", "g1")
     cluster.kai_pod("big-0", node, None, "0.5", "g1")
     scheduling = client.SchedulingV1Api(kube_admin)
 
     async with actuator(nats_url, kube_admin, cluster) as service:
         made = decide(cluster, "chat", 0.5, 0.75)
         first = (await apply(nats_url, made))[0]
-        assert (first.plan, first.outcome) == (PlanKind.SCALE_UP, Outcome.APPLIED), first.detail
+        assert (first.plan, first.outcome) == (PlanKind.SCALE_UP, Outcome.PENDING), first.detail
         assert "capacity requested" in first.detail
 
         placeholders = cluster.core.list_namespaced_pod(
@@ -422,12 +436,17 @@ async def test_scale_up_asks_for_capacity_and_evicts_only_once_it_exists(
         assert busy.outcome is Outcome.SKIPPED
         assert "in flight" in busy.detail
 
-        cluster.node("new", gpus=1)  # the autoscaler's new node
+        new = cluster.node("new", gpus=1)  # the autoscaler's new node
         _, second = await apply(nats_url, made, count=2, publish=False)
-    assert (second.plan, second.outcome) == (PlanKind.SCALE_UP, Outcome.APPLIED), second.detail
-    assert "capacity appeared" in second.detail
-    assert second.node_after == f"new-{cluster.ns}"
-    assert cluster.evicted("chat-0")
+        assert (second.plan, second.outcome) == (PlanKind.SCALE_UP, Outcome.PENDING)
+        assert "capacity appeared" in second.detail
+        assert cluster.evicted("chat-0")
+        # Make before break: the placeholder holds the new GPU until the replacement is bound.
+        assert cluster.read_pod(placeholder.metadata.name) is not None
+        cluster.kai_pod("chat-1", new, owner, "0.75", "g2")
+        *_, third = await apply(nats_url, made, count=3, publish=False)
+    assert (third.plan, third.outcome) == (PlanKind.SCALE_UP, Outcome.APPLIED), third.detail
+    assert third.node_after == f"new-{cluster.ns}"
     allocation = await allocation_of(nats_url, made.workload)
     assert allocation is not None
     assert (allocation.node, allocation.fraction) == (f"new-{cluster.ns}", 0.75)
@@ -449,12 +468,17 @@ async def test_hami_change_is_a_recreate_even_when_it_fits(
 
     async with actuator(nats_url, kube_admin, cluster, max_disruptions_per_namespace=5):
         made = decide(cluster, "embed", 0.25, 0.125, pod="embed-0")  # a downsize
-        [result] = await apply(nats_url, made)
+        [evicted] = await apply(nats_url, made)
+        assert (evicted.plan, evicted.outcome) == (PlanKind.RECREATE_ELSEWHERE, Outcome.PENDING)
+        assert "HAMi cannot change a running pod" in evicted.detail
+        assert cluster.evicted("embed-0")
+        assert cluster.evicted("embed-1")
+        # The ReplicaSet's new pods, as HAMi allocates them on the same GPU at 10240 MiB.
+        cluster.hami_pod("embed-2", node, owner, 10240, gpu)
+        cluster.hami_pod("embed-3", node, owner, 10240, gpu)
+        _, result = await apply(nats_url, made, count=2, publish=False)
     assert (result.plan, result.outcome) == (PlanKind.RECREATE_ELSEWHERE, Outcome.APPLIED)
-    assert result.gpu_after == gpu
-    assert "HAMi cannot change a running pod" in result.detail
-    assert cluster.evicted("embed-0")
-    assert cluster.evicted("embed-1")
+    assert (result.gpu_after, result.fraction_after) == (gpu, 0.125)
     target = await target_of(nats_url, made.workload)
     assert target is not None
     assert (target.backend, target.memory_mib) == (GpuSharing.HAMI, 10240)
@@ -543,18 +567,24 @@ async def test_template_fallback_sizes_a_hami_statefulset_and_publishes_the_allo
             max_disruptions_per_namespace=5,
         ):
             made = decide(cluster, "embed", 0.25, 0.125, pod="embed-0", workload=wl)
-            [result] = await apply(nats_url, made)
+            [evicted] = await apply(nats_url, made)
+            assert evicted.outcome is Outcome.PENDING, evicted.detail
+            assert "a rollout replaces every pod" in evicted.detail
+            assert cluster.evicted("embed-0")
+            assert cluster.evicted("embed-1")
+            # The StatefulSet's pods come back under their names, from the patched template.
+            for name in ("embed-0", "embed-1"):
+                cluster.gone(name)
+                cluster.hami_pod(name, node, owner, 10240, gpu)
+            _, result = await apply(nats_url, made, count=2, publish=False)
 
     assert (result.plan, result.outcome) == (PlanKind.RECREATE_ELSEWHERE, Outcome.APPLIED)
-    assert "a rollout replaces every pod" in result.detail
     template = cluster.apps.read_namespaced_stateful_set("embed", cluster.ns).spec.template
     limits = template.spec.containers[0].resources.limits
     assert limits["nvidia.com/gpumem"] == "10240"
     assert limits["nvidia.com/gpu"] == "1"
     assert template.metadata.annotations["fracpilot.io/target"] == made.decision_id
     assert any("rollout" in r.msg for r in records if r.levelno == logging.WARNING)
-    assert cluster.evicted("embed-0")
-    assert cluster.evicted("embed-1")
     allocation = await allocation_of(nats_url, wl)
     assert allocation is not None
     assert (allocation.workload, allocation.pod, allocation.node) == (wl, "embed-0", node)
@@ -600,7 +630,8 @@ async def test_rate_limit_denies_the_next_disruptive_action(
         for name in ("a", "b", "c"):
             [result] = await apply(nats_url, decide(cluster, name, 0.25, 0.5))
             outcomes.append((result.outcome, result.detail))
-    assert [o for o, _ in outcomes] == [Outcome.APPLIED, Outcome.APPLIED, Outcome.SKIPPED]
+    # Evicted (their replacements pending), then the third is held back by the rate.
+    assert [o for o, _ in outcomes] == [Outcome.PENDING, Outcome.PENDING, Outcome.SKIPPED]
     assert "rate: 2 disruptive actions" in outcomes[2][1]
     assert cluster.evicted("a-0")
     assert cluster.evicted("b-0")

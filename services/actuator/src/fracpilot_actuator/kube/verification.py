@@ -73,11 +73,15 @@ def replacements_of(pending: PendingRecreate, view: ClusterView) -> list[PodInfo
 def _read(pod: PodInfo, view: ClusterView) -> Replacement:
     enforced = view.enforcement.get(pod.name, NOT_ENFORCED)
     share = pod.share
+    if share is not None:
+        fraction: float | None = share.fraction
+    else:  # a target of 1.0 is a whole-GPU pod (KAI accepts no gpu-fraction of 1): it holds 1.0
+        fraction = 1.0 if pod.whole_gpus == 1 else None
     return Replacement(
         pod=pod.name,
         node=pod.node,
         gpu=share.gpu_uuid if share is not None else "",
-        fraction=share.fraction if share is not None else None,
+        fraction=fraction,
         enforced=enforced.fraction,
     )
 
