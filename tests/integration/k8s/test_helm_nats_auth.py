@@ -35,6 +35,7 @@ import yaml
 
 from factories import decision, sample
 from fracpilot_actuator.hooks import release_secrets
+from fracpilot_cli import kube_access
 from fracpilot_decision.service import DecisionService
 from fracpilot_decision.settings import DecisionSettings
 from fracpilot_libs.config import ServiceSettings
@@ -118,6 +119,8 @@ class Bus:
     cluster: ConfigFileCluster
     ca: Path
     credentials: dict[str, tuple[str, str]]  # identity -> (user, password)
+    docs: list[dict[str, Any]]
+    secrets: dict[str, dict[str, bytes]]
 
     @property
     def url(self) -> str:
@@ -174,7 +177,7 @@ def start_bus(docs: list[dict[str, Any]], secrets: dict[str, Any], workdir: Path
         prefix=f"{PREFIX}-nats",
     )
     cluster.start()
-    return Bus(cluster, ca, credentials)
+    return Bus(cluster, ca, credentials, docs, secrets)
 
 
 @pytest.fixture(scope="module", params=["helm", "job"])
@@ -333,3 +336,52 @@ async def test_a_forged_decision_and_an_operator_policy_write_are_refused(bus: B
         info = await js.stream_info(subjects.DECISION_STREAM)
         assert info.state.messages == 0
         await operator.nc.close()
+
+
+# --- the CLI's identities ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("identity", "may_set"), [(kube_access.OPERATOR, False), (kube_access.POLICY_ADMIN, True)]
+)
+async def test_the_kubectl_plugin_reads_as_operator_and_sets_as_policy_admin(
+    bus: Bus, identity: str, may_set: bool, tmp_path: Path
+) -> None:
+    """What ``kubectl fracpilot`` derives from the rendered release (kube_access's lookups on
+    the decision Deployment and the nats-clients ConfigMap), filled from the Secrets, against
+    the running bus: the operator reads and may not set, policy-admin sets."""
+    pod = find(bus.docs, "Deployment", f"{PREFIX}-decision")["spec"]["template"]["spec"]
+    clients = find(bus.docs, "ConfigMap", f"{PREFIX}-nats-clients")["data"]
+    access = kube_access.with_identity(
+        kube_access.nats_access_from_pod_spec(pod), clients, identity
+    )
+    assert access.secrets["user"].secret == f"{PREFIX}-nats-{identity}"
+    filled = {k: bus.secrets[ref.secret][ref.key] for k, ref in access.secrets.items()}
+    (tmp_path / "ca.crt").write_bytes(filled["tls_ca_file"])
+    settings = {
+        "url": bus.url,
+        "user": filled["user"].decode(),
+        "password": filled["password"].decode(),
+        "tls_ca_file": str(tmp_path / "ca.crt"),
+    }
+    errors: list[Exception] = []
+
+    async def remember(exc: Exception) -> None:
+        errors.append(exc)
+
+    nc = await open_connection(
+        ServiceSettings(nats=settings), servers=bus.url.split(","), error_cb=remember
+    )
+    conn = Connection(nc, errors)
+    try:
+        await nc.publish(subjects.POLICY_SET, b"{}")
+        await nc.publish(subjects.POLICY_GET, b"{}")
+        await nc.flush()
+        if may_set:
+            await asyncio.sleep(0.1)
+            assert not conn.denied(subjects.POLICY_SET)
+        else:
+            await wait_for(lambda: conn.denied(subjects.POLICY_SET), timeout=5)
+        assert not conn.denied(subjects.POLICY_GET)
+    finally:
+        await nc.close()
