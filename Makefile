@@ -93,6 +93,8 @@ chart-sync: chart-readme
 	mkdir -p helm/fracpilot/files/rbac
 	cp deploy/rbac/*.yaml helm/fracpilot/files/rbac/
 	cp deploy/prometheus/fracpilot-alerts.yml helm/fracpilot/files/fracpilot-alerts.yml
+	mkdir -p helm/fracpilot/files/nats
+	cp deploy/nats/permissions.conf helm/fracpilot/files/nats/permissions.conf
 
 chart-readme: $(SETUP)
 	$(BIN)/python scripts/chart_readme.py

@@ -2,7 +2,8 @@
 global options: ``--nats-url``, or the kubeconfig (``kubectl fracpilot``, ``--kubeconfig``,
 ``--context``, ``--release``, ``--release-namespace``), which finds the release's NATS and its
 credentials and forwards a local port to it while the command runs
-(:mod:`fracpilot_cli.kube_access`)."""
+(:mod:`fracpilot_cli.kube_access`: as the read-only operator identity, or policy-admin for a
+command that changes a policy)."""
 
 from __future__ import annotations
 
@@ -33,8 +34,12 @@ def env_settings(command: str) -> CliSettings:
 
 
 @contextlib.contextmanager
-def cli_settings(command: str, opts: GlobalOptions) -> Iterator[CliSettings]:
-    """The command's settings, valid (and any port forward open) while the block runs."""
+def cli_settings(
+    command: str, opts: GlobalOptions, identity: str = "operator"
+) -> Iterator[CliSettings]:
+    """The command's settings, valid (and any port forward open) while the block runs.
+    ``identity``: whose credentials the kubeconfig path reads (the environment and
+    ``--nats-url`` take the FRACPILOT_NATS_* identity given)."""
     try:
         opts.check()
     except OptionsError as exc:
@@ -50,7 +55,7 @@ def cli_settings(command: str, opts: GlobalOptions) -> Iterator[CliSettings]:
 
     target = KubeTarget(opts.kubeconfig, opts.context, opts.release, opts.release_namespace)
     try:
-        with open_release_nats(target) as opened:
+        with open_release_nats(target, identity=identity) as opened:
             nats = settings.nats.model_copy(update=opened.nats)
             try:
                 yield settings.model_copy(update={"nats": nats})

@@ -12,6 +12,14 @@ loopback port is forwarded to a ready pod behind it through the API server (the 
 client's ``portforward``); otherwise the URL is used as it is. Files from Secrets go to a
 private temporary directory, removed when the command ends.
 
+The identity is not the service's: when the release has one NATS identity per component
+(``nats.auth.type: identities``, the chart's default), its ``nats-clients`` ConfigMap names the
+Secrets of the read-only ``operator`` identity, which every command uses, and of
+``policy-admin``, which only ``policy set`` asks for. So what a person may do is what
+Kubernetes RBAC lets them ``get``: the operator's Secret to read, policy-admin's to change a
+policy. A release with one shared identity (or none) has no such ConfigMap: the service's is
+used, as before.
+
 The lookups (:func:`nats_access_from_pod_spec`, :func:`service_of_url`) work on plain
 dicts, as the API returns them, so the chart's rendered output can be checked against them.
 """
@@ -45,6 +53,12 @@ FILE_SETTINGS = {
     "FRACPILOT_NATS_TLS_KEY_FILE": "tls_key_file",
 }
 IDENTITY = ("user", "password", *FILE_SETTINGS.values())
+# The settings that say who connects (the TLS CA stays the service's view).
+CREDENTIALS = ("user", "password", "nkey_seed_file", "creds_file")
+CLIENTS_COMPONENT = "nats-clients"
+# The chart's identities a person may take.
+OPERATOR = "operator"
+POLICY_ADMIN = "policy-admin"
 
 
 class KubeAccessError(Exception):
@@ -143,6 +157,24 @@ def nats_access_from_pod_spec(spec: Mapping[str, Any]) -> NatsAccess:
                 secrets[setting] = _volume_file(spec, container, entry["value"])
         return NatsAccess(url=url, values=values, secrets=secrets)
     raise KubeAccessError("no container sets FRACPILOT_NATS_URL")
+
+
+def with_identity(
+    access: NatsAccess, clients: Mapping[str, str] | None, identity: str
+) -> NatsAccess:
+    """``access`` connecting as ``identity`` (operator or policy-admin) instead of the service:
+    its user and password from the Secret the ``nats-clients`` ConfigMap (``clients``) names.
+    None (a release without per-component identities): ``access`` unchanged."""
+    if clients is None:
+        return access
+    secret = clients.get(f"{identity}.secret")
+    if not secret:
+        raise KubeAccessError(f"the release's NATS has no {identity} identity")
+    secrets = {k: v for k, v in access.secrets.items() if k not in CREDENTIALS}
+    secrets["user"] = SecretKey(secret, clients.get("userKey") or "user")
+    secrets["password"] = SecretKey(secret, clients.get("passwordKey") or "password")
+    values = {k: v for k, v in access.values.items() if k not in CREDENTIALS}
+    return NatsAccess(url=access.url, values=values, secrets=secrets)
 
 
 def service_of_url(url: str, namespace: str) -> tuple[str, str, int] | None:
@@ -256,6 +288,21 @@ def find_release(api: Any, target: KubeTarget, context_namespace: str | None) ->
     )
 
 
+def clients_config(api: Any, release: Release) -> dict[str, str] | None:
+    """The release's ``nats-clients`` ConfigMap data (helm/fracpilot/templates/
+    nats-secrets.yaml), or None when it has none."""
+    from kubernetes import client
+
+    selector = f"{PART_OF},{INSTANCE}={release.name},{COMPONENT}={CLIENTS_COMPONENT}"
+    found = _call(
+        f"list ConfigMaps in {release.namespace}",
+        client.CoreV1Api(api).list_namespaced_config_map,
+        release.namespace,
+        label_selector=selector,
+    ).items
+    return dict(found[0].data or {}) if found else None
+
+
 def read_secrets(api: Any, namespace: str, access: NatsAccess) -> dict[str, bytes]:
     """Each secret-held setting's value, read from its Secret."""
     from kubernetes import client
@@ -266,7 +313,7 @@ def read_secrets(api: Any, namespace: str, access: NatsAccess) -> dict[str, byte
     for setting, ref in access.secrets.items():
         if ref.secret not in cache:
             secret = _call(
-                f"read Secret {namespace}/{ref.secret}",
+                f"read Secret {namespace}/{ref.secret} (this identity's credentials)",
                 core.read_namespaced_secret,
                 ref.secret,
                 namespace,
@@ -337,13 +384,17 @@ class Opened:
 def open_release_nats(
     target: KubeTarget,
     connector_for: Callable[[Any, str, str, int], Connector] | None = None,
+    identity: str = OPERATOR,
 ) -> Iterator[Opened]:
-    """Find the release, read its credentials and (for an in-cluster Service) forward a local
-    port to its NATS, for as long as the block runs. ``connector_for`` makes the stream
-    opener (default :func:`pod_connector`, looked up when called)."""
+    """Find the release, read ``identity``'s credentials (:func:`with_identity`) and (for an
+    in-cluster Service) forward a local port to its NATS, for as long as the block runs.
+    ``connector_for`` makes the stream opener (default :func:`pod_connector`, looked up when
+    called)."""
     api, context_namespace = api_client(target)
     with contextlib.closing(api), tempfile.TemporaryDirectory(prefix="fracpilot-") as tmp:
-        release = find_release(api, target, context_namespace)
+        found = find_release(api, target, context_namespace)
+        access = with_identity(found.access, clients_config(api, found), identity)
+        release = Release(found.namespace, found.name, access)
         values = read_secrets(api, release.namespace, release.access)
         nats: dict[str, Any] = dict.fromkeys(IDENTITY)
         nats.update(release.access.values)

@@ -51,7 +51,7 @@ async def _request(
 ) -> PolicyReply:
     errors: list[Exception] = []  # also a publish the server's permissions refuse, later
     url = settings.nats.url
-    try:  # with the services' FRACPILOT_NATS_* identity and TLS settings
+    try:  # with the FRACPILOT_NATS_* identity and TLS settings (or the kubeconfig's)
         nc = await connect_once(settings, timeout_s=min(wait_s, 5.0), errors=errors)
     except (NatsSecurityError, NatsUnreachableError) as exc:
         raise RequestFailedError(f"cannot connect to NATS at {url}: {exc}") from exc
@@ -80,8 +80,11 @@ async def _request(
 def _call(ctx: typer.Context, subject: str, payload: bytes) -> PolicyReply:
     timeout = ctx.obj
     _format()  # a bad -o is a usage error before anything is sent
+    # Through the kubeconfig, reading is the operator's and changing policy-admin's: the
+    # Kubernetes RBAC on their Secrets decides who may do which.
+    identity = "policy-admin" if subject == subjects.POLICY_SET else "operator"
     try:
-        with cli_settings("policy", options.given()) as settings:
+        with cli_settings("policy", options.given(), identity=identity) as settings:
             reply = asyncio.run(_request(settings, subject, payload, timeout))
     except RequestFailedError as exc:
         typer.echo(f"error: {exc}", err=True)

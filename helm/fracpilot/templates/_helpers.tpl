@@ -125,8 +125,17 @@ true
 
 {{/* Pods ------------------------------------------------------------------------------------ */}}
 
-{{/* The environment every service shares: NATS, telemetry, cost model. */}}
+{{/* The environment every service shares: NATS, telemetry, cost model. (list $ "decision"):
+with nats.auth.type identities, that identity's user and password (the release checks pass
+"operator" or "policy-admin"). */}}
 {{- define "fracpilot.commonEnv" -}}
+{{- $identity := "" -}}
+{{- $context := . -}}
+{{- if kindIs "slice" . -}}
+{{- $context = index . 0 -}}
+{{- $identity = index . 1 -}}
+{{- end -}}
+{{- with $context -}}
 - name: FRACPILOT_NATS_URL
   value: {{ include "fracpilot.natsUrl" . | quote }}
 {{- with include "fracpilot.natsStreamReplicas" . }}
@@ -135,7 +144,19 @@ true
 {{- end }}
 {{- include "fracpilot.streamLimitsEnv" . }}
 {{- $auth := .Values.nats.auth }}
-{{- if eq $auth.type "userPassword" }}
+{{- if include "fracpilot.natsIdentities" . }}
+{{- $secret := include "fracpilot.natsIdentitySecretName" (list . (required "fracpilot.commonEnv needs the component's identity" $identity)) }}
+- name: FRACPILOT_NATS_USER
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ $auth.userKey }}
+- name: FRACPILOT_NATS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ $auth.passwordKey }}
+{{- else if eq $auth.type "userPassword" }}
 - name: FRACPILOT_NATS_USER
   valueFrom:
     secretKeyRef:
@@ -153,12 +174,12 @@ true
 - name: FRACPILOT_NATS_CREDS_FILE
   value: /etc/fracpilot/nats/auth/nats.creds
 {{- end }}
-{{- if and (not .Values.nats.deploy) .Values.nats.tls.enabled }}
-{{- if .Values.nats.tls.caKey }}
+{{- if include "fracpilot.natsClientTls" . }}
+{{- if or (include "fracpilot.natsBuiltinTls" .) .Values.nats.tls.caKey }}
 - name: FRACPILOT_NATS_TLS_CA_FILE
   value: /etc/fracpilot/nats/tls/ca.crt
 {{- end }}
-{{- if .Values.nats.tls.clientCert }}
+{{- if and (not .Values.nats.deploy) .Values.nats.tls.clientCert }}
 - name: FRACPILOT_NATS_TLS_CERT_FILE
   value: /etc/fracpilot/nats/tls/tls.crt
 - name: FRACPILOT_NATS_TLS_KEY_FILE
@@ -182,6 +203,7 @@ true
 {{- if not (kindIs "invalid" .Values.pricing.defaultPrice) }}
 - name: FRACPILOT_GPU_DEFAULT_PRICE
   value: {{ .Values.pricing.defaultPrice | toString | quote }}
+{{- end }}
 {{- end }}
 {{- end -}}
 
@@ -207,17 +229,21 @@ true
       {{- end }}
 {{- end }}
 {{- $tls := .Values.nats.tls }}
-{{- if and (not .Values.nats.deploy) $tls.enabled }}
+{{- if include "fracpilot.natsClientTls" . }}
+{{- $builtinCa := and (include "fracpilot.natsBuiltinTls" .) (not $tls.existingSecret) }}
 - name: nats-tls
   secret:
-    secretName: {{ $tls.existingSecret }}
+    secretName: {{ include "fracpilot.natsClientCaSecretName" . }}
     defaultMode: 0440
     items:
-      {{- if $tls.caKey }}
+      {{- if $builtinCa }}
+      - key: ca.crt
+        path: ca.crt
+      {{- else if $tls.caKey }}
       - key: {{ $tls.caKey }}
         path: ca.crt
       {{- end }}
-      {{- if $tls.clientCert }}
+      {{- if and (not .Values.nats.deploy) $tls.clientCert }}
       - key: {{ $tls.certKey }}
         path: tls.crt
       - key: {{ $tls.keyKey }}
@@ -234,7 +260,7 @@ true
   mountPath: /etc/fracpilot/nats/auth
   readOnly: true
 {{- end }}
-{{- if and (not .Values.nats.deploy) .Values.nats.tls.enabled }}
+{{- if include "fracpilot.natsClientTls" . }}
 - name: nats-tls
   mountPath: /etc/fracpilot/nats/tls
   readOnly: true

@@ -71,8 +71,91 @@ FRACPILOT_USAGE_MAX_AGE_S); a 0 is left out: no limit, or the service's default.
 {{- end -}}
 {{- end -}}
 
-{{/* nats.conf. $POD_NAME, $NATS_USER and $NATS_PASSWORD come from the container's
-environment. */}}
+{{/* The NATS identities, one per component (deploy/nats/permissions.conf names their
+permissions <IDENTITY>_PERMISSIONS). */}}
+{{- define "fracpilot.natsIdentityNames" -}}
+{{- toJson (list "ingest" "decision" "actuator" "operator" "policy-admin") -}}
+{{- end -}}
+
+{{/* true when the services use one identity each (nats.auth.type identities). */}}
+{{- define "fracpilot.natsIdentities" -}}
+{{- if eq .Values.nats.auth.type "identities" -}}true{{- end -}}
+{{- end -}}
+
+{{/* (list $ "policy-admin"): the Secret with that identity's user and password: yours
+(nats.auth.identities.<identity>) or the chart's <fullname>-nats-<identity>. */}}
+{{- define "fracpilot.natsIdentitySecretName" -}}
+{{- $ := index . 0 -}}
+{{- $identity := index . 1 -}}
+{{- $given := index $.Values.nats.auth.identities ($identity | replace "-admin" "Admin") -}}
+{{- $given | default (printf "%s-nats-%s" (include "fracpilot.fullname" $) $identity) -}}
+{{- end -}}
+
+{{/* (list $ "policy-admin"): true when the chart makes that identity's Secret itself (render
+time or hook). */}}
+{{- define "fracpilot.natsIdentityGenerated" -}}
+{{- $ := index . 0 -}}
+{{- $identity := index . 1 -}}
+{{- if and (include "fracpilot.natsIdentities" $) (not (index $.Values.nats.auth.identities ($identity | replace "-admin" "Admin"))) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The server's environment variable holding an identity's user or password:
+(list "policy-admin" "PASSWORD") -> FRACPILOT_NATS_POLICY_ADMIN_PASSWORD (the names
+deploy/nats/nats-server.conf uses). */}}
+{{- define "fracpilot.natsIdentityVariable" -}}
+{{- printf "FRACPILOT_NATS_%s_%s" (index . 0 | upper | replace "-" "_") (index . 1) -}}
+{{- end -}}
+
+{{/* TLS on the built-in NATS (nats.deploy and nats.tls.enabled). */}}
+{{- define "fracpilot.natsBuiltinTls" -}}
+{{- if and .Values.nats.deploy .Values.nats.tls.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/* The built-in server's certificate Secret (tls.crt, tls.key, ca.crt): yours or the chart's. */}}
+{{- define "fracpilot.natsServerTlsSecretName" -}}
+{{- .Values.nats.tls.existingSecret | default (printf "%s-nats-tls" (include "fracpilot.fullname" .)) -}}
+{{- end -}}
+
+{{/* The Secret the clients read the CA from: the chart's CA-only Secret when it makes the
+certificate (so that reading the CA never gives the server's key), else nats.tls.existingSecret. */}}
+{{- define "fracpilot.natsClientCaSecretName" -}}
+{{- if and (include "fracpilot.natsBuiltinTls" .) (not .Values.nats.tls.existingSecret) -}}
+{{- printf "%s-nats-ca" (include "fracpilot.fullname" .) -}}
+{{- else -}}
+{{- .Values.nats.tls.existingSecret -}}
+{{- end -}}
+{{- end -}}
+
+{{/* true when the clients mount a CA (nats-tls volume) and set FRACPILOT_NATS_TLS_CA_FILE. */}}
+{{- define "fracpilot.natsClientTls" -}}
+{{- if .Values.nats.tls.enabled -}}
+{{- if include "fracpilot.natsBuiltinTls" . -}}true
+{{- else if .Values.nats.tls.existingSecret -}}true
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The names the built-in server's certificate covers: the client Service (as the services'
+URL spells it), every pod under the headless Service (routes), and loopback (kubectl
+port-forward: the CLI connects to 127.0.0.1). JSON list. */}}
+{{- define "fracpilot.natsTlsDnsNames" -}}
+{{- $name := include "fracpilot.natsName" . -}}
+{{- $headless := include "fracpilot.natsHeadlessName" . -}}
+{{- $ns := .Release.Namespace -}}
+{{- toJson (list
+  (printf "%s.%s.svc" $name $ns)
+  (printf "%s.%s.svc.cluster.local" $name $ns)
+  (printf "%s.%s" $name $ns)
+  $name
+  (printf "*.%s.%s.svc" $headless $ns)
+  (printf "*.%s.%s.svc.cluster.local" $headless $ns)
+  "localhost") -}}
+{{- end -}}
+
+{{/* nats.conf. $POD_NAME and the identities' users and passwords come from the container's
+environment; permissions.conf is files/nats/permissions.conf, a copy of
+deploy/nats/permissions.conf (tests/unit/deploy/test_chart_files.py keeps them equal), in the
+same ConfigMap. */}}
 {{- define "fracpilot.natsConfig" -}}
 server_name: $POD_NAME
 port: 4222
@@ -95,6 +178,41 @@ cluster {
   routes: [
     {{- include "fracpilot.natsRoutes" . | trim | nindent 4 }}
   ]
+  {{- if include "fracpilot.natsBuiltinTls" . }}
+  # Routes are mutual TLS: only a server with a certificate of this CA joins the cluster.
+  tls {
+    cert_file: /etc/nats-tls/tls.crt
+    key_file: /etc/nats-tls/tls.key
+    ca_file: /etc/nats-tls/ca.crt
+    verify: true
+    timeout: 2
+  }
+  {{- end }}
+}
+{{- end }}
+{{- if include "fracpilot.natsBuiltinTls" . }}
+# Clients must speak TLS (a plain-text connection is refused) and verify this certificate.
+tls {
+  cert_file: /etc/nats-tls/tls.crt
+  key_file: /etc/nats-tls/tls.key
+  ca_file: /etc/nats-tls/ca.crt
+  timeout: 2
+}
+{{- end }}
+{{- if include "fracpilot.natsIdentities" . }}
+# One identity per component, each with the permissions of deploy/nats/permissions.conf
+# (everything else is denied); a connection without one of them is refused.
+include permissions.conf
+
+accounts {
+  FRACPILOT {
+    jetstream: enabled
+    users: [
+      {{- range $identity := include "fracpilot.natsIdentityNames" . | fromJsonArray }}
+      { user: ${{ include "fracpilot.natsIdentityVariable" (list $identity "USER") }}, password: ${{ include "fracpilot.natsIdentityVariable" (list $identity "PASSWORD") }}, permissions: ${{ $identity | upper | replace "-" "_" }}_PERMISSIONS }
+      {{- end }}
+    ]
+  }
 }
 {{- end }}
 {{- if eq .Values.nats.auth.type "userPassword" }}

@@ -301,7 +301,7 @@ def test_the_apiserver_accepts_every_object(
         (["--set", "nats.deploy=false"], "at '/nats/url': minLength: got 0, want 1"),
         (
             ["--set", "nats.auth.type=nkey"],
-            "at '/nats/auth/type': value must be one of 'none', 'userPassword'",
+            "at '/nats/auth/type': value must be one of 'identities', 'none', 'userPassword'",
         ),
         (["--set", "ingest.owners=guess"], "at '/ingest/owners': value must be one of"),
         (

@@ -176,11 +176,12 @@ def test_the_network_policy_lets_the_servers_route_to_one_another(helm: Path) ->
     assert 53 in egress_ports
 
 
-async def test_the_rendered_nats_conf_forms_a_cluster_with_r3_streams(
-    default: list[dict[str, Any]],
-) -> None:
-    conf = nats_conf(default)
-    replicas = int(service_env(default, "decision")["FRACPILOT_NATS_REPLICAS"])
+async def test_the_rendered_nats_conf_forms_a_cluster_with_r3_streams(helm: Path) -> None:
+    # Without identities and TLS, to look at the cluster alone: the default (both on) runs in
+    # test_helm_nats_auth.py.
+    docs = render(helm, "--set", "nats.auth.type=none", "--set", "nats.tls.enabled=false")
+    conf = nats_conf(docs)
+    replicas = int(service_env(docs, "decision")["FRACPILOT_NATS_REPLICAS"])
     with ConfigFileCluster(conf, prefix=NAME) as cluster:
         leader = cluster.wait_for_meta_leader()
         assert leader in {f"{NAME}-{i}" for i in range(3)}  # server_name: $POD_NAME

@@ -88,13 +88,16 @@ def kube_namespace(kube_admin: client.ApiClient) -> str:
 
 @pytest.fixture(scope="module")
 def release(kube: ControlPlane, kubeconfig: Path, kube_namespace: str) -> Iterator[str]:
-    """The chart installed with the chart-made NATS password; uninstalled afterwards. Its
-    cluster-wide objects (CRDs, aggregated roles) are left out: other tests install them."""
+    """The chart installed with the chart-made NATS password (one shared identity, without
+    TLS: the local nats-server below has neither; the default's identities and TLS, as the
+    plugin derives them: test_helm_nats_auth.py); uninstalled afterwards. Its cluster-wide
+    objects (CRDs, aggregated roles) are left out: other tests install them."""
     name = f"fp-{uuid.uuid4().hex[:6]}"
     args = [
         "--set=webhook.certManager.enabled=false",
         "--set=priorityClass.create=false",
         "--set=nats.auth.type=userPassword",
+        "--set=nats.tls.enabled=false",
         "--set=fractionPolicies.crds.install=false",
         "--set=fractionPolicies.roles=false",
     ]

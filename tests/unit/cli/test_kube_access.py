@@ -162,3 +162,35 @@ def test_command_name_skips_global_options() -> None:
     assert main.command_name(["--nats-url", "nats://x", "--json", "explain", "a/b"]) == "explain"
     assert main.command_name(["-n", "status", "report"]) == "report"  # -n took "status"
     assert main.command_name(["--version"]) is None
+
+
+def test_with_identity_takes_the_named_secret_and_keeps_the_tls_files() -> None:
+    service = kube_access.NatsAccess(
+        url="nats://fp-fracpilot-nats.gpu.svc:4222",
+        values={"user": "ignored"},
+        secrets={
+            "user": SecretKey("fp-fracpilot-nats-decision", "user"),
+            "password": SecretKey("fp-fracpilot-nats-decision", "password"),
+            "tls_ca_file": SecretKey("fp-fracpilot-nats-ca", "ca.crt"),
+        },
+    )
+    clients = {
+        "operator.secret": "fp-fracpilot-nats-operator",
+        "policy-admin.secret": "fp-fracpilot-nats-policy-admin",
+        "userKey": "u",
+        "passwordKey": "p",
+    }
+    operator = kube_access.with_identity(service, clients, kube_access.OPERATOR)
+    assert operator.url == service.url
+    assert operator.values == {}
+    assert operator.secrets == {
+        "user": SecretKey("fp-fracpilot-nats-operator", "u"),
+        "password": SecretKey("fp-fracpilot-nats-operator", "p"),
+        "tls_ca_file": SecretKey("fp-fracpilot-nats-ca", "ca.crt"),
+    }
+    admin = kube_access.with_identity(service, clients, kube_access.POLICY_ADMIN)
+    assert admin.secrets["password"] == SecretKey("fp-fracpilot-nats-policy-admin", "p")
+    # A release with one shared identity has no nats-clients ConfigMap: the service's.
+    assert kube_access.with_identity(service, None, kube_access.OPERATOR) == service
+    with pytest.raises(KubeAccessError, match="no policy-admin identity"):
+        kube_access.with_identity(service, {"operator.secret": "x"}, kube_access.POLICY_ADMIN)

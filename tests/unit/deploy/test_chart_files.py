@@ -38,6 +38,15 @@ def test_the_rbac_copies_equal_deploy_rbac() -> None:
     assert stale == [], f"stale copies in the chart (run make chart-sync): {stale}"
 
 
+def test_the_nats_permissions_are_deploy_nats_permissions() -> None:
+    """One source: the chart's built-in NATS includes the very lists deploy/nats/ documents and
+    tests/integration/test_nats_auth.py proves (the chart renders the copy into its ConfigMap:
+    tests/integration/k8s/test_helm_nats_auth.py runs it)."""
+    source = (ROOT / "deploy" / "nats" / "permissions.conf").read_bytes()
+    copy = (CHART / "files" / "nats" / "permissions.conf").read_bytes()
+    assert copy == source, "stale copy of deploy/nats/permissions.conf (run make chart-sync)"
+
+
 def test_the_chart_readme_is_generated_from_the_values() -> None:
     readme = _chart_readme()
     expected = readme.render(

@@ -11,6 +11,8 @@ webhook's
 from __future__ import annotations
 
 import datetime as dt
+import ipaddress
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cryptography import x509
@@ -40,9 +42,17 @@ def _name(common_name: str) -> x509.Name:
 
 
 def issue_serving_bundle(
-    ca_name: str, dns_names: list[str], now: dt.datetime, validity: dt.timedelta
+    ca_name: str,
+    dns_names: list[str],
+    now: dt.datetime,
+    validity: dt.timedelta,
+    *,
+    ip_addresses: Sequence[str] = (),
+    client_auth: bool = False,
 ) -> TlsBundle:
-    """A new CA and a serving certificate for ``dns_names`` signed by it, valid from ``now``."""
+    """A new CA and a serving certificate for ``dns_names`` (and ``ip_addresses``) signed by
+    it, valid from ``now``. ``client_auth``: also a client certificate (NATS routes present
+    the same certificate both ways)."""
     if not dns_names:
         raise ValueError("a serving certificate needs at least one DNS name")
     ca_key = ec.generate_private_key(_CURVE)
@@ -71,6 +81,11 @@ def issue_serving_bundle(
         )
         .sign(ca_key, hashes.SHA256())
     )
+    names: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
+    names += [x509.IPAddress(ipaddress.ip_address(a)) for a in ip_addresses]
+    usages = [ExtendedKeyUsageOID.SERVER_AUTH]
+    if client_auth:
+        usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
     key = ec.generate_private_key(_CURVE)
     cert = (
         x509.CertificateBuilder()
@@ -80,9 +95,9 @@ def issue_serving_bundle(
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(minutes=5))
         .not_valid_after(now + validity)
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in dns_names]), False)
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
     return TlsBundle(

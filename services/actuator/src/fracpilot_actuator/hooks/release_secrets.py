@@ -8,7 +8,9 @@ instead two hook Jobs run this module with the actuator's image:
 - ``create`` (pre-install / pre-upgrade): the webhook's serving Secret (a CA and a certificate
   for the webhook Service's DNS names) unless one that is still good exists
   (:func:`~fracpilot_actuator.admission.certificates.renewal_reason`), and, when asked, the
-  built-in NATS's user/password Secret unless it exists;
+  NATS Secrets: one user/password Secret per identity (or the one shared identity's) unless it
+  exists, and the built-in NATS's certificate (a CA of its own) with a CA-only Secret for the
+  clients, renewed like the webhook's;
 - ``inject-ca`` (post-install / post-upgrade, once the MutatingWebhookConfiguration exists):
   writes the Secret's ``ca.crt`` into every webhook of that configuration as its ``caBundle``.
 
@@ -22,8 +24,9 @@ import base64
 import datetime as dt
 import logging
 import secrets
+import string
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -88,15 +91,49 @@ def ensure_webhook_secret(
     return action
 
 
+def new_password() -> str:
+    """32 random letters and digits, a letter first: nats-server reads the passwords from its
+    environment and parses them, so one must never look like a number."""
+    alphabet = string.ascii_letters + string.digits
+    return secrets.choice(string.ascii_letters) + "".join(
+        secrets.choice(alphabet) for _ in range(31)
+    )
+
+
+def password_secret_data(user: str, user_key: str, password_key: str) -> dict[str, bytes]:
+    """A user/password Secret's data, with a new password."""
+    return {user_key: user.encode(), password_key: new_password().encode()}
+
+
+def nats_tls_secret_data(
+    ca_name: str, dns_names: list[str], now: dt.datetime, validity: dt.timedelta
+) -> dict[str, bytes]:
+    """The built-in NATS's ``kubernetes.io/tls`` data: a new CA and a certificate for
+    ``dns_names`` and 127.0.0.1 (the CLI's port-forward), for server and client auth (the
+    routes between the servers are mutual TLS with the same certificate)."""
+    bundle = issue_serving_bundle(
+        ca_name, dns_names, now, validity, ip_addresses=["127.0.0.1"], client_auth=True
+    )
+    return bundle.as_secret_data()
+
+
 def ensure_password_secret(
-    core: client.CoreV1Api, namespace: str, name: str, user_key: str, password_key: str
+    core: client.CoreV1Api,
+    namespace: str,
+    name: str,
+    user_key: str,
+    password_key: str,
+    user: str = "fracpilot",
+    labels: Mapping[str, str] | None = None,
 ) -> str:
-    """Make the NATS user/password Secret once; an existing one is never changed."""
+    """Make a NATS user/password Secret once; an existing one is never changed."""
     if _read_secret(core, namespace, name) is not None:
         return "kept"
-    data = {user_key: b"fracpilot", password_key: secrets.token_urlsafe(24).encode()}
+    data = password_secret_data(user, user_key, password_key)
     body = client.V1Secret(
-        metadata=client.V1ObjectMeta(name=name, namespace=namespace, labels=_MANAGED_BY),
+        metadata=client.V1ObjectMeta(
+            name=name, namespace=namespace, labels={**_MANAGED_BY, **(labels or {})}
+        ),
         type="Opaque",
         data=_encoded(data),
     )
@@ -108,6 +145,46 @@ def ensure_password_secret(
         raise
     log.info("nats password secret created", extra={"secret": name})
     return "created"
+
+
+def ensure_nats_tls_secrets(
+    core: client.CoreV1Api,
+    namespace: str,
+    server_secret: str,
+    ca_secret: str,
+    dns_names: list[str],
+    now: dt.datetime,
+    validity: dt.timedelta,
+    renew_before: dt.timedelta,
+) -> str:
+    """The built-in NATS's certificate (:func:`nats_tls_secret_data`), made or renewed as the
+    webhook's; then the CA alone in ``ca_secret``, which the clients read."""
+    existing = _read_secret(core, namespace, server_secret)
+    reason = renewal_reason(_decoded(existing), dns_names, now, renew_before)
+    action = "kept"
+    if reason is not None:
+        data = nats_tls_secret_data(f"{server_secret}-ca", dns_names, now, validity)
+        _write(core, namespace, server_secret, "kubernetes.io/tls", data)
+        action = "created" if existing is None else "renewed"
+        log.info("nats tls secret %s", action, extra={"secret": server_secret, "reason": reason})
+    ca = _decoded(_read_secret(core, namespace, server_secret))["ca.crt"]
+    if _decoded(_read_secret(core, namespace, ca_secret)) != {"ca.crt": ca}:
+        _write(core, namespace, ca_secret, "Opaque", {"ca.crt": ca})
+    return action
+
+
+def _write(
+    core: client.CoreV1Api, namespace: str, name: str, kind: str, data: dict[str, bytes]
+) -> None:
+    """Create the Secret, or replace the version read just now (a concurrent change fails)."""
+    metadata = client.V1ObjectMeta(name=name, namespace=namespace, labels=_MANAGED_BY)
+    body = client.V1Secret(metadata=metadata, type=kind, data=_encoded(data))
+    existing = _read_secret(core, namespace, name)
+    if existing is None:
+        core.create_namespaced_secret(namespace, body)
+        return
+    metadata.resource_version = (existing.metadata or client.V1ObjectMeta()).resource_version
+    core.replace_namespaced_secret(name, namespace, body)
 
 
 def inject_ca_bundle(
@@ -151,6 +228,18 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument("--nats-secret", default="", help="also make this user/password Secret")
     create.add_argument("--nats-user-key", default="user")
     create.add_argument("--nats-password-key", default="password")
+    create.add_argument(
+        "--nats-identity",
+        action="append",
+        default=[],
+        dest="nats_identities",
+        metavar="IDENTITY=SECRET",
+        help="also make this identity's user/password Secret (user: the identity)",
+    )
+    create.add_argument("--nats-tls-secret", default="", help="the built-in NATS's certificate")
+    create.add_argument("--nats-ca-secret", default="", help="its CA alone, for the clients")
+    create.add_argument("--nats-dns-name", action="append", default=[], dest="nats_dns_names")
+    create.add_argument("--nats-validity-days", type=int, default=3650)
     inject = sub.add_parser("inject-ca", help="write the CA into the webhook configuration")
     inject.add_argument("--webhook-secret", required=True)
     inject.add_argument("--configuration", required=True)
@@ -168,6 +257,11 @@ def run(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     if args.command == "create" and args.webhook_secret and not args.dns_names:
         parser.error("--webhook-secret needs at least one --dns-name")
+    if args.command == "create":
+        if args.nats_tls_secret and not (args.nats_ca_secret and args.nats_dns_names):
+            parser.error("--nats-tls-secret needs --nats-ca-secret and --nats-dns-name")
+        if any("=" not in i for i in args.nats_identities):
+            parser.error("--nats-identity takes IDENTITY=SECRET")
     api = make_api_client(args.kubeconfig)
     core = client.CoreV1Api(api)
     try:
@@ -189,6 +283,27 @@ def run(argv: Sequence[str]) -> int:
                     args.nats_secret,
                     args.nats_user_key,
                     args.nats_password_key,
+                )
+            for identity, _, name in (i.partition("=") for i in args.nats_identities):
+                ensure_password_secret(
+                    core,
+                    args.namespace,
+                    name,
+                    args.nats_user_key,
+                    args.nats_password_key,
+                    user=identity,
+                    labels={"fracpilot.io/nats-identity": identity},
+                )
+            if args.nats_tls_secret:
+                ensure_nats_tls_secrets(
+                    core,
+                    args.namespace,
+                    args.nats_tls_secret,
+                    args.nats_ca_secret,
+                    args.nats_dns_names,
+                    dt.datetime.now(dt.UTC),
+                    dt.timedelta(days=args.nats_validity_days),
+                    dt.timedelta(days=args.renew_before_days),
                 )
         else:
             inject_ca_bundle(
