@@ -32,11 +32,11 @@ from typing import Any
 
 import nats
 
-from fracpilot_ingest.attribution import GpuInventory
 from fracpilot_ingest.service import IngestService
 from fracpilot_ingest.settings import IngestSettings
-from fracpilot_ingest.sources.prometheus import points_by_instant
 from fracpilot_libs.nats.embedded import EmbeddedNats
+from fracpilot_libs.usage.attribution import GpuInventory
+from fracpilot_libs.usage.range_queries import points_by_instant
 
 
 def prometheus_response(workloads: int, at: float) -> list[dict[str, Any]]:
@@ -64,10 +64,10 @@ def prometheus_response(workloads: int, at: float) -> list[dict[str, Any]]:
 
 def sample_size(response: list[dict[str, Any]]) -> int:
     """The JSON size of one published sample, for a like-for-like baseline."""
-    from fracpilot_ingest.attribution import observe_points
-    from fracpilot_ingest.mappings import MappingTable
-    from fracpilot_ingest.owners import owner_from_pod_name
-    from fracpilot_ingest.samples import PublishedSeries, to_sample
+    from fracpilot_libs.owners import owner_from_pod_name
+    from fracpilot_libs.usage.attribution import observe_points
+    from fracpilot_libs.usage.mappings import MappingTable
+    from fracpilot_libs.usage.samples import PublishedSeries, to_sample
 
     points = next(iter(points_by_instant(response[:3]).values()))
     obs = observe_points(points, MappingTable.of(), GpuInventory())[0][0]

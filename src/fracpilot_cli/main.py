@@ -27,6 +27,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "asyncapi": ("fracpilot_cli.asyncapi", "asyncapi_command"),
     "explain": ("fracpilot_cli.operator_cli", "explain_command"),
     "policy": ("fracpilot_cli.policy", "policy_app"),
+    "recommend": ("fracpilot_cli.recommend", "recommend_command"),
     "replay": ("fracpilot_cli.replay", "replay_command"),
     "report": ("fracpilot_cli.operator_cli", "report_command"),
     "status": ("fracpilot_cli.operator_cli", "status_command"),

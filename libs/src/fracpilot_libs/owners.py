@@ -6,11 +6,21 @@ controllers of ReplicaSets and Jobs), as the API's JSON.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
+from fracpilot_libs.contracts import WorkloadRef
+
 OwnerKey = tuple[str, str, str]  # namespace, kind, name
 Controller = tuple[str, str]  # kind, name
+
+# <deployment>-<pod-template-hash>-<5 random>; the hash uses the "safe" alphabet
+_DEPLOYMENT_POD = re.compile(
+    r"^(?P<name>.+)-(?P<hash>[bcdfghjklmnpqrstvwxz2456789]{6,10})-"
+    r"(?P<suffix>[bcdfghjklmnpqrstvwxz2456789]{5})$"
+)
+_STATEFUL_POD = re.compile(r"^(?P<name>.+)-(?P<ordinal>\d+)$")
 
 # Controllers whose own controller is the workload users think of.
 INTERMEDIATE_KINDS = frozenset({"ReplicaSet", "Job"})
@@ -39,3 +49,16 @@ def controller_of(obj: Mapping[str, Any]) -> Controller | None:
         if ref.get("controller"):
             return str(ref.get("kind")), str(ref.get("name"))
     return None
+
+
+def owner_from_pod_name(cluster: str, namespace: str, pod: str) -> WorkloadRef:
+    """The workload a pod's name says it belongs to, by the controllers' naming conventions
+    (``Pod`` when they do not say): for ingest without API access and for
+    ``fracpilot recommend``, which reads only Prometheus."""
+    if m := _DEPLOYMENT_POD.match(pod):
+        kind, name = "Deployment", m.group("name")
+    elif m := _STATEFUL_POD.match(pod):
+        kind, name = "StatefulSet", m.group("name")
+    else:
+        kind, name = "Pod", pod
+    return WorkloadRef(cluster=cluster, namespace=namespace, owner_kind=kind, owner_name=name)

@@ -18,12 +18,12 @@ import string
 from hypothesis import strategies as st
 
 from factories import workload
-from fracpilot_ingest.attribution import GpuInventory, MetricPoint, Observation, observe_points
-from fracpilot_ingest.mappings import LabelRoles, MappingTable
-from fracpilot_ingest.samples import PublishedSeries, to_sample
-from fracpilot_ingest.sources.prometheus import points_by_instant
 from fracpilot_ingest.sources.scrape import parse_exposition
 from fracpilot_libs.contracts import UsageSample
+from fracpilot_libs.usage.attribution import GpuInventory, MetricPoint, Observation, observe_points
+from fracpilot_libs.usage.mappings import LabelRoles, MappingTable
+from fracpilot_libs.usage.range_queries import points_by_instant
+from fracpilot_libs.usage.samples import PublishedSeries, to_sample
 from support.fuzzing import JSON_VALUES, examples_per_subject, run_property
 
 NOW = 1_772_409_600.0  # 2026-03-02T00:00:00Z

@@ -8,8 +8,6 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from fracpilot_ingest.attribution import GpuInventory, PodKey, observe_points
-from fracpilot_ingest.mappings import MappingTable
 from fracpilot_ingest.simulated.dcgm_exporter import (
     DcgmSample,
     SimulatedClock,
@@ -20,6 +18,8 @@ from fracpilot_ingest.simulated.dcgm_exporter import (
 from fracpilot_ingest.sources.scrape import parse_exposition
 from fracpilot_libs.contracts import Allocation, WorkloadRef
 from fracpilot_libs.simulation.workloads import demo_workloads, usage_at
+from fracpilot_libs.usage.attribution import GpuInventory, PodKey, observe_points
+from fracpilot_libs.usage.mappings import MappingTable
 from support.gpu_exporter import GpuState, PodOnGpu, dcgm_metrics
 
 GIB = 1024**3

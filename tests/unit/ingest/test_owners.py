@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fracpilot_ingest.owners import OwnerResolver, PodNameOwners, owner_from_pod_name
+from fracpilot_ingest.owners import OwnerResolver, PodNameOwners
 from fracpilot_libs.contracts import WorkloadRef
+from fracpilot_libs.owners import owner_from_pod_name
 
 SAFE = "bcdfghjklmnpqrstvwxz2456789"  # k8s.io/apimachinery rand.SafeEncodeString alphabet
 

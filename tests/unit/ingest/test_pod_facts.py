@@ -6,9 +6,10 @@ from typing import Any
 
 import pytest
 
-from fracpilot_ingest.attribution import GpuInventory, MetricPoint, PodKey, observe_points
-from fracpilot_ingest.mappings import MappingTable
-from fracpilot_ingest.pod_facts import OomKill, kai_shared_gpus, oom_kills, pod_projection
+from fracpilot_ingest.pod_facts import kai_shared_gpus, oom_kills, pod_projection
+from fracpilot_libs.usage.attribution import GpuInventory, MetricPoint, PodKey, observe_points
+from fracpilot_libs.usage.mappings import MappingTable
+from fracpilot_libs.usage.signals import OomKill
 
 GPU = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"
 MIB = 1024**2

@@ -9,7 +9,6 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from fracpilot_ingest.metrics import IngestMetrics
-from fracpilot_ingest.samples import PublishedSeries
 from fracpilot_ingest.settings import IngestSettings, SimulatorSettings
 from fracpilot_ingest.sources import make_sources
 from fracpilot_ingest.sources.base import Reading, SourceContext
@@ -20,6 +19,7 @@ from fracpilot_libs.contracts import Allocation, Attribution
 from fracpilot_libs.nats.kv import KvEntry
 from fracpilot_libs.pricing import GpuPrices
 from fracpilot_libs.simulation.workloads import demo_workloads
+from fracpilot_libs.usage.samples import PublishedSeries
 
 START = datetime(2026, 3, 2, tzinfo=UTC)
 

@@ -10,16 +10,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fracpilot_ingest.attribution import GpuInventory, PodKey, observe_points
-from fracpilot_ingest.mappings import MappingTable
-from fracpilot_ingest.sources.prometheus import (
+from fracpilot_ingest.sources.scrape import parse_exposition
+from fracpilot_libs.usage.attribution import GpuInventory, PodKey, observe_points
+from fracpilot_libs.usage.mappings import MappingTable
+from fracpilot_libs.usage.range_queries import (
     MAX_POINTS_PER_QUERY,
     aligned,
     chunks,
     points_by_instant,
     selector,
 )
-from fracpilot_ingest.sources.scrape import parse_exposition
 
 T = 1_772_409_600.0  # 2026-03-02T00:00:00Z
 GPU_A = "GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52"

@@ -11,7 +11,6 @@ kind when it has to guess (``Pod``).
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
@@ -21,16 +20,15 @@ from fracpilot_libs.contracts import WorkloadRef
 from fracpilot_libs.kube.client import make_api_client
 from fracpilot_libs.kube.informer import Informer
 from fracpilot_libs.kube.store import metadata_only
-from fracpilot_libs.owners import Controller, OwnerKey, controller_of, top_owner
+from fracpilot_libs.owners import (
+    Controller,
+    OwnerKey,
+    controller_of,
+    owner_from_pod_name,
+    top_owner,
+)
 
 log = logging.getLogger(__name__)
-
-# <deployment>-<pod-template-hash>-<5 random>; the hash uses the "safe" alphabet
-_DEPLOYMENT_POD = re.compile(
-    r"^(?P<name>.+)-(?P<hash>[bcdfghjklmnpqrstvwxz2456789]{6,10})-"
-    r"(?P<suffix>[bcdfghjklmnpqrstvwxz2456789]{5})$"
-)
-_STATEFUL_POD = re.compile(r"^(?P<name>.+)-(?P<ordinal>\d+)$")
 
 
 class OwnerResolver(Protocol):
@@ -45,16 +43,6 @@ class PodNameOwners:
 
     async def resolve(self, namespace: str, pod: str) -> WorkloadRef:
         return owner_from_pod_name(self.cluster, namespace, pod)
-
-
-def owner_from_pod_name(cluster: str, namespace: str, pod: str) -> WorkloadRef:
-    if m := _DEPLOYMENT_POD.match(pod):
-        kind, name = "Deployment", m.group("name")
-    elif m := _STATEFUL_POD.match(pod):
-        kind, name = "StatefulSet", m.group("name")
-    else:
-        kind, name = "Pod", pod
-    return WorkloadRef(cluster=cluster, namespace=namespace, owner_kind=kind, owner_name=name)
 
 
 # --- the Kubernetes resolver ------------------------------------------------------------------

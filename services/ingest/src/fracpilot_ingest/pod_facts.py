@@ -22,11 +22,11 @@ The pods informer keeps only what these read (:func:`pod_projection`), besides t
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from fracpilot_libs.kai import KAI_APP_LABEL, KaiReservation
 from fracpilot_libs.kube.store import metadata_only
+from fracpilot_libs.usage.signals import OomKill
 
 KAI_GROUP = "runai-gpu-group"
 KAI_RESERVED_GPU = "run.ai/reserve_for_gpu_index"
@@ -150,14 +150,6 @@ def kai_shared_gpus(
         for ref, notes in pods_of_group.items():
             on_gpu[ref] = _fraction(notes, memory)
     return shared
-
-
-@dataclass(frozen=True, slots=True)
-class OomKill:
-    namespace: str
-    pod: str
-    container: str
-    finished_at: str  # RFC 3339, as the API has it (identifies the kill)
 
 
 def oom_kills(pods: Iterable[Mapping[str, Any]]) -> list[OomKill]:

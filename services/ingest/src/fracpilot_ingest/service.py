@@ -3,12 +3,12 @@
 Sources, selected by configuration (several at once allowed), are run alike
 (:mod:`fracpilot_ingest.sources`): ``prometheus`` (range queries from a cursor in NATS KV),
 ``scrape`` (exporters' ``/metrics`` read directly) and ``simulator`` (the demo's workloads).
-Points are attributed to pods and GPUs (:mod:`fracpilot_ingest.attribution`) and validated
-into samples (:mod:`fracpilot_ingest.samples`). Which GPU and fraction each pod holds comes
+Points are attributed to pods and GPUs (:mod:`fracpilot_libs.usage.attribution`) and validated
+into samples (:mod:`fracpilot_libs.usage.samples`). Which GPU and fraction each pod holds comes
 from the allocations bucket (and, with the Kubernetes resolver, KAI's GPU groups and HAMi's
 node register: :mod:`fracpilot_ingest.pod_facts`, :mod:`fracpilot_ingest.node_facts`); owners
 come from the pod-name resolver (or the Kubernetes resolver, when configured). OOM kills and
-vLLM preemptions become one-shot signals on samples (:mod:`fracpilot_ingest.signals`).
+vLLM preemptions become one-shot signals on samples (:mod:`fracpilot_libs.usage.signals`).
 Each source runs under :mod:`fracpilot_ingest.supervision`: one that raises is logged,
 counted and restarted. :mod:`fracpilot_ingest.app` wires and runs it.
 """
@@ -23,7 +23,18 @@ from collections import Counter as Tally
 from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.trace import SpanKind
 
-from fracpilot_ingest.attribution import (
+from fracpilot_ingest.metrics import IngestMetrics
+from fracpilot_ingest.node_facts import hami_device_memory
+from fracpilot_ingest.owners import KubernetesOwners, OwnerResolver, make_owners
+from fracpilot_ingest.pod_facts import kai_shared_gpus, oom_kills
+from fracpilot_ingest.settings import IngestSettings, mapping_table
+from fracpilot_ingest.sources import make_sources
+from fracpilot_ingest.sources.base import Source, SourceContext
+from fracpilot_ingest.supervision import SourceSupervisor
+from fracpilot_libs.contracts import Allocation, UsageSample
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.runtime import ServiceRuntime
+from fracpilot_libs.usage.attribution import (
     GpuInventory,
     MetricPoint,
     Observation,
@@ -31,19 +42,8 @@ from fracpilot_ingest.attribution import (
     Rejection,
     observe_points,
 )
-from fracpilot_ingest.metrics import IngestMetrics
-from fracpilot_ingest.node_facts import hami_device_memory
-from fracpilot_ingest.owners import KubernetesOwners, OwnerResolver, make_owners
-from fracpilot_ingest.pod_facts import kai_shared_gpus, oom_kills
-from fracpilot_ingest.samples import PublishedSeries, to_sample
-from fracpilot_ingest.settings import IngestSettings, mapping_table
-from fracpilot_ingest.signals import SignalTracker
-from fracpilot_ingest.sources import make_sources
-from fracpilot_ingest.sources.base import Source, SourceContext
-from fracpilot_ingest.supervision import SourceSupervisor
-from fracpilot_libs.contracts import Allocation, UsageSample
-from fracpilot_libs.nats import subjects
-from fracpilot_libs.runtime import ServiceRuntime
+from fracpilot_libs.usage.samples import PublishedSeries, to_sample
+from fracpilot_libs.usage.signals import SignalTracker
 
 log = logging.getLogger(__name__)
 SERVICE = "ingest"

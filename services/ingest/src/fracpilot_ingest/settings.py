@@ -11,33 +11,17 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel, Field, TypeAdapter
 
-from fracpilot_ingest.mappings import MappingTable, MetricMapping
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.kai import KaiSettings
+from fracpilot_libs.prometheus_access import PrometheusAccess
+from fracpilot_libs.usage.mappings import MappingTable, MetricMapping
 
 
-class PrometheusSettings(BaseModel):
-    """FRACPILOT_PROMETHEUS_*: where Prometheus is, how to reach it safely, what to ask it."""
+class PrometheusSettings(PrometheusAccess):
+    """FRACPILOT_PROMETHEUS_*: the shared access settings, and how far behind now to stay."""
 
-    url: str = "http://127.0.0.1:9090"
-    matchers: str = Field(
-        default="", description='extra PromQL label matchers, e.g. job="dcgm-exporter"'
-    )
     delay_s: float = Field(
         default=0.0, ge=0, description="query only up to now minus this (ingestion delay)"
-    )
-    verify_tls: bool = Field(
-        default=True, description="verify an https server's certificate (false: do not)"
-    )
-    ca_file: str | None = Field(
-        default=None, description="CA bundle to verify the server with (default: the system's)"
-    )
-    bearer_token_file: str | None = Field(
-        default=None, description="file holding a bearer token; re-read when it changes"
-    )
-    headers: dict[str, str] = Field(
-        default_factory=dict,
-        description='extra request headers as JSON, e.g. {"X-Scope-OrgID": "team-a"}',
     )
 
 

@@ -14,11 +14,11 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from fracpilot_ingest.attribution import MetricPoint
 from fracpilot_ingest.metrics import IngestMetrics
-from fracpilot_ingest.samples import PublishedSeries
 from fracpilot_libs.contracts import Allocation, UsageSample
 from fracpilot_libs.nats.kv import KvBucket
+from fracpilot_libs.usage.attribution import MetricPoint
+from fracpilot_libs.usage.samples import PublishedSeries
 
 
 @dataclass(frozen=True, slots=True)

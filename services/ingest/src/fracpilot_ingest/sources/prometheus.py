@@ -12,94 +12,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import re
 import time
-from collections import defaultdict
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
 
 from prometheus_api_client import PrometheusConnect
 from urllib3.util.retry import Retry
 
-from fracpilot_ingest.attribution import MetricPoint
 from fracpilot_ingest.settings import PrometheusSettings
 from fracpilot_ingest.sources.base import Reading, SourceContext
 from fracpilot_ingest.sources.http_auth import prometheus_session
 from fracpilot_libs.nats.kv import KvBucket
+from fracpilot_libs.usage.attribution import MetricPoint
+from fracpilot_libs.usage.range_queries import aligned, chunks, points_by_instant, selector
 
 log = logging.getLogger(__name__)
-MAX_POINTS_PER_QUERY = 10_000
 CURSOR_KEY = "prometheus.cursor"
-
-
-def selector(metric_names: Sequence[str], matchers: str = "") -> str:
-    """One PromQL selector for every mapped metric, plus optional label matchers."""
-    names = "|".join(re.escape(n) for n in metric_names)
-    # Inside a PromQL double-quoted string a backslash starts an escape, and `\.` is a parse
-    # error: the regex's backslashes (and any quote) are escaped once more.
-    names = names.replace("\\", "\\\\").replace('"', '\\"')
-    extra = f", {matchers.strip()}" if matchers.strip() else ""
-    return f'{{__name__=~"{names}"{extra}}}'
-
-
-def aligned(ts: float, step_s: float) -> float:
-    return math.floor(ts / step_s) * step_s
-
-
-def chunks(start: float, end: float, step_s: float) -> list[tuple[float, float]]:
-    """[start, end] cut into pieces of at most MAX_POINTS_PER_QUERY steps."""
-    span = MAX_POINTS_PER_QUERY * step_s
-    out = []
-    while start <= end:
-        stop = min(end, start + span - step_s)
-        out.append((start, stop))
-        start = stop + step_s
-    return out
-
-
-def _number(raw: Any) -> float | None:
-    if isinstance(raw, bool) or not isinstance(raw, str | int | float):
-        return None
-    try:
-        return float(raw)
-    except (ValueError, OverflowError):
-        return None
-
-
-def points_by_instant(result: Any) -> dict[float, list[MetricPoint]]:
-    """A range-query result as metric points grouped by their timestamp.
-
-    Whatever the response holds, this never raises: a series or point of the wrong shape (labels
-    that are not strings, a point that is not ``[time, value]``, a time that is not a finite
-    number) is left out and logged, so one bad series never stops the others; a value that is
-    not a number becomes NaN, which attribution rejects with a reason.
-    """
-    instants: dict[float, list[MetricPoint]] = defaultdict(list)
-    malformed = 0
-    for series in result if isinstance(result, list) else [result]:
-        metric = series.get("metric", {}) if isinstance(series, dict) else None
-        values = series.get("values", []) if isinstance(series, dict) else None
-        if (
-            not isinstance(metric, dict)
-            or not isinstance(values, list)
-            or not all(isinstance(k, str) and isinstance(v, str) for k, v in metric.items())
-        ):
-            malformed += 1
-            continue
-        labels = dict(metric)
-        name = labels.pop("__name__", "")
-        for point in values:
-            ts = _number(point[0]) if isinstance(point, list) and len(point) == 2 else None
-            if ts is None or not math.isfinite(ts):
-                malformed += 1
-                continue
-            value = _number(point[1])
-            instants[ts].append(MetricPoint(name, labels, math.nan if value is None else value, ts))
-    if malformed:
-        log.warning("malformed parts of a range-query result left out", extra={"parts": malformed})
-    return dict(instants)
 
 
 class RangeQueryClient:

@@ -16,9 +16,9 @@ from urllib.parse import urlparse
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from fracpilot_ingest.attribution import MetricPoint
 from fracpilot_ingest.sources.base import Reading, SourceContext
-from fracpilot_ingest.sources.prometheus import aligned
+from fracpilot_libs.usage.attribution import MetricPoint
+from fracpilot_libs.usage.range_queries import aligned
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fracpilot_ingest.attribution import (
+from fracpilot_libs.usage.attribution import (
     GpuInventory,
     MetricPoint,
     Observation,
@@ -18,7 +18,7 @@ from fracpilot_ingest.attribution import (
     Rejection,
     observe_points,
 )
-from fracpilot_ingest.mappings import MappingTable
+from fracpilot_libs.usage.mappings import MappingTable
 
 MIB = 1024**2
 GIB = 1024**3

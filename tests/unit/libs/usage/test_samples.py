@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fracpilot_ingest.attribution import Observation, PodKey, Rejection
-from fracpilot_ingest.samples import PublishedSeries, sample_id, to_sample
 from fracpilot_libs.contracts import AppSignals, Attribution, UsageSample, WorkloadRef
+from fracpilot_libs.usage.attribution import Observation, PodKey, Rejection
+from fracpilot_libs.usage.samples import PublishedSeries, sample_id, to_sample
 
 GIB = 1024**3
 T = 1_772_409_600.0  # 2026-03-02T00:00:00Z

@@ -5,8 +5,7 @@ The engine upsizes at once on a sample whose ``signals`` say ``oom_event`` or
 one sample of its pod:
 
 - **OOM**: a container whose last termination was ``OOMKilled`` or a CUDA out-of-memory exit
-  (the pods cache,
-  :func:`fracpilot_ingest.pod_facts.oom_kills`); a kill is identified by its pod, container
+  (ingest reads them from its pods cache); a kill is identified by its pod, container
   and finish time, and one older than ``window_s`` when first seen (ingest restarted since)
   is history, not news.
 - **Contention**: vLLM's ``vllm:num_preemptions_total`` went up since the pod's previous
@@ -23,10 +22,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from fracpilot_ingest.attribution import Observation
-from fracpilot_ingest.pod_facts import OomKill
+from fracpilot_libs.usage.attribution import Observation
 
 PodRef = tuple[str, str]  # (namespace, pod)
+
+
+@dataclass(frozen=True, slots=True)
+class OomKill:
+    """One out-of-memory exit of a container (ingest reads them from the pods cache)."""
+
+    namespace: str
+    pod: str
+    container: str
+    finished_at: str  # RFC 3339, as the API has it (identifies the kill)
 
 
 def _finished(kill: OomKill) -> float | None:

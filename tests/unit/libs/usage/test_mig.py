@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from fracpilot_ingest.attribution import GpuInventory, MetricPoint, PodKey, observe_points
-from fracpilot_ingest.mappings import MappingTable
-from fracpilot_ingest.mig import (
+from fracpilot_libs.usage.attribution import GpuInventory, MetricPoint, PodKey, observe_points
+from fracpilot_libs.usage.mappings import MappingTable
+from fracpilot_libs.usage.mig import (
     MigInstance,
     card_slices,
     compute_share,

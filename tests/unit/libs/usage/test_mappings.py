@@ -7,7 +7,7 @@ import json
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from fracpilot_ingest.mappings import (
+from fracpilot_libs.usage.mappings import (
     BUILT_IN,
     MIB,
     LabelRoles,

@@ -5,18 +5,17 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime
 
-from fracpilot_ingest.attribution import (
+from fracpilot_libs.contracts import UsageSample, WorkloadRef
+from fracpilot_libs.usage.attribution import (
     GpuInventory,
     MetricPoint,
     Observation,
     PodKey,
     observe_points,
 )
-from fracpilot_ingest.mappings import MappingTable
-from fracpilot_ingest.pod_facts import OomKill
-from fracpilot_ingest.samples import PublishedSeries, to_sample
-from fracpilot_ingest.signals import SignalTracker
-from fracpilot_libs.contracts import UsageSample, WorkloadRef
+from fracpilot_libs.usage.mappings import MappingTable
+from fracpilot_libs.usage.samples import PublishedSeries, to_sample
+from fracpilot_libs.usage.signals import OomKill, SignalTracker
 
 NOW = 1_772_409_600.0  # 2026-03-02T00:00:00Z
 POD = PodKey("team-a", "chat-0", "server")

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from fracpilot_ingest.attribution import GpuInventory, observe_points
-from fracpilot_ingest.mappings import MappingTable, gpu_model_name
-from fracpilot_ingest.owners import owner_from_pod_name
-from fracpilot_ingest.samples import PublishedSeries, to_sample
 from fracpilot_ingest.sources.scrape import parse_exposition
 from fracpilot_libs.contracts import UsageSample
+from fracpilot_libs.owners import owner_from_pod_name
 from fracpilot_libs.pricing import DEFAULT_GPU_PRICES, GpuPrices
+from fracpilot_libs.usage.attribution import GpuInventory, observe_points
+from fracpilot_libs.usage.mappings import MappingTable, gpu_model_name
+from fracpilot_libs.usage.samples import PublishedSeries, to_sample
 from support.gpu_exporter import Exposition, GpuState, PodOnGpu, dcgm_metrics, hami_metrics
 
 T = 1_772_409_600.0  # 2026-03-02T00:00:00Z

@@ -4,7 +4,7 @@ Per GPU, the most specific numbers win: a container's or a process's own numbers
 when only whole-device numbers exist, a GPU used by one pod gives that pod the device's numbers
 (exact), and a GPU shared by several pods is split between them by their allocated fractions
 (equal shares when unknown) and marked *estimated*. A MIG GPU instance is a device of its own
-(:mod:`fracpilot_ingest.mig`). Every point that cannot be used is rejected once, with one
+(:mod:`fracpilot_libs.usage.mig`). Every point that cannot be used is rejected once, with one
 reason (a pod left without numbers by a rejected point is not counted again), and one bad
 series never stops the others.
 """
@@ -18,9 +18,15 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from fracpilot_ingest.mappings import Level, MappingTable, MetricMapping, Quantity, gpu_model_name
-from fracpilot_ingest.mig import compute_share, mig_instance, profile_memory_bytes
 from fracpilot_libs.contracts import WorkloadRef
+from fracpilot_libs.usage.mappings import (
+    Level,
+    MappingTable,
+    MetricMapping,
+    Quantity,
+    gpu_model_name,
+)
+from fracpilot_libs.usage.mig import compute_share, mig_instance, profile_memory_bytes
 
 _EPS = 1e-9
 

@@ -13,8 +13,8 @@ from datetime import UTC, datetime
 
 from pydantic import ValidationError
 
-from fracpilot_ingest.attribution import Observation, Rejection
 from fracpilot_libs.contracts import AppSignals, Attribution, UsageSample, WorkloadRef
+from fracpilot_libs.usage.attribution import Observation, Rejection
 from fracpilot_libs.validation import describe_validation_error
 
 
