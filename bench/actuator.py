@@ -177,7 +177,7 @@ class BackendExecutor:
             report,
             instance="bench",
         )
-        await self._backend.start()
+        await self._backend.start(utcnow())
 
     def close(self) -> None:
         if self._backend is not None:

@@ -115,7 +115,7 @@ def test_kai_objects_made_after_start_are_read_from_the_cache_without_a_list(
         backend = KubernetesBackend(
             KubeApi(recording.api), MemoryTargetStore(), settings, report, instance="kai-cache"
         )
-        await backend.start()
+        await backend.start(utcnow())
         try:
             cache = backend.cache
             assert (cache is not None) is inventory_cache

@@ -106,7 +106,7 @@ def test_an_upsize_past_the_queue_limit_is_recommended_and_the_pods_keep_their_s
         backend = KubernetesBackend(
             KubeApi(kube_admin), MemoryTargetStore(), settings_for(ns), report, instance="kai-test"
         )
-        await backend.start()
+        await backend.start(utcnow())
         try:
             now = utcnow() + timedelta(minutes=10)  # past the guardrails' settle time
             held = await backend.actuate(grow(0.5), dry_run="", now=now)  # +0.5 GPU: past it

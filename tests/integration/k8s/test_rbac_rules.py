@@ -648,6 +648,7 @@ async def test_the_backend_runs_with_the_actuator_token(
         assert http_status(cluster_scoped) in (200, 409)  # shared by the session
     # One GPU holding two KAI pods at 0.5 each: growing one fits nowhere, so a scale-up.
     node, group = f"gpu-a-{own}", f"group-{own}"
+    owners: dict[str, client.V1OwnerReference] = {}
     gpu_node(core, node, 1, {"fracpilot.io/test": own})
     kai_reservation(core, group, node, f"GPU-{own}")
     for name in ("chat", "embed"):
@@ -673,6 +674,7 @@ async def test_the_backend_runs_with_the_actuator_token(
             uid=deployment.metadata.uid,
             controller=True,
         )
+        owners[name] = owner
         running_pod(
             core,
             ns,
@@ -712,7 +714,7 @@ async def test_the_backend_runs_with_the_actuator_token(
             instance="rbac-test",
             namespaces=namespaces,
         )
-        await backend.start()
+        await backend.start(utcnow())
 
         def grow(name: str, current: float, new: float) -> FractionDecision:
             return decision(
@@ -728,9 +730,9 @@ async def test_the_backend_runs_with_the_actuator_token(
             None,
         )
         scaled = await backend.actuate(grow("chat", 0.5, 0.9), dry_run="", now=utcnow())
-        assert (scaled.plan, scaled.outcome, scaled.error) == (
+        assert (scaled.plan, scaled.outcome, scaled.error) == (  # capacity requested
             PlanKind.SCALE_UP,
-            Outcome.APPLIED,
+            Outcome.PENDING,
             None,
         )
         placeholders = core.list_namespaced_pod(own).items
@@ -745,8 +747,28 @@ async def test_the_backend_runs_with_the_actuator_token(
                 ),
                 timeout=10,
             )
+        await backend.reconcile(utcnow())  # capacity appeared: chat-0 evicted
+        assert [(a.outcome, a.error) for a in finished] == [(Outcome.PENDING, None)]
+        # The ReplicaSet's new pod, bound on the new node: verified with the actuator's token.
+        running_pod(
+            core,
+            ns,
+            "chat-1",
+            f"gpu-b-{own}",
+            labels={"app": "chat", "runai-gpu-group": f"{group}-b"},
+            annotations={"gpu-fraction": "0.9"},
+            owner=owners["chat"],
+        )
+        if (cache := backend.cache) is not None:
+            await wait_until(
+                lambda: any(p["metadata"]["name"] == "chat-1" for p in cache.snapshot().pods),
+                timeout=10,
+            )
         await backend.reconcile(utcnow())
-        assert [(a.outcome, a.error) for a in finished] == [(Outcome.APPLIED, None)]
+        assert [(a.outcome, a.error) for a in finished] == [
+            (Outcome.PENDING, None),
+            (Outcome.APPLIED, None),
+        ], [a.detail for a in finished]
     finally:
         namespaces.stop()
         if backend is not None:
