@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from fracpilot_actuator.admission import AdmissionOutcome
+from fracpilot_actuator.admission import Admission, AdmissionOutcome
 
 OnRetry = Callable[[str, str], None]
 
@@ -109,6 +109,39 @@ class WebhookMetrics:
             ["result"],
             registry=registry,
         )
+        self.llm_flags = Counter(
+            "fracpilot_webhook_llm_server_flags_total",
+            "Pods running a preallocating LLM server (vllm, sglang, tgi) given a target, by what "
+            "became of its memory flag: rewritten, unchanged (already within the fraction), "
+            "untouched (a form or value not read with certainty)",
+            ["server", "result"],
+            registry=registry,
+        )
+        self.llm_flag_above_fraction = Counter(
+            "fracpilot_webhook_llm_flag_above_fraction_total",
+            "Pods whose LLM server's memory flag asks for more than the pod's fraction "
+            "(an Event with reason LlmServerFlagAboveFraction), by server and rewritten",
+            ["server", "rewritten"],
+            registry=registry,
+        )
+
+    def count_llm_server(self, admission: Admission) -> None:
+        """Count an admission's LLM server flag (nothing when the pod runs none)."""
+        rewrite = admission.llm
+        if rewrite is None or rewrite.reading.server is None:
+            return
+        server = rewrite.reading.server.value
+        result = (
+            "untouched"
+            if not rewrite.applies
+            else "rewritten"
+            if rewrite.changes
+            else ("unchanged")
+        )
+        self.llm_flags.labels(server, result).inc()
+        if admission.llm_warning and rewrite.reading.readable:
+            rewritten = "true" if rewrite.changes else "false"
+            self.llm_flag_above_fraction.labels(server, rewritten).inc()
 
 
 class PolicySyncMetrics:

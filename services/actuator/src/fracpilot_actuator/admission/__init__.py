@@ -2,7 +2,8 @@
 
 - :mod:`.review`: parse the AdmissionReview, answer it (:func:`admit`);
 - :mod:`.pods`: read a pod (opt-out, its workload);
-- :mod:`.sizing`: the ops that give a pod or a pod template its target (KAI, HAMi);
+- :mod:`.sizing`: the ops that give a pod or a pod template its target (KAI, HAMi), and
+  the memory flag of an LLM server that preallocates (vLLM, SGLang, TGI);
 - :mod:`.json_patch`: JSON Pointers and the patch builder;
 - :mod:`.configuration`: the MutatingWebhookConfiguration.
 
@@ -43,6 +44,7 @@ from fracpilot_actuator.admission.pods import (
 )
 from fracpilot_actuator.admission.review import (
     ADMISSION_API_VERSION,
+    LLM_FLAG_ABOVE_FRACTION,
     Admission,
     AdmissionOutcome,
     MalformedReviewError,
@@ -66,6 +68,7 @@ from fracpilot_actuator.admission.sizing import (
     percent,
     sizing_patch,
     template_patch,
+    visible_share,
 )
 
 __all__ = [
@@ -80,6 +83,7 @@ __all__ = [
     "KAI_MPS",
     "KAI_NUM_DEVICES",
     "KAI_SCHEDULER",
+    "LLM_FLAG_ABOVE_FRACTION",
     "MUTATE_PATH",
     "OPT_OUT",
     "POD_TEMPLATE_HASH",
@@ -104,6 +108,7 @@ __all__ = [
     "review_response",
     "sizing_patch",
     "template_patch",
+    "visible_share",
     "webhook_configuration",
     "workload_candidates",
 ]

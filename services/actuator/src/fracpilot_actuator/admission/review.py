@@ -28,9 +28,12 @@ from fracpilot_actuator.admission.sizing import sizing_patch
 from fracpilot_actuator.opt_in import MODE_LABEL, selector_mode
 from fracpilot_actuator.settings import OptInSettings
 from fracpilot_libs.contracts import WorkloadRef, WorkloadTarget
+from fracpilot_libs.llm_servers import FlagRewrite
 from fracpilot_libs.nats import subjects
 
 ADMISSION_API_VERSION = "admission.k8s.io/v1"
+# The Event reason for a pod whose LLM server's memory flag asks for more than its fraction.
+LLM_FLAG_ABOVE_FRACTION = "LlmServerFlagAboveFraction"
 
 
 class AdmissionOutcome(StrEnum):
@@ -57,6 +60,8 @@ class Admission:
     workload: WorkloadRef | None = None
     target: WorkloadTarget | None = None
     error: Exception | None = None  # what went wrong, for outcome ERROR
+    llm: FlagRewrite | None = None  # the LLM server's memory flag, read and rewritten
+    llm_warning: str = ""  # for an Event with reason LLM_FLAG_ABOVE_FRACTION and a metric
 
 
 def parse_review(body: bytes) -> dict[str, Any]:
@@ -93,12 +98,17 @@ def is_pod_create(request: Mapping[str, Any]) -> bool:
     )
 
 
-def review_response(uid: str, patch: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
-    """An allowing AdmissionReview response, with the JSONPatch when there is one."""
+def review_response(
+    uid: str, patch: Sequence[Mapping[str, Any]] = (), warnings: Sequence[str] = ()
+) -> dict[str, Any]:
+    """An allowing AdmissionReview response, with the JSONPatch when there is one and the
+    warnings the API server passes on to the client (``kubectl`` prints them)."""
     response: dict[str, Any] = {"uid": uid, "allowed": True}
     if patch:
         response["patchType"] = "JSONPatch"
         response["patch"] = base64.b64encode(json.dumps(list(patch)).encode()).decode()
+    if warnings:
+        response["warnings"] = list(warnings)
     return {"apiVersion": ADMISSION_API_VERSION, "kind": "AdmissionReview", "response": response}
 
 
@@ -174,7 +184,16 @@ def admit(
             return answer(AdmissionOutcome.UNCHANGED, sizing.reason, (), workload, target)
         sizing.builder.set(("metadata", "annotations", TARGET_ANNOTATION), target.decision_id)
         outcome = AdmissionOutcome.PATCHED if sizing.changed else AdmissionOutcome.UNCHANGED
-        return answer(outcome, sizing.reason, sizing.builder.ops, workload, target)
+        warnings = (
+            (f"{LLM_FLAG_ABOVE_FRACTION}: {sizing.llm_warning}",) if sizing.llm_warning else ()
+        )
+        patch = sizing.builder.ops
+        return replace(
+            answer(outcome, sizing.reason, patch, workload, target),
+            review=review_response(uid, patch, warnings),
+            llm=sizing.llm,
+            llm_warning=sizing.llm_warning,
+        )
     except Exception as exc:  # never block a pod on our bug: admit it as it is
         failed = answer(AdmissionOutcome.ERROR, f"internal error: {exc!r}"[:500])
         return replace(failed, error=exc)

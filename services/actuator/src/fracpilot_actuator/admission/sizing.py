@@ -26,6 +26,13 @@ rounded up, as ``GenerateResourceRequests`` multiplies it back; Project-HAMi/HAM
 ``nvidia.com/gpucores`` (the fraction in whole percent, rounded up) that the container already
 sets is updated, in ``limits`` and, where present, ``requests`` (which must equal the limits
 for extended resources). A container with none of them holds whole GPUs and is left alone.
+
+LLM servers that preallocate (vLLM, SGLang, TGI; :mod:`fracpilot_libs.llm_servers`): when the
+pod takes its target, the server's memory flag is rewritten so that it allocates within the
+target's fraction (args, command or env, whole lists replaced). Under KAI CUDA reports the
+whole card; under HAMi's memory limit (``gpumem`` or ``gpumem-percentage``) it reports the
+limit, so the flag is a share of the limit. A flag that asks for more than the fraction is
+reported (:attr:`Sizing.llm_warning`), whether it could be rewritten or not.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from fracpilot_actuator.admission.pods import (
 )
 from fracpilot_libs.contracts import GpuSharing, WorkloadTarget
 from fracpilot_libs.hami.fit import percent as percent  # HAMi's whole percents: one rule
+from fracpilot_libs.llm_servers import FlagRewrite, format_value, rewrite_pod
 
 KAI_FRACTION = "gpu-fraction"
 KAI_MEMORY = "gpu-memory"
@@ -100,6 +108,8 @@ class Sizing:
     reason: str
     builder: PatchBuilder
     changed: bool = field(default=False)
+    llm: FlagRewrite | None = None  # the LLM server's flag rewrite, when the pod runs one
+    llm_warning: str = ""  # the server's flag asks for more than the fraction
 
 
 def _same_fraction(current: Any, wanted: str) -> bool:
@@ -217,7 +227,57 @@ def sizing_patch(
         applies, reason = _kai(pod, target, builder)
     else:
         applies, reason = _hami(pod, target, builder, hami_memory_factor)
-    return Sizing(applies=applies, reason=reason, builder=builder, changed=bool(builder.ops))
+    llm: FlagRewrite | None = None
+    warning = ""
+    if applies:
+        llm, warning = _llm_server(pod, target, builder)
+        if llm is not None and llm.changes:
+            reason = f"{reason}; {llm.reading.server} memory flag {llm.value}"
+    return Sizing(
+        applies=applies,
+        reason=reason,
+        builder=builder,
+        changed=bool(builder.ops),
+        llm=llm,
+        llm_warning=warning,
+    )
+
+
+def visible_share(pod: Mapping[str, Any], target: WorkloadTarget) -> float:
+    """The share of the card that CUDA reports as total inside the pod: HAMi-core reports a
+    memory limit (gpumem or gpumem-percentage) as the total; KAI's fractions do not limit."""
+    if target.backend is GpuSharing.KAI:
+        return 1.0
+    for container in as_list(as_mapping(pod.get("spec")).get("containers")):
+        limits = as_mapping(as_mapping(as_mapping(container).get("resources")).get("limits"))
+        if HAMI_MEMORY in limits or HAMI_MEMORY_PERCENT in limits:
+            return min(max(target.fraction, 1e-9), 1.0)
+    return 1.0
+
+
+def _llm_server(
+    pod: Mapping[str, Any], target: WorkloadTarget, patch: PatchBuilder
+) -> tuple[FlagRewrite | None, str]:
+    spec = as_mapping(pod.get("spec"))
+    view = visible_share(pod, target)
+    rewrite = rewrite_pod(spec, target.fraction, visible_share=view)
+    reading = rewrite.reading
+    if reading.server is None:
+        return None, ""
+    warning = ""
+    if reading.asks_more_than(target.fraction, view):
+        asked = reading.asked_share(view)
+        what = "sizes itself from the card" if asked is None else f"asks {format_value(asked)}"
+        done = f"rewritten to {rewrite.value}" if rewrite.changes else "left as it is"
+        warning = (
+            f"{reading.server} in container {reading.container_name!r} {what} of the GPU, "
+            f"more than its fraction {format_value(target.fraction)}: {done}"
+        )
+    elif reading.problem and target.fraction < 1.0:
+        warning = f"{reading.server} memory flag not rewritten: {reading.problem}"
+    for section, values in rewrite.changes.items():
+        patch.set(("spec", "containers", reading.container or 0, section), values)
+    return rewrite, warning
 
 
 def template_patch(
