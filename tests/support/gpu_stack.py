@@ -545,6 +545,8 @@ class GpuStack:
         GPU resource request, invisible to CA) gets a 1-GPU scaling pod in kai-scale-adjust.
         It has no flag for its metrics address: controller-runtime's default :8080."""
         if "kai-nodescaleadjuster" not in self.components:
+            # The podgroupcontroller a queue test ran may still be letting go of :8080.
+            self.wait(_port_free(8080), "port 8080 free (KAI's nodescaleadjuster binds it)", 60)
             self._start("kai-nodescaleadjuster", ["kai-nodescaleadjuster"])
 
     def stop_scale_adjuster(self) -> None:
