@@ -15,6 +15,7 @@ from typing import Any
 from fracpilot_actuator.actuation import Actuation
 from fracpilot_actuator.guardrails import GuardrailSettings
 from fracpilot_actuator.kube.backend import KubernetesBackend
+from fracpilot_actuator.kube.errors import PermanentKubeError
 from fracpilot_actuator.kube.object_values import CAPACITY_ROLE, ROLE
 from fracpilot_actuator.kube.placeholders import DECISION, FOR_POD
 from fracpilot_actuator.kube.verification import (
@@ -215,3 +216,31 @@ def test_a_record_reads_back_as_the_recreate_it_was() -> None:
     waiting.placeholders["chat-0"] = ("inference", "fracpilot-capacity-abc")
     waiting.corrections = 1
     assert recreate_from_record(recreate_record(waiting)) == waiting
+
+
+class ScaleAdjustForbidden(PlaceholderApi):
+    """The actuator's RBAC: pods in kai-scale-adjust may be read, not deleted."""
+
+    async def delete_pod(self, namespace: str, name: str) -> None:
+        self.writes.append(("delete", name))
+        if namespace == "kai-scale-adjust":
+            raise PermanentKubeError("(403)", status=403, message="pods is forbidden")
+
+
+def test_a_stuck_scaling_pod_it_may_not_delete_is_left_said_once_and_named() -> None:
+    api = ScaleAdjustForbidden(cluster().nodes, cluster().pods)
+    backend, *_ = backend_for(api, guardrails=SAFE, verify_timeout_s=60)
+    reported = reporting(backend)
+    asyncio.run(backend.actuate(grow(0.5, 0.75), dry_run="", now=NOW))
+    api.pods.append(kai("chat-0-new", "0.75", group="g2", owner=OWNER, node_name=None))
+    stuck = kai("inference-chat-0-new", "1", namespace="kai-scale-adjust", node_name="n2")
+    stuck["status"]["conditions"] = [{"type": "PodScheduled", "status": "False"}]
+    api.pods.append(stuck)
+    for second in (1, 2, 3):
+        asyncio.run(backend.reconcile(NOW + timedelta(seconds=second)))
+    assert api.writes.count(("delete", "inference-chat-0-new")) == 1  # asked once only
+    assert reported == []  # still waiting, no exception each poll
+    asyncio.run(backend.reconcile(NOW + timedelta(seconds=61)))
+    [failed] = reported
+    assert failed.outcome is Outcome.FAILED
+    assert "kai-scale-adjust/inference-chat-0-new not deleted: forbidden" in failed.detail

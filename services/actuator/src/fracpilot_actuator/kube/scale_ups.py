@@ -17,6 +17,9 @@ for their replacements. This module only executes; the plans are the judge's
 - While a replacement of ours waits behind KAI's nodescaleadjuster, a scaling pod of it that
   is bound but says ``PodScheduled=False`` is deleted (see docs/backends.md: KAI's scaler
   overwrites the condition kube-scheduler set, and KAI's binder then binds no fraction pod).
+  The actuator's RBAC does not grant that delete (a write into KAI's own namespace, which
+  may not exist): where it is refused (403) the pod is left, logged once, and named in the
+  result; the recreate then ends as verified or as FAILED on its timeout, truthfully either way.
 
 Each end is reported through the host's ``report`` callback.
 """
@@ -32,6 +35,7 @@ from typing import Any, Protocol
 from fracpilot_actuator.actuation import Actuation, Report
 from fracpilot_actuator.guardrails import GuardState
 from fracpilot_actuator.kube.enforcement import NOT_ENFORCED, Enforcement
+from fracpilot_actuator.kube.errors import KubeError
 from fracpilot_actuator.kube.executor import StepExecutor
 from fracpilot_actuator.kube.inventory import Inventory
 from fracpilot_actuator.kube.judge import (
@@ -92,6 +96,7 @@ class ScaleUps:
         self.records: PendingRecreates = records or MemoryPendingRecreates()
         self.pending: dict[str, PendingScaleUp] = {}
         self.recreates: dict[str, PendingRecreate] = {}
+        self.scaling_pods_forbidden = False  # a delete in kai-scale-adjust was refused (403)
 
     def waiting(self, key: str) -> bool:
         return key in self.pending or key in self.recreates
@@ -335,11 +340,28 @@ class ScaleUps:
             name = f"{pod.namespace}-{pod.name}"  # scalingPodName (KAI scaler/scaling_pod.go)
             scaling = await self.backend.executor.api.read_pod(namespace, name)
             if scaling is not None and stuck_scaling_pod(scaling):
+                if self.scaling_pods_forbidden:
+                    continue
                 log.warning(
                     "KAI scaling pod bound but marked unschedulable: deleting it",
                     extra={"scaling_pod": f"{namespace}/{name}", "for": pod.key},
                 )
-                await self.backend.executor.api.delete_pod(namespace, name)
+                try:
+                    await self.backend.executor.api.delete_pod(namespace, name)
+                except KubeError as exc:
+                    if exc.status != 403:
+                        raise
+                    self.scaling_pods_forbidden = True  # said once; not asked again
+                    log.warning(
+                        "may not delete KAI's stuck scaling pods (403): their replacements may "
+                        "wait until the verify timeout; grant delete on pods in "
+                        f"{namespace} to the actuator to have them deleted (docs/backends.md)",
+                        extra={"scaling_pod": f"{namespace}/{name}", "error": exc.message},
+                    )
+                    recreate.notes.append(
+                        f"KAI's stuck scaling pod {namespace}/{name} not deleted: forbidden"
+                    )
+                    return True
                 recreate.notes.append(
                     f"deleted KAI's stuck scaling pod {namespace}/{name} (bound, yet "
                     "PodScheduled=False: KAI's binder waits for it)"
