@@ -19,6 +19,7 @@ from fracpilot_actuator.settings import OptInSettings
 from fracpilot_actuator.stores.memory import (
     MemoryAllocationStore,
     MemoryDisruptionHistory,
+    MemoryPendingRecreates,
     MemoryTargetStore,
 )
 from fracpilot_libs.contracts import FractionDecision
@@ -126,13 +127,15 @@ class RecordingApi:
 
 
 def backend_for(
-    api: RecordingApi, **settings: Any
+    api: RecordingApi,
+    *,
+    pending_recreates: MemoryPendingRecreates | None = None,
+    history: MemoryDisruptionHistory | None = None,
+    **settings: Any,
 ) -> tuple[KubernetesBackend, MemoryTargetStore, MemoryAllocationStore, MemoryDisruptionHistory]:
-    targets, allocations, history = (
-        MemoryTargetStore(),
-        MemoryAllocationStore(),
-        MemoryDisruptionHistory(),
-    )
+    """``pending_recreates`` and ``history``: a previous backend's, to play a restart."""
+    targets, allocations = MemoryTargetStore(), MemoryAllocationStore()
+    history = history if history is not None else MemoryDisruptionHistory()
 
     async def report(_decision: FractionDecision, _actuation: Actuation) -> None:
         return None
@@ -145,6 +148,7 @@ def backend_for(
         instance="unit",
         allocations=allocations,
         history=history,
+        pending_recreates=pending_recreates,
     )
     return backend, targets, allocations, history
 

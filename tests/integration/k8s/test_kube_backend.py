@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 import uuid
@@ -390,6 +391,39 @@ async def test_recreate_elsewhere_honours_the_pdb_then_evicts_with_budget(
     assert (result.plan, result.outcome) == (PlanKind.RECREATE_ELSEWHERE, Outcome.APPLIED)
     assert (result.fraction_after, result.node_after) == (0.62, f"spare-{cluster.ns}")
     assert "chat-2" in result.detail
+
+
+async def test_a_recreate_evicted_before_a_restart_is_verified_after_it(
+    nats_url: str, kube_admin: client.ApiClient, cluster: Cluster
+) -> None:
+    full = cluster.node("full", gpus=1)
+    cluster.node("spare", gpus=1)
+    owner = cluster.deployment("chat")
+    cluster.kai_pod("chat-0", full, owner, "0.5", "g1")
+    cluster.kai_pod("chat-1", full, owner, "0.5", "g1")
+    made = decide(cluster, "chat", 0.5, 0.62, pod="chat-0")
+    async with actuator(nats_url, kube_admin, cluster):
+        [evicted] = await apply(nats_url, made)
+        assert (evicted.plan, evicted.outcome) == (PlanKind.RECREATE_ELSEWHERE, Outcome.PENDING)
+        assert cluster.evicted("chat-0")
+    # The actuator stopped before the ReplicaSet made the replacement; a new one starts
+    # (same NATS: its state bucket holds the waiting recreate).
+    service = ActuatorService(settings_for(nats_url, cluster), kube_api=kube_admin)
+    async with running(service):
+        assert made.workload.key in service.backend.recreates  # type: ignore[union-attr]
+        cluster.kai_pod("chat-2", f"spare-{cluster.ns}", owner, "0.62", "g2")
+        _, result = await apply(nats_url, made, count=2, publish=False)
+        await wait_for(lambda: not service.backend.recreates, timeout=10)  # type: ignore[union-attr]
+    assert (result.plan, result.outcome) == (PlanKind.RECREATE_ELSEWHERE, Outcome.APPLIED)
+    assert (result.fraction_after, result.node_after) == (0.62, f"spare-{cluster.ns}")
+    assert "chat-2" in result.detail
+    nc = await nats.connect(nats_url)
+    try:
+        state = await nc.jetstream().key_value(subjects.ACTUATOR_STATE_BUCKET)
+        saved = await state.get("verification.recreates")
+        assert json.loads(saved.value or b"") == {}  # forgotten once the result is out
+    finally:
+        await nc.close()
 
 
 # --- scale up -------------------------------------------------------------------------------------

@@ -50,6 +50,10 @@ class ClusterBackend(Protocol):
 
     async def start(self, now: datetime) -> None: ...
 
+    async def resume(self, now: datetime) -> None:
+        """Take up again what waits (a recreate's verification, a scale-up) as a previous
+        leader left it; called when this replica starts leading after a standby."""
+
     async def actuate(
         self, decision: FractionDecision, *, dry_run: str, now: datetime, resumed: bool = False
     ) -> Actuation:

@@ -25,7 +25,12 @@ from fracpilot_actuator.metrics import ActuatorMetrics
 from fracpilot_actuator.settings import CLUSTER_KINDS, ActuatorSettings
 from fracpilot_actuator.simulated.backend import SimulatedBackend
 from fracpilot_actuator.simulated.cluster import SimulatedCluster, parse_seed_pods, seed_cluster
-from fracpilot_actuator.stores.nats_kv import KvAllocationStore, KvDisruptionHistory, KvTargetStore
+from fracpilot_actuator.stores.nats_kv import (
+    KvAllocationStore,
+    KvDisruptionHistory,
+    KvPendingRecreates,
+    KvTargetStore,
+)
 from fracpilot_actuator.webhook import WebhookServer, start_webhook
 from fracpilot_libs.contracts import FractionDecision, utcnow
 from fracpilot_libs.nats import subjects
@@ -128,6 +133,9 @@ class ActuatorService:
         assert self.elector is not None
         log.info("standing by for the lease", extra={"identity": self.elector.identity})
         await self.elector.wait_for_leadership()
+        assert self.backend is not None
+        # What it read at its start is out of date: the old leader went on acting since.
+        await self.backend.resume(utcnow())
         await self._begin_acting()
 
     def _lost_leadership(self) -> None:
@@ -222,6 +230,7 @@ class ActuatorService:
             allocations=KvAllocationStore(await bus.kv(subjects.ALLOCATION_BUCKET)),
             history=KvDisruptionHistory(claims),
             namespaces=self.namespaces,
+            pending_recreates=KvPendingRecreates(claims),
         )
 
     async def _report_finished(self, decision: FractionDecision, actuation: Actuation) -> None:

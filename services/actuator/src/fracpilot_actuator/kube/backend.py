@@ -15,8 +15,9 @@ for a plan or a skip, and carries a plan out (:mod:`.executor`):
   once, a second one is FAILED. A recreate answers PENDING once its pods are evicted, and the
   final result comes from the replacement pods (:mod:`.verification`); a scale-up answers
   PENDING until its pods moved and their replacements are bound (:mod:`.scale_ups`, which
-  :meth:`KubernetesBackend.reconcile` drives). The placeholder carries the decision, so a
-  restarted actuator carries on where it was.
+  :meth:`KubernetesBackend.reconcile` drives). The placeholder carries the decision, and
+  each waiting recreate is saved (``pending_recreates``), so a restarted actuator, or a new
+  leader, carries on where it was (:meth:`KubernetesBackend.resume`).
 - every refusal of the API server (a PDB, KAI's validating webhook, RBAC) is a FAILED result
   with the server's reason.
 
@@ -68,6 +69,7 @@ from fracpilot_actuator.stores.memory import MemoryDisruptionHistory
 from fracpilot_actuator.stores.ports import (
     AllocationStore,
     DisruptionHistory,
+    PendingRecreates,
     TargetStore,
     UnreadableHistoryError,
 )
@@ -111,11 +113,14 @@ class KubernetesBackend:
         allocations: AllocationStore | None = None,
         history: DisruptionHistory | None = None,
         namespaces: NamespaceLabels | None = None,
+        pending_recreates: PendingRecreates | None = None,
     ) -> None:
         """``history``: where the recent disruptive actions are kept across restarts (None:
         in memory only); ``allocations``: None publishes none; ``namespaces``: the namespace
         labels the opt-in rule reads (started and stopped by whoever made it; None: no
-        namespace has labels, so the default mode decides)."""
+        namespace has labels, so the default mode decides); ``pending_recreates``: where the
+        recreates waiting for their replacements are kept across restarts (None: in memory
+        only)."""
         self.api = api
         self.targets = targets
         self.allocations = allocations
@@ -129,7 +134,7 @@ class KubernetesBackend:
         self.executor = StepExecutor(
             api, settings, self.instance, self.reader.fence, caching=self.reader.cache is not None
         )
-        self.scale_ups = ScaleUps(self)
+        self.scale_ups = ScaleUps(self, pending_recreates)
 
     @property
     def cache(self) -> InventoryCache | None:
@@ -154,13 +159,24 @@ class KubernetesBackend:
     # --- lifecycle --------------------------------------------------------------------------
 
     async def start(self, now: datetime) -> None:
-        """Start the inventory cache; read the recent disruptions; pick up the scale-ups a
-        previous run left waiting (their placeholders say which)."""
-        await self._load_disruptions(now)
+        """Start the inventory cache, then :meth:`resume`."""
         if (cache := self.reader.cache) is not None:
             cache.start()
             if not await cache.wait_synced():
                 log.warning("inventory cache not synced yet: listing until it is")
+        await self.resume(now)
+
+    async def resume(self, now: datetime) -> None:
+        """Take up what a previous run, or the previous leader, left: the recent disruptions,
+        the recreates waiting for their replacements (as saved) and the scale-ups waiting for
+        capacity (their placeholders say which). What this process held before is replaced:
+        a standby that read it at its start is out of date by the time it leads."""
+        await self._load_disruptions(now)
+        self.pending.clear()
+        self.guards = replace(self.guards, in_flight=frozenset())
+        await self.scale_ups.load_recreates()
+        for key in self.recreates:
+            self.guards = self.guards.begin(key)
         for raw in await self.api.list_pods(label_selector=f"{ROLE}={CAPACITY_ROLE}"):
             meta = raw.get("metadata") or {}
             found = pending_of(raw)
@@ -169,6 +185,8 @@ class KubernetesBackend:
                 continue
             decision, pod = found
             key = decision.workload.key
+            if key in self.recreates:  # kept until its recreate's replacements are bound
+                continue
             created = parse_time(meta.get("creationTimestamp")) or now
             pending = self.pending.setdefault(
                 key, PendingScaleUp(decision=decision, started_at=created, placeholders={})
@@ -372,16 +390,18 @@ class KubernetesBackend:
                 )
             if evicted:
                 primary = chosen.primary if chosen.primary in evicted else evicted[0]
-                self.scale_ups.recreates[key] = PendingRecreate(
-                    decision=decision,
-                    kind=plan.kind,
-                    step=primary,
-                    node_before=chosen.inventory.gpu_node(primary.gpu_before),
-                    evicted=len(evicted),
-                    known_uids=frozenset(p.uid for p in view.pods),
-                    started_at=now,
-                    notes=[plan.reason, *notes],
-                    corrections=corrections,
+                await self.scale_ups.wait_for_replacements(
+                    PendingRecreate(
+                        decision=decision,
+                        kind=plan.kind,
+                        step=primary,
+                        node_before=chosen.inventory.gpu_node(primary.gpu_before),
+                        evicted=len(evicted),
+                        known_uids=frozenset(p.uid for p in view.pods),
+                        started_at=now,
+                        notes=[plan.reason, *notes],
+                        corrections=corrections,
+                    )
                 )
                 detail = f"{plan.reason}; {'; '.join(notes)}; waiting for the replacement"
                 return pending_result(plan.kind, primary, chosen.inventory, detail)

@@ -11,9 +11,15 @@ for their replacements. This module only executes; the plans are the judge's
 - A recreate (:class:`~fracpilot_actuator.kube.verification.PendingRecreate`) is verified:
   APPLIED with what the replacement holds, FAILED after ``verify_timeout_s``, or, born at
   another share, FAILED with the share it has, then corrected (the host's ``correct``).
+  Each waiting recreate is saved (:class:`~fracpilot_actuator.stores.ports.PendingRecreates`)
+  when it starts and forgotten once its final result is published, so a restarted actuator or
+  a new leader (:meth:`ScaleUps.load_recreates`) carries on verifying it.
 - While a replacement of ours waits behind KAI's nodescaleadjuster, a scaling pod of it that
   is bound but says ``PodScheduled=False`` is deleted (see docs/backends.md: KAI's scaler
   overwrites the condition kube-scheduler set, and KAI's binder then binds no fraction pod).
+  The actuator's RBAC does not grant that delete (a write into KAI's own namespace, which
+  may not exist): where it is refused (403) the pod is left, logged once, and named in the
+  result; the recreate then ends as verified or as FAILED on its timeout, truthfully either way.
 
 Each end is reported through the host's ``report`` callback.
 """
@@ -29,6 +35,7 @@ from typing import Any, Protocol
 from fracpilot_actuator.actuation import Actuation, Report
 from fracpilot_actuator.guardrails import GuardState
 from fracpilot_actuator.kube.enforcement import NOT_ENFORCED, Enforcement
+from fracpilot_actuator.kube.errors import KubeError
 from fracpilot_actuator.kube.executor import StepExecutor
 from fracpilot_actuator.kube.inventory import Inventory
 from fracpilot_actuator.kube.judge import (
@@ -42,9 +49,13 @@ from fracpilot_actuator.kube.placeholders import PendingScaleUp
 from fracpilot_actuator.kube.settings import KubeBackendSettings
 from fracpilot_actuator.kube.verification import (
     PendingRecreate,
+    recreate_from_record,
+    recreate_record,
     replacement_verdict,
     replacements_of,
 )
+from fracpilot_actuator.stores.memory import MemoryPendingRecreates
+from fracpilot_actuator.stores.ports import PendingRecreates, UnreadableHistoryError
 from fracpilot_libs.contracts import FractionDecision, Outcome, PlanKind, WorkloadRef
 from fracpilot_libs.placement.planner import ResizePlan
 
@@ -79,13 +90,51 @@ class FollowUpHost(Protocol):
 class ScaleUps:
     """The backend's waiting scale-ups and recreates, by workload key."""
 
-    def __init__(self, backend: FollowUpHost) -> None:
+    def __init__(self, backend: FollowUpHost, records: PendingRecreates | None = None) -> None:
+        """``records``: where the waiting recreates are saved (None: in memory only)."""
         self.backend = backend
+        self.records: PendingRecreates = records or MemoryPendingRecreates()
         self.pending: dict[str, PendingScaleUp] = {}
         self.recreates: dict[str, PendingRecreate] = {}
+        self.scaling_pods_forbidden = False  # a delete in kai-scale-adjust was refused (403)
 
     def waiting(self, key: str) -> bool:
         return key in self.pending or key in self.recreates
+
+    async def wait_for_replacements(self, recreate: PendingRecreate) -> None:
+        """Verify the recreate from now on (:meth:`reconcile`), and save it first."""
+        self.recreates[recreate.decision.workload.key] = recreate
+        await self._save_recreates()
+
+    async def load_recreates(self) -> None:
+        """The recreates a previous run (or the previous leader) left waiting, as saved."""
+        self.recreates.clear()
+        try:
+            records = await self.records.load()
+        except UnreadableHistoryError as exc:
+            log.error("pending recreates unreadable: none is verified", exc_info=exc)
+            return
+        for key, text in records.items():
+            try:
+                self.recreates[key] = recreate_from_record(text)
+            except ValueError as exc:
+                log.error(
+                    "a pending recreate is unreadable: dropped",
+                    extra={"workload": key},
+                    exc_info=exc,
+                )
+        if self.recreates:
+            log.info("resuming recreates", extra={"workloads": sorted(self.recreates)})
+
+    async def _save_recreates(self) -> None:
+        records = {key: recreate_record(r) for key, r in self.recreates.items()}
+        try:
+            await self.records.save(records)
+        except Exception as exc:  # verified all the same, unless this process stops first
+            log.warning(
+                "pending recreates not saved: a restart would not verify them",
+                extra={"error": str(exc)[:300]},
+            )
 
     async def reconcile(self, now: datetime) -> None:
         for key, pending in list(self.pending.items()):
@@ -171,16 +220,18 @@ class ScaleUps:
             backend.guards = backend.guards.end(key)
             return
         step, _ = evicted[0]
-        self.recreates[key] = PendingRecreate(
-            decision=decision,
-            kind=PlanKind.SCALE_UP,
-            step=step,
-            node_before=inventory.gpu_node(step.gpu_before),
-            evicted=len(evicted),
-            known_uids=known,
-            started_at=now,
-            placeholders=kept,
-            notes=list(pending.notes),
+        await self.wait_for_replacements(
+            PendingRecreate(
+                decision=decision,
+                kind=PlanKind.SCALE_UP,
+                step=step,
+                node_before=inventory.gpu_node(step.gpu_before),
+                evicted=len(evicted),
+                known_uids=known,
+                started_at=now,
+                placeholders=kept,
+                notes=list(pending.notes),
+            )
         )
         detail = _notes(pending) + "; waiting for the replacement to be bound"
         await self._report(
@@ -217,13 +268,9 @@ class ScaleUps:
         view = await backend.observe(decision.workload)
         verdict = replacement_verdict(recreate, view, now, settings.verify_timeout_s)
         if verdict.state == "waiting":
-            await self._unstick_scaling_pods(recreate, view)
+            if await self._unstick_scaling_pods(recreate, view):
+                await self._save_recreates()  # its notes
             return
-        key = decision.workload.key
-        self.recreates.pop(key, None)
-        for namespace, placeholder in recreate.placeholders.values():
-            await backend.executor.delete_placeholder(namespace, placeholder)
-        backend.guards = backend.guards.end(key)
         new, step = verdict.replacement, recreate.step
         stage = f"verified-{recreate.corrections}" if recreate.corrections else "verified"
         notes = "; ".join(recreate.notes)
@@ -237,8 +284,11 @@ class ScaleUps:
             gpu_before=step.gpu_before,
             error=verdict.reason,
         )
+        # The final result is published before the recreate is forgotten: a crash in between
+        # publishes it again after the restart (the same message id), never not at all.
         if new is None:  # timed out: nothing bound to report
             await self._report(decision, failed, stage)
+            await self._forget(recreate)
             return
         # What the replacement holds, as read from it (never the plan's values).
         real = replace(
@@ -258,33 +308,66 @@ class ScaleUps:
                 decision.workload, view.inventory, moved, now, view.enforcement
             )
             await self._report(decision, replace(real, outcome=Outcome.APPLIED, error=None), stage)
+            await self._forget(recreate)
             return
         # Born at another share: say what it holds, then correct it (within the budget).
         await self._report(decision, real, stage)
+        await self._forget(recreate)
         if recreate.corrections >= settings.corrections:
             return
         corrected = await backend.correct(decision, now, recreate.corrections + 1)
         await self._report(decision, corrected, f"correction-{recreate.corrections + 1}")
 
-    async def _unstick_scaling_pods(self, recreate: PendingRecreate, view: ClusterView) -> None:
+    async def _forget(self, recreate: PendingRecreate) -> None:
+        """The recreate's final result is out: its placeholders go, and so does its record."""
+        backend = self.backend
+        for namespace, placeholder in recreate.placeholders.values():
+            await backend.executor.delete_placeholder(namespace, placeholder)
+        key = recreate.decision.workload.key
+        self.recreates.pop(key, None)
+        backend.guards = backend.guards.end(key)
+        await self._save_recreates()
+
+    async def _unstick_scaling_pods(self, recreate: PendingRecreate, view: ClusterView) -> bool:
         """Delete a KAI scaling pod made for one of our waiting replacements that is bound yet
-        says PodScheduled=False (docs/backends.md): the binder waits for it forever otherwise."""
+        says PodScheduled=False (docs/backends.md): the binder waits for it forever otherwise.
+        Whether one was deleted."""
         namespace = KAI_SCALE_ADJUST_NAMESPACE
+        deleted = False
         for pod in replacements_of(recreate, view):
             if pod.node:
                 continue
             name = f"{pod.namespace}-{pod.name}"  # scalingPodName (KAI scaler/scaling_pod.go)
             scaling = await self.backend.executor.api.read_pod(namespace, name)
             if scaling is not None and stuck_scaling_pod(scaling):
+                if self.scaling_pods_forbidden:
+                    continue
                 log.warning(
                     "KAI scaling pod bound but marked unschedulable: deleting it",
                     extra={"scaling_pod": f"{namespace}/{name}", "for": pod.key},
                 )
-                await self.backend.executor.api.delete_pod(namespace, name)
+                try:
+                    await self.backend.executor.api.delete_pod(namespace, name)
+                except KubeError as exc:
+                    if exc.status != 403:
+                        raise
+                    self.scaling_pods_forbidden = True  # said once; not asked again
+                    log.warning(
+                        "may not delete KAI's stuck scaling pods (403): their replacements may "
+                        "wait until the verify timeout; grant delete on pods in "
+                        f"{namespace} to the actuator to have them deleted (docs/backends.md)",
+                        extra={"scaling_pod": f"{namespace}/{name}", "error": exc.message},
+                    )
+                    recreate.notes.append(
+                        f"KAI's stuck scaling pod {namespace}/{name} not deleted: forbidden"
+                    )
+                    return True
                 recreate.notes.append(
                     f"deleted KAI's stuck scaling pod {namespace}/{name} (bound, yet "
                     "PodScheduled=False: KAI's binder waits for it)"
                 )
+                deleted = True
+        return deleted
 
     async def _report(self, decision: FractionDecision, actuation: Actuation, stage: str) -> None:
         await self.backend.report(decision, _staged(actuation, stage))

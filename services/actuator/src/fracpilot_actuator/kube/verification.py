@@ -12,6 +12,11 @@ enforced limit (KAI's ``GPU_PORTION`` from the GPU-sharing ConfigMap, HAMi-core'
 A replacement born at another share than the plan's (fracpilot's webhook was down: its
 ``failurePolicy: Ignore`` lets the pod through with the template's share) is reported with the
 share it has; the backend then corrects it once, within the disruption budget.
+
+A pending recreate outlives the process that evicted: :func:`recreate_record` writes it as
+JSON (kept in the actuator's state by :class:`~fracpilot_actuator.stores.ports.PendingRecreates`)
+and :func:`recreate_from_record` reads it back, so a restarted actuator or a new leader carries
+on verifying and publishes the final result.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from fracpilot_actuator.kube.enforcement import NOT_ENFORCED
 from fracpilot_actuator.kube.inventory import PodInfo
@@ -45,6 +52,56 @@ class PendingRecreate:
     """Scale-up placeholders kept until the replacements are bound (make before break)."""
     notes: list[str] = field(default_factory=list)
     corrections: int = 0  # how often a replacement born at the wrong share was recreated
+
+
+class _Record(BaseModel):
+    """A :class:`PendingRecreate` as stored (field for field)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    decision: FractionDecision
+    kind: PlanKind
+    step: ResizePlan
+    node_before: str
+    evicted: int
+    known_uids: list[str]
+    started_at: datetime
+    placeholders: dict[str, tuple[str, str]] = {}
+    notes: list[str] = []
+    corrections: int = 0
+
+
+def recreate_record(pending: PendingRecreate) -> str:
+    """The pending recreate as JSON, to be kept across restarts."""
+    return _Record(
+        decision=pending.decision,
+        kind=pending.kind,
+        step=pending.step,
+        node_before=pending.node_before,
+        evicted=pending.evicted,
+        known_uids=sorted(pending.known_uids),
+        started_at=pending.started_at,
+        placeholders=pending.placeholders,
+        notes=pending.notes,
+        corrections=pending.corrections,
+    ).model_dump_json()
+
+
+def recreate_from_record(text: str | bytes) -> PendingRecreate:
+    """A pending recreate as :func:`recreate_record` wrote it; ValueError when it is not one."""
+    r = _Record.model_validate_json(text)
+    return PendingRecreate(
+        decision=r.decision,
+        kind=r.kind,
+        step=r.step,
+        node_before=r.node_before,
+        evicted=r.evicted,
+        known_uids=frozenset(r.known_uids),
+        started_at=r.started_at,
+        placeholders=dict(r.placeholders),
+        notes=list(r.notes),
+        corrections=r.corrections,
+    )
 
 
 @dataclass(frozen=True)

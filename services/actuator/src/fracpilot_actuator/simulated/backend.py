@@ -36,6 +36,9 @@ class SimulatedBackend:
     async def start(self, now: datetime | None = None) -> None:
         await self._seed()
 
+    async def resume(self, now: datetime) -> None:
+        return None  # nothing waits: every action ends at once
+
     async def reconcile(self, now: datetime) -> None:
         return None
 

@@ -6,6 +6,8 @@ the process.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from fracpilot_actuator.guardrails import Disruption
 from fracpilot_libs.contracts import Allocation, WorkloadRef, WorkloadTarget
 from fracpilot_libs.nats import subjects
@@ -41,3 +43,16 @@ class MemoryAllocationStore:
 
     async def put(self, allocation: Allocation) -> None:
         self.allocations[subjects.kv_key(allocation.workload)] = allocation
+
+
+class MemoryPendingRecreates:
+    def __init__(self, records: Mapping[str, str] | None = None) -> None:
+        self.records: dict[str, str] = dict(records or {})
+        self.saves = 0
+
+    async def load(self) -> dict[str, str]:
+        return dict(self.records)
+
+    async def save(self, records: Mapping[str, str]) -> None:
+        self.records = dict(records)
+        self.saves += 1

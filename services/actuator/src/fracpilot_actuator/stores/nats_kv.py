@@ -3,12 +3,16 @@
 - targets: ``subjects.TARGET_BUCKET``, one :class:`WorkloadTarget` per ``kv_key(workload)``;
 - disruptions: the actuator's state bucket, key ``guardrails.disruptions``, a JSON list of
   ``{"workload", "namespace", "at"}``;
-- allocations: ``subjects.ALLOCATION_BUCKET``, one :class:`Allocation` per workload.
+- allocations: ``subjects.ALLOCATION_BUCKET``, one :class:`Allocation` per workload;
+- pending recreates: the actuator's state bucket, key ``verification.recreates``, a JSON object
+  of workload key -> record (one key: the leader writes the whole set, and a restart reads it
+  with one get, not a scan of the bucket's decision claims).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import datetime
 
 from fracpilot_actuator.guardrails import Disruption
@@ -18,6 +22,7 @@ from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.kv import KvBucket
 
 DISRUPTIONS_KEY = "guardrails.disruptions"  # in the state bucket: recent disruptive actions
+RECREATES_KEY = "verification.recreates"  # in the state bucket: recreates waiting to be verified
 
 
 class KvTargetStore:
@@ -67,3 +72,25 @@ class KvAllocationStore:
 
     async def put(self, allocation: Allocation) -> None:
         await self.kv.put(subjects.kv_key(allocation.workload), allocation.to_json())
+
+
+class KvPendingRecreates:
+    def __init__(self, kv: KvBucket) -> None:
+        self.kv = kv
+
+    async def load(self) -> dict[str, str]:
+        entry = await self.kv.get(RECREATES_KEY)
+        if entry is None:
+            return {}
+        try:
+            records = json.loads(entry.value or b"{}")
+            if not isinstance(records, dict):
+                raise TypeError(f"a {type(records).__name__}, not an object")
+            return {str(key): json.dumps(record) for key, record in records.items()}
+        except (ValueError, TypeError) as exc:
+            raise UnreadableHistoryError(str(exc)) from exc
+
+    async def save(self, records: Mapping[str, str]) -> None:
+        # Nested as objects, not strings, so that `nats kv get` shows them readably.
+        body = {key: json.loads(record) for key, record in records.items()}
+        await self.kv.put(RECREATES_KEY, json.dumps(body).encode())

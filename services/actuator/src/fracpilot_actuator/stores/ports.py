@@ -4,7 +4,9 @@
   pod-template patches size new pods from it);
 - :class:`DisruptionHistory`: the recent disruptive actions, so the rate guardrail holds
   across restarts and leader changes;
-- :class:`AllocationStore`: where a workload's pod runs once an action is done, for ingest.
+- :class:`AllocationStore`: where a workload's pod runs once an action is done, for ingest;
+- :class:`PendingRecreates`: the recreates waiting for their replacements, so a restarted
+  actuator or a new leader still verifies them and publishes their final results.
 
 The NATS KV adapters are in :mod:`fracpilot_actuator.stores.nats_kv`, in-memory stores (for
 running without NATS, and for tests) in :mod:`fracpilot_actuator.stores.memory`.
@@ -12,6 +14,7 @@ running without NATS, and for tests) in :mod:`fracpilot_actuator.stores.memory`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 from fracpilot_actuator.guardrails import Disruption
@@ -19,7 +22,8 @@ from fracpilot_libs.contracts import Allocation, WorkloadRef, WorkloadTarget
 
 
 class UnreadableHistoryError(ValueError):
-    """The stored disruption history cannot be read (the rate guardrail then fails safe)."""
+    """The stored disruption history (the rate guardrail then fails safe), or the stored
+    pending recreates, cannot be read."""
 
 
 class TargetStore(Protocol):
@@ -41,3 +45,15 @@ class DisruptionHistory(Protocol):
 class AllocationStore(Protocol):
     async def put(self, allocation: Allocation) -> None:
         """Record where the allocation's workload runs (one record per workload)."""
+
+
+class PendingRecreates(Protocol):
+    """The recreates waiting to be verified, one record (JSON text, written and read by
+    :mod:`fracpilot_actuator.kube.verification`) per workload key. The leader's in-memory
+    records are the truth while it leads; they are saved whole at each change."""
+
+    async def load(self) -> dict[str, str]:
+        """The saved records; empty when none were saved. Raises
+        :class:`UnreadableHistoryError` when what is stored cannot be read."""
+
+    async def save(self, records: Mapping[str, str]) -> None: ...
