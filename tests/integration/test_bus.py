@@ -149,7 +149,10 @@ async def test_service_serves_metrics_health_and_readiness(nats_url: str) -> Non
         status, body = await asyncio.to_thread(http_get, f"{base}/metrics")
         assert status == 200
         assert "fracpilot_decision_samples_total" in body
-        assert "fracpilot_up 1.0" in body
+        assert 'fracpilot_service_ready{component="decision"} 1.0' in body
+        assert 'fracpilot_build_info{version="' in body  # which build runs
+        assert "process_resident_memory_bytes" in body  # the default collectors
+        assert "python_gc_objects_collected_total" in body
         assert (await asyncio.to_thread(http_get, f"{base}/healthz"))[0] == 200
         assert (await asyncio.to_thread(http_get, f"{base}/nope"))[0] == 404
         service.runtime.health.set_ready(False, "draining")

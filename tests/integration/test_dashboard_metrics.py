@@ -52,6 +52,7 @@ GRAFANA_VARIABLES = {
     "__rate_interval": "1m",
     "__interval": "15s",
     "__range": "5m",
+    "cluster": ".*",  # All: matches series without the label too (a single Prometheus)
     "namespace": ".*",
     "workload": ".*",
 }
@@ -233,8 +234,46 @@ def test_the_dashboard_shows_what_the_issue_asks_for() -> None:
         "fracpilot_cost_saved_usd_total",
         "fracpilot_dead_letters_total",  # dead letters
         "fracpilot_consumer_pending_messages",  # consumer lag
+        "fracpilot_workload_recommended_ratio",  # held vs recommended vs used (issue 30)
+        "fracpilot_workload_recommended_saving_ratio",  # what the recommendations would free
+        "fracpilot_service_ready",  # not fracpilot_up: Prometheus' own `up` is the scrape's
     ):
         assert wanted in names, wanted
+
+
+def test_held_recommended_and_used_share_one_panel() -> None:
+    (panel,) = [p for p in dashboard()["panels"] if p["title"].startswith("Held vs recommended")]
+    names = set().union(*(metric_names(t["expr"]) for t in panel["targets"]))
+    assert names == {
+        "fracpilot_workload_allocated_ratio",
+        "fracpilot_workload_recommended_ratio",
+        "fracpilot_workload_compute_ratio",
+        "fracpilot_workload_memory_ratio",
+    }
+
+
+def test_a_cluster_variable_filters_every_series_of_every_panel() -> None:
+    """One dashboard for many clusters (a Thanos or Mimir, or external labels): every selector
+    of a panel keeps to the clusters picked, and so do the namespace and workload lists."""
+    board = dashboard()
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    cluster = variables["cluster"]
+    assert cluster["type"] == "query"
+    assert cluster["includeAll"]
+    assert cluster["allValue"] == ".*"
+    order = [v["name"] for v in board["templating"]["list"]]
+    assert order.index("cluster") < order.index("namespace") < order.index("workload")
+    for name in ("namespace", "workload"):
+        assert 'cluster=~"$cluster"' in variables[name]["query"]["query"]
+    selectors = 0
+    for panel in board["panels"]:
+        for target in panel.get("targets", []):
+            for match in re.finditer(r"\b[a-zA-Z_:][\w:]*(\{[^}]*\})?", target["expr"]):
+                name, braces = match.group(0).split("{")[0], match.group(1)
+                if name in metric_names(target["expr"]):
+                    assert 'cluster=~"$cluster"' in (braces or ""), target["expr"]
+                    selectors += 1
+    assert selectors >= 25
 
 
 # --- against the live services ----------------------------------------------------------------

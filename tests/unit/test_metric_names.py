@@ -116,7 +116,8 @@ METRICS = every_metric()
 def test_the_source_scan_finds_the_metrics_of_every_service() -> None:
     names = {m.name for m in METRICS}
     assert {
-        "fracpilot_up",  # libs runtime
+        "fracpilot_service_ready",  # libs telemetry
+        "fracpilot_build_info",  # libs telemetry
         "fracpilot_bus_handle_seconds",  # libs bus
         "fracpilot_workload_allocated_ratio",  # ingest
         "fracpilot_decision_sample_lag_seconds",  # decision

@@ -17,12 +17,17 @@ import signal
 from collections.abc import Awaitable, Callable
 
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from prometheus_client import CollectorRegistry, Gauge
 
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.nats.bus import Bus
 from fracpilot_libs.nats.servers import has_quorum, servers_answering
-from fracpilot_libs.telemetry import HealthState, TelemetryServer, setup_tracing
+from fracpilot_libs.telemetry import (
+    HealthState,
+    TelemetryServer,
+    service_ready_gauge,
+    service_registry,
+    setup_tracing,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +43,7 @@ class ServiceRuntime:
     ) -> None:
         self.service = service
         self.settings = settings
-        self.registry = CollectorRegistry()
+        self.registry = service_registry(service)
         self.health = HealthState()
         self.tracer_provider: TracerProvider = setup_tracing(
             service, settings.otlp_endpoint, span_processor
@@ -46,7 +51,7 @@ class ServiceRuntime:
         self.bus = Bus(service, settings, self.registry, self.tracer_provider)
         self.http = TelemetryServer(self.registry, self.health)
         self.stop_requested = asyncio.Event()
-        self._up = Gauge("fracpilot_up", "1 while the service is ready", registry=self.registry)
+        self._up = service_ready_gauge(self.registry, service)
 
     async def run(
         self,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -33,7 +34,15 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Gauge,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 
 _RESERVED = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
 
@@ -168,6 +177,47 @@ def inject_trace(headers: dict[str, str]) -> dict[str, str]:
 
 def extract_trace(headers: Mapping[str, str] | None) -> Context:
     return propagate.extract(dict(headers or {}))
+
+
+def build_version(service: str) -> str:
+    """The installed version of the service's distribution (``fracpilot-<service>``), else
+    of the libs', else ``unknown`` (run from a source tree)."""
+    for distribution in (f"fracpilot-{service}", "fracpilot-libs"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            return importlib.metadata.version(distribution)
+    return "unknown"
+
+
+def service_registry(service: str) -> CollectorRegistry:
+    """A service's registry: prometheus_client's default collectors (``process_*``,
+    ``python_gc_*``, ``python_info``, as the global registry has them; each service keeps its
+    own registry so several can share a test process) and ``fracpilot_build_info``."""
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    build = Gauge(
+        "fracpilot_build_info",
+        "Always 1; the version label says which fracpilot build runs",
+        ["version"],
+        registry=registry,
+    )
+    build.labels(build_version(service)).set(1)
+    return registry
+
+
+def service_ready_gauge(registry: CollectorRegistry, service: str) -> Gauge:
+    """``fracpilot_service_ready{component=<service>}``, 1 while the service is ready (not
+    ``fracpilot_up``: Prometheus' own ``up`` says whether the scrape worked). The component
+    label lets an alert find a service gone missing (``absent()``) whatever the scrape's
+    job and target labels are."""
+    gauge = Gauge(
+        "fracpilot_service_ready",
+        "1 while the service is ready (connected to NATS, its checks passing)",
+        ["component"],
+        registry=registry,
+    )
+    return gauge.labels(service)
 
 
 class HealthState:

@@ -33,6 +33,7 @@ from fracpilot_ingest.metrics import IngestMetrics
 from fracpilot_libs.contracts import Outcome, ReasonCode
 from fracpilot_libs.nats.bus_metrics import BusMetrics
 from fracpilot_libs.pricing import GpuPrices
+from fracpilot_libs.telemetry import service_ready_gauge
 
 ROOT = Path(__file__).resolve().parents[3]
 RULES = ROOT / "deploy" / "prometheus" / "fracpilot-alerts.yml"
@@ -47,6 +48,8 @@ LABEL_VALUES: dict[tuple[str, str], set[str]] = {
     ("fracpilot_decision_decisions_total", "reason"): {r.value for r in ReasonCode},
     ("fracpilot_webhook_admissions_total", "outcome"): {o.value for o in AdmissionOutcome},
     ("fracpilot_webhook_tls_reloads_total", "result"): {"failed", "reloaded"},  # webhook.py
+    # ServiceRuntime(SERVICE, ...) of each service
+    ("fracpilot_service_ready", "component"): {"ingest", "decision", "actuator"},
 }
 
 
@@ -75,6 +78,7 @@ def exported_names() -> set[str]:
     OwnershipMetrics(registry)
     HeapMetrics(registry)
     IngestMetrics(registry, GpuPrices(), workload_limit=10)
+    service_ready_gauge(registry, "ingest")
     suffixes = {
         "counter": ("_total",),
         "gauge": ("",),
@@ -140,7 +144,8 @@ def test_every_alert_is_tested_firing_and_silent() -> None:
 
 def test_the_alerts_asked_for_exist() -> None:
     """Consumer lag growing, dead letters, decisions not applied, actuator without a leader,
-    memory overruns, webhook errors (issue 18), and a few more."""
+    memory overruns, webhook errors (issue 18), a stalled pipeline (issue 30), and a few
+    more."""
     names = {rule["alert"] for rule in alerts()}
     assert names >= {
         "FracpilotConsumerLagGrowing",
@@ -149,6 +154,12 @@ def test_the_alerts_asked_for_exist() -> None:
         "FracpilotActuatorWithoutLeader",
         "FracpilotMemoryOverrun",
         "FracpilotWebhookErrors",
+        # a stalled pipeline (issue 30)
+        "FracpilotServiceAbsent",
+        "FracpilotServiceNotReady",
+        "FracpilotIngestLagging",
+        "FracpilotIngestSourceErrors",
+        "FracpilotDecisionsNotFlowing",
     }
     assert len(names) == len(alerts())  # no name used twice
 
@@ -172,6 +183,16 @@ def test_every_label_value_an_alert_selects_is_one_a_service_sets() -> None:
                 assert value in LABEL_VALUES[(name, label)], f"{rule['alert']}: {value}"
                 seen += 1
     assert seen >= 4
+
+
+def test_the_services_are_the_components_the_absent_alert_looks_for() -> None:
+    from fracpilot_actuator.app import SERVICE as ACTUATOR
+    from fracpilot_decision.service import SERVICE as DECISION
+    from fracpilot_ingest.service import SERVICE as INGEST
+
+    (rule,) = [r for r in alerts() if r["alert"] == "FracpilotServiceAbsent"]
+    looked_for = {value for _, value in re.findall(r'(component)="([^"]*)"', rule["expr"])}
+    assert looked_for == {INGEST, DECISION, ACTUATOR}
 
 
 def test_a_wrong_name_or_label_value_would_be_caught() -> None:

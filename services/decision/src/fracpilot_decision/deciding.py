@@ -6,7 +6,8 @@ classified by :func:`fracpilot_libs.nats.decoding.classify`), routed
 policy; a decision (only when
 the fraction should change) is published, in a span joined to the sample's trace, before the
 new history is kept. The batch is then acknowledged all-up-to. Nothing else is awaited per
-sample.
+sample. Each workload's recommendation (:class:`~fracpilot_decision.metrics.RecommendationMetrics`)
+is set once per batch, from its last sample, published decision or not.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Callable
 
 from pydantic import ValidationError
 
-from fracpilot_decision.metrics import DecisionMetrics
+from fracpilot_decision.metrics import DecisionMetrics, RecommendationMetrics
 from fracpilot_decision.partition_state import Partition
 from fracpilot_decision.routing import Route, left_behind_reason, misrouted_reason, route
 from fracpilot_libs.contracts import FractionDecision, Policy, UsageSample
@@ -31,6 +32,7 @@ from fracpilot_libs.sizing.policies import LivePolicies
 from fracpilot_libs.sizing.state import WorkloadState
 
 log = logging.getLogger(__name__)
+EXPIRE_EVERY_S = 30.0  # how often stale recommendation series are looked for
 _EMPTY = WorkloadState()  # the engine never mutates a state: one empty one serves all
 
 
@@ -46,10 +48,13 @@ class Decider:
         partition_count: int,
         max_unacked: int,
         urge_checkpoint: Callable[[], None],
+        recommendations: RecommendationMetrics | None = None,
     ) -> None:
         self.bus = bus
         self.policies = policies
         self.metrics = metrics
+        self.recommendations = recommendations
+        self._expired_at = 0.0
         self.partition_count = partition_count
         self.max_unacked = max_unacked
         self.urge_checkpoint = urge_checkpoint
@@ -60,6 +65,8 @@ class Decider:
         kv_key = subjects.kv_key
         stored: list[int] = []  # when each decided sample was stored, ns
         decided = duplicates = 0
+        # The last sample of each workload in the batch: (sample, fraction held, new state).
+        latest: dict[str, tuple[UsageSample, float, WorkloadState]] = {}
         for msg in msgs:
             seq, stored_ns = subjects.stream_position(msg.reply)
             try:
@@ -98,6 +105,10 @@ class Decider:
                 # Published before the new history is kept: if publishing fails, the
                 # sample is decided again from the old history, with the same id.
                 await self._publish_decision(decision, policy, msg)
+            held = sample.allocated_fraction
+            if held is None:  # not placed yet: as the engine reads it
+                held = (state.current_fraction if state else None) or policy.max_fraction
+            latest[key] = (sample, held, new)
             states[key] = new
             part.dirty.add(key)  # not aliased: a checkpoint may swap the set meanwhile
             decided += 1
@@ -113,11 +124,28 @@ class Decider:
         now_ns = time.time_ns()
         for stored_ns in stored:
             self.metrics.lag.observe((now_ns - stored_ns) / 1e9)
+        if self.recommendations is not None:
+            self._recommend(latest, now_ns / 1e9)
         if duplicates:
             self.metrics.duplicates.inc(duplicates)
         part.last_sample_at = time.monotonic()
         if part.uncommitted * 2 > self.max_unacked:
             self.urge_checkpoint()
+
+    def _recommend(
+        self, latest: dict[str, tuple[UsageSample, float, WorkloadState]], now: float
+    ) -> None:
+        """What the engine last asked for (the fraction held, when it never asked for a
+        change: keeping it is its recommendation)."""
+        metrics = self.recommendations
+        assert metrics is not None
+        for sample, held, new in latest.values():
+            wl = sample.workload
+            recommended = new.decided_fraction if new.decided_fraction is not None else held
+            metrics.set(wl.namespace, wl.owner_name, held, recommended, now)
+        if now - self._expired_at >= EXPIRE_EVERY_S:
+            self._expired_at = now
+            metrics.expire(now)
 
     async def _publish_decision(self, decision: FractionDecision, policy: Policy, msg: Msg) -> None:
         bus = self.bus

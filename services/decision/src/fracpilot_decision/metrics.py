@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from fracpilot_libs.series_expiry import LastSeen
+
+WORKLOAD_LABELS = ("namespace", "workload")  # as ingest's per-workload series
 
 
 class DecisionMetrics:
@@ -99,3 +106,57 @@ class HeapMetrics:
             "Objects in the permanent generation, out of the collector's way",
             registry=registry,
         )
+
+
+class RecommendationMetrics:
+    """Per workload: the fraction the engine recommends and the share of a GPU it would free.
+
+    Set for every workload of a decided batch, whether or not a decision was published (in
+    recommend mode nothing is applied; the recommendation is still what platform teams read).
+    At most ``limit`` workloads have series (the rest are left out, not summed: a fraction
+    does not add up); a workload not decided for ``ttl_s`` (gone, or its partition moved to
+    another replica) has its series removed."""
+
+    def __init__(self, registry: CollectorRegistry, limit: int, ttl_s: float) -> None:
+        self.limit = limit
+        self.seen: LastSeen[tuple[str, str]] = LastSeen(ttl_s)
+        self.recommended = Gauge(
+            "fracpilot_workload_recommended_ratio",
+            "Fraction of one GPU the decision engine recommends for the workload, 0..1",
+            WORKLOAD_LABELS,
+            registry=registry,
+        )
+        self.saving = Gauge(
+            "fracpilot_workload_recommended_saving_ratio",
+            "Share of one GPU the recommendation frees: held minus recommended "
+            "(negative when the workload should grow)",
+            WORKLOAD_LABELS,
+            registry=registry,
+        )
+        self.left_out = Counter(
+            "fracpilot_workload_recommendations_left_out_total",
+            "Recommendations of workloads beyond FRACPILOT_WORKLOAD_METRICS_LIMIT (no series)",
+            registry=registry,
+        )
+
+    def set(
+        self, namespace: str, workload: str, held: float, recommended: float, now: float
+    ) -> None:
+        key = (namespace, workload)
+        if key not in self.seen and len(self.seen) >= self.limit:
+            self.left_out.inc()
+            return
+        self.seen.touch(key, now)
+        self.recommended.labels(*key).set(recommended)
+        self.saving.labels(*key).set(held - recommended)
+
+    def expire(self, now: float) -> list[tuple[str, str]]:
+        gone = self.seen.expire(now)
+        self._remove(gone)
+        return gone
+
+    def _remove(self, keys: Iterable[tuple[str, str]]) -> None:
+        for key in keys:
+            for gauge in (self.recommended, self.saving):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(*key)

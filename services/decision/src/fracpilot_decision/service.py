@@ -51,7 +51,7 @@ from fracpilot_decision.checkpoints import Checkpointer
 from fracpilot_decision.consumers import PartitionConsumers
 from fracpilot_decision.deciding import Decider
 from fracpilot_decision.heap import HeapFreezer
-from fracpilot_decision.metrics import DecisionMetrics
+from fracpilot_decision.metrics import DecisionMetrics, RecommendationMetrics
 from fracpilot_decision.ownership import Ownership, default_replica_id
 from fracpilot_decision.partition_state import Partition
 from fracpilot_decision.policy_store import PolicyStore
@@ -111,6 +111,11 @@ class DecisionService:
             partition_count=self.partition_count,
             max_unacked=settings.max_unacked,
             urge_checkpoint=self._urge_checkpoint,
+            recommendations=RecommendationMetrics(
+                self.runtime.registry,
+                settings.workload_metrics_limit,
+                settings.workload_metrics_ttl_s,
+            ),
         )
 
     @property

@@ -81,3 +81,15 @@ class DecisionSettings(ServiceSettings, ClusterPolicySettings):
         "replays at most; also the consumer's max ack pending); a "
         "checkpoint is written early at half of it",
     )
+    workload_metrics_limit: int = Field(
+        default=500,
+        ge=0,
+        description="workloads with their own recommendation series "
+        "(fracpilot_workload_recommended_ratio); the rest have none",
+    )
+    workload_metrics_ttl_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="a workload not decided on for this long (gone, or its partition moved "
+        "to another replica) has its recommendation series removed",
+    )
