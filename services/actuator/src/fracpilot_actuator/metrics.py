@@ -118,7 +118,7 @@ class WebhookMetrics:
             registry=registry,
         )
         self.llm_flag_above_fraction = Counter(
-            "fracpilot_webhook_llm_flag_above_fraction_total",
+            "fracpilot_webhook_llm_flags_above_share_total",
             "Pods whose LLM server's memory flag asks for more than the pod's fraction "
             "(an Event with reason LlmServerFlagAboveFraction), by server and rewritten",
             ["server", "rewritten"],
