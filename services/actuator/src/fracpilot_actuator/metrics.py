@@ -91,7 +91,8 @@ class WebhookMetrics:
             self.admissions.labels(outcome.value)
         self.malformed = Counter(
             "fracpilot_webhook_malformed_requests_total",
-            "Requests to /mutate refused with 400 (not an AdmissionReview); also counted as error",
+            "Requests to /mutate refused with a 4xx (not an AdmissionReview, not application/json, "
+            "too large, too slow); also counted as error",
             registry=registry,
         )
         self.seconds = Histogram(
