@@ -246,8 +246,11 @@ class WebhookServer:
     async def _review_body(self, request: web.Request) -> bytes:
         """The body of a review: JSON, within the size and time limits, or refused."""
         if request.content_type != "application/json":
-            given = request.headers.get("Content-Type", "none")
-            raise _RefusedError(415, f"an AdmissionReview is application/json, not {given[:100]}")
+            given = request.headers.get("Content-Type")
+            raise _RefusedError(  # !a: a header's undecodable bytes are escaped, not echoed
+                415,
+                f"an AdmissionReview is application/json, not {given[:100] if given else None!a}",
+            )
         if request.content_length is not None and request.content_length > self._max_body:
             raise _RefusedError(413, f"body over {self._max_body} bytes")
         try:
