@@ -51,9 +51,9 @@ from typing import Any
 import pytest
 from hypothesis import strategies as st
 
-from fracpilot_actuator.admission import KAI_FRACTION
 from fracpilot_actuator.admission.certificates import issue_serving_bundle
 from fracpilot_libs.server_process import ServerProcess, free_port, port_open
+from support.admission_reviews import chat_pod_review
 from support.fuzzing import draw, examples_per_subject, junk_json
 
 pytestmark = pytest.mark.integration
@@ -62,7 +62,6 @@ MAX_BODY = 64 * 1024
 BODY_TIMEOUT_S = 2.0
 IDLE_TIMEOUT_S = 3.0
 HOST = "localhost"  # the certificate's name; the server listens on 127.0.0.1
-HASH = "6b7f9c5d8"
 # Resident memory the server may gain between the warm-up and the end of the run, and its peak
 # above the warm-up (a gzip body inflating to 60 MiB must not be held whole).
 RSS_GROWTH_BOUND = 16 * 1024 * 1024
@@ -157,39 +156,7 @@ class Probe:
         return f"Probe({self.kind}, head={self.head[:300]!r}, body[{len(body)}]={body[:200]!r})"
 
 
-def review(uid: str = "fuzz-uid") -> dict[str, Any]:
-    """An AdmissionReview of a pod of Deployment chat (inference), which has a target."""
-    pod = {
-        "metadata": {
-            "generateName": f"chat-{HASH}-",
-            "labels": {"pod-template-hash": HASH},
-            "annotations": {KAI_FRACTION: "0.5"},
-            "ownerReferences": [
-                {
-                    "apiVersion": "apps/v1",
-                    "kind": "ReplicaSet",
-                    "name": f"chat-{HASH}",
-                    "uid": "x",
-                    "controller": True,
-                }
-            ],
-        },
-        "spec": {"containers": [{"name": "server", "image": "x"}]},
-    }
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": uid,
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "namespace": "inference",
-            "operation": "CREATE",
-            "object": pod,
-        },
-    }
-
-
-REVIEW = json.dumps(review()).encode()
+REVIEW = json.dumps(chat_pod_review("fuzz-uid")).encode()  # Deployment chat has a target
 
 
 def head(

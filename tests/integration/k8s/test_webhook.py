@@ -52,6 +52,7 @@ from fracpilot_libs.nats.kv import KvBucket
 from helpers import reset_nats
 from helpers import wait_for as until
 from k8s_control_plane import _issue, _Issued, _write_cert, _write_key, wait_for
+from support.admission_reviews import chat_pod_review
 from support.kube import label_namespace
 
 pytestmark = pytest.mark.integration
@@ -429,36 +430,7 @@ def https(tls: Tls, port: int) -> http.client.HTTPSConnection:
 
 
 def admission_review(uid: str) -> bytes:
-    pod = {
-        "metadata": {
-            "generateName": "chat-",
-            "labels": {"pod-template-hash": HASH},
-            "annotations": {KAI_FRACTION: "0.5"},
-            "ownerReferences": [
-                {
-                    "apiVersion": "apps/v1",
-                    "kind": "ReplicaSet",
-                    "name": f"chat-{HASH}",
-                    "uid": "x",
-                    "controller": True,
-                }
-            ],
-        },
-        "spec": {"containers": [{"name": "server", "image": "x"}]},
-    }
-    return json.dumps(
-        {
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "request": {
-                "uid": uid,
-                "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                "namespace": "inference",
-                "operation": "CREATE",
-                "object": pod,
-            },
-        }
-    ).encode()
+    return json.dumps(chat_pod_review(uid)).encode()
 
 
 def call(
