@@ -186,16 +186,41 @@ def chunked(body: bytes, size: int) -> bytes:
     return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
 
 
-reviews = st.one_of(st.just(REVIEW), junk_json(REVIEW, MAX_BODY)).map(
-    lambda body: Probe(
+def review_probe(body: bytes, encoding: str = "") -> Probe:
+    """``body`` (the review, or junk) sent as it is or in a Content-Encoding (gzip, deflate:
+    compressed so; any other: as it is)."""
+    sent = body
+    if encoding in ("gzip", "deflate"):
+        sent = zlib.compress(body, wbits=31 if encoding == "gzip" else 15)
+    return Probe(
         "review",
-        head(length=len(body)),
-        (body,),
+        head(headers={"Content-Encoding": encoding}, length=len(sent)),
+        (sent,),
         0.0,
         frozenset({200, 400}),
-        uid_of(body),
+        # an encoding aiohttp does not know is read as identity; br and zstd it cannot read
+        None if encoding in ("br", "zstd") else uid_of(body),
     )
+
+
+BODIES = st.one_of(st.just(REVIEW), junk_json(REVIEW, MAX_BODY))
+ENCODINGS = st.one_of(
+    st.just(""), st.sampled_from(["gzip", "deflate", "identity", "br", "zstd", "x-bogus"])
 )
+reviews = st.one_of(
+    BODIES.map(review_probe),
+    # encoded, or said to be and not: refused as unreadable (never a 500)
+    st.tuples(BODIES, ENCODINGS, st.booleans()).map(
+        lambda p: review_probe(p[0], p[1]) if p[2] else garbled(review_probe(p[0], p[1]))
+    ),
+)
+
+
+def garbled(probe: Probe) -> Probe:
+    """The probe's body with its first bytes replaced (a gzip header, a zlib one, JSON's
+    opening brace: each broken)."""
+    body = b"".join(probe.pieces)
+    return Probe(probe.kind, probe.head, (b"\xff\x00" + body[2:],), 0.0, probe.expect, None)
 
 
 @functools.cache
@@ -337,6 +362,7 @@ methods_and_paths = st.tuples(METHODS, PATHS, st.booleans()).map(
         (REVIEW,) if p[2] else (),
         0,
         frozenset({200, 400, 404, 405, 415}),
+        "fuzz-uid" if p[2] else None,  # POST /mutate with the review: answered for it
     )
 )
 

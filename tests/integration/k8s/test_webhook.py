@@ -593,12 +593,15 @@ async def test_oversized_and_garbled_requests_are_refused(tls: Tls) -> None:
     server = WebhookServer({}, registry, cert_file=tls.cert, key_file=tls.key, max_body_bytes=100)
     await server.start("127.0.0.1", 0)
 
-    def exchange() -> tuple[int, bytes]:
-        conn = https(tls, server.port)
+    def exchange() -> tuple[list[tuple[int, bytes]], bytes]:
+        conn = https(tls, server.port)  # each refusal closes it; http.client opens another
         try:
-            big, _, _ = call(
-                conn, "POST", "/mutate", b"x" * 101, {"Content-Type": "application/json"}
-            )
+            json_type = {"Content-Type": "application/json"}
+            refused = [
+                call(conn, "POST", "/mutate", b"x" * 101, json_type)[:2],
+                call(conn, "POST", "/mutate", b"{}", {"Content-Type": "text/plain"})[:2],
+                call(conn, "POST", "/mutate", b"{}", {**json_type, "Content-Encoding": "gzip"})[:2],
+            ]
         finally:
             conn.close()
         context = ssl.create_default_context(cafile=str(tls.ca_file))
@@ -608,18 +611,22 @@ async def test_oversized_and_garbled_requests_are_refused(tls: Tls) -> None:
         ):
             sock.sendall(b"NONSENSE\r\n\r\n")
             reply = sock.recv(1000)
-        return big, reply
+        return refused, reply
 
     try:
-        big, reply = await asyncio.to_thread(exchange)
+        refused, reply = await asyncio.to_thread(exchange)
     finally:
         await server.stop()
-    assert big == 413
+    assert refused == [
+        (413, b"body over 100 bytes\n"),
+        (415, b"an AdmissionReview is application/json, not 'text/plain'\n"),
+        (400, b"unreadable body: 'Can not decode content-encoding: gzip'\n"),
+    ]
     status_line = reply.split(b"\r\n", 1)[0]
     assert status_line.startswith(b"HTTP/1.")
     assert status_line.endswith(b" 400 Bad Request")
     assert b"Invalid method" in reply  # the reason, from aiohttp's parser
-    assert registry.get_sample_value("fracpilot_webhook_malformed_requests_total") == 1
+    assert registry.get_sample_value("fracpilot_webhook_malformed_requests_total") == 3
 
 
 async def test_a_renewed_certificate_is_served_without_a_restart(tmp_path: Path) -> None:

@@ -10,8 +10,8 @@ rollout, an eviction, a crash) gets the current target.
 with aiohttp.web (HTTP/1.1 with keep-alive, its parser and limits); each admission is answered
 from memory by the pure :func:`~fracpilot_actuator.admission.admit`, which says what is written
 and how. A request to ``/mutate`` that is not an AdmissionReview is refused with a 4xx and the
-reason: 400 (not JSON, not a review), 408 (body too slow), 413 (body too large), 415 (not
-``application/json``).
+reason: 400 (not JSON, not a review, not readable in its Content-Encoding), 408 (body too
+slow), 413 (body too large, also once inflated), 415 (not ``application/json``).
 """
 
 from __future__ import annotations
@@ -256,8 +256,11 @@ class WebhookServer:
         try:
             async with asyncio.timeout(self._body_timeout):
                 return await request.read()
-        except web.HTTPRequestEntityTooLarge as exc:  # chunked, or more than Content-Length
+        except web.HTTPRequestEntityTooLarge as exc:  # chunked, inflated, or over its length
             raise _RefusedError(413, f"body over {self._max_body} bytes") from exc
+        except web.RequestPayloadError as exc:  # a Content-Encoding it is not in, say
+            why = " ".join(str(exc).split("message:", 1)[-1].split())  # aiohttp: "400, message:"
+            raise _RefusedError(400, f"unreadable body: {why[:200]!a}") from exc
         except TimeoutError as exc:
             raise _RefusedError(408, f"body not received within {self._body_timeout:g} s") from exc
 
