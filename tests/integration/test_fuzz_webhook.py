@@ -7,7 +7,8 @@ on a new TLS connection, eight at a time, of one kind:
 
 - ``review``: ``POST /mutate`` with an AdmissionReview of a pod of the targeted Deployment,
   valid or broken one way (tests/support/fuzzing.py: random bytes, truncated, wrong types,
-  NaN, huge, deep, out of range, any JSON) -> 200 allowed, or 400 with the reason;
+  NaN, huge, deep, out of range, any JSON), as it is or gzip/deflate encoded, or said to be
+  encoded and not -> 200 allowed, or 400 with the reason;
 - ``oversized``: a body over the limit, by Content-Length, chunked, declared but not sent, or
   gzip that inflates past it -> 413 (a declared length the parser refuses: 400);
 - ``slow``: the review sent in pieces with pauses: done within the deadline -> 200; byte by
@@ -20,7 +21,8 @@ on a new TLS connection, eight at a time, of one kind:
 
 Every input gets a status line; a 4xx says why in its body; no 5xx; a 200 from /mutate is an
 allowing AdmissionReview for the request's uid. Between batches /healthz answers, the process
-is alive, and at the end its resident memory has grown by less than a bound. ``make test``
+is alive; at the end its resident memory has grown by less than a bound, and its peak (a
+gzip body inflating to 60 MiB is never held) stayed under another. ``make test``
 runs the profile's 300 inputs, ``make fuzz`` (FRACPILOT_FUZZ_LONG=1) 10,000. A client that
 sends its request head slowly is cut off by the idle deadline (its own test, below).
 """
@@ -64,8 +66,9 @@ IDLE_TIMEOUT_S = 3.0
 HOST = "localhost"  # the certificate's name; the server listens on 127.0.0.1
 # Resident memory the server may gain between the warm-up and the end of the run, and its peak
 # above the warm-up (a gzip body inflating to 60 MiB must not be held whole).
-RSS_GROWTH_BOUND = 16 * 1024 * 1024
-RSS_PEAK_BOUND = 32 * 1024 * 1024
+# (10,000 inputs: 61 MiB after the warm-up, 72 MiB at the end and at the peak.)
+RSS_GROWTH_BOUND = 24 * 1024 * 1024
+RSS_PEAK_BOUND = 40 * 1024 * 1024
 WARM_UP = 50
 BATCH = 200
 CLIENTS = 8
@@ -267,13 +270,13 @@ oversized = st.one_of(
 )
 
 slow = st.one_of(
-    # within the deadline: a few pieces, short pauses
-    st.integers(min_value=2, max_value=8).map(
-        lambda k: Probe(
+    # within the deadline: a few pieces, short pauses (at most 0.14 s in all)
+    st.tuples(st.integers(min_value=2, max_value=8), st.floats(0.001, 0.02)).map(
+        lambda p: Probe(
             "slow",
             head(length=len(REVIEW)),
-            split(REVIEW, k),
-            0.01,
+            split(REVIEW, p[0]),
+            p[1],
             frozenset({200}),
             "fuzz-uid",
         )
