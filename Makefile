@@ -82,7 +82,8 @@ test-e2e: $(SETUP)
 # "fuzz"); this runs the long one, at least 10,000 per subject ("fuzz-long", tests/conftest.py).
 .PHONY: fuzz
 fuzz: $(SETUP)
-	FRACPILOT_FUZZ_LONG=1 $(BIN)/pytest tests/unit/fuzz tests/integration/test_fuzz_subjects.py -s \
+	FRACPILOT_FUZZ_LONG=1 $(BIN)/pytest tests/unit/fuzz tests/integration/test_fuzz_subjects.py \
+		tests/integration/test_fuzz_webhook.py -s \
 		-W ignore::hypothesis.errors.HypothesisWarning --timeout 3600
 
 # The chart carries copies of files kept elsewhere (a copied chart must render alone: no links

@@ -13,7 +13,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TextIO, TypeVar
@@ -126,98 +125,27 @@ def to_json(document: object) -> str:
 
 
 # --- YAML ------------------------------------------------------------------------------------
-# A block-style emitter for JSON-shaped documents (dicts with string keys, lists, scalars):
-# PyYAML's Python representer takes seconds on ten thousand rows. Strings are plain only when
-# nothing could read them as another type; otherwise double-quoted with JSON's escapes, which
-# YAML's double-quoted style shares. Floats always carry a dot or .inf/.nan, as YAML 1.1 wants.
-
-_PLAIN = re.compile(r"[A-Za-z][A-Za-z0-9_./-]*(?: [A-Za-z0-9_./()-]+)*")
-_NOT_PLAIN = {"yes", "no", "on", "off", "true", "false", "null", "y", "n", "nan", "inf"}
-
-
-def _yaml_scalar(value: object) -> str:
-    if value is None:
-        return "null"
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if value != value:
-            return ".nan"
-        if value in (float("inf"), float("-inf")):
-            return ".inf" if value > 0 else "-.inf"
-        text = repr(value)
-        mantissa, e, exponent = text.partition("e")
-        if "." not in mantissa:
-            mantissa += ".0"
-        return f"{mantissa}{e}{exponent}"
-    text = str(value)
-    if _PLAIN.fullmatch(text) and text.lower() not in _NOT_PLAIN:
-        return text
-    return _quoted(text)
-
-
-_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
-
-
-def _quoted(text: str) -> str:
-    """Double-quoted: printable ASCII as it is, anything else escaped (\\uXXXX, \\UXXXXXXXX)."""
-    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
-        return f'"{text}"'
-    out = []
-    for ch in text:
-        code = ord(ch)
-        if ch in _ESCAPES:
-            out.append(_ESCAPES[ch])
-        elif 0x20 <= code < 0x7F:
-            out.append(ch)
-        elif code < 0x10000:
-            out.append(f"\\u{code:04x}")
-        else:
-            out.append(f"\\U{code:08x}")
-    return '"' + "".join(out) + '"'
-
-
-def _yaml_lines(value: object, indent: int, out: list[str]) -> None:
-    pad = " " * indent
-    if isinstance(value, dict):
-        for key, item in value.items():
-            k = _yaml_scalar(key)
-            if isinstance(item, dict | list) and item:
-                out.append(f"{pad}{k}:")
-                _yaml_lines(item, indent + 2, out)
-            else:
-                out.append(f"{pad}{k}: {_yaml_inline(item)}")
-    elif isinstance(value, list):
-        for item in value:
-            if isinstance(item, dict | list) and item:
-                start = len(out)
-                _yaml_lines(item, indent + 2, out)
-                out[start] = f"{pad}- {out[start][indent + 2 :]}"
-            else:
-                out.append(f"{pad}- {_yaml_inline(item)}")
-    else:
-        out.append(f"{pad}{_yaml_scalar(value)}")
-
-
-def _yaml_inline(value: object) -> str:
-    if isinstance(value, dict):
-        return "{}"
-    if isinstance(value, list):
-        return "[]"
-    return _yaml_scalar(value)
 
 
 def to_yaml(document: object) -> str:
-    """Block-style YAML of a JSON-shaped document."""
-    if isinstance(document, dict | list) and not document:
-        return _yaml_inline(document) + "\n"
-    out: list[str] = []
-    _yaml_lines(document, 0, out)
-    return "\n".join(out) + "\n"
+    """Block-style YAML of the document ``-o json`` prints, by PyYAML's safe dumper.
+
+    The document is made JSON-shaped first (as pydantic-core does for ``-o json``: datetimes
+    as ISO text, tuples as lists), so both formats hold the same values. libyaml's emitter,
+    when PyYAML was built with it, is twice as fast as the pure-Python one: still about
+    2.5 s for ten thousand status rows, where the table takes a tenth of a second.
+    Non-ASCII text is escaped, as JSON's default is; lines are never folded.
+    """
+    import yaml  # here: a table or JSON need not load PyYAML
+
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    return yaml.dump(
+        pydantic_core.to_jsonable_python(document),
+        Dumper=dumper,
+        sort_keys=False,
+        default_flow_style=False,
+        width=1 << 30,
+    )
 
 
 # --- all of them -----------------------------------------------------------------------------

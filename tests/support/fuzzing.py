@@ -169,7 +169,12 @@ def _deep(depth: int, kind: str) -> bytes:
 
 def junk_payloads(valid: BaseModel) -> st.SearchStrategy[bytes]:
     """Bad variants of ``valid``'s JSON, of every kind in the module docstring."""
-    text = valid.model_dump_json().encode()
+    return junk_json(valid.model_dump_json().encode(), MAX_PAYLOAD)
+
+
+def junk_json(text: bytes, max_size: int) -> st.SearchStrategy[bytes]:
+    """Bad variants of the JSON document ``text``, of every kind in the module docstring, each
+    at most ``max_size`` bytes."""
     body = json.loads(text)
     paths = _paths(body)
     any_path = st.sampled_from(paths)
@@ -184,8 +189,8 @@ def junk_payloads(valid: BaseModel) -> st.SearchStrategy[bytes]:
         st.tuples(any_path, st.sampled_from(["y" * 200_000, 10**4000, [0] * 50_000])).map(
             lambda p: _dumps(_replaced(body, *p))
         ),
-        st.integers(min_value=1, max_value=MAX_PAYLOAD // 2).map(lambda n: b" " * n + text),
-        st.just(b"9" * (MAX_PAYLOAD - 16)),
+        st.integers(min_value=1, max_value=max_size // 2).map(lambda n: b" " * n + text),
+        st.just(b"9" * (max_size - 16)),
     )
     deep = st.tuples(
         st.integers(min_value=50, max_value=100_000), st.sampled_from(["array", "object"])
@@ -201,7 +206,7 @@ def junk_payloads(valid: BaseModel) -> st.SearchStrategy[bytes]:
     any_json = JSON_VALUES.map(_dumps)
     return st.one_of(
         binary, truncated, wrong_type, non_finite, huge, deep, out_of_range, any_json
-    ).filter(lambda b: len(b) <= MAX_PAYLOAD)
+    ).filter(lambda b: len(b) <= max_size)
 
 
 def rejected_junk(model: type[BaseModel], valid: BaseModel) -> st.SearchStrategy[bytes]:

@@ -1,7 +1,7 @@
 """Observability for every service: JSON logs, Prometheus metrics with health endpoints, traces.
 
-The HTTP endpoint is a tiny asyncio server (``/metrics``, ``/healthz``, ``/readyz``) so that a
-service needs no web framework; readiness is a flag the service sets once it is connected.
+The HTTP endpoint (``/metrics``, ``/healthz``, ``/readyz``) is served by aiohttp.web; readiness
+is a flag the service sets once it is connected.
 
 Tracing uses the OpenTelemetry SDK, configured by the standard environment variables
 (https://opentelemetry.io/docs/specs/otel/configuration/sdk-environment-variables/):
@@ -17,7 +17,6 @@ as the global one; tests may pass their own span processor. Logs carry the curre
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import importlib.metadata
 import json
@@ -29,6 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from aiohttp import web
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
@@ -251,53 +251,51 @@ class HealthState:
 
 
 class TelemetryServer:
-    """Serves ``/metrics``, ``/healthz`` and ``/readyz`` on one port (0 picks a free one)."""
+    """Serves ``/metrics``, ``/healthz`` and ``/readyz`` on one port (0 picks a free one),
+    with aiohttp.web."""
 
     def __init__(self, registry: CollectorRegistry, health: HealthState) -> None:
         self._registry = registry
         self._health = health
-        self._server: asyncio.Server | None = None
+        self._runner: web.AppRunner | None = None
         self.port = 0
 
+    def application(self) -> web.Application:
+        app = web.Application()  # any method: a probe or a scrape only reads
+        app.router.add_route("*", "/metrics", self._metrics)
+        app.router.add_route("*", "/healthz", self._live)
+        app.router.add_route("*", "/readyz", self._readiness)
+        app.router.add_route("*", "/{path:.*}", self._unknown)
+        return app
+
     async def start(self, host: str, port: int) -> None:
-        self._server = await asyncio.start_server(self._handle, host, port)
-        self.port = self._server.sockets[0].getsockname()[1]
+        # Prometheus keeps its scrape connections open between scrapes: a minute and more.
+        runner = web.AppRunner(
+            self.application(), access_log=None, keepalive_timeout=75.0, shutdown_timeout=5.0
+        )
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        self._runner, self.port = runner, site.port
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            with contextlib.suppress(Exception):
-                await self._server.wait_closed()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            request_line = await asyncio.wait_for(reader.readline(), timeout=5)
-            while (await asyncio.wait_for(reader.readline(), timeout=5)) not in (b"\r\n", b""):
-                pass
-            parts = request_line.decode("latin-1").split()
-            path = parts[1].split("?")[0] if len(parts) > 1 else "/"
-            status, ctype, body = self._respond(path)
-            head = (
-                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-            )
-            writer.write(head.encode() + body)
-            await writer.drain()
-        except (TimeoutError, ConnectionError):
-            pass
-        finally:
-            writer.close()
+    async def _metrics(self, request: web.Request) -> web.Response:
+        # the text format, whatever the Accept header asks for, as before
+        return web.Response(
+            body=generate_latest(self._registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
 
-    def _respond(self, path: str) -> tuple[str, str, bytes]:
-        if path == "/metrics":
-            return "200 OK", CONTENT_TYPE_LATEST, generate_latest(self._registry)
-        if path == "/healthz":
-            return "200 OK", "text/plain", b"ok\n"
-        if path == "/readyz":
-            ok = self._health.ready
-            return (
-                "200 OK" if ok else "503 Service Unavailable",
-                "text/plain",
-                f"{self._health.reason}\n".encode(),
-            )
-        return "404 Not Found", "text/plain", b"not found\n"
+    async def _live(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def _readiness(self, request: web.Request) -> web.Response:
+        return web.Response(
+            status=200 if self._health.ready else 503, text=f"{self._health.reason}\n"
+        )
+
+    async def _unknown(self, request: web.Request) -> web.Response:
+        return web.Response(status=404, text="not found\n")

@@ -52,6 +52,7 @@ from fracpilot_libs.nats.kv import KvBucket
 from helpers import reset_nats
 from helpers import wait_for as until
 from k8s_control_plane import _issue, _Issued, _write_cert, _write_key, wait_for
+from support.admission_reviews import chat_pod_review
 from support.kube import label_namespace
 
 pytestmark = pytest.mark.integration
@@ -429,36 +430,7 @@ def https(tls: Tls, port: int) -> http.client.HTTPSConnection:
 
 
 def admission_review(uid: str) -> bytes:
-    pod = {
-        "metadata": {
-            "generateName": "chat-",
-            "labels": {"pod-template-hash": HASH},
-            "annotations": {KAI_FRACTION: "0.5"},
-            "ownerReferences": [
-                {
-                    "apiVersion": "apps/v1",
-                    "kind": "ReplicaSet",
-                    "name": f"chat-{HASH}",
-                    "uid": "x",
-                    "controller": True,
-                }
-            ],
-        },
-        "spec": {"containers": [{"name": "server", "image": "x"}]},
-    }
-    return json.dumps(
-        {
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "request": {
-                "uid": uid,
-                "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                "namespace": "inference",
-                "operation": "CREATE",
-                "object": pod,
-            },
-        }
-    ).encode()
+    return json.dumps(chat_pod_review(uid)).encode()
 
 
 def call(
@@ -562,9 +534,16 @@ async def test_malformed_reviews_get_400_with_the_reason(served: Served, tls: Tl
     def exchange() -> list[tuple[int, bytes, dict[str, str]]]:
         conn = https(tls, served.port)
         try:
+            json_type = {"Content-Type": "application/json"}
             return [
-                call(conn, "POST", "/mutate", b"{not json"),
-                call(conn, "POST", "/mutate", json.dumps({"apiVersion": "v1", "kind": "Pod"})),
+                call(conn, "POST", "/mutate", b"{not json", json_type),
+                call(
+                    conn,
+                    "POST",
+                    "/mutate",
+                    json.dumps({"apiVersion": "v1", "kind": "Pod"}),
+                    json_type,
+                ),
             ]
         finally:
             conn.close()
@@ -614,10 +593,15 @@ async def test_oversized_and_garbled_requests_are_refused(tls: Tls) -> None:
     server = WebhookServer({}, registry, cert_file=tls.cert, key_file=tls.key, max_body_bytes=100)
     await server.start("127.0.0.1", 0)
 
-    def exchange() -> tuple[int, bytes]:
-        conn = https(tls, server.port)
+    def exchange() -> tuple[list[tuple[int, bytes]], bytes]:
+        conn = https(tls, server.port)  # each refusal closes it; http.client opens another
         try:
-            big, _, _ = call(conn, "POST", "/mutate", b"x" * 101)
+            json_type = {"Content-Type": "application/json"}
+            refused = [
+                call(conn, "POST", "/mutate", b"x" * 101, json_type)[:2],
+                call(conn, "POST", "/mutate", b"{}", {"Content-Type": "text/plain"})[:2],
+                call(conn, "POST", "/mutate", b"{}", {**json_type, "Content-Encoding": "gzip"})[:2],
+            ]
         finally:
             conn.close()
         context = ssl.create_default_context(cafile=str(tls.ca_file))
@@ -627,15 +611,22 @@ async def test_oversized_and_garbled_requests_are_refused(tls: Tls) -> None:
         ):
             sock.sendall(b"NONSENSE\r\n\r\n")
             reply = sock.recv(1000)
-        return big, reply
+        return refused, reply
 
     try:
-        big, reply = await asyncio.to_thread(exchange)
+        refused, reply = await asyncio.to_thread(exchange)
     finally:
         await server.stop()
-    assert big == 413
-    assert reply.startswith(b"HTTP/1.1 400 Bad Request")
-    assert registry.get_sample_value("fracpilot_webhook_malformed_requests_total") == 1
+    assert refused == [
+        (413, b"body over 100 bytes\n"),
+        (415, b"an AdmissionReview is application/json, not 'text/plain'\n"),
+        (400, b"unreadable body: 'Can not decode content-encoding: gzip'\n"),
+    ]
+    status_line = reply.split(b"\r\n", 1)[0]
+    assert status_line.startswith(b"HTTP/1.")
+    assert status_line.endswith(b" 400 Bad Request")
+    assert b"Invalid method" in reply  # the reason, from aiohttp's parser
+    assert registry.get_sample_value("fracpilot_webhook_malformed_requests_total") == 3
 
 
 async def test_a_renewed_certificate_is_served_without_a_restart(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 
 from fracpilot_cli import output
 from fracpilot_cli.options import GlobalOptions, OptionsError
+from fracpilot_libs.contracts import Mode
 
 ROWS = [
     {"name": "chat", "fraction": 0.5, "node": "gpu-1", "tags": ["a", "b"], "note": None},
@@ -52,6 +54,18 @@ def test_json_and_yaml_print_the_document() -> None:
     document = {"kind": "Test", "items": ROWS}
     assert json.loads(output.render_text(listing(), "json")) == document
     assert yaml.safe_load(output.render_text(listing(), "yaml")) == document
+
+
+def test_yaml_holds_what_json_holds_for_values_json_writes_as_text() -> None:
+    """Datetimes, enums and tuples: -o yaml prints them as -o json does (PyYAML alone would
+    write a YAML timestamp, or refuse), and text that YAML would read as another type is
+    quoted."""
+    when = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
+    document = {"at": when, "mode": Mode.AUTO, "pair": (1, 2), "words": ["yes", "null", "1.5"]}
+    text = output.to_yaml(document)
+    assert yaml.safe_load(text) == json.loads(output.to_json(document))
+    assert yaml.safe_load(text)["words"] == ["yes", "null", "1.5"]
+    assert "!!" not in text  # no Python-specific tags
 
 
 def test_csv_holds_each_record_with_nested_values_as_json() -> None:

@@ -91,7 +91,8 @@ class WebhookMetrics:
             self.admissions.labels(outcome.value)
         self.malformed = Counter(
             "fracpilot_webhook_malformed_requests_total",
-            "Requests to /mutate refused with 400 (not an AdmissionReview); also counted as error",
+            "Requests to /mutate refused with a 4xx (not an AdmissionReview, not application/json, "
+            "too large, too slow); also counted as error",
             registry=registry,
         )
         self.seconds = Histogram(
@@ -118,7 +119,7 @@ class WebhookMetrics:
             registry=registry,
         )
         self.llm_flag_above_fraction = Counter(
-            "fracpilot_webhook_llm_flags_above_share_total",
+            "fracpilot_webhook_llm_flags_too_large_total",
             "Pods whose LLM server's memory flag asks for more than the pod's fraction "
             "(an Event with reason LlmServerFlagAboveFraction), by server and rewritten",
             ["server", "rewritten"],

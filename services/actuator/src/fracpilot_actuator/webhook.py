@@ -6,10 +6,12 @@ As the VPA admission controller does, the actuator keeps each workload's current
 workload when the pod is created. Resizing then means recreating pods: whatever recreates them (a
 rollout, an eviction, a crash) gets the current target.
 
-:class:`WebhookServer` is an asyncio HTTPS server (stdlib ``ssl`` + streams, HTTP/1.1 with
-keep-alive) serving ``POST /mutate``, ``GET /healthz`` and ``GET /readyz``; each admission is
-answered from memory by the pure :func:`~fracpilot_actuator.admission.admit`, which says what
-is written and how. A body that is not an AdmissionReview gets 400 with the reason.
+:class:`WebhookServer` serves ``POST /mutate``, ``GET /healthz`` and ``GET /readyz`` over TLS
+with aiohttp.web (HTTP/1.1 with keep-alive, its parser and limits); each admission is answered
+from memory by the pure :func:`~fracpilot_actuator.admission.admit`, which says what is written
+and how. A request to ``/mutate`` that is not an AdmissionReview is refused with a 4xx and the
+reason: 400 (not JSON, not a review, not readable in its Content-Encoding), 408 (body too
+slow), 413 (body too large, also once inflated), 415 (not ``application/json``).
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ import os
 import ssl
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from fracpilot_actuator.admission import (
@@ -46,18 +48,17 @@ log = logging.getLogger(__name__)
 # --- the HTTPS server -----------------------------------------------------------------------------
 
 
-class _BadRequestError(Exception):
-    def __init__(self, status: str, message: str) -> None:
-        super().__init__(message)
+class _RefusedError(Exception):
+    """A request to /mutate refused before admission: the status and the reason."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
         self.status = status
-        self.message = message
+        self.reason = reason
 
 
-@dataclass(frozen=True)
-class _Response:
-    status: str
-    content_type: str
-    body: bytes
+def _text(status: int, text: str, **headers: str) -> web.Response:
+    return web.Response(status=status, text=f"{text}\n", content_type="text/plain", headers=headers)
 
 
 class WebhookServer:
@@ -68,7 +69,9 @@ class WebhookServer:
     ``ready`` says whether it is loaded (``/readyz``).
     The certificate and key are read from files, and re-read when they change on disk
     (a Secret volume is updated in place), checked every ``tls_reload_interval_s``.
-    Connections are kept alive, as the kube-apiserver reuses them.
+    Connections are kept alive, as the kube-apiserver reuses them, for ``idle_timeout_s``
+    between requests (also the most a request's head may take: aiohttp's keep-alive timer runs
+    until a whole head has arrived); a body gets ``body_timeout_s`` and ``max_body_bytes``.
     ``opt_in``, ``namespace_labels`` (None: not known): the opt-in rule, checked again by admit.
     """
 
@@ -83,7 +86,8 @@ class WebhookServer:
         ready: Callable[[], bool] | None = None,
         max_body_bytes: int = 8 * 1024 * 1024,
         idle_timeout_s: float = 90.0,
-        header_timeout_s: float = 10.0,
+        body_timeout_s: float = 10.0,
+        tls_handshake_timeout_s: float = 10.0,
         tls_reload_interval_s: float = 30.0,
         opt_in: OptInSettings | None = None,
         namespace_labels: Callable[[str], Mapping[str, Any] | None] | None = None,
@@ -99,14 +103,17 @@ class WebhookServer:
         self._ready = ready or (lambda: True)
         self._cert_file, self._key_file = os.fspath(cert_file), os.fspath(key_file)
         self._max_body = max_body_bytes
+        # The apiserver's Go client drops idle connections after 90 s: the server must not
+        # drop them first, or a review sent on a connection closing under it is lost.
         self._idle_timeout = idle_timeout_s
-        self._header_timeout = header_timeout_s
+        self._body_timeout = body_timeout_s
+        self._handshake_timeout = tls_handshake_timeout_s
         self._reload_interval = tls_reload_interval_s
         self._tls_stamp: tuple[float, float, int, int] | None = None
         self._ssl = self._new_context()
-        self._server: asyncio.Server | None = None
+        self._runner: web.AppRunner | None = None
+        self._server: asyncio.AbstractServer | None = None
         self._reloader: asyncio.Task[None] | None = None
-        self._connections: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
         self.host = ""
         self.port = 0
 
@@ -127,8 +134,8 @@ class WebhookServer:
     def reload_tls(self) -> bool:
         """Load the certificate and key again if either file changed; True when reloaded.
 
-        New connections use the new pair; a pair that does not load (a half-written update)
-        keeps the old one until the next check.
+        New connections use the new pair (the listening socket keeps this one context); a
+        pair that does not load (a half-written update) keeps the old one until the next check.
         """
         try:
             stamp = self._stamp()
@@ -151,11 +158,37 @@ class WebhookServer:
 
     # --- lifecycle
 
+    def application(self) -> web.Application:
+        """The routes; ``client_max_size`` bounds a body read (a chunked one too)."""
+        app = web.Application(client_max_size=self._max_body)
+        app.router.add_route("*", MUTATE_PATH, self._on_mutate)
+        app.router.add_route("*", "/healthz", self._on_live)
+        app.router.add_route("*", "/livez", self._on_live)
+        app.router.add_route("*", "/readyz", self._on_ready)
+        app.router.add_route("*", "/{path:.*}", self._on_unknown)
+        return app
+
     async def start(self, host: str = "0.0.0.0", port: int = 8443) -> None:
         """Listen (port 0 picks a free one; :attr:`port` says which)."""
-        self._server = await asyncio.start_server(
-            self._on_connection, host, port, ssl=self._ssl, ssl_handshake_timeout=10
+        runner = web.AppRunner(
+            self.application(),
+            access_log=None,  # every admission is logged below, with its outcome
+            keepalive_timeout=self._idle_timeout,
+            lingering_time=2.0,  # after a refusal, what is left of a body is read this long
+            shutdown_timeout=5.0,
         )
+        await runner.setup()
+        assert runner.server is not None  # set by setup()
+        # aiohttp's TCPSite has no TLS handshake deadline (asyncio's default is 60 s): the
+        # runner's protocol factory on a server made here gets one.
+        self._server = await asyncio.get_running_loop().create_server(
+            runner.server,
+            host,
+            port,
+            ssl=self._ssl,
+            ssl_handshake_timeout=self._handshake_timeout,
+        )
+        self._runner = runner
         sock = self._server.sockets[0].getsockname()
         self.host, self.port = str(sock[0]), int(sock[1])
         if self._reload_interval > 0:
@@ -167,7 +200,7 @@ class WebhookServer:
         return f"https://{self.host}:{self.port}{MUTATE_PATH}"
 
     async def stop(self) -> None:
-        """Stop listening and close the open (kept-alive) connections."""
+        """Stop listening, finish the requests in flight and close the open connections."""
         if self._reloader is not None:
             self._reloader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -175,169 +208,73 @@ class WebhookServer:
             self._reloader = None
         if self._server is not None:
             self._server.close()
-            for writer in list(self._connections.values()):
-                writer.transport.abort()  # an idle kept-alive connection ends its handler
-            if self._connections:
-                _, pending = await asyncio.wait(list(self._connections), timeout=2)
-                for task in pending:
-                    task.cancel()
-                if pending:
-                    await asyncio.wait(pending, timeout=2)
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 5)
             self._server = None
+        if self._runner is not None:
+            await self._runner.cleanup()  # idle kept-alive connections are closed here
+            self._runner = None
 
-    # --- HTTP/1.1
+    # --- HTTP
 
-    async def _on_connection(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._connections[task] = writer
-        try:
-            while await self._serve_one(reader, writer):
-                pass
-        except (ConnectionError, ssl.SSLError, TimeoutError, ValueError, EOFError):
-            pass  # the peer went away or sent garbage (IncompleteReadError is an EOFError)
-        except asyncio.CancelledError:
-            # Only stop() cancels a handler; asyncio's streams would log a cancelled one.
-            pass
-        finally:
-            if task is not None:
-                self._connections.pop(task, None)
-            writer.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(writer.wait_closed(), 2)
+    async def _on_live(self, request: web.Request) -> web.Response:
+        if request.method != "GET":
+            return _text(405, "GET only", Allow="GET")
+        return _text(200, "ok")
 
-    async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        """Serve one request; False when the connection should close."""
-        try:
-            line = await asyncio.wait_for(reader.readline(), self._idle_timeout)
-        except TimeoutError:
-            return False
-        if not line:
-            return False
+    async def _on_ready(self, request: web.Request) -> web.Response:
+        if self._ready():
+            return _text(200, "ok")
+        return _text(503, "targets not loaded yet")
+
+    async def _on_unknown(self, request: web.Request) -> web.Response:
+        return _text(404, "not found")
+
+    async def _on_mutate(self, request: web.Request) -> web.Response:
         started = time.perf_counter()
+        if request.method != "POST":
+            return _text(405, "POST an AdmissionReview", Allow="POST")
         try:
-            method, path, version, headers = await asyncio.wait_for(
-                self._read_head(line, reader), self._header_timeout
+            body = await self._review_body(request)
+        except _RefusedError as refused:
+            self._count_malformed(refused.reason)
+            response = _text(refused.status, refused.reason)
+            response.force_close()  # what is left of the body is not read
+            return response
+        response = self._mutate(body)
+        self.metrics.seconds.observe(time.perf_counter() - started)
+        return response
+
+    async def _review_body(self, request: web.Request) -> bytes:
+        """The body of a review: JSON, within the size and time limits, or refused."""
+        if request.content_type != "application/json":
+            given = request.headers.get("Content-Type")
+            raise _RefusedError(  # !a: a header's undecodable bytes are escaped, not echoed
+                415,
+                f"an AdmissionReview is application/json, not {given[:100] if given else None!a}",
             )
-        except (_BadRequestError, ValueError, asyncio.LimitOverrunError) as exc:
-            message = exc.message if isinstance(exc, _BadRequestError) else "malformed request head"
-            await self._write(
-                writer, _Response("400 Bad Request", "text/plain", f"{message}\n".encode()), False
-            )
-            return False
-        keep_alive = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
+        if request.content_length is not None and request.content_length > self._max_body:
+            raise _RefusedError(413, f"body over {self._max_body} bytes")
         try:
-            body = await self._read_body(reader, writer, headers)
-        except _BadRequestError as exc:
-            response = _Response(exc.status, "text/plain", f"{exc.message}\n".encode())
-            if path == MUTATE_PATH:
-                self._count_malformed(exc.message)
-            await self._write(writer, response, False)
-            return False
-        response = self._route(method, path, body)
-        await self._write(writer, response, keep_alive)
-        if path == MUTATE_PATH and method == "POST":
-            self.metrics.seconds.observe(time.perf_counter() - started)
-        return keep_alive
-
-    async def _read_head(
-        self, line: bytes, reader: asyncio.StreamReader
-    ) -> tuple[str, str, str, dict[str, str]]:
-        parts = line.decode("latin-1").strip().split()
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            raise _BadRequestError("400 Bad Request", "malformed request line")
-        method, target, version = parts
-        headers: dict[str, str] = {}
-        for _ in range(200):
-            raw = await reader.readline()
-            if raw in (b"\r\n", b"\n", b""):
-                break
-            name, sep, value = raw.decode("latin-1").partition(":")
-            if not sep:
-                raise _BadRequestError("400 Bad Request", "malformed header line")
-            headers[name.strip().lower()] = value.strip()
-        else:
-            raise _BadRequestError("400 Bad Request", "too many headers")
-        return method, target.split("?", 1)[0], version, headers
-
-    async def _read_body(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, headers: dict[str, str]
-    ) -> bytes:
-        if headers.get("expect", "").lower() == "100-continue":
-            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            await writer.drain()
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            return await self._read_chunked(reader)
-        length_text = headers.get("content-length", "0")
-        if not (length_text.isascii() and length_text.isdigit()):
-            raise _BadRequestError("400 Bad Request", f"bad Content-Length {length_text!r}")
-        length = int(length_text)
-        if length > self._max_body:
-            raise _BadRequestError("413 Content Too Large", f"body over {self._max_body} bytes")
-        return await reader.readexactly(length) if length else b""
-
-    async def _read_chunked(self, reader: asyncio.StreamReader) -> bytes:
-        body = bytearray()
-        while True:
-            size_line = (await reader.readline()).split(b";", 1)[0].strip()
-            try:
-                size = int(size_line, 16)
-            except ValueError as exc:
-                raise _BadRequestError("400 Bad Request", "malformed chunk size") from exc
-            if size == 0:
-                while (await reader.readline()) not in (b"\r\n", b"\n", b""):
-                    pass  # trailers
-                return bytes(body)
-            if len(body) + size > self._max_body:
-                raise _BadRequestError("413 Content Too Large", f"body over {self._max_body} bytes")
-            body += await reader.readexactly(size)
-            await reader.readexactly(2)  # CRLF
-
-    async def _write(
-        self, writer: asyncio.StreamWriter, response: _Response, keep_alive: bool
-    ) -> None:
-        head = (
-            f"HTTP/1.1 {response.status}\r\nContent-Type: {response.content_type}\r\n"
-            f"Content-Length: {len(response.body)}\r\n"
-            f"Connection: {'keep-alive' if keep_alive else 'close'}\r\n\r\n"
-        )
-        writer.write(head.encode("latin-1") + response.body)
-        await writer.drain()
-
-    def _route(self, method: str, path: str, body: bytes) -> _Response:
-        if path == MUTATE_PATH:
-            if method != "POST":
-                return _Response(
-                    "405 Method Not Allowed", "text/plain", b"POST an AdmissionReview\n"
-                )
-            return self._mutate(body)
-        if path in ("/healthz", "/livez"):
-            if method != "GET":
-                return _Response("405 Method Not Allowed", "text/plain", b"GET only\n")
-            return _Response("200 OK", "text/plain", b"ok\n")
-        if path == "/readyz":
-            if self._ready():
-                return _Response("200 OK", "text/plain", b"ok\n")
-            return _Response("503 Service Unavailable", "text/plain", b"targets not loaded yet\n")
-        return _Response("404 Not Found", "text/plain", b"not found\n")
+            async with asyncio.timeout(self._body_timeout):
+                return await request.read()
+        except web.HTTPRequestEntityTooLarge as exc:  # chunked, inflated, or over its length
+            raise _RefusedError(413, f"body over {self._max_body} bytes") from exc
+        except web.RequestPayloadError as exc:  # a Content-Encoding it is not in, say
+            why = " ".join(str(exc).split("message:", 1)[-1].split())  # aiohttp: "400, message:"
+            raise _RefusedError(400, f"unreadable body: {why[:200]!a}") from exc
+        except TimeoutError as exc:
+            raise _RefusedError(408, f"body not received within {self._body_timeout:g} s") from exc
 
     def _count_malformed(self, message: str) -> None:
         self.metrics.malformed.inc()
         self.metrics.admissions.labels(AdmissionOutcome.ERROR.value).inc()
         log.warning("malformed AdmissionReview", extra={"error": message[:500]})
 
-    def _mutate(self, body: bytes) -> _Response:
+    def _mutate(self, body: bytes) -> web.Response:
         try:
             review = parse_review(body)
         except MalformedReviewError as exc:
             self._count_malformed(str(exc))
-            return _Response(
-                "400 Bad Request", "text/plain", f"malformed AdmissionReview: {exc}\n".encode()
-            )
+            return _text(400, f"malformed AdmissionReview: {exc}")
         request: dict[str, Any] = review["request"]  # parse_review checked it is an object
         namespace = request.get("namespace")
         labels = _labels_of(self._namespace_labels, namespace)
@@ -367,7 +304,9 @@ class WebhookServer:
             )
         else:
             log.debug("pod admitted", extra=extra)
-        return _Response("200 OK", "application/json", json.dumps(admission.review).encode())
+        return web.Response(
+            body=json.dumps(admission.review).encode(), content_type="application/json"
+        )
 
 
 def _labels_of(

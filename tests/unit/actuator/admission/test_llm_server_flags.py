@@ -211,7 +211,7 @@ def test_the_metrics_count_a_flag_above_the_fraction() -> None:
     metrics.count_llm_server(admission)
     above = {"server": "vllm", "rewritten": "true"}
     flags = {"server": "vllm", "result": "rewritten"}
-    assert registry.get_sample_value("fracpilot_webhook_llm_flags_above_share_total", above) == 1
+    assert registry.get_sample_value("fracpilot_webhook_llm_flags_too_large_total", above) == 1
     assert registry.get_sample_value("fracpilot_webhook_llm_server_flags_total", flags) == 1
 
 

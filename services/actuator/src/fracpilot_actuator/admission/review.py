@@ -68,7 +68,7 @@ def parse_review(body: bytes) -> dict[str, Any]:
     """The AdmissionReview in a body; raises :class:`MalformedReviewError` saying why not."""
     try:
         review = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # not UTF-8 or JSON, too deep, too long a number
         raise MalformedReviewError(f"body is not JSON: {exc}") from exc
     if not isinstance(review, dict):
         raise MalformedReviewError("body is not a JSON object")

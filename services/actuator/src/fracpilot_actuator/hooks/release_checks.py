@@ -24,6 +24,7 @@ import sys
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
+import aiohttp
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -57,32 +58,25 @@ async def check_webhook(url: str, ca_pem: bytes, connect_to: str | None = None) 
     parts = urlsplit(url)
     if parts.scheme != "https" or not parts.hostname:
         return f"not an https URL: {url}"
-    host, port = parts.hostname, parts.port or 443
-    if connect_to:
-        dial_host, _, dial_port = connect_to.rpartition(":")
-        dial = (dial_host, int(dial_port))
-    else:
-        dial = (host, port)
+    dial = connect_to or parts.netloc
     context = ssl.create_default_context(cadata=ca_pem.decode())
     try:
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(*dial, ssl=context, server_hostname=host), 10.0
-        )
-    except ssl.SSLCertVerificationError as exc:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20, connect=10)) as session,
+            session.get(
+                f"https://{dial}/healthz",
+                ssl=context,
+                server_hostname=parts.hostname,  # verified against the URL's name, not dial's
+                headers={"Host": parts.netloc},
+            ) as response,
+        ):
+            status, body = response.status, await response.text(errors="replace")
+    except aiohttp.ClientConnectorCertificateError as exc:
         return f"the webhook's certificate does not verify against the current caBundle: {exc}"
-    except (OSError, TimeoutError) as exc:
-        return f"cannot reach the webhook at {dial[0]}:{dial[1]}: {exc}"
-    try:
-        writer.write(f"GET /healthz HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
-        await writer.drain()
-        status_line = await asyncio.wait_for(reader.readline(), 10.0)
-    except (OSError, TimeoutError) as exc:
-        return f"the webhook did not answer: {exc}"
-    finally:
-        writer.close()
-    status = status_line.decode(errors="replace").split(" ", 2)
-    if len(status) < 2 or status[1] != "200":
-        return f"the webhook's /healthz answered {status_line!r}"
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return f"cannot reach the webhook at {dial}, or it did not answer: {exc}"
+    if status != 200:
+        return f"the webhook's /healthz answered {status}: {body[:200]!r}"
     return None
 
 
