@@ -530,6 +530,40 @@ async def test_mutate_answers_over_a_kept_alive_connection(served: Served, tls: 
     assert served.value("fracpilot_webhook_targets") == 1
 
 
+async def test_a_vllm_pod_gets_its_memory_flag_for_its_fraction_and_is_counted(
+    served: Served, tls: Tls
+) -> None:
+    """The served webhook rewrites vLLM's --gpu-memory-utilization for the 0.375 it writes, says
+    so in the review's warnings (kubectl shows them) and counts it."""
+    review = chat_pod_review("u-vllm")
+    container = review["request"]["object"]["spec"]["containers"][0]
+    container.update(
+        image="vllm/vllm-openai:v0.9.0",
+        args=["--model", "m", "--gpu-memory-utilization", "0.9"],
+    )
+
+    def exchange() -> tuple[int, bytes, dict[str, str]]:
+        conn = https(tls, served.port)
+        try:
+            body = json.dumps(review).encode()
+            return call(conn, "POST", "/mutate", body, {"Content-Type": "application/json"})
+        finally:
+            conn.close()
+
+    status, body, _ = await asyncio.to_thread(exchange)
+    assert status == 200
+    answer = json.loads(body)["response"]
+    ops = json.loads(base64.b64decode(answer["patch"]))
+    args = next(op["value"] for op in ops if op["path"].endswith("/args"))
+    value = float(args[args.index("--gpu-memory-utilization") + 1])
+    assert 0.3 < value < 0.375  # the fraction less vLLM's margin, never more than the share
+    assert any("0.9" in w for w in answer.get("warnings", [])), answer
+    assert (
+        served.value("fracpilot_webhook_llm_server_flags_total", server="vllm", result="rewritten")
+        == 1
+    )
+
+
 async def test_malformed_reviews_get_400_with_the_reason(served: Served, tls: Tls) -> None:
     def exchange() -> list[tuple[int, bytes, dict[str, str]]]:
         conn = https(tls, served.port)

@@ -287,6 +287,7 @@ class WebhookServer:
             hami_memory_factor=self.hami_memory_factor,
         )
         self.metrics.admissions.labels(admission.outcome.value).inc()
+        self.metrics.count_llm_server(admission)
         pod = request.get("object")
         extra = {
             "outcome": admission.outcome.value,
@@ -304,6 +305,9 @@ class WebhookServer:
             )
         else:
             log.debug("pod admitted", extra=extra)
+        if admission.llm_warning:  # also in the review's warnings, which kubectl shows
+            log.warning("LLM server flag asks for more than its fraction", extra={
+                **extra, "warning": admission.llm_warning})  # fmt: skip
         return web.Response(
             body=json.dumps(admission.review).encode(), content_type="application/json"
         )
