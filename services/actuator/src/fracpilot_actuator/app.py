@@ -60,6 +60,9 @@ class ActuatorService:
             )
         self.settings = settings
         self.runtime = ServiceRuntime(SERVICE, settings, span_processor)
+        # Set once this replica acts on decisions (at once, or once it leads and took up the
+        # previous leader's work).
+        self.acting = asyncio.Event()
         self.metrics = ActuatorMetrics(self.runtime.registry)
         self.backend: ClusterBackend | None = None
         self.cluster: SimulatedCluster | None = None
@@ -135,8 +138,14 @@ class ActuatorService:
         await self.elector.wait_for_leadership()
         assert self.backend is not None
         # What it read at its start is out of date: the old leader went on acting since.
-        await self.backend.resume(utcnow())
-        await self._begin_acting()
+        try:
+            await self.backend.resume(utcnow())
+            await self._begin_acting()
+        except Exception:
+            # A leader that cannot take up its predecessor's work must not sit on the lease
+            # doing nothing: exit, and come back (restarted by the Deployment) as a standby.
+            log.exception("could not start acting as the leader: stopping")
+            self.runtime.stop_requested.set()
 
     def _lost_leadership(self) -> None:
         # As controller-runtime does: a replica that lost the lease exits, and comes back
@@ -157,6 +166,7 @@ class ActuatorService:
             model=FractionDecision,
             handler=self.handler.on_decision,
         )
+        self.acting.set()
 
     async def _start_policy_sync(self) -> None:
         """FractionPolicy objects -> the policy bucket, on the leader only."""
