@@ -286,12 +286,7 @@ def _replay_packed(
     isolation: Isolation | None = None,
     card_rules: CardRules | None = None,
 ) -> PackedReport:
-    """Every workload replayed together through ``sizer``, packed on cards of
-    ``card_memory_bytes`` (the largest device memory in the trace by default); ``gpus`` pins
-    the number of cards; ``consolidate`` moves a workload left alone on its card (by its
-    resize, or a neighbour's move or departure) onto a card in use that holds it.
-    ``isolation`` shared: the engine's workloads packed by the card planner under
-    ``card_rules`` (a baseline sizer's fractions are packed as fractions whatever the mode)."""
+    """:func:`replay_packed` for workloads of one isolation mode."""
     if gpus is not None and gpus < 1:
         raise ValueError("gpus must be at least 1")
     prices = prices or GpuPrices()

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -13,7 +12,6 @@ from factories import decision
 from fracpilot_actuator.kube.inventory import build_inventory
 from fracpilot_actuator.kube.placeholders import (
     copied_requests,
-    parse_quantity,
     placeholder_pod,
 )
 from fracpilot_actuator.settings import ActuatorSettings, CapacitySettings
@@ -41,16 +39,6 @@ def body(raw: dict[str, Any], namespace: str = "fracpilot") -> dict[str, Any]:
     return placeholder_pod(
         name="p", namespace=namespace, decision=decision(), pod=info, image="pause"
     )
-
-
-def test_quantities() -> None:
-    assert parse_quantity("500m") == Decimal("0.5")
-    assert parse_quantity("2Gi") == 2 * 1024**3
-    assert parse_quantity("1e3") == 1000
-    assert parse_quantity(2) == 2
-    assert parse_quantity("1.5k") == 1500
-    with pytest.raises(ValueError, match="not a Kubernetes quantity"):
-        parse_quantity("lots")
 
 
 def test_requests_are_summed_over_the_containers_as_kai_does() -> None:

@@ -5,6 +5,7 @@ Each case is a behaviour of kube-scheduler's own plugins (v1.35): the comments n
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -106,6 +107,14 @@ def expr(key: str, operator: str, *values: str) -> dict[str, Any]:
 )
 def test_quantities(text: str, value: str) -> None:
     assert quantity(text) == quantity(value)
+
+
+def test_quantities_as_the_placeholders_copy_them() -> None:
+    assert quantity("500m") == Decimal("0.5")
+    assert quantity("2Gi") == 2 * 1024**3
+    assert quantity("1e3") == 1000
+    assert quantity(2) == 2
+    assert quantity("1.5k") == 1500
 
 
 def test_a_bad_quantity_is_an_error() -> None:

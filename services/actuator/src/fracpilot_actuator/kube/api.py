@@ -282,9 +282,15 @@ class KubeApi:
         reader = readers.get(kind)
         if reader is None:
             return None
+        return await self._read_object("read_owner", reader, namespace, name)
+
+    async def _read_object(
+        self, what: str, reader: Callable[..., Any], namespace: str, name: str
+    ) -> dict[str, Any] | None:
+        """One namespaced object as API JSON; None when it is not there (404)."""
         try:
-            response = await self._call(
-                "read_owner",
+            response: Any = await self._call(
+                what,
                 lambda: reader(
                     name, namespace, _preload_content=False, _request_timeout=self.timeout_s
                 ),
@@ -298,18 +304,12 @@ class KubeApi:
 
     async def read_configmap(self, namespace: str, name: str) -> dict[str, str] | None:
         """A ConfigMap's data; None when it is not there."""
-        try:
-            response: Any = await self._call(
-                "read_configmap",
-                lambda: self.core.read_namespaced_config_map(
-                    name, namespace, _preload_content=False, _request_timeout=self.timeout_s
-                ),
-            )
-        except KubeError as exc:
-            if exc.status == 404:
-                return None
-            raise
-        data = json.loads(response.data).get("data") or {}
+        found = await self._read_object(
+            "read_configmap", self.core.read_namespaced_config_map, namespace, name
+        )
+        if found is None:
+            return None
+        data = found.get("data") or {}
         return {str(k): str(v) for k, v in data.items()}
 
     async def list_kai_objects(
@@ -409,19 +409,7 @@ class KubeApi:
 
     async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         """A pod as the API server holds it now (API JSON); None when it is not there."""
-        try:
-            response: Any = await self._call(
-                "read_pod",
-                lambda: self.core.read_namespaced_pod(
-                    name, namespace, _preload_content=False, _request_timeout=self.timeout_s
-                ),
-            )
-        except KubeError as exc:
-            if exc.status == 404:
-                return None
-            raise
-        body: dict[str, Any] = json.loads(response.data)
-        return body
+        return await self._read_object("read_pod", self.core.read_namespaced_pod, namespace, name)
 
     async def read_pod_version(self, namespace: str, name: str) -> int | None:
         """A pod's resourceVersion now; None when it is gone."""

@@ -27,11 +27,10 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 from fracpilot_actuator.kube.inventory import PodInfo
@@ -42,6 +41,7 @@ from fracpilot_actuator.kube.object_values import (
     ROLE,
 )
 from fracpilot_libs.contracts import FractionDecision, GpuSharing
+from fracpilot_libs.placement.predicates import quantity
 
 PRIORITY_CLASS = "fracpilot-capacity"
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -65,30 +65,6 @@ def placeholder_name(namespace: str, pod: str) -> str:
     return f"fracpilot-capacity-{digest}"
 
 
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+)(e[+-]?[0-9]+|E[+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?$")
-_SUFFIX = {
-    **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
-    **{s: Decimal(1000) ** (i + 1) for i, s in enumerate(("k", "M", "G", "T", "P", "E"))},
-    "n": Decimal("1e-9"),
-    "u": Decimal("1e-6"),
-    "m": Decimal("1e-3"),
-}
-
-
-def parse_quantity(value: Any) -> Decimal:
-    """A Kubernetes quantity (``"500m"``, ``"2Gi"``, ``"1e3"``, ``2``) as a number."""
-    match = _QUANTITY.match(str(value).strip())
-    if match is None:
-        raise ValueError(f"quantity {value!r} is not a Kubernetes quantity")
-    number, suffix = match.groups()
-    try:
-        if suffix and suffix[0] in "eE" and len(suffix) > 1:
-            return Decimal(number + suffix)
-        return Decimal(number) * _SUFFIX.get(suffix or "", Decimal(1))
-    except InvalidOperation:
-        raise ValueError(f"quantity {value!r} is not a number") from None
-
-
 def copied_requests(containers: Iterable[Mapping[str, Any]]) -> dict[str, str]:
     """The containers' CPU and memory requests summed, as KAI's scaling pod takes them
     (``addCpuResourceRequest`` / ``addMemoryResourceRequest``: requests only, regular
@@ -98,9 +74,9 @@ def copied_requests(containers: Iterable[Mapping[str, Any]]) -> dict[str, str]:
     for container in containers:
         requests = (container.get("resources") or {}).get("requests") or {}
         if "cpu" in requests:
-            cpu += parse_quantity(requests["cpu"])
+            cpu += quantity(requests["cpu"])
         if "memory" in requests:
-            memory += parse_quantity(requests["memory"])
+            memory += quantity(requests["memory"])
     copied = {}
     if cpu > 0:
         copied["cpu"] = f"{math.ceil(cpu * 1000)}m"
