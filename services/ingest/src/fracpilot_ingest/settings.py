@@ -8,6 +8,7 @@ to the component that reads it.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Literal
 
 from pydantic import BaseModel, Field, TypeAdapter
 
@@ -100,6 +101,24 @@ class IngestSettings(ServiceSettings):
         "actuator's variables (the queue ones are the actuator's only)",
     )
     restarts: RestartSettings = Field(default_factory=RestartSettings)
+    usage_wire: Literal["batch", "sample"] = Field(
+        default="batch",
+        description="batch: a partition's samples of one instant in one message; sample: one "
+        "message each, the previous version's format (until every decision replica reads "
+        "batches: upgrade the decision service first)",
+    )
+    publish_window: int = Field(
+        default=64,
+        ge=1,
+        le=4096,
+        description="usage batches published and not acknowledged yet, at most; a full "
+        "window holds the reading back",
+    )
+    usage_view: bool = Field(
+        default=True,
+        description="also publish each sample alone on fracpilot.usage.v1.view.<ns>.<workload> "
+        "(core NATS, not stored) for integrations",
+    )
     workload_metrics_limit: int = Field(
         default=500,
         ge=0,
