@@ -121,10 +121,10 @@ def usage_batch_subject(partition: int, batch_format: int = USAGE_BATCH_FORMAT) 
 
 
 def is_usage_batch(subject: str) -> bool:
-    return subject.startswith(_USAGE_BATCH_START)
+    return subject.startswith(_batch_start)
 
 
-_USAGE_BATCH_START = f"{USAGE_BATCH_PREFIX}."
+_batch_start = f"{USAGE_BATCH_PREFIX}."
 
 
 def usage_view_subject(workload: WorkloadRef) -> str:
