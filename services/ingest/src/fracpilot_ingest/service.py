@@ -292,7 +292,9 @@ class IngestService:
         async def acked(stored: bool) -> None:
             at = time.time()
             for sample, obs in rows:
-                self._published(source, sample, obs, step_s, now, stored, at)
+                self._published(source, sample, obs, step_s, now, stored, at, count=False)
+            for attribution, n in Tally(s.attribution.value for s, _ in rows).items():
+                self.metrics.published.labels(source, attribution).inc(n)  # once a batch
             if stored and lines:  # the per-workload view: each sample's own JSON, as stored
                 bus = self.runtime.bus
                 for (sample, _), line in zip(rows, lines, strict=True):
@@ -309,11 +311,15 @@ class IngestService:
         now: float,
         stored: bool,
         at: float | None = None,
+        *,
+        count: bool = True,
     ) -> None:
-        """A sample acknowledged: counted (its usage and cost only when first stored)."""
+        """A sample acknowledged: counted (its usage and cost only when first stored;
+        ``count``: in the published samples too, else the caller counts them)."""
         if stored:
             self.metrics.usage.observe(sample, step_s, at or time.time())
-        self.metrics.published.labels(source, sample.attribution.value).inc()
+        if count:
+            self.metrics.published.labels(source, sample.attribution.value).inc()
         if obs is not None:
             self.signals.published(obs, now)
             self.metrics.lag.labels(source).set(max(0.0, now - obs.timestamp))
