@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import Allocation, WorkloadRef
 from fracpilot_libs.nats import subjects
-from fracpilot_libs.nats.usage_batch import decode_batch, decode_sample
+from fracpilot_libs.nats.usage_batch import as_samples
 from fracpilot_libs.nats.usage_streams import usage_streams
 from fracpilot_libs.runtime import ServiceRuntime
 
@@ -144,16 +144,8 @@ async def read_usage(url: str) -> list[tuple[str, bytes]]:
         one
         for stream in streams
         for subject, data in await read_stream(url, stream)
-        for one in unbatched(subject, data)
+        for one in as_samples(subject, data)
     ]
-
-
-def unbatched(subject: str, data: bytes) -> list[tuple[str, bytes]]:
-    """A stored usage message as the samples in it: (the sample's own subject, its JSON)."""
-    if not subjects.is_usage_batch(subject):
-        return [(subject, data)]
-    lines = decode_batch(data).lines
-    return [(subjects.usage_subject(decode_sample(line).workload), line) for line in lines]
 
 
 def counter(registry: CollectorRegistry, name: str, **labels: str) -> float:

@@ -114,3 +114,16 @@ def decode_sample(line: bytes) -> UsageSample:
         return UsageSample.model_validate_json(line)
     except ValidationError as exc:
         raise classify(exc) from exc
+
+
+def as_samples(subject: str, data: bytes) -> list[tuple[str, bytes]]:
+    """A stored usage message as the samples in it, each as ``(its own per-workload subject,
+    its JSON)``: for readers of the usage streams that want the per-workload view (a
+    one-sample message is returned as it is). Raises :class:`DecodeError` for a batch whose
+    header is not read, or a sample line that does not decode."""
+    if not subjects.is_usage_batch(subject):
+        return [(subject, data)]
+    return [
+        (subjects.usage_subject(decode_sample(line).workload), line)
+        for line in decode_batch(data).lines
+    ]

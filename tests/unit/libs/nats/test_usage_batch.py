@@ -15,6 +15,7 @@ from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.decoding import DecodeError
 from fracpilot_libs.nats.usage_batch import (
     MAX_BATCH_SAMPLES,
+    as_samples,
     decode_batch,
     decode_sample,
     encode_samples,
@@ -126,3 +127,15 @@ def test_a_large_instant_is_cut_under_the_payload_limit() -> None:
     assert [len(decode_batch(b.payload).lines) for b in batches] == [500, 500, 234]
     assert max(len(b.payload) for b in batches) < 1024 * 1024
     assert MAX_BATCH_SAMPLES == 500
+
+
+def test_a_stored_message_reads_as_the_samples_in_it() -> None:
+    one = sample(name="chat", sample_id="s-1")
+    two = sample(name="embed", sample_id="s-2")
+    single = (subjects.usage_subject(one.workload), one.to_json())
+    assert as_samples(*single) == [single]
+    (batch,) = encode_samples([one, two], 1)
+    assert as_samples(batch.subject, batch.payload) == [
+        (subjects.usage_subject(one.workload), one.to_json()),
+        (subjects.usage_subject(two.workload), two.to_json()),
+    ]
