@@ -368,11 +368,10 @@ async def check(
         await nc.close()
 
     # 1. samples
-    samples = [  # a usage batch holds many
-        UsageSample.model_validate_json(data)
-        for m in usage
-        for _, data in as_samples(m.subject, m.data)
-    ]
+    # A usage batch holds many samples: each is paired with the message it is stored in.
+    pairs = [(m, data) for m in usage for _, data in as_samples(m.subject, m.data)]
+    usage = [m for m, _ in pairs]
+    samples = [UsageSample.model_validate_json(data) for _, data in pairs]
     f.samples = len(samples)
     ids = Counter(s.sample_id for s in samples)
     f.duplicate_samples = sum(n - 1 for n in ids.values() if n > 1)
