@@ -12,6 +12,7 @@ acknowledged all-up-to. Nothing else is awaited per sample.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -45,6 +46,7 @@ from fracpilot_libs.sizing.policies import LivePolicies
 from fracpilot_libs.sizing.state import WorkloadState
 
 log = logging.getLogger(__name__)
+_YIELD_EVERY = 100  # samples of a batch decided between two turns of the event loop
 _EMPTY = WorkloadState()  # the engine never mutates a state: one empty one serves all
 
 
@@ -130,6 +132,10 @@ class Decider:
         kept: dict[str, WorkloadState] = {}
         bid = batch.header.batch_id
         for index, line in enumerate(batch.lines):
+            if index and not index % _YIELD_EVERY:
+                # A fetch of batches holds many thousand samples: let the leases, heartbeats
+                # and socket reads in between (kept is staged: a checkpoint then holds none).
+                await asyncio.sleep(0)
             try:
                 sample = decode_sample(line)
             except DecodeError as error:
