@@ -1,15 +1,18 @@
 """Ingest throughput: a Prometheus response of N GPUs to samples on NATS, against raw NATS.
 
-Usage: python bench/ingest.py [--workloads 10000] [--interval 15]
+Usage: python bench/ingest.py [--workloads 10000] [--interval 15] [--cluster]
        python bench/ingest.py --latency [--source prometheus|scrape] [--interval 1]
                               [--scrape-interval 1] [--trials 10]
 
 Builds a range-query response as Prometheus returns it (dcgm-exporter device series, one pod
 per GPU: GR_ENGINE_ACTIVE, FB_USED, FB_FREE, so 3 series per workload), then times the real
-service path on an embedded nats-server: parse the response, attribute, validate, publish
-each sample to JetStream with its acknowledgement. The baseline publishes the same number of
-messages of the same size with plain nats-py JetStream publishes on the same server. The
-verdict compares the path's samples/s with what N workloads at the interval need.
+service path on an embedded nats-server (``--cluster``: three routed on loopback, R3 streams):
+parse the response, attribute, validate, publish. Twice in the same run, each on a fresh
+server: today's path before usage batches (``FRACPILOT_USAGE_WIRE=sample``: one message each,
+each acknowledgement awaited before the next: the same code as before batches), and usage
+batches through the publish window. A raw baseline publishes the same number of messages of
+the same size with plain nats-py JetStream publishes. The verdict compares samples/s with
+what N workloads at the interval need. The machine's load average is printed with them.
 
 ``--latency``: how long a change in an exporter's value takes to reach NATS. The GPU test
 exporter (tests/support) serves one GPU; the real Prometheus (Debian's binary) scrapes it every
@@ -22,11 +25,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
+import os
 import random
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +40,7 @@ import nats
 
 from fracpilot_ingest.service import IngestService
 from fracpilot_ingest.settings import IngestSettings
+from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.embedded import EmbeddedNats
 from fracpilot_libs.usage.attribution import GpuInventory
 from fracpilot_libs.usage.range_queries import points_by_instant
@@ -83,50 +90,87 @@ def sample_size(response: list[dict[str, Any]]) -> int:
     return len(sample.model_dump_json())  # type: ignore[union-attr]
 
 
-async def run(workloads: int, interval: float) -> None:
-    with EmbeddedNats() as server:
-        settings = IngestSettings(
-            nats={"url": server.url}, sources="prometheus", cluster="bench", interval_s=interval
+@contextlib.contextmanager
+def nats_under_test(cluster: bool) -> Iterator[str]:
+    """One embedded nats-server (streams R1), or three routed on loopback (R3)."""
+    if not cluster:
+        with EmbeddedNats() as server:
+            yield server.url
+        return
+    sys.path.insert(0, TESTS)
+    from support.nats_cluster import NatsCluster
+
+    with NatsCluster(3) as nodes:
+        yield nodes.url
+
+
+async def service_path(
+    url: str, wire: str, response: list[dict[str, Any]], interval: float
+) -> tuple[int, float]:
+    """The real service path: the response parsed, attributed, validated, published with
+    ``wire`` (``sample``: one message each, each acknowledged before the next, as the code
+    before usage batches did; ``batch``: usage batches through the publish window)."""
+    settings = IngestSettings(
+        nats={"url": url}, sources="prometheus", cluster="bench", interval_s=interval,
+        usage_wire=wire, usage_view=False,
+    )  # fmt: skip
+    service = IngestService(settings)
+    await service.runtime.bus.connect()
+    await service.runtime.bus.ensure_streams()
+    start = time.perf_counter()
+    sent = 0
+    for points in points_by_instant(response).values():
+        sent += await service.publish_instant("prometheus", points, GpuInventory())
+    path_s = time.perf_counter() - start
+    await service.runtime.bus.close()
+    return sent, path_s
+
+
+async def raw_path(url: str, sent: int, size: int) -> float:
+    """Baseline: the same number of JetStream publishes of the same size, nothing else."""
+    nc = await nats.connect(url.split(",")[0])
+    js = nc.jetstream()
+    payload = b"x" * size
+    start = time.perf_counter()
+    for i in range(sent):
+        await js.publish(
+            f"fracpilot.usage.v1.{i % 1024}.raw.w{i}",  # into the usage streams, as samples
+            payload,
+            headers={"Nats-Msg-Id": f"raw-{i}"},
         )
-        service = IngestService(settings)
-        await service.runtime.bus.connect()
-        await service.runtime.bus.ensure_streams()
-        at = float(int(time.time()))
-        response = prometheus_response(workloads, at)
+    raw_s = time.perf_counter() - start
+    await nc.close()
+    return raw_s
 
-        start = time.perf_counter()
-        instants = points_by_instant(response)
-        sent = 0
-        for points in instants.values():
-            sent += await service.publish_instant("prometheus", points, GpuInventory())
-        path_s = time.perf_counter() - start
-        await service.runtime.bus.close()
 
-        # Baseline: the same number of JetStream publishes of the same size, nothing else.
-        nc = await nats.connect(server.url)
-        js = nc.jetstream()
-        payload = b"x" * sample_size(response)
-        start = time.perf_counter()
-        for i in range(sent):
-            await js.publish(
-                f"fracpilot.usage.v1.{i % 1024}.raw.w{i}",  # into the usage streams, as samples
-                payload,
-                headers={"Nats-Msg-Id": f"raw-{i}"},
-            )
-        raw_s = time.perf_counter() - start
-        await nc.close()
-
+async def run(workloads: int, interval: float, cluster: bool) -> None:
+    at = float(int(time.time()))
+    response = prometheus_response(workloads, at)
+    timings: dict[str, tuple[int, float]] = {}
+    for wire in ("sample", "batch"):  # each on a fresh server (or cluster): empty streams
+        with nats_under_test(cluster) as url:
+            timings[wire] = await service_path(url, wire, response, interval)
+            if wire == "sample":
+                raw_s = await raw_path(url, timings[wire][0], sample_size(response))
+    sent = timings["sample"][0]
     need = workloads / interval
-    print(f"{workloads} workloads, {len(response)} series, one instant; {sent} samples published")
-    print(f"{'path':<34}{'seconds':>9}{'msgs/s':>11}{'vs raw':>8}")
-    print(f"{'raw nats-py JetStream publish':<34}{raw_s:>9.2f}{sent / raw_s:>11,.0f}{1.0:>8.2f}")
-    print(
-        f"{'prometheus response -> NATS':<34}{path_s:>9.2f}{sent / path_s:>11,.0f}"
-        f"{raw_s / path_s:>8.2f}"
-    )
+    where = "three-node cluster, R3" if cluster else "one server, R1"
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"{workloads} workloads, {len(response)} series, one instant; {where}; load {load}")
+    print(f"{'path':<44}{'samples':>8}{'seconds':>9}{'samples/s':>11}{'vs today':>9}")
+    today = sent / timings["sample"][1]
+
+    def row(what: str, n: int, seconds: float) -> None:
+        rate = n / seconds
+        print(f"{what:<44}{n:>8}{seconds:>9.2f}{rate:>11,.0f}{rate / today:>9.2f}")
+
+    row("raw nats-py JetStream publish, one each", sent, raw_s)
+    row("today: one message each, awaited", *timings["sample"])
+    row("usage batches, publish window", *timings["batch"])
+    batch_rate = timings["batch"][0] / timings["batch"][1]
     print(
         f"needed for {workloads} workloads every {interval:g} s: {need:,.0f} samples/s; "
-        f"headroom {sent / path_s / need:.1f}x; one cycle takes {path_s:.1f} s of {interval:g} s"
+        f"headroom today {today / need:.1f}x, with batches {batch_rate / need:.1f}x"
     )
 
 
@@ -169,7 +213,7 @@ async def latency(source: str, interval: float, scrape_interval: float, trials: 
             arrivals.append((time.time(), UsageSample.model_validate_json(msg.data).compute))
             arrived.set()
 
-        await nc.subscribe("fracpilot.usage.>", cb=on_sample)
+        await nc.subscribe(f"{subjects.USAGE_VIEW_PREFIX}.>", cb=on_sample)
         task = asyncio.create_task(service.run())
         figures = []
         try:
@@ -203,6 +247,7 @@ def main() -> None:
     parser.add_argument("--workloads", type=int, default=10_000)
     parser.add_argument("--interval", type=float, default=15.0)
     parser.add_argument("--latency", action="store_true", help="measure change-to-NATS latency")
+    parser.add_argument("--cluster", action="store_true", help="a three-node cluster (R3)")
     parser.add_argument("--source", choices=("prometheus", "scrape"), default="prometheus")
     parser.add_argument("--scrape-interval", type=float, default=1.0)
     parser.add_argument("--trials", type=int, default=10)
@@ -211,7 +256,7 @@ def main() -> None:
     if args.latency:
         asyncio.run(latency(args.source, args.interval, args.scrape_interval, args.trials))
     else:
-        asyncio.run(run(args.workloads, args.interval))
+        asyncio.run(run(args.workloads, args.interval, args.cluster))
 
 
 if __name__ == "__main__":

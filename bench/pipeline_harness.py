@@ -31,6 +31,7 @@ from nats.aio.msg import Msg
 
 from fracpilot_libs.contracts import UsageSample, WorkloadRef
 from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.usage_batch import MAX_BATCH_SAMPLES, encode_batch
 from fracpilot_libs.server_process import ServerProcess, free_port
 
 GIB = 1024**3
@@ -85,6 +86,7 @@ class PublishPlan:
     first_round: int = 0
     rate: float | None = None  # samples/s; None: as fast as the server takes them
     subject_prefix: str = ""  # "": the usage subjects; else <prefix>.<i> (the raw baseline)
+    batches_of: int = 0  # > 0: usage batches (per partition and round) of this many partitions
 
 
 def _publisher(plan: PublishPlan, out: Any) -> None:
@@ -106,6 +108,8 @@ async def _publish(plan: PublishPlan) -> dict[str, float]:
     total = plan.workloads * plan.rounds
     started = time.monotonic()
     sent = 0
+    if plan.batches_of:
+        return await _publish_batches(plan, nc, js, hot, started)
     for r in range(plan.first_round, plan.first_round + plan.rounds):
         stamp = datetime.now(UTC).isoformat()
         for i in range(plan.workloads):
@@ -120,6 +124,41 @@ async def _publish(plan: PublishPlan) -> dict[str, float]:
     elapsed = time.monotonic() - started
     await nc.close()
     return {"published": total, "seconds": elapsed, "rate": total / elapsed, "bytes": len(data)}
+
+
+async def _publish_batches(
+    plan: PublishPlan, nc: Any, js: Any, hot: set[int], started: float
+) -> dict[str, float]:
+    """The same samples as usage batches: each round's samples of a partition together
+    (:mod:`fracpilot_libs.nats.usage_batch`), paced per batch."""
+    by_partition: dict[int, list[int]] = {}
+    for i in range(plan.workloads):
+        ref = WorkloadRef(namespace=workload(i)[0], owner_name=workload(i)[1])
+        by_partition.setdefault(subjects.usage_partition(ref, plan.batches_of), []).append(i)
+    total = plan.workloads * plan.rounds
+    sent, size = 0, 0
+    for r in range(plan.first_round, plan.first_round + plan.rounds):
+        stamp = datetime.now(UTC).isoformat()
+        for p, members in sorted(by_partition.items()):
+            for start in range(0, len(members), MAX_BATCH_SAMPLES):
+                if plan.rate is not None:
+                    due = started + sent / plan.rate
+                    if (wait := due - time.monotonic()) > 0.002:
+                        await asyncio.sleep(wait)
+                rows = [
+                    (f"{i}:{r}", payload(i, r, i in hot, time.time_ns(), stamp))
+                    for i in members[start : start + MAX_BATCH_SAMPLES]
+                ]
+                batch = encode_batch(p, plan.batches_of, rows)
+                await js.publish_async(
+                    batch.subject, batch.payload, headers={"Nats-Msg-Id": batch.batch_id}
+                )
+                sent += len(rows)
+                size = len(rows[-1][1])
+    await js.publish_async_completed()
+    elapsed = time.monotonic() - started
+    await nc.close()
+    return {"published": total, "seconds": elapsed, "rate": total / elapsed, "bytes": size}
 
 
 def start_publisher(plan: PublishPlan) -> tuple[multiprocessing.process.BaseProcess, Any]:

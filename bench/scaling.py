@@ -198,6 +198,53 @@ async def kill(args: argparse.Namespace) -> dict[str, float]:
     return out
 
 
+async def _drain(args: argparse.Namespace, batched: bool) -> Throughput:
+    """One replica, owning every partition, deciding a backlog published meanwhile as fast as
+    the publisher (a process of its own) goes: one sample a message, or usage batches."""
+    with EmbeddedNats() as server:
+        await declare_streams(server.url, args.partitions)
+        rounds = max(1, args.backlog // args.workloads)
+        backlog = rounds * args.workloads
+        await announce(server.url, ["w-0"])
+        replicas = start_replicas(server.url, 1, args.partitions, "w")
+        try:
+            await poll_until(lambda: metric(scrape(replicas[0][1]), OWNED) == args.partitions)
+            pid = replicas[0][0].proc.pid  # type: ignore[union-attr]
+            t0, cpu0, srv0 = time.monotonic(), cpu_seconds(pid), cpu_seconds(server.proc.pid)
+            plan = PublishPlan(
+                server.url, args.workloads, (), rounds, batches_of=args.partitions if batched else 0
+            )
+            proc, pipe = start_publisher(plan)
+            await poll_until(lambda: total(replicas, SAMPLES) >= backlog)
+            t1 = time.monotonic()
+            cpu, srv = cpu_seconds(pid) - cpu0, cpu_seconds(server.proc.pid) - srv0
+            proc.join()
+            pipe.recv()
+            return Throughput(
+                backlog / (t1 - t0),
+                cpu / backlog * 1e6,
+                srv / backlog * 1e6,
+                (cpu + srv) / (t1 - t0),
+            )
+        finally:
+            for service, _ in replicas:
+                service.stop()
+
+
+async def wires(args: argparse.Namespace) -> None:
+    """The same samples published one a message (today's format) and in usage batches,
+    decided by one replica, alternated ``--repeat`` times, side by side."""
+    runs = [(await _drain(args, False), await _drain(args, True)) for _ in range(args.repeat)]
+    print(f"\none replica deciding {args.backlog:,} samples as they are published (the "
+          "publisher shares the 2 cores): one sample a message (today) vs batches")  # fmt: skip
+    print(f"{'run':>4}{'wire':>8}{'samples/s':>12}{'vs today':>9}"
+          f"{'replica CPU/sample':>20}{'nats CPU/sample':>17}")  # fmt: skip
+    for i, (single, batched) in enumerate(runs, 1):
+        for wire, t in (("sample", single), ("batch", batched)):
+            print(f"{i:>4}{wire:>8}{t.rate:>12,.0f}{t.rate / single.rate:>9.2f}"
+                  f"{t.replica_cpu_us:>18.0f}us{t.server_cpu_us:>15.0f}us")  # fmt: skip
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", type=int, default=100_000)
@@ -208,8 +255,13 @@ async def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="1-vs-2 pairs, alternated")
     parser.add_argument("--skip-kill", action="store_true")
     parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--wires", action="store_true",
+                        help="only: one sample a message against usage batches")  # fmt: skip
     args = parser.parse_args()
     print(f"{machine_note()}; {args.workloads:,} workloads, {args.partitions} partitions")
+    if args.wires:
+        await wires(args)
+        return
     if not args.skip_throughput:
         print("... throughput", flush=True)
         pairs: list[tuple[Throughput, Throughput]] = []

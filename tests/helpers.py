@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import Allocation, WorkloadRef
 from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.usage_batch import as_samples
 from fracpilot_libs.nats.usage_streams import usage_streams
 from fracpilot_libs.runtime import ServiceRuntime
 
@@ -139,7 +140,12 @@ async def read_usage(url: str) -> list[tuple[str, bytes]]:
         streams = await usage_streams(nc.jetstream())
     finally:
         await nc.close()
-    return [m for stream in streams for m in await read_stream(url, stream)]
+    return [
+        one
+        for stream in streams
+        for subject, data in await read_stream(url, stream)
+        for one in as_samples(subject, data)
+    ]
 
 
 def counter(registry: CollectorRegistry, name: str, **labels: str) -> float:

@@ -85,6 +85,18 @@ def _messages(channel_map: dict[str, Channel]) -> dict[str, Any]:
         for message in channel_map[name].messages:
             if name in jetstream:
                 messages[message]["headers"] = {"$ref": "#/components/schemas/NatsHeaders"}
+    messages["UsageBatch"] = {
+        "name": "UsageBatch",
+        "title": "UsageBatch",
+        "summary": "Lines separated by a newline: a UsageBatchHeader, then one UsageSample "
+        "each (fracpilot_libs.nats.usage_batch).",
+        "contentType": "application/x-ndjson",
+        "headers": {"$ref": "#/components/schemas/NatsHeaders"},
+        "payload": {
+            "type": "string",
+            "description": "UsageBatchHeader JSON, then `samples` lines of UsageSample JSON",
+        },
+    }
     messages["AnyRequest"] = {
         "name": "AnyRequest",
         "title": "AnyRequest",

@@ -21,6 +21,7 @@ from fracpilot_libs.contracts import (
     Policy,
     PolicyReply,
     PolicyScope,
+    UsageBatchHeader,
     UsageSample,
     WorkloadRef,
     WorkloadTarget,
@@ -29,6 +30,7 @@ from fracpilot_libs.nats import subjects
 
 MODELS: tuple[type[BaseModel], ...] = (
     UsageSample,
+    UsageBatchHeader,
     FractionDecision,
     ActuationResult,
     DeadLetter,
@@ -50,6 +52,8 @@ PARAMETERS = {
     "workload": f"The workload's owner name (Deployment, StatefulSet, ...) as {TOKEN}.",
     "service": f"The service that refused the message as {TOKEN}.",
     "key": "The KV key (see the bucket's description).",
+    "partition": "The usage partition of every sample in the batch (slot mod partitions).",
+    "format": "The batch wire format's version (UsageBatchHeader.batch_format).",
 }
 
 # Every name in subjects.py, described; a new name fails generation until it is described here.
@@ -163,10 +167,33 @@ def channels() -> dict[str, Channel]:
         "usage": Channel(
             _per_workload(f"{s.USAGE_PREFIX}.{{slot}}"),
             ("UsageSample",),
-            "One observation of one workload's pod on one GPU, published by ingest with "
-            f"`Nats-Msg-Id` = `sample_id` (re-read instants are dropped by the server). "
-            f"{_usage_storage()}",
+            "One observation of one workload's pod on one GPU in a message of its own, with "
+            f"`Nats-Msg-Id` = `sample_id` (re-read instants are dropped by the server): the "
+            "previous version's format, published by ingest with FRACPILOT_USAGE_WIRE=sample "
+            "(until every decision replica reads batches) and always read by the decision "
+            f"service. {_usage_storage()}",
             ("slot", "namespace", "workload"),
+        ),
+        "usageBatches": Channel(
+            f"{s.USAGE_BATCH_PREFIX}.{{partition}}.{{format}}",
+            ("UsageBatch",),
+            "The samples of one usage partition from one scrape instant (at most 500 a "
+            "message), what ingest publishes by default, with `Nats-Msg-Id` = `batch_id` (a "
+            "digest of the partition and the sample ids: an instant read again is dropped by "
+            "the server). Stored in the partition's stream beside the per-workload subjects. "
+            "The decision service decides each sample as if it came alone, in order; a "
+            "sample that does not decode is dead-lettered alone with the headers "
+            "`Fracpilot-Batch-Id` and `Fracpilot-Batch-Index`.",
+            ("partition", "format"),
+        ),
+        "usageView": Channel(
+            _per_workload(s.USAGE_VIEW_PREFIX),
+            ("UsageSample",),
+            "The per-workload view of the samples for integrations: each sample of a stored "
+            "batch, once, on core NATS (not stored: read the usage streams for history; "
+            "FRACPILOT_USAGE_VIEW=false turns it off). Decisions and results stay one "
+            "message per workload.",
+            ("namespace", "workload"),
         ),
         "decisions": Channel(
             _per_workload(s.DECISION_PREFIX),
@@ -232,7 +259,31 @@ def operations() -> dict[str, Operation]:
     s = subjects
     ops = {
         "ingestSendsUsage": Operation(
-            "send", "usage", ("ingest",), "Ingest publishes each validated sample."
+            "send",
+            "usage",
+            ("ingest",),
+            "Ingest publishes each validated sample (FRACPILOT_USAGE_WIRE=sample).",
+        ),
+        "ingestSendsUsageBatches": Operation(
+            "send",
+            "usageBatches",
+            ("ingest",),
+            "Ingest publishes each partition's samples of an instant, without waiting for each "
+            "acknowledgement (FRACPILOT_PUBLISH_WINDOW outstanding at most, one per partition "
+            "at a time, retried with the same id).",
+        ),
+        "decisionReceivesUsageBatches": Operation(
+            "receive",
+            "usageBatches",
+            ("decision",),
+            f"The same consumers `{s.DECISION_CONSUMER_PREFIX}<partition>` as the per-sample "
+            "messages: the partition stream holds both.",
+        ),
+        "ingestSendsUsageView": Operation(
+            "send", "usageView", ("ingest",), "Each sample of a batch once it is stored."
+        ),
+        "integrationsReceiveUsageView": Operation(
+            "receive", "usageView", ("integrations",), "Subscribe to a workload or to all."
         ),
         "decisionReceivesUsage": Operation(
             "receive",

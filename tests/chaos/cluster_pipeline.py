@@ -26,6 +26,7 @@ from fracpilot_cli.demo import DemoConfig
 from fracpilot_cli.processes import ServiceProcess
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.kv_snapshot import read_kv
+from fracpilot_libs.nats.usage_batch import as_samples
 from fracpilot_libs.server_process import free_port
 from support.nats_cluster import ClusterNode, NatsCluster, stream_info
 
@@ -251,10 +252,11 @@ class ClusterPipeline:
         nc = await nats.connect(self.cluster.nodes[0].url)
         try:
             js = nc.jetstream()
-            times = [
+            times = [  # each sample of a usage batch at the batch's time
                 m.published_at
                 for p in range(PARTITIONS)
                 for m in await read_all(js, subjects.usage_stream(p))
+                for _ in as_samples(m.subject, m.data)
             ]
         finally:
             await nc.close()

@@ -64,6 +64,7 @@ from fracpilot_libs.contracts import (
     UsageSample,
 )
 from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.usage_batch import as_samples
 from fracpilot_libs.nats.usage_streams import usage_streams
 
 EPS = 1e-9
@@ -367,7 +368,10 @@ async def check(
         await nc.close()
 
     # 1. samples
-    samples = [UsageSample.model_validate_json(m.data) for m in usage]
+    # A usage batch holds many samples: each is paired with the message it is stored in.
+    pairs = [(m, data) for m in usage for _, data in as_samples(m.subject, m.data)]
+    usage = [m for m, _ in pairs]
+    samples = [UsageSample.model_validate_json(data) for _, data in pairs]
     f.samples = len(samples)
     ids = Counter(s.sample_id for s in samples)
     f.duplicate_samples = sum(n - 1 for n in ids.values() if n > 1)

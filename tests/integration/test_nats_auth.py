@@ -46,6 +46,7 @@ from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.bus import Bus
 from fracpilot_libs.nats.connect import NatsSecurityError, open_connection
 from fracpilot_libs.nats.decoding import decode
+from fracpilot_libs.nats.usage_batch import decode_batch
 from helpers import running, usage_stream_of, wait_for
 from support.fuzzing import decodes
 from support.nats_auth import SecuredNats, TlsFiles, make_tls_files, make_user_nkey
@@ -210,6 +211,11 @@ async def test_services_run_the_pipeline_under_their_own_identities(
         assert {d.service for d in letters} == set(SERVICES), letters
 
     # (the junk published above for the dead-letter paths is left out)
+    def samples_in(data: bytes) -> list[bytes]:  # a usage batch, or one sample
+        if data.startswith(b'{"batch_format"'):
+            return decode_batch(data).lines
+        return [data]
+
     usage = [
         data
         for p in range(16)  # the default partition count, which the permissions name
@@ -217,7 +223,7 @@ async def test_services_run_the_pipeline_under_their_own_identities(
             operator, f"{subjects.USAGE_PREFIX}.>", stream=subjects.usage_stream(p)
         )
     ]
-    samples = valid(UsageSample, usage)
+    samples = valid(UsageSample, [one for data in usage for one in samples_in(data)])
     decisions = valid(FractionDecision, await read_all(operator, f"{subjects.DECISION_PREFIX}.>"))
     results = valid(ActuationResult, await read_all(operator, f"{subjects.ACTUATION_PREFIX}.>"))
     assert len([s for s in samples if s.source == "simulator"]) == 2 * 4 * 60

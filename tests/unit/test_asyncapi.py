@@ -25,10 +25,12 @@ from fracpilot_libs.contracts import (
     Policy,
     PolicyReply,
     PolicyScope,
+    UsageBatchHeader,
     WorkloadRef,
     utcnow,
 )
 from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.usage_batch import encode_samples
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENT = ROOT / "docs" / "asyncapi.yaml"
@@ -127,8 +129,10 @@ def test_a_name_added_to_subjects_py_must_be_described(monkeypatch: pytest.Monke
 def real_messages() -> list[BaseModel]:
     ref = WorkloadRef(cluster="demo", namespace="inference", owner_name="chat")
     now = utcnow()
+    (batch,) = encode_samples([sample()], 16)
     return [
         sample(gpu_model="NVIDIA A100-SXM4-80GB"),
+        UsageBatchHeader.model_validate_json(batch.payload.split(b"\n")[0]),
         decision(),
         ActuationResult(
             decision_id="d-1",

@@ -123,6 +123,24 @@ class UsageSample(WireModel):
         return self.memory_used_bytes / self.memory_total_bytes
 
 
+USAGE_BATCH_FORMAT: Literal[1] = 1
+
+
+class UsageBatchHeader(WireModel):
+    """The first line of a usage batch: the samples of one partition from one scrape instant,
+    one ``UsageSample`` JSON per line after it (:mod:`fracpilot_libs.nats.usage_batch`)."""
+
+    batch_format: Literal[1] = Field(
+        default=USAGE_BATCH_FORMAT, description="the batch wire format's version"
+    )
+    batch_id: str = Field(
+        min_length=1, max_length=200, description="also the message's Nats-Msg-Id"
+    )
+    partition: int = Field(ge=0, description="the usage partition the samples belong to")
+    partitions: int = Field(ge=1, description="the partition count the publisher grouped by")
+    samples: int = Field(ge=0, description="how many sample lines follow")
+
+
 class Direction(StrEnum):
     UP = "up"
     DOWN = "down"

@@ -168,7 +168,10 @@ def test_every_slot_is_in_exactly_one_partition_stream(partitions: int) -> None:
         for subject in subjects.usage_stream_subjects(p, partitions):
             assert subject not in owners, subject
             owners[subject] = p
-    assert len(owners) == subjects.USAGE_SLOTS
+    # every slot, and each partition's batches
+    assert len(owners) == subjects.USAGE_SLOTS + partitions
+    for p in range(partitions):
+        assert owners[f"{subjects.USAGE_BATCH_PREFIX}.{p}.*"] == p
     sizes = [len(subjects.usage_stream_subjects(p, partitions)) for p in range(partitions)]
     assert max(sizes) - min(sizes) <= 1  # as even as the slots allow
 

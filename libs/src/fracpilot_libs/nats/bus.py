@@ -51,6 +51,7 @@ from fracpilot_libs.nats.kv import KvBucket, open_kv
 from fracpilot_libs.nats.kv_snapshot import read_kv_watched
 from fracpilot_libs.nats.kv_watch import follow_kv
 from fracpilot_libs.nats.publish_retry import PublishRetryPolicy, retry_reason
+from fracpilot_libs.nats.publish_window import PublishWindow
 from fracpilot_libs.nats.pull_feed import PullFeed
 from fracpilot_libs.nats.request_reply import RequestHandler, error_reply, request_callback
 from fracpilot_libs.nats.servers import servers_answering
@@ -61,7 +62,7 @@ from fracpilot_libs.nats.streams import (
     ensure_streams,
     replicas_for,
 )
-from fracpilot_libs.nats.usage_streams import ensure_usage_streams
+from fracpilot_libs.nats.usage_streams import ensure_usage_streams, usage_partition_count
 
 # Imported from here by the services and tests since before the bus was split.
 __all__ = [
@@ -358,7 +359,10 @@ class Bus:
         stream's leader is elected) is sent again with the same ``Nats-Msg-Id``
         (:mod:`fracpilot_libs.nats.publish_retry`); past the deadline it raises
         :class:`~fracpilot_libs.nats.errors.NatsUnreachableError`."""
-        body = message.model_dump_json().encode()
+        return await self.publish_bytes(subject, message.model_dump_json().encode(), msg_id)
+
+    async def publish_bytes(self, subject: str, body: bytes, msg_id: str | None = None) -> bool:
+        """:meth:`publish` for a payload already encoded (a usage batch)."""
         prefix = subject_prefix(subject)
         with send_span(self.tracer, subject, body, msg_id) as headers:
             ack = await publish_acked(
@@ -369,6 +373,21 @@ class Bus:
             return False
         self.metrics.published.labels(prefix).inc()
         return True
+
+    def publish_window(self, size: int) -> PublishWindow:
+        """A window of ``size`` outstanding acknowledgements over :meth:`publish_bytes`
+        (:mod:`fracpilot_libs.nats.publish_window`)."""
+        return PublishWindow(self.publish_bytes, size)
+
+    async def publish_core(self, subject: str, body: bytes) -> None:
+        """Core NATS, at most once, not stored: for a view a reader may miss a message of (the
+        per-workload usage view); buffered by nats-py, flushed with its next write."""
+        await self.nc.publish(subject, body)
+
+    async def usage_partitions(self) -> int:
+        """The usage partition count in force (the setting when there are no streams yet)."""
+        count = await usage_partition_count(self.js)
+        return count or self.settings.decision_partitions
 
     async def dead_letter(
         self,

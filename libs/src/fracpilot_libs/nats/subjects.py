@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from fracpilot_libs.contracts import WorkloadRef
+from fracpilot_libs.contracts import USAGE_BATCH_FORMAT, WorkloadRef
 
 USAGE_PREFIX = "fracpilot.usage.v1"
 DECISION_PREFIX = "fracpilot.decision.v1"
@@ -103,6 +103,35 @@ def usage_subject(workload: WorkloadRef) -> str:
     return f"{USAGE_PREFIX}.{slot_of(ns, name)}.{ns}.{name}"
 
 
+# Batches (:mod:`fracpilot_libs.nats.usage_batch`): the samples of one partition from one
+# scrape instant in one message, on ``fracpilot.usage.v1.batch.<partition>.<format>``, stored
+# in the partition's stream beside the per-workload subjects (which the previous version's
+# publishers still use during an upgrade). Six tokens with a literal fourth: they overlap
+# neither ``fracpilot.usage.v1.<slot>.*.*`` nor the earlier layout's ``fracpilot.usage.v1.*.*``,
+# and stay inside the ingest identity's ``fracpilot.usage.v1.>`` permission.
+USAGE_BATCH_PREFIX = f"{USAGE_PREFIX}.batch"
+# The per-workload view of the samples, for integrations: core NATS (not stored: no stream
+# takes it), one sample per message, on ``fracpilot.usage.v1.view.<ns>.<workload>``.
+USAGE_VIEW_PREFIX = f"{USAGE_PREFIX}.view"
+
+
+def usage_batch_subject(partition: int, batch_format: int = USAGE_BATCH_FORMAT) -> str:
+    """Where a batch of usage partition ``partition`` is published."""
+    return f"{USAGE_BATCH_PREFIX}.{partition}.{batch_format}"
+
+
+def is_usage_batch(subject: str) -> bool:
+    return subject.startswith(_batch_start)
+
+
+_batch_start = f"{USAGE_BATCH_PREFIX}."
+
+
+def usage_view_subject(workload: WorkloadRef) -> str:
+    """Where ingest publishes a workload's samples one by one for integrations (core NATS)."""
+    return f"{USAGE_VIEW_PREFIX}.{token(workload.namespace)}.{token(workload.owner_name)}"
+
+
 def usage_partition(workload: WorkloadRef, partitions: int) -> int:
     return usage_slot(workload) % partitions
 
@@ -119,8 +148,10 @@ def usage_stream_partition(stream: str) -> int | None:
 
 
 def usage_stream_subjects(partition: int, partitions: int) -> tuple[str, ...]:
-    """The subjects stream ``partition`` stores when there are ``partitions``."""
-    return tuple(f"{USAGE_PREFIX}.{slot}.*.*" for slot in range(partition, USAGE_SLOTS, partitions))
+    """The subjects stream ``partition`` stores when there are ``partitions``: its slots'
+    per-workload subjects and its batches'."""
+    slots = (f"{USAGE_PREFIX}.{slot}.*.*" for slot in range(partition, USAGE_SLOTS, partitions))
+    return (*slots, f"{USAGE_BATCH_PREFIX}.{partition}.*")
 
 
 def retired_usage_subjects(partition: int) -> tuple[str, ...]:

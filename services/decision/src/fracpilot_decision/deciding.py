@@ -1,39 +1,58 @@
 """The hot path: a partition's batch of samples decided, decisions published, the rest refused.
 
-Samples are parsed once into the wire model (one that does not parse is dead-lettered as
-classified by :func:`fracpilot_libs.nats.decoding.classify`), routed
-(:mod:`fracpilot_decision.routing`), and decided by the pure engine with the workload's effective
-policy; a decision (only when
-the fraction should change) is published, in a span joined to the sample's trace, before the
-new history is kept. The batch is then acknowledged all-up-to. Nothing else is awaited per
-sample. Each workload's recommendation (:class:`~fracpilot_decision.metrics.RecommendationMetrics`)
-is set once per batch, from its last sample, published decision or not.
+A fetched message is one sample (the previous version's format) or a usage batch
+(:mod:`fracpilot_libs.nats.usage_batch`): both are read, so that ingest can be upgraded after
+the decision service. Samples are parsed once into the wire model (one that does not parse is
+dead-lettered, alone, as classified by :func:`fracpilot_libs.nats.decoding.classify`), routed
+(:mod:`fracpilot_decision.routing`), and decided by the pure engine with the workload's
+effective policy; a decision (only when the fraction should change) is published, in a span
+joined to the message's trace, before the new history is kept. The fetched messages are then
+acknowledged all-up-to. Nothing else is awaited per sample.
+Each workload's recommendation (:class:`~fracpilot_decision.metrics.RecommendationMetrics`)
+is set once per fetch, from its last sample, published decision or not.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
+from itertools import repeat
 
 from pydantic import ValidationError
 
 from fracpilot_decision.metrics import DecisionMetrics, RecommendationMetrics
 from fracpilot_decision.partition_state import Partition
-from fracpilot_decision.routing import Route, left_behind_reason, misrouted_reason, route
+from fracpilot_decision.routing import (
+    Route,
+    left_behind_reason,
+    misrouted_reason,
+    route,
+    route_batched,
+)
 from fracpilot_libs.contracts import FractionDecision, Policy, UsageSample
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.bus import Bus
 from fracpilot_libs.nats.client_types import Msg
-from fracpilot_libs.nats.decoding import ErrorKind, classify
+from fracpilot_libs.nats.decoding import DecodeError, ErrorKind, classify
 from fracpilot_libs.nats.spans import process_span
+from fracpilot_libs.nats.usage_batch import (
+    BATCH_ID_HEADER,
+    BATCH_INDEX_HEADER,
+    decode_batch,
+    decode_sample,
+)
 from fracpilot_libs.sizing.engine import decide
 from fracpilot_libs.sizing.policies import LivePolicies
 from fracpilot_libs.sizing.state import WorkloadState
 
 log = logging.getLogger(__name__)
 EXPIRE_EVERY_S = 30.0  # how often stale recommendation series are looked for
+_YIELD_EVERY = 100  # samples of a batch decided between two turns of the event loop
 _EMPTY = WorkloadState()  # the engine never mutates a state: one empty one serves all
+# The last sample of each workload fetched: (sample, fraction held, new state).
+Latest = dict[str, tuple[UsageSample, float, WorkloadState]]
 
 
 class Decider:
@@ -60,60 +79,22 @@ class Decider:
         self.urge_checkpoint = urge_checkpoint
 
     async def handle_batch(self, part: Partition, msgs: list[Msg]) -> None:
-        states = part.states
-        for_workload = self.policies.for_workload
-        kv_key = subjects.kv_key
+        """Decide a fetched batch of messages, each in either wire format: one sample
+        (``fracpilot.usage.v1.<slot>.<ns>.<workload>``, the previous version's) or a usage
+        batch (:mod:`fracpilot_libs.nats.usage_batch`), in stream order, then acknowledge them
+        all-up-to."""
         stored: list[int] = []  # when each decided sample was stored, ns
-        decided = duplicates = 0
-        # The last sample of each workload in the batch: (sample, fraction held, new state).
-        latest: dict[str, tuple[UsageSample, float, WorkloadState]] = {}
+        counts = [0, 0]  # decided, duplicates
+        # The last sample of each workload fetched: (sample, fraction held, new state).
+        latest: Latest = {}
         for msg in msgs:
             seq, stored_ns = subjects.stream_position(msg.reply)
-            try:
-                sample = UsageSample.model_validate_json(msg.data)
-            except ValidationError as exc:
-                error = classify(exc)
-                await self._refuse(msg, error.kind, error.reason)
-                part.handled(msg)
-                continue
-            wl = sample.workload
-            key = kv_key(wl)
-            state = states.get(key)
-            way = route(msg.subject, wl, state, seq, self.partition_count, part.number)
-            if way is Route.MISROUTED:
-                await self._refuse(msg, "validation", misrouted_reason(wl, msg.subject))
-                part.handled(msg)
-                continue
-            if way is Route.LEFT_BEHIND:
-                reason = left_behind_reason(part.number, self.partition_count)
-                await self._refuse(msg, "validation", reason)
-                part.handled(msg)
-                continue
-            if way is Route.DUPLICATE:
-                duplicates += 1  # already in the history (delivered again after a move)
-                part.handled(msg)
-                continue
-            policy = for_workload(wl)
-            try:
-                new, decision = decide(state or _EMPTY, sample, policy, seq)
-            except Exception as exc:  # a bug on one sample must not stop the partition
-                log.exception("the engine failed on a sample", extra={"subject": msg.subject})
-                await self._refuse(msg, "processing", repr(exc)[:2000])
-                part.handled(msg)
-                continue
-            if decision is not None:
-                # Published before the new history is kept: if publishing fails, the
-                # sample is decided again from the old history, with the same id.
-                await self._publish_decision(decision, policy, msg)
-            held = sample.allocated_fraction
-            if held is None:  # not placed yet: as the engine reads it
-                held = (state.current_fraction if state else None) or policy.max_fraction
-            latest[key] = (sample, held, new)
-            states[key] = new
-            part.dirty.add(key)  # not aliased: a checkpoint may swap the set meanwhile
-            decided += 1
-            stored.append(stored_ns)
-            part.handled(msg)
+            if subjects.is_usage_batch(msg.subject):
+                await self._decide_batch(part, msg, seq, counts, latest)
+            else:
+                await self._decide_sample(part, msg, seq, counts, latest)
+            stored.extend(repeat(stored_ns, counts[0] - len(stored)))
+        decided, duplicates = counts
         self.metrics.samples.inc(decided)
         try:  # decided (and any decision published): acknowledged with everything before it
             await msgs[-1].ack()
@@ -132,9 +113,7 @@ class Decider:
         if part.uncommitted * 2 > self.max_unacked:
             self.urge_checkpoint()
 
-    def _recommend(
-        self, latest: dict[str, tuple[UsageSample, float, WorkloadState]], now: float
-    ) -> None:
+    def _recommend(self, latest: Latest, now: float) -> None:
         """What the engine last asked for (the fraction held, when it never asked for a
         change: keeping it is its recommendation)."""
         metrics = self.recommendations
@@ -146,6 +125,108 @@ class Decider:
         if now - self._expired_at >= EXPIRE_EVERY_S:
             self._expired_at = now
             metrics.expire(now)
+
+    async def _decide_sample(
+        self, part: Partition, msg: Msg, seq: int, counts: list[int], latest: Latest
+    ) -> None:
+        """A message of the one-sample format."""
+        try:
+            sample = UsageSample.model_validate_json(msg.data)
+        except ValidationError as exc:
+            error = classify(exc)
+            await self._refuse(msg, error.kind, error.reason)
+            part.handled(msg)
+            return
+        kept: dict[str, WorkloadState] = {}
+        await self._decide(part, msg, msg.subject, sample, seq, kept, counts, None, latest)
+        part.keep(kept)
+        part.handled(msg)
+
+    async def _decide_batch(
+        self, part: Partition, msg: Msg, seq: int, counts: list[int], latest: Latest
+    ) -> None:
+        """A usage batch: decoded once, each sample decided (or refused) alone, in order.
+
+        Every sample of the message sits at the same stream position, so the new histories are
+        kept together once the last is decided (``kept``, with no await between keeping and
+        :meth:`Partition.handled`): a checkpoint taken meanwhile holds none of the batch, and
+        a mark never falls inside it. Delivered again, a workload whose history has the
+        batch's position is recognised as decided for all its samples in it."""
+        try:
+            batch = decode_batch(msg.data)
+        except DecodeError as error:
+            await self._refuse(msg, error.kind, error.reason)
+            part.handled(msg)
+            return
+        kept: dict[str, WorkloadState] = {}
+        bid = batch.header.batch_id
+        for index, line in enumerate(batch.lines):
+            if index and not index % _YIELD_EVERY:
+                # A fetch of batches holds many thousand samples: let the leases, heartbeats
+                # and socket reads in between (kept is staged: a checkpoint then holds none).
+                await asyncio.sleep(0)
+            try:
+                sample = decode_sample(line)
+            except DecodeError as error:
+                await self._refuse_line(msg, line, bid, index, error.kind, error.reason)
+                continue
+            batch_item = (line, bid, index)
+            await self._decide(part, msg, None, sample, seq, kept, counts, batch_item, latest)
+        part.keep(kept)
+        part.handled(msg)
+
+    async def _decide(
+        self,
+        part: Partition,
+        msg: Msg,
+        subject: str | None,
+        sample: UsageSample,
+        seq: int,
+        kept: dict[str, WorkloadState],
+        counts: list[int],
+        batch_item: tuple[bytes, str, int] | None,
+        latest: Latest,
+    ) -> None:
+        """One sample: routed, decided, its decision published; its new history goes into
+        ``kept`` (kept by the caller once the message is done). ``subject``: the sample's own
+        (None: it came in a batch, on its partition's subject)."""
+        wl = sample.workload
+        key = subjects.kv_key(wl)
+        earlier = kept.get(key)  # decided before in this message: at this position already
+        state = earlier or part.states.get(key)
+        if subject is None:
+            way = route_batched(wl, state, seq, self.partition_count, part.number, earlier)
+        else:
+            way = route(subject, wl, state, seq, self.partition_count, part.number)
+        if way is Route.MISROUTED:
+            await self._refuse_sample(
+                msg, batch_item, "validation", misrouted_reason(wl, msg.subject)
+            )
+            return
+        if way is Route.LEFT_BEHIND:
+            reason = left_behind_reason(part.number, self.partition_count)
+            await self._refuse_sample(msg, batch_item, "validation", reason)
+            return
+        if way is Route.DUPLICATE:
+            counts[1] += 1  # already in the history (delivered again after a move)
+            return
+        policy = self.policies.for_workload(wl)
+        try:
+            new, decision = decide(state or _EMPTY, sample, policy, seq)
+        except Exception as exc:  # a bug on one sample must not stop the partition
+            log.exception("the engine failed on a sample", extra={"subject": msg.subject})
+            await self._refuse_sample(msg, batch_item, "processing", repr(exc)[:2000])
+            return
+        if decision is not None:
+            # Published before the new history is kept: if publishing fails, the
+            # sample is decided again from the old history, with the same id.
+            await self._publish_decision(decision, policy, msg)
+        held = sample.allocated_fraction
+        if held is None:  # not placed yet: as the engine reads it
+            held = (state.current_fraction if state else None) or policy.max_fraction
+        latest[key] = (sample, held, new)
+        kept[key] = new
+        counts[0] += 1
 
     async def _publish_decision(self, decision: FractionDecision, policy: Policy, msg: Msg) -> None:
         bus = self.bus
@@ -168,3 +249,20 @@ class Decider:
 
     async def _refuse(self, msg: Msg, kind: ErrorKind, reason: str) -> None:
         await self.bus.dead_letter(msg.subject, msg.data, dict(msg.headers or {}), kind, reason)
+
+    async def _refuse_sample(
+        self, msg: Msg, batch_item: tuple[bytes, str, int] | None, kind: ErrorKind, reason: str
+    ) -> None:
+        if batch_item is None:
+            await self._refuse(msg, kind, reason)
+        else:
+            await self._refuse_line(msg, *batch_item, kind, reason)
+
+    async def _refuse_line(
+        self, msg: Msg, line: bytes, bid: str, index: int, kind: ErrorKind, reason: str
+    ) -> None:
+        """One sample of a batch dead-lettered alone: its line, with the batch id and index."""
+        headers = dict(msg.headers or {})
+        headers[BATCH_ID_HEADER] = bid
+        headers[BATCH_INDEX_HEADER] = str(index)
+        await self.bus.dead_letter(msg.subject, line, headers, kind, reason)

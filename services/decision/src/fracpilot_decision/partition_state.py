@@ -30,16 +30,26 @@ class Partition:
     task: asyncio.Task[None] | None = None
     lag: asyncio.Task[None] | None = None  # exports the consumer's lag while owned
     last_msg: Msg | None = None  # the last sample handled, not in a checkpoint yet
-    uncommitted: int = 0  # samples handled since the last mark
+    uncommitted: int = 0  # messages handled since the last mark
     last_sample_at: float = 0.0  # time.monotonic() of the last batch
     stopping: bool = False  # the worker ends at its next turn (as well as being cancelled)
     committed_at: float = field(default_factory=time.monotonic)
     commit_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
+    def keep(self, states: dict[str, WorkloadState]) -> None:
+        """The new histories of one message's samples, kept together (no await between this
+        and :meth:`handled`)."""
+        self.states.update(states)
+        self.dirty.update(states)  # not aliased: a checkpoint may swap the set meanwhile
+
     def handled(self, msg: Msg) -> None:
-        """A sample is handled (decided and its state kept, or refused): the next mark may
-        pass it. Called only once it is, never before an await that could let a checkpoint
-        run between."""
+        """A message is handled, every sample in it (decided and its state kept, or
+        refused): the next mark may pass it. Called only once it is, never before an await
+        that could let a checkpoint run between.
+
+        A mark is a stream position: every message up to it handled and the states it
+        changed checkpointed. A usage batch is one message, so a mark passes all its
+        samples or none; ``uncommitted`` counts messages (what ``max_ack_pending`` counts)."""
         self.last_msg = msg
         self.uncommitted += 1
 

@@ -43,6 +43,31 @@ def route(
     return Route.DECIDE
 
 
+def route_batched(
+    workload: WorkloadRef,
+    state: WorkloadState | None,
+    seq: int,
+    partitions: int,
+    partition: int,
+    earlier: WorkloadState | None = None,
+) -> Route:
+    """The route of a sample in the usage batch stored at ``seq`` in ``partition``.
+
+    A batch's subject names its partition, not the workload: a workload new here is checked
+    against the partition by its slot (refused as left behind when it is another's: the
+    publisher grouped by an earlier count). ``earlier``: the workload's history after a sample
+    before this one in the same batch, at ``seq`` already and not a duplicate for that."""
+    if earlier is not None:
+        return Route.DECIDE
+    if state is None:
+        if subjects.usage_partition(workload, partitions) != partition:
+            return Route.LEFT_BEHIND
+        return Route.DECIDE
+    if state.position >= seq:
+        return Route.DUPLICATE
+    return Route.DECIDE
+
+
 def misrouted_reason(workload: WorkloadRef, subject: str) -> str:
     return (
         f"a sample of workload {workload.namespace}/{workload.owner_name} published on "

@@ -19,6 +19,7 @@ import asyncio
 import logging
 import time
 from collections import Counter as Tally
+from collections.abc import Sequence
 
 from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.trace import SpanKind
@@ -33,6 +34,8 @@ from fracpilot_ingest.sources.base import Source, SourceContext
 from fracpilot_ingest.supervision import SourceSupervisor
 from fracpilot_libs.contracts import Allocation, UsageSample
 from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.publish_window import OnAcked, PublishWindow
+from fracpilot_libs.nats.usage_batch import encode_samples
 from fracpilot_libs.runtime import ServiceRuntime
 from fracpilot_libs.usage.attribution import (
     GpuInventory,
@@ -94,6 +97,9 @@ class IngestService:
         self.finished = asyncio.Event()  # a source produced all it will (the simulator's span)
         self.cycles = 0  # completed reads of the sources
         self._tasks: list[asyncio.Task[None]] = []
+        self.windows: dict[str, PublishWindow] = {}  # by source
+        # The usage partition count batches are grouped by: read before each reading.
+        self.partitions = settings.decision_partitions
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -155,23 +161,33 @@ class IngestService:
 
     async def _run_source(self, source: Source) -> None:
         """Read, publish, let the source move on, wait as long as it says; until it ends.
-        (Run by :attr:`supervisor`, which restarts it when it raises.)"""
+        (Run by :attr:`supervisor`, which restarts it when it raises.) The source moves on
+        only once every batch of the reading is acknowledged: one that failed raises, and the
+        restarted source reads the same instants again (the same batch ids: stored once)."""
         await source.open()
-        while (reading := await source.read()) is not None:
-            if reading.instants:
-                self.note_oom_kills()
-                inventory = self.inventory()
-                for points in reading.instants:
-                    await self.publish_instant(source.name, points, inventory, reading.step_s)
-            for sample in reading.samples:
-                await self.publish_sample(source.name, sample, reading.step_s)
-            await source.published(reading)
-            self.metrics.usage.expire(time.time())  # gone workloads leave no frozen series
-            self.cycles += 1
-            self.supervisor.progressed(source)
-            delay = source.next_read_in()
-            if delay > 0:
-                await asyncio.sleep(delay)
+        window = self._window(source.name)
+        try:
+            while (reading := await source.read()) is not None:
+                if self.settings.usage_wire == "batch":
+                    self.partitions = await self.runtime.bus.usage_partitions()
+                if reading.instants:
+                    self.note_oom_kills()
+                    inventory = self.inventory()
+                    for points in reading.instants:
+                        await self.publish_instant(
+                            source.name, points, inventory, reading.step_s, wait=False
+                        )
+                await self.publish_samples(source.name, reading.samples, reading.step_s)
+                await window.drain()
+                await source.published(reading)
+                self.metrics.usage.expire(time.time())  # gone workloads leave no frozen series
+                self.cycles += 1
+                self.supervisor.progressed(source)
+                delay = source.next_read_in()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+        finally:
+            await window.cancel()  # what a failed or stopped reading left: read again
         self.finished.set()
 
     def note_oom_kills(self) -> None:
@@ -206,32 +222,115 @@ class IngestService:
         points: list[MetricPoint],
         inventory: GpuInventory,
         step_s: float | None = None,
+        *,
+        wait: bool = True,
     ) -> int:
         """Attribute, validate and publish the points of one instant; returns samples sent.
 
-        ``step_s``: the time each sample stands for (default: the interval)."""
+        ``step_s``: the time each sample stands for (default: the interval). ``wait``: return
+        once every batch is acknowledged (else they are left in the source's window)."""
         step = self.settings.interval_s if step_s is None else step_s
         observations, rejections = observe_points(points, self.table, inventory)
         now = time.time()
-        sent = 0
+        ready: list[tuple[UsageSample, Observation | None]] = []
         for obs in observations:
             obs = self.signals.mark(obs)
             result = await self._to_sample(source, obs, inventory, now)
             if isinstance(result, Rejection):
                 rejections.append(result)
                 continue
-            await self.publish_sample(source, result, step)
-            self.signals.published(obs, now)
-            self.metrics.lag.labels(source).set(max(0.0, now - obs.timestamp))
-            sent += 1
+            ready.append((result, obs))
         self._reject(source, rejections)
-        return sent
+        await self._send(source, ready, step, now, wait=wait)
+        return len(ready)
+
+    async def publish_samples(
+        self, source: str, samples: Sequence[UsageSample], step_s: float, *, wait: bool = False
+    ) -> None:
+        """Publish samples a source made itself (the simulator's)."""
+        await self._send(source, [(s, None) for s in samples], step_s, time.time(), wait=wait)
 
     async def publish_sample(self, source: str, sample: UsageSample, step_s: float) -> None:
-        """Publish one sample and count it (its usage and cost only the first time)."""
-        if await self._publish(sample):
-            self.metrics.usage.observe(sample, step_s, time.time())
-        self.metrics.published.labels(source, sample.attribution.value).inc()
+        """Publish one sample alone and wait for it (the one-sample format)."""
+        stored = await self._publish(sample)
+        self._published(source, sample, None, step_s, time.time(), stored)
+
+    async def _send(
+        self,
+        source: str,
+        ready: list[tuple[UsageSample, Observation | None]],
+        step_s: float,
+        now: float,
+        *,
+        wait: bool,
+    ) -> None:
+        if self.settings.usage_wire == "sample":
+            for sample, obs in ready:  # one at a time, each acknowledged before the next
+                self._published(source, sample, obs, step_s, now, await self._publish(sample))
+            return
+        window = self._window(source)
+        by_id = {sample.sample_id: (sample, obs) for sample, obs in ready}
+        for batch in encode_samples((s for s, _ in ready), self.partitions):
+            rows = [by_id[sample_id] for sample_id in batch.sample_ids]
+            lines = batch.payload.split(b"\n")[1:] if self.settings.usage_view else []
+
+            acked = self._on_batch_acked(source, rows, lines, step_s, now)
+            # Back-pressure: waits here while the window is full.
+            key = batch.subject
+            await window.submit(key, batch.subject, batch.payload, batch.batch_id, acked)
+        if wait:
+            await window.drain()
+
+    def _on_batch_acked(
+        self,
+        source: str,
+        rows: list[tuple[UsageSample, Observation | None]],
+        lines: list[bytes],
+        step_s: float,
+        now: float,
+    ) -> OnAcked:
+        async def acked(stored: bool) -> None:
+            at = time.time()
+            for sample, obs in rows:
+                self._published(source, sample, obs, step_s, now, stored, at, count=False)
+            for attribution, n in Tally(s.attribution.value for s, _ in rows).items():
+                self.metrics.published.labels(source, attribution).inc(n)  # once a batch
+            if stored and lines:  # the per-workload view: each sample's own JSON, as stored
+                bus = self.runtime.bus
+                for (sample, _), line in zip(rows, lines, strict=True):
+                    await bus.publish_core(subjects.usage_view_subject(sample.workload), line)
+
+        return acked
+
+    def _published(
+        self,
+        source: str,
+        sample: UsageSample,
+        obs: Observation | None,
+        step_s: float,
+        now: float,
+        stored: bool,
+        at: float | None = None,
+        *,
+        count: bool = True,
+    ) -> None:
+        """A sample acknowledged: counted (its usage and cost only when first stored;
+        ``count``: in the published samples too, else the caller counts them)."""
+        if stored:
+            self.metrics.usage.observe(sample, step_s, at or time.time())
+        if count:
+            self.metrics.published.labels(source, sample.attribution.value).inc()
+        if obs is not None:
+            self.signals.published(obs, now)
+            self.metrics.lag.labels(source).set(max(0.0, now - obs.timestamp))
+
+    def _window(self, source: str) -> PublishWindow:
+        """The source's window of outstanding batches (each source drains its own)."""
+        if (window := self.windows.get(source)) is None:
+            window = self.windows[source] = self.runtime.bus.publish_window(
+                self.settings.publish_window
+            )
+        return window
 
     async def _to_sample(
         self, source: str, obs: Observation, inventory: GpuInventory, now: float

@@ -8,6 +8,7 @@ to the component that reads it.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Literal
 
 from pydantic import BaseModel, Field, TypeAdapter
 
@@ -100,6 +101,25 @@ class IngestSettings(ServiceSettings):
         "actuator's variables (the queue ones are the actuator's only)",
     )
     restarts: RestartSettings = Field(default_factory=RestartSettings)
+    # sample by default until the CLI's status, explain and report read batches (they read
+    # the per-workload subjects): the decision service reads both formats already.
+    usage_wire: Literal["batch", "sample"] = Field(
+        default="sample",
+        description="sample: one message per sample; batch: a partition's samples of one "
+        "instant in one message (the decision service reads both: upgrade it first)",
+    )
+    publish_window: int = Field(
+        default=64,
+        ge=1,
+        le=4096,
+        description="usage batches published and not acknowledged yet, at most; a full "
+        "window holds the reading back",
+    )
+    usage_view: bool = Field(
+        default=True,
+        description="also publish each sample alone on fracpilot.usage.v1.view.<ns>.<workload> "
+        "(core NATS, not stored) for integrations",
+    )
     workload_metrics_limit: int = Field(
         default=500,
         ge=0,

@@ -1,0 +1,129 @@
+"""The usage batch wire format: many samples in one message, each one decodable alone.
+
+A batch is the samples of one usage partition from one scrape instant (at most
+:data:`MAX_BATCH_SAMPLES` of them, else several batches), published on
+:func:`fracpilot_libs.nats.subjects.usage_batch_subject` with its batch id as ``Nats-Msg-Id``.
+The payload is lines separated by ``\\n``: first a
+:class:`~fracpilot_libs.contracts.UsageBatchHeader` (its ``batch_format`` is the version of
+this format), then one ``UsageSample`` JSON per line, exactly as the one-sample-per-message
+format carries it. JSON never holds a raw newline, so the lines split without parsing, and a
+sample that does not decode is refused alone: its line is dead-lettered with the batch id and
+its index, its neighbours are decided.
+
+The batch id is a digest of the partition and the sample ids: an instant read again yields the
+same batches with the same ids, which the stream's duplicate window drops (samples are sorted
+by id before they are cut into batches, so the cut does not depend on the source's order).
+
+Pure: bytes in, bytes out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from fracpilot_libs.contracts import USAGE_BATCH_FORMAT, UsageBatchHeader, UsageSample
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.decoding import DecodeError, classify
+
+MAX_BATCH_SAMPLES = 500  # ~250 KiB of JSON: well under nats-server's 1 MiB max_payload
+BATCH_ID_HEADER = "Fracpilot-Batch-Id"  # on a dead-lettered sample of a batch
+BATCH_INDEX_HEADER = "Fracpilot-Batch-Index"  # its line, 0 = the first sample
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedBatch:
+    """One batch ready to publish."""
+
+    subject: str
+    batch_id: str
+    payload: bytes
+    sample_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedBatch:
+    """A batch's header and its sample lines, not yet parsed (each is parsed alone)."""
+
+    header: UsageBatchHeader
+    lines: list[bytes]
+
+
+def batch_id(partition: int, sample_ids: Iterable[str]) -> str:
+    digest = hashlib.sha256(str(partition).encode())
+    for sample_id in sample_ids:
+        digest.update(b"\n")
+        digest.update(sample_id.encode())
+    return f"b{USAGE_BATCH_FORMAT}-{partition}-{digest.hexdigest()[:32]}"
+
+
+def encode_batch(
+    partition: int, partitions: int, samples: Sequence[tuple[str, bytes]]
+) -> EncodedBatch:
+    """The batch of ``samples`` (``(sample_id, UsageSample JSON)``, in the order they are to
+    be decided) of ``partition``."""
+    ids = tuple(sample_id for sample_id, _ in samples)
+    bid = batch_id(partition, ids)
+    header = UsageBatchHeader(
+        batch_id=bid, partition=partition, partitions=partitions, samples=len(samples)
+    )
+    payload = b"\n".join([header.to_json(), *(body for _, body in samples)])
+    return EncodedBatch(subjects.usage_batch_subject(partition), bid, payload, ids)
+
+
+def encode_samples(
+    samples: Iterable[UsageSample], partitions: int, max_samples: int = MAX_BATCH_SAMPLES
+) -> list[EncodedBatch]:
+    """The samples of one instant as batches: grouped by partition, sorted by sample id, cut
+    every ``max_samples``."""
+    by_partition: dict[int, list[tuple[str, bytes]]] = {}
+    for sample in samples:
+        p = subjects.usage_partition(sample.workload, partitions)
+        by_partition.setdefault(p, []).append((sample.sample_id, sample.to_json()))
+    batches = []
+    for p in sorted(by_partition):
+        rows = sorted(by_partition[p], key=lambda row: row[0])
+        for start in range(0, len(rows), max_samples):
+            batches.append(encode_batch(p, partitions, rows[start : start + max_samples]))
+    return batches
+
+
+def decode_batch(payload: bytes) -> DecodedBatch:
+    """Split a batch into its header and sample lines; raises :class:`DecodeError` when the
+    header is not one this version reads (then nothing in it can be trusted)."""
+    first, _, rest = payload.partition(b"\n")
+    try:
+        header = UsageBatchHeader.model_validate_json(first)
+    except ValidationError as exc:
+        error = classify(exc)
+        raise DecodeError(error.kind, f"not a usage batch header: {error.reason}") from exc
+    lines = rest.split(b"\n") if rest else []
+    if len(lines) != header.samples:
+        raise DecodeError(
+            "validation", f"batch {header.batch_id} says {header.samples} samples, has {len(lines)}"
+        )
+    return DecodedBatch(header, lines)
+
+
+def decode_sample(line: bytes) -> UsageSample:
+    """One sample line; raises :class:`DecodeError` (refused alone)."""
+    try:
+        return UsageSample.model_validate_json(line)
+    except ValidationError as exc:
+        raise classify(exc) from exc
+
+
+def as_samples(subject: str, data: bytes) -> list[tuple[str, bytes]]:
+    """A stored usage message as the samples in it, each as ``(its own per-workload subject,
+    its JSON)``: for readers of the usage streams that want the per-workload view (a
+    one-sample message is returned as it is). Raises :class:`DecodeError` for a batch whose
+    header is not read, or a sample line that does not decode."""
+    if not subjects.is_usage_batch(subject):
+        return [(subject, data)]
+    return [
+        (subjects.usage_subject(decode_sample(line).workload), line)
+        for line in decode_batch(data).lines
+    ]

@@ -1,0 +1,141 @@
+"""The usage batch codec: a round trip keeps every sample and its order; a bad sample line is
+refused alone; a header this version does not read refuses the batch."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from factories import T0, sample
+from fracpilot_libs.contracts import UsageBatchHeader, UsageSample
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.decoding import DecodeError
+from fracpilot_libs.nats.usage_batch import (
+    MAX_BATCH_SAMPLES,
+    as_samples,
+    decode_batch,
+    decode_sample,
+    encode_samples,
+)
+
+names = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1)
+
+
+@st.composite
+def usage_samples(draw: st.DrawFn) -> list[UsageSample]:
+    count = draw(st.integers(min_value=0, max_value=40))
+    out = []
+    for i in range(count):
+        name = draw(st.sampled_from(["chat", "embed", "batch", "ns.with.dots", "we ird\n"]))
+        out.append(
+            sample(
+                compute=draw(st.floats(min_value=0, max_value=1)),
+                memory_share=draw(st.floats(min_value=0, max_value=1)),
+                at=T0 + timedelta(seconds=15 * draw(st.integers(0, 3))),
+                name=name,
+                pod=f"{draw(names)[:200]}",
+                sample_id=f"id-{i}-{draw(names)[:50]}",
+            )
+        )
+    return out
+
+
+@given(samples=usage_samples(), partitions=st.integers(1, 64), cut=st.integers(1, 7))
+def test_a_round_trip_keeps_every_sample_in_its_partition(
+    samples: list[UsageSample], partitions: int, cut: int
+) -> None:
+    batches = encode_samples(samples, partitions, max_samples=cut)
+    back: list[UsageSample] = []
+    ids = set()
+    for b in batches:
+        decoded = decode_batch(b.payload)
+        assert decoded.header.batch_id == b.batch_id
+        assert b.subject == subjects.usage_batch_subject(decoded.header.partition)
+        assert subjects.is_usage_batch(b.subject)
+        assert 1 <= len(decoded.lines) <= cut
+        got = [decode_sample(line) for line in decoded.lines]
+        assert [s.sample_id for s in got] == sorted(s.sample_id for s in got)
+        for s in got:
+            assert subjects.usage_partition(s.workload, partitions) == decoded.header.partition
+        back.extend(got)
+        ids.add(b.batch_id)
+    assert len(ids) == len(batches)  # every batch its own id
+    assert sorted(back, key=lambda s: s.sample_id) == sorted(samples, key=lambda s: s.sample_id)
+
+
+@given(samples=usage_samples(), partitions=st.integers(1, 16))
+def test_the_same_instant_read_again_gives_the_same_batch_ids(
+    samples: list[UsageSample], partitions: int
+) -> None:
+    first = encode_samples(samples, partitions)
+    again = encode_samples(list(reversed(samples)), partitions)  # another source order
+    assert [(b.batch_id, b.payload) for b in first] == [(b.batch_id, b.payload) for b in again]
+
+
+@given(
+    samples=usage_samples().filter(lambda s: len(s) >= 1),
+    bad=st.sampled_from(
+        [
+            b'{"schema_version": 1, "oops',
+            b"\xff\xfe\x00garbage",
+            b"[1, 2, 3]",
+            b'{"schema_version": 99}',
+            b"",
+        ]
+    ),
+    where=st.integers(min_value=0),
+)
+def test_a_bad_sample_is_refused_alone(samples: list[UsageSample], bad: bytes, where: int) -> None:
+    (batch, *_) = encode_samples(samples, 1, max_samples=len(samples))
+    head, *lines = batch.payload.split(b"\n")
+    index = where % (len(lines) + 1)
+    lines.insert(index, bad)
+    header = UsageBatchHeader.model_validate_json(head).model_copy(update={"samples": len(lines)})
+    decoded = decode_batch(b"\n".join([header.to_json(), *lines]))
+    good, refused = [], []
+    for i, line in enumerate(decoded.lines):
+        try:
+            good.append(decode_sample(line))
+        except DecodeError as error:
+            refused.append((i, error.kind))
+    assert [i for i, _ in refused] == [index]
+    assert refused[0][1] in ("decode", "validation")
+    assert [s.sample_id for s in good] == sorted(s.sample_id for s in samples)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"",
+        b"not json\n{}",
+        b'{"batch_format": 2, "batch_id": "x", "partition": 0, "partitions": 1, "samples": 0}',
+        b'{"batch_format": 1, "batch_id": "x", "partition": 0, "partitions": 1, "samples": 2}\n{}',
+    ],
+    ids=["empty", "not_json", "unknown_format", "count_mismatch"],
+)
+def test_a_batch_whose_header_is_not_read_is_refused_whole(payload: bytes) -> None:
+    with pytest.raises(DecodeError):
+        decode_batch(payload)
+
+
+def test_a_large_instant_is_cut_under_the_payload_limit() -> None:
+    many = [sample(name="chat", pod=f"chat-{i}", sample_id=f"s-{i:06}") for i in range(1234)]
+    batches = encode_samples(many, 1)
+    assert [len(decode_batch(b.payload).lines) for b in batches] == [500, 500, 234]
+    assert max(len(b.payload) for b in batches) < 1024 * 1024
+    assert MAX_BATCH_SAMPLES == 500
+
+
+def test_a_stored_message_reads_as_the_samples_in_it() -> None:
+    one = sample(name="chat", sample_id="s-1")
+    two = sample(name="embed", sample_id="s-2")
+    single = (subjects.usage_subject(one.workload), one.to_json())
+    assert as_samples(*single) == [single]
+    (batch,) = encode_samples([one, two], 1)
+    assert as_samples(batch.subject, batch.payload) == [
+        (subjects.usage_subject(one.workload), one.to_json()),
+        (subjects.usage_subject(two.workload), two.to_json()),
+    ]
