@@ -513,6 +513,7 @@ class GpuStack:
         ``Metrics`` options to the manager), as nodescaleadjuster does: the two cannot run at
         once, so wait for the port. Their webhooks are not registered.
         """
+        self.stop_scale_adjuster()  # the one other component of ours on :8080
         self.wait(_port_free(8080), "port 8080 free (KAI's podgroupcontroller binds it)", 60)
         probe, ready = self._probe_addr()
         self._start(
@@ -545,7 +546,7 @@ class GpuStack:
         GPU resource request, invisible to CA) gets a 1-GPU scaling pod in kai-scale-adjust.
         It has no flag for its metrics address: controller-runtime's default :8080."""
         if "kai-nodescaleadjuster" not in self.components:
-            # The podgroupcontroller a queue test ran may still be letting go of :8080.
+            self.stop_queue_controllers()  # the podgroupcontroller binds :8080 too
             self.wait(_port_free(8080), "port 8080 free (KAI's nodescaleadjuster binds it)", 60)
             self._start("kai-nodescaleadjuster", ["kai-nodescaleadjuster"])
 
