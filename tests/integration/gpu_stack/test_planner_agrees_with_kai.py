@@ -39,7 +39,8 @@ from kubernetes import client
 from fracpilot_actuator.kube.inventory import build_inventory
 from fracpilot_libs.contracts import WorkloadRef
 from fracpilot_libs.placement.planner import move_or_scale_up
-from fracpilot_libs.placement.predicates import cluster_facts, node_rule, pod_facts
+from fracpilot_libs.placement.predicates import node_rule
+from fracpilot_libs.placement.scheduling_facts import cluster_facts, pod_facts
 from support.gpu_stack import KWOK_TAINT, RESERVATION_NS, GpuStack, kai_pod
 
 pytestmark = pytest.mark.integration

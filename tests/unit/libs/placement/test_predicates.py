@@ -20,20 +20,17 @@ from fracpilot_libs.placement.planner import (
     plan_pod,
     plan_workload,
 )
-from fracpilot_libs.placement.predicates import (
+from fracpilot_libs.placement.predicates import node_fits, node_ok_for, node_rule
+from fracpilot_libs.placement.quantities import Resources, quantity
+from fracpilot_libs.placement.scheduling_facts import (
     ClusterFacts,
     NodeFacts,
     PodFacts,
-    Resources,
     Taint,
     cluster_facts,
     node_facts,
-    node_fits,
-    node_ok_for,
-    node_rule,
     pod_facts,
     pod_requests,
-    quantity,
 )
 
 GIB = 2**30

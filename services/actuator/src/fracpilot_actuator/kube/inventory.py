@@ -78,12 +78,12 @@ from fracpilot_libs.hami.register import RegisteredGpu
 from fracpilot_libs.kai import KaiSettings
 from fracpilot_libs.owners import Controller, OwnerKey, top_owner
 from fracpilot_libs.placement.planner import ClusterState, Gpu, NodeOkFor, Placement
-from fracpilot_libs.placement.predicates import (
+from fracpilot_libs.placement.predicates import node_ok_for
+from fracpilot_libs.placement.scheduling_facts import (
     ClusterFacts,
     NodeFacts,
     PodFacts,
     node_facts,
-    node_ok_for,
     pod_facts,
     pods_by_node,
 )

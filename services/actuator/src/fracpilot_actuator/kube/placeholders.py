@@ -41,7 +41,7 @@ from fracpilot_actuator.kube.object_values import (
     ROLE,
 )
 from fracpilot_libs.contracts import FractionDecision, GpuSharing
-from fracpilot_libs.placement.predicates import quantity
+from fracpilot_libs.placement.quantities import quantity
 
 PRIORITY_CLASS = "fracpilot-capacity"
 MANAGED_BY = "app.kubernetes.io/managed-by"
