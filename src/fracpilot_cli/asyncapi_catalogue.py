@@ -170,8 +170,8 @@ def channels() -> dict[str, Channel]:
             "One observation of one workload's pod on one GPU in a message of its own, with "
             f"`Nats-Msg-Id` = `sample_id` (re-read instants are dropped by the server): the "
             "previous version's format, published by ingest with FRACPILOT_USAGE_WIRE=sample "
-            "(until every decision replica reads batches) and always read by the decision "
-            f"service. {_usage_storage()}",
+            "(during an upgrade from a version before batches) and always read by the decision "
+            f"service and the CLI. {_usage_storage()}",
             ("slot", "namespace", "workload"),
         ),
         "usageBatches": Channel(
@@ -262,7 +262,7 @@ def operations() -> dict[str, Operation]:
             "send",
             "usage",
             ("ingest",),
-            "Ingest publishes each validated sample (FRACPILOT_USAGE_WIRE=sample).",
+            "Ingest publishes each validated sample alone (FRACPILOT_USAGE_WIRE=sample).",
         ),
         "ingestSendsUsageBatches": Operation(
             "send",

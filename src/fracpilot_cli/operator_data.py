@@ -7,6 +7,13 @@ streams (the latest value of each key, deleted keys left out), so nothing is cre
 watcher is left behind. Values that do not decode are counted and named in
 ``problems``, never fatal. What the pure cores make of it lives in :mod:`fracpilot_cli.status`,
 :mod:`fracpilot_cli.explain` and :mod:`fracpilot_cli.report`.
+
+Usage comes in two formats (:mod:`fracpilot_libs.nats.usage_batch`): one sample per message on
+the workload's subject, or batches of a partition's samples from one scrape instant. Both are
+read. "The latest sample of each workload" is the last message on each per-workload subject
+and, for batches, every batch stored within :data:`LAST_INSTANT_LOOKBACK` of the partition's
+last one (an instant may be cut into several batches, published seconds apart): a workload
+absent from the last instant's batches has no latest sample (its ``status`` row shows none).
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from nats.aio.client import Client as NatsClient
@@ -44,12 +51,16 @@ from fracpilot_libs.nats.kv_snapshot import (
     read_kv,
 )
 from fracpilot_libs.nats.kv_snapshot import read_stream as read_stored
+from fracpilot_libs.nats.usage_batch import decode_batch, decode_sample
 from fracpilot_libs.nats.usage_streams import usage_partition_count
 from fracpilot_libs.sizing.policies import LivePolicies, cluster_default
 from fracpilot_libs.sizing.state import WorkloadState, load_state
 
 M = TypeVar("M", bound=BaseModel)
 _CONSUMER_PREFIX = "fracpilot-cli"  # the ephemeral consumers' names: who is reading
+# How long before a partition's last batch the other batches of the same instant may have been
+# stored (ingest publishes an instant's batches through a window of a few in flight).
+LAST_INSTANT_LOOKBACK = timedelta(seconds=60)
 
 
 class NatsUnavailableError(Exception):
@@ -93,19 +104,99 @@ async def read_usage(
     start: datetime | None = None,
     workload: WorkloadRef | None = None,
 ) -> list[RawMessage]:
-    """Usage samples from every partition's stream (or only ``workload``'s), read at once;
-    in stream order within a partition, so each workload's are in order. Sequences are
-    per partition stream."""
+    """Usage messages, both formats, from every partition's stream (or only ``workload``'s
+    partition), read at once; in stream order within a partition. With
+    ``DeliverPolicy.LAST_PER_SUBJECT``: the last message of each per-workload subject and the
+    batches of each partition's last instant (:data:`LAST_INSTANT_LOOKBACK`). Decode them with
+    :func:`decode_usage`."""
     js = nc.jetstream()
     count = await usage_partition_count(js)
     if count is None:
         return []
     if workload is not None:
-        stream = subjects.usage_stream(subjects.usage_partition(workload, count))
-        return await read_stream(nc, stream, subjects.usage_subject(workload), deliver, start)
-    every = f"{subjects.USAGE_PREFIX}.>"  # (last per subject needs a filter; this is all)
-    reads = [read_stream(nc, subjects.usage_stream(p), every, deliver, start) for p in range(count)]
+        partitions = [subjects.usage_partition(workload, count)]
+        per_subject = subjects.usage_subject(workload)
+    else:
+        partitions = list(range(count))
+        per_subject = f"{subjects.USAGE_PREFIX}.>"  # (last per subject needs a filter)
+    reads = [
+        _read_partition(nc, p, per_subject, workload is not None, deliver, start)
+        for p in partitions
+    ]
     return [m for part in await asyncio.gather(*reads) for m in part]
+
+
+async def _read_partition(
+    nc: NatsClient,
+    partition: int,
+    per_subject: str,
+    with_batches: bool,
+    deliver: DeliverPolicy,
+    start: datetime | None,
+) -> list[RawMessage]:
+    stream = subjects.usage_stream(partition)
+    batches = f"{subjects.USAGE_BATCH_PREFIX}.{partition}.*"
+    if deliver is not DeliverPolicy.LAST_PER_SUBJECT:
+        read = [read_stream(nc, stream, per_subject, deliver, start)]
+        if with_batches:  # a workload's own subject holds no batch
+            read.append(read_stream(nc, stream, batches, deliver, start))
+        return [m for part in await asyncio.gather(*read) for m in part]
+    last = await read_stream(nc, stream, per_subject, deliver)
+    if with_batches:
+        last += await read_stream(nc, stream, batches, deliver)
+    samples = [m for m in last if not subjects.is_usage_batch(m.subject)]
+    newest = max((m.received_at for m in last if subjects.is_usage_batch(m.subject)), default=None)
+    if newest is None:
+        return samples
+    instant = await read_stream(
+        nc, stream, batches, DeliverPolicy.BY_START_TIME, newest - LAST_INSTANT_LOOKBACK
+    )
+    return samples + instant
+
+
+def decode_usage(
+    messages: Iterable[RawMessage], problems: list[str]
+) -> list[Recorded[UsageSample]]:
+    """The samples in usage messages of either format, in message order (a batch's in its
+    order); a sample or a batch header that does not decode is named in ``problems`` and left
+    out (a batch's other samples are kept)."""
+    out: list[Recorded[UsageSample]] = []
+    for m in messages:
+        if not subjects.is_usage_batch(m.subject):
+            try:
+                out.append(Recorded(decode(UsageSample, m.data), m.received_at, m.sequence))
+            except DecodeError as exc:
+                problems.append(f"{m.subject} (sequence {m.sequence}): {exc.reason[:300]}")
+            continue
+        try:
+            lines = decode_batch(m.data).lines
+        except DecodeError as exc:
+            problems.append(f"{m.subject} (sequence {m.sequence}): {exc.reason[:300]}")
+            continue
+        for index, line in enumerate(lines):
+            try:
+                out.append(Recorded(decode_sample(line), m.received_at, m.sequence))
+            except DecodeError as exc:
+                problems.append(
+                    f"{m.subject} (sequence {m.sequence}, sample {index}): {exc.reason[:300]}"
+                )
+    return out
+
+
+def latest_samples(
+    samples: Iterable[Recorded[UsageSample]], namespace: str | None
+) -> dict[str, UsageSample]:
+    """The newest sample per workload key, by the sample's own time (then by stream order):
+    the two formats' messages are not in one order."""
+    best: dict[str, Recorded[UsageSample]] = {}
+    for r in samples:
+        if namespace is not None and r.value.workload.namespace != namespace:
+            continue
+        key = subjects.kv_key(r.value.workload)
+        seen = best.get(key)
+        if seen is None or (r.value.timestamp, r.sequence) >= (seen.value.timestamp, seen.sequence):
+            best[key] = r
+    return {k: r.value for k, r in best.items()}
 
 
 async def read_bucket(nc: NatsClient, bucket: str) -> dict[str, RawMessage]:
@@ -195,7 +286,7 @@ async def read_fleet(
     snapshot = FleetSnapshot(problems=problems)
     snapshot.allocations = _allocations(allocations, problems)
     snapshot.states = _states(states, problems)
-    snapshot.samples = latest_per_workload(UsageSample, samples, namespace, problems)
+    snapshot.samples = latest_samples(decode_usage(samples, problems), namespace)
     snapshot.results = latest_per_workload(ActuationResult, results, namespace, problems)
     return snapshot, policies
 
@@ -210,7 +301,7 @@ def _allocations(entries: dict[str, RawMessage], problems: list[str]) -> dict[st
     return out
 
 
-W = TypeVar("W", UsageSample, ActuationResult)
+W = TypeVar("W", bound=ActuationResult)
 
 
 def latest_per_workload(
@@ -260,7 +351,7 @@ async def read_one(
         read_policies(nc, problems),
     )
     snapshot = FleetSnapshot(problems=problems)
-    samples = latest_per_workload(UsageSample, sample, namespace, problems)
+    samples = latest_samples(decode_usage(sample, problems), namespace)
     results = latest_per_workload(ActuationResult, [result] if result else [], namespace, problems)
     found = [s.workload for s in samples.values() if s.workload.owner_name == name]
     found += [r.workload for r in results.values() if r.workload.owner_name == name]
@@ -305,7 +396,7 @@ async def read_window(nc: NatsClient, since: datetime, namespace: str | None = N
         ]
 
     return Window(
-        keep(decode_all(UsageSample, samples, problems)),
+        keep(decode_usage(samples, problems)),
         keep(decode_all(FractionDecision, decisions, problems)),
         keep(decode_all(ActuationResult, results, problems)),
         problems,

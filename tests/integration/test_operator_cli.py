@@ -41,11 +41,13 @@ A100_PER_HOUR = 3.40
 FRACPILOT = Path(sys.executable).parent / "fracpilot"
 
 
-@pytest.fixture
-async def recording(nats_url: str) -> Recording:
+@pytest.fixture(params=["sample", "batch"])
+async def recording(nats_url: str, request: pytest.FixtureRequest) -> Recording:
+    """The recorded fleet, its usage in either of ingest's formats: every command reads both."""
     await reset_nats(nats_url)
     rec = record(operator_fleet(), namespace_policy("inference", 3))
-    await publish(nats_url, rec, extra_states={"test/inference/Deployment/broken": b"{oops"})
+    broken = {"test/inference/Deployment/broken": b"{oops"}
+    await publish(nats_url, rec, extra_states=broken, wire=request.param)
     return rec
 
 

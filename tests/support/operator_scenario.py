@@ -33,6 +33,7 @@ from fracpilot_libs.contracts import (
 )
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.bus import Bus
+from fracpilot_libs.nats.usage_batch import encode_samples
 from fracpilot_libs.sizing.engine import decide
 from fracpilot_libs.sizing.state import WorkloadState, dump_state
 
@@ -167,14 +168,29 @@ def namespace_policy(namespace: str, revision: int) -> Policy:
     )
 
 
-async def publish(url: str, rec: Recording, extra_states: dict[str, bytes] | None = None) -> None:
-    """Put the recording where the services would have (streams in publishing order)."""
+async def publish(
+    url: str,
+    rec: Recording,
+    extra_states: dict[str, bytes] | None = None,
+    wire: str = "sample",
+    batch_samples: int = 2,
+) -> None:
+    """Put the recording where the services would have (streams in publishing order). ``wire``:
+    ingest's usage format, one sample per message or batches of each instant's samples per
+    partition (cut every ``batch_samples``, so an instant takes several batches)."""
     bus = Bus("recording", ServiceSettings(nats={"url": url}), CollectorRegistry())
     await bus.connect(retry_for_s=10)
     try:
         await bus.ensure_streams()
-        for s in rec.samples:
-            await bus.publish(subjects.usage_subject(s.workload), s)
+        if wire == "batch":
+            partitions = await bus.usage_partitions()
+            for instant in sorted({s.timestamp for s in rec.samples}):
+                now = [s for s in rec.samples if s.timestamp == instant]
+                for b in encode_samples(now, partitions, max_samples=batch_samples):
+                    await bus.publish_bytes(b.subject, b.payload, b.batch_id)
+        else:
+            for s in rec.samples:
+                await bus.publish(subjects.usage_subject(s.workload), s)
         # Decisions and their results interleave as the services publish them.
         results = {r.decision_id: [] for r in rec.results}  # type: dict[str, list[ActuationResult]]
         for r in rec.results:

@@ -101,10 +101,10 @@ class IngestSettings(ServiceSettings):
         "actuator's variables (the queue ones are the actuator's only)",
     )
     restarts: RestartSettings = Field(default_factory=RestartSettings)
-    # sample by default until the CLI's status, explain and report read batches (they read
-    # the per-workload subjects): the decision service reads both formats already.
+    # batch by default: the decision service and the CLI read both formats; sample is the
+    # previous version's format, for a rolling upgrade of a fleet with older decision replicas.
     usage_wire: Literal["batch", "sample"] = Field(
-        default="sample",
+        default="batch",
         description="sample: one message per sample; batch: a partition's samples of one "
         "instant in one message (the decision service reads both: upgrade it first)",
     )
