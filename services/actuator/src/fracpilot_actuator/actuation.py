@@ -44,7 +44,8 @@ class Actuation:
     """A FAILED actuation that every delivery of the decision would meet again: the API
     server's status that refused it for good ("403", "422", ...:
     :func:`fracpilot_actuator.kube.errors.refused_for_good`). The handler dead-letters such a
-    decision after its FAILED result. "" for any other outcome, and for a failure another try
+    decision after its FAILED result (a later result, reported after the decision was
+    acknowledged, is only published). "" for any other outcome, and for a failure another try
     may not meet (no answer, 5xx, a second 409, a PodDisruptionBudget's 429, a replacement
     not verified in time)."""
 
