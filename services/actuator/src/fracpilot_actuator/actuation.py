@@ -6,7 +6,8 @@ where the pod was and goes); the service claims the decision, calls the backend 
 publishes the ``ActuationResult``. A backend whose action finishes later (a scale-up waits
 for capacity, a recreate waits for its replacement to be bound) answers
 :attr:`~fracpilot_libs.contracts.Outcome.PENDING` first and reports the verified end through
-the ``report`` callback it was given.
+the ``report`` callback it was given. A FAILED answer says whether it is permanent
+(:attr:`Actuation.refused`): the decision is then dead-lettered, never tried again.
 """
 
 from __future__ import annotations
@@ -39,6 +40,19 @@ class Actuation:
     stage: str = ""
     """Which later result of the decision this is ("verified", "correction-1", ...), so each
     is its own message; "" for the first."""
+    refused: str = ""
+    """A FAILED actuation that every delivery of the decision would meet again: the API
+    server's status that refused it for good ("403", "422", ...:
+    :func:`fracpilot_actuator.kube.errors.refused_for_good`). The handler dead-letters such a
+    decision after its FAILED result (a later result, reported after the decision was
+    acknowledged, is only published). "" for any other outcome, and for a failure another try
+    may not meet (no answer, 5xx, a second 409, a PodDisruptionBudget's 429, a replacement
+    not verified in time)."""
+
+    @property
+    def permanent(self) -> bool:
+        """Failed in a way no later delivery of the decision changes."""
+        return self.outcome is Outcome.FAILED and bool(self.refused)
 
 
 Report = Callable[[FractionDecision, Actuation], Awaitable[None]]

@@ -4,8 +4,13 @@ For each decision it claims the decision id in KV before acting (so a redelivere
 republished decision is applied at most once), hands it to the cluster backend (which plans
 with the pure planner and executes the plan), and publishes an ``ActuationResult`` saying
 what it did and why (PENDING first for an action verified later: the backend reports the end).
-A decision the API server refuses (4xx, e.g. KAI's validating webhook) gets a FAILED result
-with the server's reason and is dead-lettered (counted by the bus), never delivered again.
+A decision the API server refuses for good (a 4xx that every delivery would meet again, e.g.
+KAI's validating webhook or RBAC: the backend's answer says so, :attr:`Actuation.refused`, or
+the refusal escapes it as a :class:`PermanentKubeError`) gets a FAILED result with the
+server's reason, then is dead-lettered: the bus keeps it on the dead-letter stream and counts
+it (``fracpilot_dead_letters_total{kind="processing"}``), and it is never delivered again. A
+failure that may pass (a PodDisruptionBudget's 429, a 5xx, a second 409) is a FAILED result,
+and the decision is done with.
 Decisions the opt-in rule holds back (:mod:`fracpilot_actuator.opt_in`:
 a workload whose namespace or pods are not labelled ``fracpilot.io/mode=auto``, or a policy in
 recommend mode) and dry-run are recorded as recommendations without changing anything; the
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import NoReturn
 
 from fracpilot_actuator.actuation import Actuation, ClusterBackend
 from fracpilot_actuator.election.elector import LeaderElector
@@ -113,19 +119,32 @@ class DecisionHandler:
                 decision, dry_run=why, now=utcnow(), resumed=resumed
             )
         except PermanentKubeError as exc:
-            # The API server refused (4xx): another delivery would be refused the same way.
-            # Say so in a FAILED result, then dead-letter the decision (the bus counts it).
+            # A refusal the backend had no answer for: another delivery meets it again.
             error = f"the API server refused ({exc.status}): {exc.message or exc}"
             failed = Actuation(
-                plan=PlanKind.NONE, outcome=Outcome.FAILED, detail=error, error=error
+                plan=PlanKind.NONE,
+                outcome=Outcome.FAILED,
+                detail=error,
+                error=error,
+                refused=str(exc.status or ""),
             )
-            await self.claims.put(f"decision.{decision.decision_id}", b"done:failed")
-            await self.report(decision, failed)
-            raise PermanentError(error) from exc
+            await self._dead_end(decision, failed, exc)
+        if actuation.permanent:
+            await self._dead_end(decision, actuation)
         await self.claims.put(
             f"decision.{decision.decision_id}", f"done:{actuation.outcome}".encode()
         )
         await self.report(decision, actuation)
+
+    async def _dead_end(
+        self, decision: FractionDecision, failed: Actuation, cause: Exception | None = None
+    ) -> NoReturn:
+        """A decision no delivery can carry out: its FAILED result (with the server's reason)
+        first, then the bus dead-letters it and counts it. The claim says done first, so a
+        copy published again is not acted on either."""
+        await self.claims.put(f"decision.{decision.decision_id}", b"done:failed")
+        await self.report(decision, failed)
+        raise PermanentError(failed.error or failed.detail) from cause
 
     async def report(
         self, decision: FractionDecision, actuation: Actuation, stage: str = ""

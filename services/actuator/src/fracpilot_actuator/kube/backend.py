@@ -19,7 +19,10 @@ for a plan or a skip, and carries a plan out (:mod:`.executor`):
   each waiting recreate is saved (``pending_recreates``), so a restarted actuator, or a new
   leader, carries on where it was (:meth:`KubernetesBackend.resume`).
 - every refusal of the API server (a PDB, KAI's validating webhook, RBAC) is a FAILED result
-  with the server's reason.
+  with the server's reason; one that every delivery of the decision would meet again (a 4xx
+  but 404, 408, 409, 410 and 429: :func:`~.errors.refused_for_good`) says so
+  (:attr:`~fracpilot_actuator.actuation.Actuation.refused`), and the decision is
+  dead-lettered. A PDB's 429, a second 409, a 5xx or no answer are FAILED, nothing more.
 
 Crashes and faults. Before it acts, the backend records the target and, for a disruptive plan,
 the disruption itself (:class:`~fracpilot_actuator.stores.ports.DisruptionHistory`, so the
@@ -55,7 +58,7 @@ from fracpilot_actuator.kube.enforcement import (
     enforced_after,
     enforcement_note,
 )
-from fracpilot_actuator.kube.executor import InPlaceConflictError, StepExecutor
+from fracpilot_actuator.kube.executor import InPlaceConflictError, StepExecutor, StepFailure
 from fracpilot_actuator.kube.inventory import Inventory
 from fracpilot_actuator.kube.judge import ActuationPlan, ClusterView, Guards, Skip, judge
 from fracpilot_actuator.kube.namespaces import NamespaceLabels
@@ -100,6 +103,12 @@ def allocation_of(
     if step is None or gpu is None:
         return None
     return allocation_for(workload, step.pod, gpu, step.fraction_after, now)
+
+
+def _failed(chosen: ActuationPlan, detail: str, failure: StepFailure) -> Actuation:
+    """The FAILED answer of a step that failed, saying whether it was refused for good."""
+    failed = chosen.result(Outcome.FAILED, detail, str(failure))
+    return replace(failed, refused=failure.refused)
 
 
 class KubernetesBackend:
@@ -336,7 +345,7 @@ class KubernetesBackend:
                 notes.append(note)
                 if error is not None:
                     detail = f"{plan.reason}; {'; '.join(notes)}"
-                    return chosen.result(Outcome.FAILED, detail, error)
+                    return _failed(chosen, detail, error)
             # In plan order: each step was planned on the cluster the earlier ones leave, so
             # a resize that counts on a pod having moved out waits for that eviction.
             evicted: list[ResizePlan] = []
@@ -355,7 +364,7 @@ class KubernetesBackend:
                         return await self._rejudge(chosen, now, f"{conflict}; re-read")
                     if error is not None:
                         detail = f"{plan.reason}; {'; '.join(notes)}; {error}"
-                        return chosen.result(Outcome.FAILED, detail, error)
+                        return _failed(chosen, detail, error)
                     notes.append(
                         f"{step.pod} resized in place and read back "
                         f"({enforcement_note(step, enforced)})"
@@ -367,7 +376,7 @@ class KubernetesBackend:
                             await self._take_back(disruption, window)
                             notes.append("the refused eviction used none of the budget")
                         detail = f"{plan.reason}; {'; '.join(notes)}; {error}"
-                        return chosen.result(Outcome.FAILED, detail, error)
+                        return _failed(chosen, detail, error)
                     evicted.append(step)
                     notes.append(f"{step.pod} evicted")
             scale_ups = plan.steps_of(PlanKind.SCALE_UP)

@@ -14,6 +14,10 @@
   webhook would patch a pod (:func:`fracpilot_actuator.admission.template_patch`), with a
   WARNING log each time, as each such patch starts a rollout that replaces every pod.
 
+A failed step answers a :class:`StepFailure`: its text, and the API server's status when it
+refused, so the backend can tell a refusal for good (:func:`.errors.refused_for_good`: the
+decision is dead-lettered) from one that may pass (a PDB's 429, a 5xx, no answer).
+
 Every action leaves a Kubernetes Event on the pod (FractionResized, FractionEvictionRequested,
 CapacityRequested, and Warning events when it fails); every write leaves a fence for the
 reader (:mod:`fracpilot_actuator.kube.reader`).
@@ -39,7 +43,7 @@ from fracpilot_actuator.admission import template_patch
 from fracpilot_actuator.kube.api import KubeApi
 from fracpilot_actuator.kube.cache import Fence
 from fracpilot_actuator.kube.enforcement import NOT_ENFORCED, Enforcement, enforcement_note
-from fracpilot_actuator.kube.errors import KubeError, TransientKubeError
+from fracpilot_actuator.kube.errors import KubeError, TransientKubeError, refused_for_good
 from fracpilot_actuator.kube.inventory import PodInfo
 from fracpilot_actuator.kube.object_values import DECISION_ID, KAI_FRACTION, KAI_MEMORY, RESIZED_AT
 from fracpilot_actuator.kube.placeholders import (
@@ -70,6 +74,24 @@ def _status(exc: BaseException) -> int | None:
 
 def _message(exc: BaseException) -> str:
     return exc.message if isinstance(exc, KubeError) else str(exc)
+
+
+class StepFailure(str):
+    """Why a step failed, as the result's error text (a str, so whoever only reports it needs
+    nothing more); ``status``: the HTTP status the API server refused with, None when it did
+    not answer or the step failed otherwise."""
+
+    status: int | None
+
+    def __new__(cls, text: str, status: int | None = None) -> StepFailure:
+        failure = super().__new__(cls, text)
+        failure.status = status
+        return failure
+
+    @property
+    def refused(self) -> str:
+        """The status when the refusal is for good (:attr:`.Actuation.refused`), else ""."""
+        return str(self.status) if refused_for_good(self.status) else ""
 
 
 class InPlaceConflictError(Exception):
@@ -132,7 +154,7 @@ class StepExecutor:
         memory_mib: int,
         now: datetime,
         enforcement: Enforcement = NOT_ENFORCED,
-    ) -> str | None:
+    ) -> StepFailure | None:
         """Patch the pod as it was read (its resourceVersion and UID are the precondition),
         then read it back: None when it holds the new share, else why not. A conflict (the pod
         changed since it was read) raises :class:`InPlaceConflictError`; any other refusal of the
@@ -158,7 +180,7 @@ class StepExecutor:
             error = f"in-place resize of {pod.key} refused ({exc.status}): {exc.message}"
             await self.event(pod, "FractionResizeFailed", error, warning=True)
             log.warning("in-place resize refused", extra={"pod": pod.key, "error": error})
-            return error
+            return StepFailure(error, exc.status)
         self._fence(Fence("pods", version, None if version else (pod.namespace, pod.name)))
         held = await self._read_back(pod, key)
         if held != value:
@@ -166,7 +188,7 @@ class StepExecutor:
                 f"{pod.key} read back with {key}={held or 'nothing'} after the patch, not {value}"
             )
             log.warning("in-place resize not held", extra={"pod": pod.key, "error": error})
-            return error
+            return StepFailure(error)
         await self.event(
             pod,
             "FractionResized",
@@ -196,7 +218,7 @@ class StepExecutor:
         pod: PodInfo,
         step: ResizePlan,
         enforcement: Enforcement = NOT_ENFORCED,
-    ) -> str | None:
+    ) -> StepFailure | None:
         """Evict, retrying refusals and failures with jittered backoff; the error after the
         last attempt, or None. After a failure that may have evicted the pod all the same (no
         answer, 5xx) the pod is read before another eviction is sent."""
@@ -248,7 +270,7 @@ class StepExecutor:
                 error = f"eviction of {pod.key} failed ({status}): {_message(exc)}"
             await self.event(pod, "FractionEvictionFailed", error, warning=True)
             log.warning("eviction failed", extra={"pod": pod.key, "error": error})
-            return error
+            return StepFailure(error, status)
         await self._fence_pod(pod.namespace, pod.name)
         log.info("evicted", extra={"pod": pod.key, "attempts": attempts})
         return None
@@ -318,7 +340,7 @@ class StepExecutor:
 
     async def patch_template(
         self, target: WorkloadTarget, owner: dict[str, Any] | None
-    ) -> tuple[str, str | None]:
+    ) -> tuple[str, StepFailure | None]:
         """targets_via=template: size the workload's pod template; (a note, an error or None).
 
         Every patch that changes the template starts a rollout, and the log says so."""
@@ -355,5 +377,5 @@ class StepExecutor:
         except Exception as exc:
             error = f"pod template patch of {what} failed ({_status(exc)}): {_message(exc)}"
             log.warning("pod template patch failed", extra={"workload": wl.key, "error": error})
-            return "pod template not patched", error
+            return "pod template not patched", StepFailure(error, _status(exc))
         return f"pod template patched ({sizing.reason}): a rollout replaces every pod", None
