@@ -36,6 +36,7 @@ from fracpilot_libs.nats.connect import open_connection
 from fracpilot_libs.nats.decision_backlog import decision_backlog
 from fracpilot_libs.nats.decoding import DecodeError, decode
 from fracpilot_libs.nats.embedded import EmbeddedNats
+from fracpilot_libs.nats.usage_batch import decode_batch, decode_sample
 from fracpilot_libs.nats.usage_streams import usage_streams
 from fracpilot_libs.simulation.workloads import demo_workloads
 
@@ -119,8 +120,15 @@ class StreamFollower:
         )
 
     async def _on_usage(self, msg: Msg) -> None:
+        if not subjects.is_usage_batch(msg.subject):  # one sample (ingest's earlier format)
+            with contextlib.suppress(DecodeError):
+                self.summary.add_sample(decode(UsageSample, msg.data))
+            return
         with contextlib.suppress(DecodeError):
-            self.summary.add_sample(decode(UsageSample, msg.data))
+            lines = decode_batch(msg.data).lines
+            for line in lines:  # a sample that does not decode is left out alone
+                with contextlib.suppress(DecodeError):
+                    self.summary.add_sample(decode_sample(line))
 
     async def _on_result(self, msg: Msg) -> None:
         with contextlib.suppress(DecodeError):
