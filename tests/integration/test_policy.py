@@ -19,6 +19,7 @@ from fracpilot_libs.contracts import (
     DeadLetter,
     Direction,
     FractionDecision,
+    MemoryIsolation,
     Policy,
     PolicyLevel,
     PolicyReply,
@@ -237,9 +238,14 @@ async def test_a_live_policy_change_alters_the_next_decision(
     assert first.current_fraction == 1.0
     assert first.new_fraction <= 0.5
     assert first.policy_revision == namespace.revision == 1
+    # What the engine predicts goes with it (the actuator's card planner reads it).
+    assert first.forecast is not None
+    assert abs(first.forecast.memory_peak - 0.1) < 1e-6
+    assert first.forecast.memory_jump >= 0.1  # young: at least the population prior
+    assert first.isolation is MemoryIsolation.AUTO
 
     # Written straight into the bucket: followed by the watch.
-    narrower = Policy(scope=CHAT, max_fraction=0.12, revision=1)
+    narrower = Policy(scope=CHAT, max_fraction=0.12, revision=1, isolation=MemoryIsolation.SHARED)
     kv = await js.key_value(subjects.POLICY_BUCKET)
     await kv.put(CHAT.key, narrower.to_json())
     await wait_for(lambda: service.policies.for_workload(chat.workload) == narrower)
@@ -251,6 +257,7 @@ async def test_a_live_policy_change_alters_the_next_decision(
     second = (await decisions(nats_url))[-1]
     assert second.reason is ReasonCode.POLICY_BOUNDS
     assert second.new_fraction == 0.12
+    assert second.isolation is MemoryIsolation.SHARED  # the policy's, for the actuator
 
 
 async def test_replicas_share_the_requests_and_see_each_others_changes(nats_url: str) -> None:

@@ -168,6 +168,24 @@ class EnforcementMode(StrEnum):
     NEXT_RESTART = "next_restart"  # at the pod's next natural restart
 
 
+class MemoryIsolation(StrEnum):
+    """Whether a pod's GPU memory is held to its own share (docs/sizing.md)."""
+
+    AUTO = "auto"  # as the actuator detects it, per pod (the default)
+    SHARED = "shared"  # not held (KAI without HAMi-core): the card is the limit, sized as one
+    ENFORCED = "enforced"  # held (HAMi, KAI with HAMi-core): each pod sized on its own
+
+
+class CardForecast(WireModel):
+    """What the engine predicts of a workload, shares of a card: what a card planner
+    (:mod:`fracpilot_libs.placement.card_budget`) needs to size a card's tenants together."""
+
+    memory_peak: Share  # the memory peak over the policy's memory window
+    memory_jump: Share  # how far above its trailing peak its memory has jumped (the largest)
+    compute: Share  # the compute level that sizes it
+    burst: Share = 0.0  # how far above that level its compute reaches
+
+
 class FractionDecision(WireModel):
     """The decision engine's verdict for one workload, with the numbers behind it."""
 
@@ -190,6 +208,8 @@ class FractionDecision(WireModel):
     trigger_sample_id: str = Field(default="", max_length=200)
     memory_need_mib: Annotated[int, Field(ge=0)] | None = None  # peak + headroom; None: unknown
     enforcement: EnforcementMode = EnforcementMode.NEXT_RESTART  # the policy's
+    forecast: CardForecast | None = None  # what the engine predicts; None: unknown
+    isolation: MemoryIsolation = MemoryIsolation.AUTO  # the policy's
 
     @model_validator(mode="after")
     def _direction_matches(self) -> FractionDecision:
@@ -461,6 +481,14 @@ class Policy(WireModel):
         description="after an in-place downsize (KAI accounting only) the container keeps its "
         "memory limit: next_restart lets it lag until the pod restarts; recreate_within_budget "
         "evicts the pod when the disruption budget allows",
+    )
+
+    isolation: MemoryIsolation = Field(
+        default=MemoryIsolation.AUTO,
+        description="whether a pod's GPU memory is held to its share: auto detects it per pod "
+        "(KAI without HAMi-core: shared; HAMi, KAI with HAMi-core: enforced); shared: the "
+        "actuator divides each card among its KAI gpu-fraction tenants; enforced: each pod "
+        "is sized on its own (docs/sizing.md)",
     )
 
     @model_validator(mode="before")

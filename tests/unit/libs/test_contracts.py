@@ -16,11 +16,13 @@ from fracpilot_libs.contracts import (
     ActuationResult,
     Allocation,
     AppSignals,
+    CardForecast,
     ComputeSizing,
     DeadLetter,
     Direction,
     FractionDecision,
     GridKind,
+    MemoryIsolation,
     Mode,
     Outcome,
     PlanKind,
@@ -290,6 +292,7 @@ def test_policy_defaults_are_the_documented_ones() -> None:
     assert p.scope.level is PolicyLevel.CLUSTER
     assert p.mode is Mode.AUTO
     assert p.revision == 0
+    assert p.isolation is MemoryIsolation.AUTO
 
 
 def test_policy_fields_are_all_documented() -> None:
@@ -585,3 +588,36 @@ def test_levels_need_levels_ascending_and_bounds_among_them() -> None:
 def test_new_policy_fields_refuse_bad_values(overrides: dict[str, object]) -> None:
     with pytest.raises(ValidationError):
         Policy(**overrides)
+
+
+# --- the decision's forecast and isolation ---------------------------------------------------
+
+
+def test_a_decision_without_forecast_or_isolation_reads_as_unknown_and_detected() -> None:
+    body = json.loads(decision().model_dump_json())
+    del body["forecast"], body["isolation"]  # as a decision service before them wrote it
+    old = FractionDecision.model_validate_json(json.dumps(body))
+    assert old.forecast is None
+    assert old.isolation is MemoryIsolation.AUTO
+
+
+def test_a_decision_carries_its_forecast_over_the_wire() -> None:
+    forecast = CardForecast(memory_peak=0.3, memory_jump=0.05, compute=0.2, burst=0.1)
+    sent = decision(forecast=forecast, isolation=MemoryIsolation.SHARED)
+    got = FractionDecision.model_validate_json(sent.to_json())
+    assert got.forecast == forecast
+    assert got.isolation is MemoryIsolation.SHARED
+
+
+@pytest.mark.parametrize("field", ["memory_peak", "memory_jump", "compute", "burst"])
+@pytest.mark.parametrize("bad", [-0.01, 1.01, *NON_FINITE])
+def test_a_forecast_holds_shares_of_a_card(field: str, bad: float) -> None:
+    values = {"memory_peak": 0.3, "memory_jump": 0.05, "compute": 0.2, field: bad}
+    with pytest.raises(ValidationError):
+        CardForecast(**values)
+    payload = as_json_with(decision(), forecast={**values, field: 0.5})
+    assert FractionDecision.model_validate_json(payload).forecast is not None
+    with pytest.raises(ValidationError):
+        FractionDecision.model_validate_json(
+            as_json_with(decision(), forecast={**values, "unknown": 0.1})
+        )

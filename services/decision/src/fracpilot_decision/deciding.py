@@ -22,6 +22,7 @@ from itertools import repeat
 
 from pydantic import ValidationError
 
+from fracpilot_decision.forecasts import card_forecast, keep_jump, prior_of
 from fracpilot_decision.metrics import DecisionMetrics, RecommendationMetrics
 from fracpilot_decision.partition_state import Partition
 from fracpilot_decision.routing import (
@@ -49,6 +50,7 @@ from fracpilot_libs.sizing.state import WorkloadState
 
 log = logging.getLogger(__name__)
 EXPIRE_EVERY_S = 30.0  # how often stale recommendation series are looked for
+PRIOR_EVERY_S = 300.0  # how often a partition's population prior (forecasts.py) is recomputed
 _YIELD_EVERY = 100  # samples of a batch decided between two turns of the event loop
 _EMPTY = WorkloadState()  # the engine never mutates a state: one empty one serves all
 # The last sample of each workload fetched: (sample, fraction held, new state).
@@ -77,6 +79,7 @@ class Decider:
         self.partition_count = partition_count
         self.max_unacked = max_unacked
         self.urge_checkpoint = urge_checkpoint
+        self._priors: dict[int, tuple[float, float]] = {}  # partition: (computed at, prior)
 
     async def handle_batch(self, part: Partition, msgs: list[Msg]) -> None:
         """Decide a fetched batch of messages, each in either wire format: one sample
@@ -217,7 +220,12 @@ class Decider:
             log.exception("the engine failed on a sample", extra={"subject": msg.subject})
             await self._refuse_sample(msg, batch_item, "processing", repr(exc)[:2000])
             return
+        now = sample.timestamp.timestamp()
+        new = keep_jump(state, new, sample.memory_share, now, policy)
         if decision is not None:
+            forecast = card_forecast(new, policy, now, self._prior(part, now, policy))
+            update = {"forecast": forecast, "isolation": policy.isolation}
+            decision = decision.model_copy(update=update)
             # Published before the new history is kept: if publishing fails, the
             # sample is decided again from the old history, with the same id.
             await self._publish_decision(decision, policy, msg)
@@ -227,6 +235,16 @@ class Decider:
         latest[key] = (sample, held, new)
         kept[key] = new
         counts[0] += 1
+
+    def _prior(self, part: Partition, now: float, policy: Policy) -> float:
+        """The partition's population prior for young workloads' jumps, recomputed at most
+        every PRIOR_EVERY_S (decisions are rare; the partition may hold many workloads)."""
+        at, prior = self._priors.get(part.number, (-PRIOR_EVERY_S, 0.0))
+        clock = time.monotonic()
+        if clock - at >= PRIOR_EVERY_S:
+            prior = prior_of(part.states.values(), now, policy)
+            self._priors[part.number] = (clock, prior)
+        return prior
 
     async def _publish_decision(self, decision: FractionDecision, policy: Policy, msg: Msg) -> None:
         bus = self.bus

@@ -64,7 +64,9 @@ def test_a_tainted_node_and_a_wrong_pool_leave_only_a_scale_up_that_says_why() -
     assert result.plan.reason == (
         "0.75 fits nowhere the pod may go: node n2: taint gpu=reserved:NoSchedule not "
         "tolerated; node n3: nodeSelector pool=train not matched (node has no pool); "
-        "capacity must be added before the pod moves"
+        "capacity must be added before the pod moves; isolation shared (detected: memory not "
+        "enforced (KAI without HAMi-core: accounting only)); the decision carries no forecast: "
+        "sized per pod"
     )
 
 

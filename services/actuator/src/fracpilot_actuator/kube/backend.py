@@ -67,6 +67,7 @@ from fracpilot_actuator.kube.placeholders import PendingScaleUp, pending_of
 from fracpilot_actuator.kube.reader import ClusterReader
 from fracpilot_actuator.kube.scale_ups import ScaleUps, pending_result
 from fracpilot_actuator.kube.settings import KubeBackendSettings
+from fracpilot_actuator.kube.shared_cards import SharedCards, redivide
 from fracpilot_actuator.kube.verification import PendingRecreate
 from fracpilot_actuator.stores.memory import MemoryDisruptionHistory
 from fracpilot_actuator.stores.ports import (
@@ -144,6 +145,7 @@ class KubernetesBackend:
             api, settings, self.instance, self.reader.fence, caching=self.reader.cache is not None
         )
         self.scale_ups = ScaleUps(self, pending_recreates)
+        self.cards = SharedCards(api)  # shared isolation: co-tenants' forecasts (judge.py)
 
     @property
     def cache(self) -> InventoryCache | None:
@@ -235,7 +237,7 @@ class KubernetesBackend:
         wl = decision.workload
         # An earlier attempt recorded the target, so it had passed the guardrails: finish it.
         resuming = resumed and not dry_run and await self._target_is(decision)
-        view = await self._view(wl)
+        view = await self.cards.facts(await self._view(wl), decision, now)
         judgement = self._judge(decision, view, now, dry_run, resuming)
         if judgement.disruptive:  # another replica may have led, and disrupted, since
             await self._load_disruptions(now)
@@ -346,6 +348,14 @@ class KubernetesBackend:
                 if error is not None:
                     detail = f"{plan.reason}; {'; '.join(notes)}"
                     return _failed(chosen, detail, error)
+            # Shared isolation: co-tenants shrink first, so the card never sums above 1.0.
+            redivided, error = await redivide(
+                self.executor, self.reader.fence, chosen, now, shrinking=True
+            )
+            notes += redivided
+            if error is not None:
+                # (not dead-lettered: the co-tenant, not this decision, was refused)
+                return chosen.result(Outcome.FAILED, f"{plan.reason}; {'; '.join(notes)}", error)
             # In plan order: each step was planned on the cluster the earlier ones leave, so
             # a resize that counts on a pod having moved out waits for that eviction.
             evicted: list[ResizePlan] = []
@@ -414,6 +424,9 @@ class KubernetesBackend:
                 )
                 detail = f"{plan.reason}; {'; '.join(notes)}; waiting for the replacement"
                 return pending_result(plan.kind, primary, chosen.inventory, detail)
+            notes += (
+                await redivide(self.executor, self.reader.fence, chosen, now, shrinking=False)
+            )[0]
             await self.publish_allocation(wl, chosen.inventory, plan.steps, now, chosen.enforcement)
             return chosen.result(Outcome.APPLIED, f"{plan.reason}; {'; '.join(notes)}")
         finally:

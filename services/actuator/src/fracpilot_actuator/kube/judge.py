@@ -18,7 +18,14 @@ in this order, what the executor (:mod:`fracpilot_actuator.kube.executor`) is to
    the admission webhook makes the new pod a whole-GPU pod, :mod:`fracpilot_actuator.admission`);
    an in-place upsize past the KAI queue's quota (policy ``queue_bound=quota``) is a recreate
    (:mod:`.queues`);
-5. plan the workload with the pure planner (in place only for KAI; HAMi pods with HAMi's own
+5. shared isolation (:func:`plan_card`: a KAI ``gpu-fraction`` pod whose memory is not
+   enforced, detected per pod unless the policy's ``isolation`` says otherwise, and a
+   decision with a forecast): its card is divided among its tenants
+   (:mod:`.card_division`); when the card holds them the pod's target is its share of the
+   card's budget and re-divisible co-tenants get theirs, in place; when it does not, the pod
+   is sized as on a card of its own, on the per-pod path below. Every plan says which
+   isolation was used;
+6. plan the workload with the pure planner (in place only for KAI; HAMi pods with HAMi's own
    fit rules, :func:`fracpilot_actuator.kube.hami.fit_rule`; a recreated pod only where
    kube-scheduler's predicates let it go, :meth:`.Inventory.node_ok_for`);
    KAI's in-place steps then say accounted vs enforced (:mod:`.enforcement`): an upsize past
@@ -27,9 +34,9 @@ in this order, what the executor (:mod:`fracpilot_actuator.kube.executor`) is to
    an upsize on any path (in place, recreate, scale-up) past the KAI queue's limit is then
    only recommended, the workload keeping its pods (:mod:`.queues`); an eviction that would
    take a KAI PodGroup below its ``minMember`` is refused (:mod:`.gangs`);
-6. the guardrails (:func:`fracpilot_actuator.guardrails.check`), unless the decision is
+7. the guardrails (:func:`fracpilot_actuator.guardrails.check`), unless the decision is
    resumed (an earlier attempt recorded its target, so it passed them);
-7. nothing to change: skip (or applied, when an earlier attempt did it); a dry run: what would
+8. nothing to change: skip (or applied, when an earlier attempt did it); a dry run: what would
    be done; a denial: skip with the guard's reason; else the plan.
 
 A scale-up waiting for capacity is planned here too (:func:`plan_scale_up`): for each of its
@@ -54,17 +61,26 @@ from fracpilot_actuator.guardrails import (
     check,
     opt_out,
 )
+from fracpilot_actuator.kube.card_division import (
+    LIVE_RULES,
+    CardDivision,
+    Tenant,
+    divide_card,
+    tenant_forecast,
+)
 from fracpilot_actuator.kube.enforcement import (
     NOT_ENFORCED,
     Enforcement,
     enforce,
     enforced_after,
+    enforcement_of,
     must_recreate,
 )
 from fracpilot_actuator.kube.gangs import Member, PodGroup, gang_refusal
 from fracpilot_actuator.kube.hami import fit_rule
 from fracpilot_actuator.kube.inventory import Inventory, PodInfo, last_change
 from fracpilot_actuator.kube.kai import (
+    is_multi_device,
     kai_fraction,
     kai_memory_mib,
     multi_device_refusal,
@@ -80,14 +96,20 @@ from fracpilot_actuator.kube.queues import (
 )
 from fracpilot_actuator.opt_in import Automation, Selected, automation_of
 from fracpilot_actuator.settings import OptInSettings
+from fracpilot_actuator.stores.forecasts import KnownForecast
 from fracpilot_libs.contracts import (
+    MIB,
     FractionDecision,
     GpuSharing,
+    MemoryIsolation,
     Outcome,
     PlanKind,
+    WorkloadRef,
     WorkloadTarget,
 )
 from fracpilot_libs.kai import KaiSettings
+from fracpilot_libs.owners import Controller, OwnerKey
+from fracpilot_libs.placement.card_budget import divide
 from fracpilot_libs.placement.planner import (
     ClusterState,
     NodeOkFor,
@@ -101,6 +123,15 @@ from fracpilot_libs.placement.planner import (
 
 
 @dataclass(frozen=True)
+class CoTenant:
+    """What the backend knows of a pod sharing the deciding pod's GPU (its namespace's)."""
+
+    workload: WorkloadRef
+    known: KnownForecast | None  # its workload's last forecast; None: none (or too old)
+    owner_opted_out: bool = False  # its workload object opts out (or could not be read)
+
+
+@dataclass(frozen=True)
 class ClusterView:
     """The cluster as one decision sees it."""
 
@@ -111,6 +142,8 @@ class ClusterView:
     queues: Mapping[str, Queue] | None = None  # KAI's Queues by name; None: not read
     pod_groups: Mapping[str, PodGroup] | None = None  # KAI's PodGroups by ns/name; None: not read
     enforcement: Mapping[str, Enforcement] = field(default_factory=dict)  # by pod name
+    owners: Mapping[OwnerKey, Controller] = field(default_factory=dict)  # the namespace's
+    co_tenants: Mapping[str, CoTenant] = field(default_factory=dict)  # by pod ns/name
 
     @property
     def live(self) -> tuple[PodInfo, ...]:
@@ -150,6 +183,28 @@ class Skip:
 
 
 @dataclass(frozen=True)
+class Redivision:
+    """A co-tenant's fraction re-divided in place (shared isolation: :func:`plan_card`)."""
+
+    pod: PodInfo
+    step: ResizePlan  # in place, for the co-tenant's workload
+
+    @property
+    def shrinks(self) -> bool:
+        return self.step.fraction_after < (self.step.fraction_before or 0.0)
+
+
+@dataclass(frozen=True)
+class CardPlan:
+    """The deciding pod's card divided (:func:`plan_card`)."""
+
+    decision: FractionDecision  # its target the card's share, its memory need its peak
+    state: ClusterState  # the cluster with the co-tenants re-divided
+    redivision: tuple[Redivision, ...]
+    division: CardDivision
+
+
+@dataclass(frozen=True)
 class ActuationPlan:
     """A plan the guardrails let through: what the executor carries out."""
 
@@ -162,6 +217,7 @@ class ActuationPlan:
     disruptive: bool
     resuming: bool = False
     enforcement: Mapping[str, Enforcement] = field(default_factory=dict)  # by pod name
+    redivision: tuple[Redivision, ...] = ()  # co-tenants re-divided in place (shared isolation)
 
     def target(self, now: datetime) -> WorkloadTarget:
         """The workload's target, recorded before any pod is touched."""
@@ -315,6 +371,138 @@ def gang_refusal_of(plan: WorkloadPlan, view: ClusterView) -> str:
     return gang_refusal(evicted, members, view.pod_groups)
 
 
+def isolation_of(decision: FractionDecision, enforcement: Enforcement) -> tuple[bool, str]:
+    """Whether the pod's memory is shared (sized with its card) and, for the result, why: the
+    policy's ``isolation``, else what the pod shows (:mod:`.enforcement`). A pod whose memory
+    is held to a limit (or whose limit is unknown) is sized on its own whatever the policy."""
+    chosen = decision.isolation
+    if enforcement.enforced or enforcement.unknown:
+        said = " (the policy says shared)" if chosen is MemoryIsolation.SHARED else ""
+        return False, f"isolation enforced{said}: {enforcement.describe()}"
+    if chosen is MemoryIsolation.ENFORCED:
+        return False, f"isolation enforced (the policy's; {enforcement.describe()})"
+    how = "the policy's" if chosen is MemoryIsolation.SHARED else "detected"
+    return True, f"isolation shared ({how}: {enforcement.describe()})"
+
+
+def _kept(
+    decision: FractionDecision, pod: PodInfo | None, view: ClusterView, guards: Guards
+) -> str:
+    """Why a co-tenant's fraction may not be re-divided ("": it may)."""
+    if pod is None:
+        return "not a workload's pod"
+    if pod.namespace != decision.workload.namespace:
+        return "in another namespace"
+    if pod.terminating or not pod.node:
+        return "not running"
+    share = pod.share
+    if pod.backend is not GpuSharing.KAI or share is None or share.kai_key != KAI_FRACTION:
+        return "not a KAI gpu-fraction pod"
+    if is_multi_device(pod.annotations, pod.labels):
+        return "a multi-device fraction"
+    facts = view.co_tenants.get(pod.key)
+    if facts is None:
+        return "its workload is not known"
+    if is_opted_out(pod.raw) or facts.owner_opted_out:
+        return "opted out"
+    if facts.known is None:
+        return "no forecast"
+    selected = automation_of(
+        pod.namespace,
+        view.namespace_labels,
+        [pod.labels],
+        facts.known.mode,
+        guards.opt_in,
+        pods=[pod.name],
+    )
+    if not selected.applies:
+        return f"not automated: {selected.reason}"
+    gpu = view.inventory.state.gpu(share.gpu_uuid)
+    memory = gpu.memory_bytes // MIB if gpu is not None else 0
+    e = enforcement_of(pod, {}, memory)  # a ConfigMap-held limit reads as unknown here
+    if e.enforced or e.unknown:
+        return e.describe()
+    if facts.workload.key in guards.state.in_flight:
+        return "another action on its workload is in flight"
+    return ""
+
+
+def plan_card(
+    decision: FractionDecision, view: ClusterView, guards: Guards
+) -> tuple[CardPlan | FractionDecision | None, str]:
+    """Shared isolation for a KAI pod (the module docstring's step 5): its card divided
+    (:class:`CardPlan`), or the decision with the fraction it would hold on a card of its own
+    (the card does not hold its tenants), or None (sized per pod as before); and the note
+    saying which isolation was used and how the card was divided."""
+    live = view.live
+    if len(live) != 1 or live[0].share is None:
+        return None, "isolation per pod (a workload of several pods is sized per pod)"
+    pod, share = live[0], live[0].share
+    shared, note = isolation_of(decision, view.enforcement.get(pod.name, NOT_ENFORCED))
+    if not shared:
+        return None, note
+    if share.kai_key != KAI_FRACTION:
+        return None, f"{note}; a gpu-memory pod is sized per pod"
+    forecast = decision.forecast
+    if forecast is None:
+        return None, f"{note}; the decision carries no forecast: sized per pod"
+    tenants = []
+    for placement in view.inventory.state.placements:
+        if placement.gpu_uuid != share.gpu_uuid or placement.pod_key == pod.key:
+            continue
+        other = view.inventory.pods.get(placement.pod_key)
+        kept = _kept(decision, other, view, guards)
+        facts = view.co_tenants.get(placement.pod_key)
+        known = facts.known.forecast if facts is not None and facts.known is not None else None
+        tenants.append(Tenant(placement.pod_key, placement.fraction, known, kept))
+    division = divide_card(pod.key, forecast, tenants)
+    peak_mib = int(forecast.memory_peak * decision.device_memory_bytes / MIB)
+    if isinstance(division, str):
+        alone = min(1.0, divide({pod.key: tenant_forecast(forecast)}, LIVE_RULES)[pod.key])
+        return (
+            decision.model_copy(
+                update={"new_fraction": kai_fraction(alone), "memory_need_mib": peak_mib}
+            ),
+            f"{note}; {division}: sized as on a card of its own ({alone:g}: its predicted "
+            "need + the pooled headroom), per pod",
+        )
+    if division.target >= 1.0:
+        return None, f"{note}; its card share is the whole card: sized per pod"
+    new = {s.pod: s.after for s in division.shares}
+    state = ClusterState(
+        gpus=view.inventory.state.gpus,
+        placements=tuple(
+            p.model_copy(update={"fraction": new[p.pod_key]}) if p.pod_key in new else p
+            for p in view.inventory.state.placements
+        ),
+    )
+    wl = decision.workload
+    redivision = []
+    for s in division.shares:
+        other = view.inventory.pods[s.pod]
+        facts = view.co_tenants[s.pod]
+        step = ResizePlan(
+            kind=PlanKind.IN_PLACE,
+            workload=facts.workload,
+            fraction_before=s.before,
+            fraction_after=s.after,
+            gpu_before=share.gpu_uuid,
+            gpu_after=share.gpu_uuid,
+            reason=f"GPU {share.gpu_uuid} re-divided among its tenants for {wl.display}'s "
+            f"decision {decision.decision_id} (shared isolation: one pooled headroom per card): "
+            f"{division.text}",
+            pod=other.name,
+        )
+        redivision.append(Redivision(other, step))
+    card_decision = decision.model_copy(
+        update={"new_fraction": kai_fraction(division.target), "memory_need_mib": peak_mib}
+    )
+    return (
+        CardPlan(card_decision, state, tuple(redivision), division),
+        f"{note}; {division.text}",
+    )
+
+
 def judge(
     decision: FractionDecision,
     view: ClusterView,
@@ -366,9 +554,19 @@ def judge(
         # On hundredths: KAI's GPU_PORTION ("%.2f") and its accounting equal the plan (kai.py).
         exact = kai_fraction(decision.new_fraction)
         decision = decision.model_copy(update={"new_fraction": exact})
+    card: CardPlan | None = None
+    state = view.inventory.state
+    if gpu_backend is GpuSharing.KAI:
+        sized, isolation = plan_card(decision, view, guards)
+        if isinstance(sized, CardPlan):
+            card, decision, state = sized, sized.decision, sized.state
+        elif sized is not None:
+            decision = sized
+    else:
+        isolation = "isolation enforced: HAMi holds each pod to its limits"
     whole = gpu_backend is GpuSharing.KAI and whole_gpu_by_recreate(decision, live)
     plan = plan_workload(
-        view.inventory.state,
+        state,
         wl,
         view.inventory.placements_of(live),
         decision.new_fraction,
@@ -413,6 +611,8 @@ def judge(
             dry_run, held_back = bounded.reason, "queue_limit"
     if refusal := gang_refusal_of(plan, view):
         return _skipped(refusal, held_back="gang")
+    redivision = card.redivision if card is not None and plan.kind is PlanKind.IN_PLACE else ()
+    plan = plan.model_copy(update={"reason": f"{plan.reason}; {isolation}"})
     disruptive = is_disruptive(plan, guards.patches_templates)
     verdict = check(
         subject, disruptive=disruptive, state=guards.state, settings=guards.settings, now=now
@@ -429,6 +629,7 @@ def judge(
         disruptive=disruptive,
         resuming=resuming,
         enforcement=view.enforcement,
+        redivision=redivision,
     )
 
     def skipped_plan(outcome: Outcome, detail: str) -> Skip:

@@ -101,7 +101,12 @@ class ClusterReader:
         mine = inventory.pods_of(workload, parents)
         enforcement = await self._enforcement(workload.namespace, mine, inventory)
         return ClusterView(
-            inventory, mine, enforcement=enforcement, queues=kai.queues, pod_groups=kai.pod_groups
+            inventory,
+            mine,
+            enforcement=enforcement,
+            queues=kai.queues,
+            pod_groups=kai.pod_groups,
+            owners=parents,
         )
 
     async def _enforcement(
