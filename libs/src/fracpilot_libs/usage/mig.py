@@ -58,6 +58,13 @@ class MigInstance:
         return f"{self.parent_uuid}/GI{self.instance_id}"
 
 
+def card_of(device_id: str) -> str:
+    """The card a sample's device is on: a MIG instance's parent (``UUID/GI2``: ``UUID``), else
+    the device itself."""
+    parent, sep, _ = device_id.rpartition("/GI")
+    return parent if sep else device_id
+
+
 def mig_instance(parent_uuid: str, labels: Mapping[str, str]) -> MigInstance | None:
     """The instance a series belongs to, or None for a whole GPU."""
     instance_id = labels.get(INSTANCE_ID_LABEL, "")
