@@ -27,7 +27,7 @@ from rich.table import Table
 from fracpilot_cli.operator_cli import operator_hint
 from fracpilot_cli.processes import ServiceProcess
 from fracpilot_cli.settings import CliSettings
-from fracpilot_cli.summary import RunSummary
+from fracpilot_cli.summary import SIMULATED_CLUSTER_KEY, RunSummary, cluster_cards_of
 from fracpilot_libs.analysis.accounting import overruns
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import ActuationResult, UsageSample
@@ -36,6 +36,7 @@ from fracpilot_libs.nats.connect import open_connection
 from fracpilot_libs.nats.decision_backlog import decision_backlog
 from fracpilot_libs.nats.decoding import DecodeError, decode
 from fracpilot_libs.nats.embedded import EmbeddedNats
+from fracpilot_libs.nats.kv_snapshot import read_kv
 from fracpilot_libs.nats.usage_batch import decode_batch, decode_sample
 from fracpilot_libs.nats.usage_streams import usage_streams
 from fracpilot_libs.simulation.workloads import demo_workloads
@@ -147,6 +148,17 @@ class StreamFollower:
             return False
         return not (info.num_pending or info.num_ack_pending)
 
+    async def read_cluster(self) -> None:
+        """The simulated cluster's GPUs as the actuator left them: which hold no pod."""
+        assert self.nc is not None
+        try:
+            values = await read_kv(self.nc, subjects.ACTUATOR_STATE_BUCKET)
+            stored = values.get(SIMULATED_CLUSTER_KEY)
+            if stored is not None:
+                self.summary.cluster = cluster_cards_of(stored.data)
+        except Exception:  # the summary goes without the cluster's line; the run is done
+            return
+
     async def close(self) -> None:
         if self.nc is not None:
             await self.nc.close()
@@ -180,12 +192,16 @@ def live_table(summary: RunSummary, sim_hours_done: float, sim_hours: float) -> 
             view.last_action,
             style=style,
         )
-    footer = Table.grid(padding=(0, 2))
+    footer = Table.grid(padding=(0, 2))  # two rows: each fits 80 columns with a day's numbers
     footer.add_row(
         f"samples {summary.samples}",
         f"GPU-hours {summary.allocated_gpu_hours:.1f} of {summary.whole_gpu_hours:.1f}",
         f"saved {summary.savings_pct:.1f}% (${summary.cost_saved_usd:,.2f})",
+    )
+    footer.add_row(
         f"actions {sum(summary.actions.values())}",
+        f"GPUs {summary.cards_now} for {len(summary.workloads)} workloads",
+        "",
     )
     return Group(table, footer)
 
@@ -211,6 +227,19 @@ def summary_table(summary: RunSummary, elapsed_s: float) -> Table:
         "memory overruns",
         f"{summary.memory_overruns} ({100 * summary.memory_overruns / n:.2f}% of samples)",
     )
+    cards = summary.cards()
+    c = cards.account
+    t.add_row("GPUs as whole GPUs (one per pod)", str(cards.gpus_whole))
+    t.add_row("GPUs in use", f"{cards.gpus_in_use} ({cards.cards_freed} cards freed)")
+    t.add_row(
+        "card-hours of whole GPUs",
+        f"{c.card_hours:.2f} of {c.whole_card_hours:.2f} ({c.card_hours_saved_pct:.1f}% saved)",
+    )
+    if summary.cluster is not None:
+        t.add_row(
+            "cluster GPUs without a pod",
+            f"{summary.cluster.without_pods} of {summary.cluster.gpus}",
+        )
     for kind, count in sorted(summary.actions.items()):
         t.add_row(f"actions {kind}", str(count))
     t.add_row("wall time", f"{elapsed_s:.0f} s")
@@ -252,6 +281,7 @@ async def run_demo(config: DemoConfig, console: Console) -> RunSummary:
                 await asyncio.sleep(0.25)
             else:
                 console.print("[yellow]demo timed out before the pipeline drained[/]")
+        await follower.read_cluster()
     finally:
         await follower.close()
         for p in reversed(procs):

@@ -459,13 +459,7 @@ def _report(
     err = Console(stderr=True, highlight=False)
     if not report.workloads:
         err.print(f"nothing stored in the last {since} at {settings.nats.url}: an empty report")
-    f = document["fleet"]
-    err.print(
-        f"{len(report.workloads)} workloads, {f['fraction_hours']:,.1f} of "
-        f"{f['whole_gpu_hours']:,.1f} GPU-hours held, ${f['cost_saved_usd']:,.2f} saved, "
-        f"{f['actions']} actions",
-        markup=False,
-    )
+    err.print(render.report_summary(report, document), markup=False)
     if fmt:
         output.emit(render.report_listing(report, document), fmt)
         err.print(f"{out / 'report.html'}\n{out / 'report.json'}", markup=False)

@@ -336,20 +336,28 @@ REPORT_COLUMNS: tuple[Column[WorkloadReport], ...] = (
 )
 
 
+def report_summary(report: Report, document: dict[str, Any]) -> str:
+    """``fracpilot report``'s one line: fraction-hours and cards, from report.json's numbers."""
+    f = document["fleet"]
+    c = f["cards"]
+    return (
+        f"{len(report.workloads)} workloads, {f['fraction_hours']:,.1f} of "
+        f"{f['whole_gpu_hours']:,.1f} GPU-hours held, ${f['cost_saved_usd']:,.2f} saved; "
+        f"{c['gpus_in_use']} GPUs in use for {c['gpus_whole']} pods ({c['cards_freed']} "
+        f"freed), {c['card_hours']:,.1f} of {c['whole_card_hours']:,.1f} card-hours; "
+        f"{f['actions']} actions"
+    )
+
+
 def report_listing(report: Report, document: dict[str, Any]) -> Listing[WorkloadReport]:
     """``fracpilot report`` as data: a row per workload (in the report's order); the document is
     report.json's, each CSV row one of its workloads."""
-    f = document["fleet"]
     return Listing(
         rows=report.workloads,
         columns=REPORT_COLUMNS,
         document=lambda: document,
         record=WorkloadReport.as_dict,
-        footer=[
-            f"{len(report.workloads)} workloads, {f['fraction_hours']:,.1f} of "
-            f"{f['whole_gpu_hours']:,.1f} GPU-hours held, ${f['cost_saved_usd']:,.2f} saved, "
-            f"{f['actions']} actions"
-        ],
+        footer=[report_summary(report, document)],
     )
 
 

@@ -7,6 +7,14 @@ whole GPUs, their cost by the GPU's model, overruns (usage above the fraction), 
 changes, the decisions and the actions; and the fleet's totals. The account is
 :mod:`fracpilot_libs.analysis.accounting`, as in ``fracpilot replay``: each sample stands for the
 time until the next one, gaps capped at 5 median steps.
+
+Cards (:func:`card_use`, ``fleet.cards`` in the JSON): which GPUs the pods were on, from the
+samples' ``gpu_uuid`` (a MIG instance counts as its card), through replay's packing account
+(:class:`fracpilot_libs.analysis.packing.PackedAccount`): card-hours are the hours each card
+had a pod on it, whole-card-hours the hours each pod was on a card (one whole GPU each, as
+without fractions). At the window's end (the latest sample's instant), ``gpus_whole`` pods are
+on cards, which would take as many whole GPUs, and ``gpus_in_use`` cards hold them: the
+difference is the cards freed. A sample without a GPU counts as a card of its own.
 :meth:`Report.as_dict` is ``report.json``; the HTML shows exactly those numbers.
 """
 
@@ -21,8 +29,10 @@ from itertools import pairwise
 from typing import Any
 
 from fracpilot_libs.analysis.accounting import Metrics, WorkloadAccount, sample_intervals
+from fracpilot_libs.analysis.packing import PackedAccount
 from fracpilot_libs.contracts import ActuationResult, FractionDecision, UsageSample, WorkloadRef
 from fracpilot_libs.pricing import GpuPrices
+from fracpilot_libs.usage.mig import card_of
 
 
 def _iso(at: datetime | float | None) -> str | None:
@@ -31,6 +41,78 @@ def _iso(at: datetime | float | None) -> str | None:
     if isinstance(at, float):
         at = datetime.fromtimestamp(at, UTC)
     return at.isoformat()
+
+
+@dataclass
+class CardUse:
+    """Cards held over a window and at its end (see the module notes)."""
+
+    account: PackedAccount
+    gpus_whole: int = 0  # at the end: pods on a card, a whole GPU each without fractions
+    gpus_in_use: int = 0  # at the end: cards with at least one pod on them
+
+    @property
+    def cards_freed(self) -> int:
+        return max(0, self.gpus_whole - self.gpus_in_use)
+
+    @property
+    def card_hours_saved(self) -> float:
+        return self.account.whole_card_hours - self.account.card_hours
+
+    def as_dict(self) -> dict[str, Any]:
+        a = self.account
+        return {
+            "gpus_whole": self.gpus_whole,
+            "gpus_in_use": self.gpus_in_use,
+            "cards_freed": self.cards_freed,
+            "card_hours": round(a.card_hours, 4),
+            "whole_card_hours": round(a.whole_card_hours, 4),
+            "card_hours_saved": round(self.card_hours_saved, 4),
+            "card_hours_saved_pct": round(a.card_hours_saved_pct, 3),
+            "peak_cards": a.peak_cards,
+        }
+
+
+def card_use(samples: Iterable[UsageSample]) -> CardUse:
+    """Who was on which card, slice by slice, into replay's packing account.
+
+    Each pod's sample stands for its interval (:func:`sample_intervals`, per pod); between two
+    consecutive interval bounds, the pods then on a card are its tenants."""
+    by_pod: dict[str, list[UsageSample]] = defaultdict(list)
+    for s in samples:
+        by_pod[f"{s.workload.key}/{s.pod}"].append(s)
+    # (start, end, pod, card, compute), each pod's intervals back to back
+    spans: list[tuple[float, float, str, str, float]] = []
+    for pod, series in by_pod.items():
+        series.sort(key=lambda s: s.timestamp)
+        times = [s.timestamp.timestamp() for s in series]
+        for s, at, dt in zip(series, times, sample_intervals(times), strict=True):
+            card = card_of(s.gpu_uuid) if s.gpu_uuid else f"no-gpu:{pod}"
+            spans.append((at, at + dt, pod, card, s.compute))
+    account = PackedAccount(card_memory_bytes=0)
+    if not spans:
+        return CardUse(account)
+    spans.sort()
+    latest = max(start for start, *_ in spans)
+    bounds = sorted({t for start, end, *_ in spans for t in (start, end)})
+    on: dict[str, tuple[float, str, float]] = {}  # pod -> (end, card, compute)
+    end_state = (0, 0)
+    i = 0
+    for at, until in pairwise(bounds):
+        on = {pod: held for pod, held in on.items() if held[0] > at}
+        while i < len(spans) and spans[i][0] <= at:
+            _, end, pod, card, compute = spans[i]
+            on[pod] = (end, card, compute)
+            i += 1
+        cards: dict[str, dict[str, float]] = defaultdict(dict)
+        for pod, (_, card, compute) in on.items():
+            cards[card][pod] = compute
+        account.hold(until - at, cards.values())
+        account.in_use(at, len(cards))
+        if at <= latest:
+            end_state = (len(on), len(cards))
+    account.in_use(bounds[-1], 0)
+    return CardUse(account, *end_state)
 
 
 @dataclass
@@ -104,6 +186,7 @@ class Report:
     actions_by_plan: dict[str, int]
     actions_by_outcome: dict[str, int]
     actions_by_plan_outcome: dict[str, int]
+    cards: CardUse = field(default_factory=lambda: CardUse(PackedAccount(card_memory_bytes=0)))
 
     def as_dict(self) -> dict[str, Any]:
         t = self.totals
@@ -121,6 +204,7 @@ class Report:
                 "actions_by_plan": self.actions_by_plan,
                 "actions_by_outcome": self.actions_by_outcome,
                 "actions_by_plan_outcome": self.actions_by_plan_outcome,
+                "cards": self.cards.as_dict(),
             },
             "workloads": [w.as_dict() for w in self.workloads],
         }
@@ -163,6 +247,7 @@ def build_report(
     generated_at: datetime,
 ) -> Report:
     """The report of a window from what the streams held for it."""
+    samples = list(samples)
     by_key: dict[str, list[UsageSample]] = defaultdict(list)
     refs: dict[str, WorkloadRef] = {}
     for s in samples:
@@ -210,6 +295,7 @@ def build_report(
         actions_by_plan=_counts(a.plan.value for a in all_actions),
         actions_by_outcome=_counts(a.outcome.value for a in all_actions),
         actions_by_plan_outcome=_counts(f"{a.plan.value}/{a.outcome.value}" for a in all_actions),
+        cards=card_use(samples),
     )
 
 

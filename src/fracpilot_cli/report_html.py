@@ -175,7 +175,11 @@ def _img(png: bytes, alt: str) -> str:
 
 
 def _fleet(f: Mapping[str, Any]) -> str:
+    c = f["cards"]
     cards = [
+        ("GPUs in use", f"{num(c['gpus_in_use'])} of {num(c['gpus_whole'])}"),
+        ("cards freed", num(c["cards_freed"])),
+        ("card-hours saved", f"{num(c['card_hours_saved'])} ({num(c['card_hours_saved_pct'])}%)"),
         ("GPU-hours held", num(f["fraction_hours"])),
         ("GPU-hours as whole GPUs", num(f["whole_gpu_hours"])),
         ("GPU-hours saved", num(f["saved_gpu_hours"])),
@@ -198,6 +202,9 @@ def _fleet(f: Mapping[str, Any]) -> str:
         ["decisions", num(f["decisions"])],
         *([f"decisions {k}", num(v)] for k, v in f["decisions_by_direction"].items()),
         ["actions", num(f["actions"])],
+        ["card-hours (a pod on the card)", num(c["card_hours"])],
+        ["card-hours as whole GPUs (one per pod)", num(c["whole_card_hours"])],
+        ["cards in use at the peak", num(c["peak_cards"])],
     ]
     out.append(_table(["fleet", ""], rows))
     plan_rows = [[html.escape(k), num(v)] for k, v in f["actions_by_plan_outcome"].items()]

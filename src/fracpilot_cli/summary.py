@@ -2,17 +2,28 @@
 
 Each sample stands for one simulated step at the fraction it reports (a workload not placed yet
 holds a whole GPU), priced by its GPU's model; the account is
-:mod:`fracpilot_libs.analysis.accounting`, as in ``fracpilot replay`` and ``report``.
+:mod:`fracpilot_libs.analysis.accounting`, as in ``fracpilot replay`` and ``report``. Cards
+(GPUs in use for the pods, cards freed, card-hours) are ``report``'s
+(:func:`fracpilot_cli.report.card_use`); the simulated cluster's own state says which of its GPUs
+hold no pod (:func:`cluster_cards`).
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 
+from fracpilot_cli.report import CardUse, card_use
 from fracpilot_libs.analysis.accounting import Metrics
 from fracpilot_libs.contracts import ActuationResult, UsageSample
+from fracpilot_libs.placement.planner import ClusterState
 from fracpilot_libs.pricing import GpuPrices
+from fracpilot_libs.usage.mig import card_of
+
+# The key of the simulated cluster's state in subjects.ACTUATOR_STATE_BUCKET: the actuator's
+# fracpilot_actuator.simulated.cluster.STATE_KEY (the CLI imports no service).
+SIMULATED_CLUSTER_KEY = "simulated-cluster"
 
 
 @dataclass
@@ -24,6 +35,7 @@ class WorkloadView:
     memory_share: float = 0.0
     fraction: float | None = None
     node: str = ""
+    card: str = ""  # the GPU of its latest sample (a MIG instance's card)
     last_action: str = ""
     samples: int = 0
     metrics: Metrics = field(default_factory=Metrics)
@@ -40,6 +52,8 @@ class RunSummary:
     actions: Counter[str] = field(default_factory=Counter)
     workloads: dict[str, WorkloadView] = field(default_factory=dict)
     prices: GpuPrices = field(default_factory=GpuPrices)
+    cluster: ClusterCards | None = None  # the simulated cluster's GPUs, read at the end
+    _seen: list[UsageSample] = field(default_factory=list, repr=False)
 
     @property
     def samples(self) -> int:
@@ -81,6 +95,8 @@ class RunSummary:
         view = self.workloads.setdefault(s.workload.key, WorkloadView(s.workload.display))
         view.compute, view.memory_share, view.samples = s.compute, s.memory_share, view.samples + 1
         view.node = s.node or view.node
+        view.card = card_of(s.gpu_uuid) if s.gpu_uuid else view.card
+        self._seen.append(s)
         if s.allocated_fraction is not None:
             view.fraction = s.allocated_fraction
         held = 1.0 if s.allocated_fraction is None else s.allocated_fraction  # not placed: whole
@@ -93,3 +109,36 @@ class RunSummary:
         view = self.workloads.setdefault(r.workload.key, WorkloadView(r.workload.display))
         arrow = f"{r.fraction_before:g}->{r.fraction_after:g}" if r.fraction_before else ""
         view.last_action = f"{r.plan.value} {arrow} {r.outcome.value}".strip()
+
+    @property
+    def cards_now(self) -> int:
+        """Cards holding the workloads, as their latest samples place them (the live table)."""
+        return len({v.card for v in self.workloads.values() if v.card})
+
+    def cards(self) -> CardUse:
+        """GPUs in use for the pods at the end, cards freed, card-hours (report's account)."""
+        return card_use(self._seen)
+
+
+@dataclass(frozen=True)
+class ClusterCards:
+    """The simulated cluster's GPUs and how many hold a pod."""
+
+    gpus: int
+    with_pods: int
+
+    @property
+    def without_pods(self) -> int:
+        return self.gpus - self.with_pods
+
+
+def cluster_cards(state: ClusterState) -> ClusterCards:
+    held = {p.gpu_uuid for p in state.placements}
+    return ClusterCards(len(state.gpus), sum(g.uuid in held for g in state.gpus))
+
+
+def cluster_cards_of(stored: bytes) -> ClusterCards:
+    """From the simulated cluster's KV value: ``{"cluster": ..., "applied": [...]}`` or, as
+    written before it carried the decisions, the cluster alone."""
+    body = json.loads(stored)
+    return cluster_cards(ClusterState.model_validate(body.get("cluster", body)))

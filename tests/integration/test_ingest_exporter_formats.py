@@ -220,7 +220,8 @@ async def test_two_mig_instances_of_one_card_are_two_devices(
     assert embed.compute == pytest.approx(0.35 * 3 / 7)
     assert chat.memory_used_bytes == 20_000 * MIB
     assert embed.memory_used_bytes == 8_000 * MIB
-    assert chat.memory_total_bytes == embed.memory_total_bytes == 40_192 * MIB
+    # memory on the card's scale too: a 3g.40gb holds 4 of the card's 8 memory slices
+    assert chat.memory_total_bytes == embed.memory_total_bytes == 2 * 40_192 * MIB
     assert chat.attribution is Attribution.EXACT
     assert embed.attribution is Attribution.EXACT
 

@@ -4,8 +4,11 @@ report and dashboard.
 Prices are per whole GPU-hour, keyed by GPU model. A model name as DCGM reports it
 (``modelName="NVIDIA A100-SXM4-80GB"``) matches the table entry whose words it contains,
 the most specific entry winning, so ``"A100 80GB"`` prices that card and ``"A100"`` every
-other A100. The defaults are rough on-demand cloud list prices (USD, late 2026) to make the
-numbers meaningful out of the box; a platform team sets its own through the settings
+other A100. A MIG instance's model (``"NVIDIA A100-SXM4-80GB MIG 3g.40gb"``) is priced as its
+card: its samples' fractions are shares of the card (docs/mig.md, "One scale"), so the card's
+price times the fraction is the instance's cost, and the profile's "40gb" must not match an
+entry for a 40GB card. The defaults are rough on-demand cloud list prices (USD, late 2026) to
+make the numbers meaningful out of the box; a platform team sets its own through the settings
 ``FRACPILOT_GPU_PRICES`` (a JSON object) and ``FRACPILOT_GPU_DEFAULT_PRICE``.
 """
 
@@ -18,6 +21,8 @@ from functools import cached_property
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from fracpilot_libs.mig.profiles import base_model
 
 UsdPerHour = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 
@@ -70,9 +75,10 @@ class GpuPrices(BaseModel):
         return sorted(entries, key=lambda e: -len(e[0]))
 
     def hourly(self, gpu_model: str | None) -> float:
-        """USD per hour of one whole GPU of this model (the default when unknown)."""
+        """USD per hour of one whole GPU of this model (the default when unknown); a MIG
+        instance's model gets its card's price."""
         if gpu_model:
-            words = _words(gpu_model)
+            words = _words(base_model(gpu_model))
             for key, price in self._entries:
                 if key and key <= words:
                     return price

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import re
 from datetime import timedelta
 
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from factories import T0, decision, sample
+from fracpilot_cli import output, render
 from fracpilot_cli.operator_cli import parse_duration
 from fracpilot_cli.report import build_report, measure
 from fracpilot_cli.report_html import fleet_series, num, render_report
@@ -178,3 +180,78 @@ def test_duration_parts_add_up(parts: list[tuple[int, str]]) -> None:
     seconds = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
     text = "".join(f"{n}{u}" for n, u in parts)
     assert parse_duration(text).total_seconds() == sum(n * seconds[u] for n, u in parts)
+
+
+# --- cards: GPUs in use, cards freed, card-hours -----------------------------------------------
+
+
+def on_card(name: str, gpu: str, minutes: range) -> list[UsageSample]:
+    return [
+        sample(minute=m, name=name, allocated=0.25, gpu_model=A100, gpu_uuid=gpu) for m in minutes
+    ]
+
+
+def test_cards_freed_and_card_hours_on_a_hand_made_fleet() -> None:
+    """Six pods to the end on three cards (two MIG instances of one card among them), and one
+    that left after half an hour: the end needs 3 cards for 6 pods, 3 freed; card-hours count
+    a card while someone is on it, whole-card-hours a card per pod."""
+    hour = range(60)
+    samples = (
+        on_card("a", "GPU-1", hour)
+        + on_card("b", "GPU-1", hour)
+        + on_card("c", "GPU-2", hour)
+        + on_card("d", "GPU-2", hour)
+        + on_card("e", "GPU-3/GI1", hour)  # two MIG instances: one card
+        + on_card("f", "GPU-3/GI2", hour)
+        + on_card("g", "GPU-4", range(30))  # left after 30 minutes
+    )
+    report = build_report(samples, [], [], GpuPrices(), T0, T0 + timedelta(hours=1), T0)
+    cards = report.as_dict()["fleet"]["cards"]
+    assert cards == {
+        "gpus_whole": 6,
+        "gpus_in_use": 3,
+        "cards_freed": 3,
+        "card_hours": 3.5,  # GPU-1, -2, -3 an hour each, GPU-4 half an hour
+        "whole_card_hours": 6.5,  # six pods an hour, g half an hour
+        "card_hours_saved": 3.0,
+        "card_hours_saved_pct": round(100 * 3 / 6.5, 3),
+        "peak_cards": 4,
+    }
+
+
+def test_a_pod_that_moves_leaves_its_old_card_and_alone_it_frees_nothing() -> None:
+    """One pod alone on its card the whole time: nothing freed, nothing saved, however small
+    its fraction (fraction-hours save 75% here)."""
+    samples = on_card("a", "GPU-1", range(30)) + on_card("a", "GPU-2", range(30, 60))
+    report = build_report(samples, [], [], GpuPrices(), T0, T0 + timedelta(hours=1), T0)
+    doc = report.as_dict()["fleet"]
+    assert doc["savings_pct"] == 75.0
+    cards = doc["cards"]
+    assert (cards["gpus_whole"], cards["gpus_in_use"], cards["cards_freed"]) == (1, 1, 0)
+    assert cards["card_hours"] == cards["whole_card_hours"] == 1.0
+    assert cards["card_hours_saved_pct"] == 0.0
+    assert cards["peak_cards"] == 1
+
+
+def test_the_report_line_and_json_show_cards() -> None:
+    samples = on_card("a", "GPU-1", range(60)) + on_card("b", "GPU-1", range(60))
+    report = build_report(samples, [], [], GpuPrices(), T0, T0 + timedelta(hours=1), T0)
+    document, page = render_report(report, charts=0)
+    listing = render.report_listing(report, document)
+    assert listing.footer == [
+        "2 workloads, 0.5 of 2.0 GPU-hours held, $5.10 saved; 1 GPUs in use for 2 pods "
+        "(1 freed), 1.0 of 2.0 card-hours; 0 actions"
+    ]
+    printed = json.loads(output.to_json(listing.document()))
+    assert set(printed["fleet"]["cards"]) == {
+        "gpus_whole",
+        "gpus_in_use",
+        "cards_freed",
+        "card_hours",
+        "whole_card_hours",
+        "card_hours_saved",
+        "card_hours_saved_pct",
+        "peak_cards",
+    }
+    assert "cards freed" in page
+    assert f"{num(printed['fleet']['cards']['card_hours_saved'])} (50.0%)" in page

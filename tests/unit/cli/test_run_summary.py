@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-import pytest
+import io
+import json
 
-from factories import sample
-from fracpilot_cli.summary import RunSummary
+import pytest
+from rich.console import Console
+
+from factories import sample, workload
+from fracpilot_actuator.simulated.cluster import STATE_KEY, seed_cluster
+from fracpilot_cli.demo import live_table, summary_table
+from fracpilot_cli.summary import SIMULATED_CLUSTER_KEY, RunSummary, cluster_cards_of
 from fracpilot_libs.pricing import GpuPrices
 
 
@@ -24,3 +30,81 @@ def test_money_saved_is_whole_minus_allocated_priced_by_model() -> None:
         {"inference/a": 5.0, "inference/b": 0.0, "inference/c": 1.0}
     )
     assert sum(per_workload.values()) == pytest.approx(summary.cost_saved_usd)
+
+
+# --- cards: GPUs in use, cards freed, card-hours, and the cluster's GPUs without a pod ---------
+
+A100 = "NVIDIA A100-SXM4-80GB"
+DEMO_NAMES = [
+    "chat-llama-8b",
+    "embed-bge",
+    "rerank-minilm",
+    "sdxl-images",
+    "whisper-asr",
+    "code-qwen-7b",
+    "ocr-donut",
+    "tts-xtts",
+]
+
+
+def three_cards_for_eight(minutes: int = 60) -> RunSummary:
+    """The demo's eight workloads at a quarter each, three to a card: three cards for eight."""
+    summary = RunSummary(step_s=60)
+    for m in range(minutes):
+        for i, name in enumerate(DEMO_NAMES):
+            summary.add_sample(
+                sample(
+                    minute=m, name=name, allocated=0.25, gpu_uuid=f"GPU-{i // 3}", gpu_model=A100
+                )
+            )
+    return summary
+
+
+def test_the_run_counts_cards_in_use_and_freed_as_the_report_does() -> None:
+    summary = three_cards_for_eight()
+    cards = summary.cards()
+    assert (cards.gpus_whole, cards.gpus_in_use, cards.cards_freed) == (8, 3, 5)
+    assert cards.account.card_hours == pytest.approx(3.0)
+    assert cards.account.whole_card_hours == pytest.approx(summary.whole_gpu_hours) == 8.0
+    assert summary.cards_now == 3
+
+
+def test_the_cluster_line_counts_gpus_without_a_pod_from_the_actuators_state() -> None:
+    pods = [(workload(n), 0.25) for n in DEMO_NAMES[:5]]
+    state = seed_cluster(nodes=2, gpus_per_node=2, memory_bytes=80 * 1024**3, pods=pods)
+    stored = json.dumps({"cluster": state.model_dump(mode="json"), "applied": ["d1"]}).encode()
+    cards = cluster_cards_of(stored)
+    assert (cards.gpus, cards.with_pods, cards.without_pods) == (4, 2, 2)  # first fit: 4 + 1
+    legacy = cluster_cards_of(json.dumps(state.model_dump(mode="json")).encode())
+    assert legacy == cards
+    assert SIMULATED_CLUSTER_KEY == STATE_KEY  # where the demo reads what the actuator writes
+
+
+def test_the_demo_summary_shows_cards_within_80_columns() -> None:
+    summary = three_cards_for_eight(minutes=1440)  # a simulated day
+    summary.cluster = cluster_cards_of(
+        json.dumps(
+            {
+                "cluster": seed_cluster(
+                    2, 2, 80 * 1024**3, [(workload(n), 0.25) for n in DEMO_NAMES]
+                ).model_dump(mode="json")
+            }
+        ).encode()
+    )
+    console = Console(width=80, record=True, file=io.StringIO())
+    console.print(summary_table(summary, 120.0))
+    console.print(live_table(summary, 24.0, 24))
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    rows = {
+        cells[0].strip(): cells[1].strip()
+        for line in lines
+        if (cells := line.strip("│ ").split("│")) and len(cells) == 2
+    }
+    assert rows["GPUs as whole GPUs (one per pod)"] == "8"
+    assert rows["GPUs in use"] == "3 (5 cards freed)"
+    assert rows["card-hours of whole GPUs"] == "72.00 of 192.00 (62.5% saved)"
+    assert rows["cluster GPUs without a pod"] == "2 of 4"
+    footer = [line for line in lines if "GPUs 3 for 8 workloads" in line]
+    assert len(footer) == 1
+    assert any("GPU-hours 48.0 of 192.0" in line for line in lines)

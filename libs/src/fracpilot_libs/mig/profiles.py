@@ -151,10 +151,26 @@ _A100_80 = re.compile(r"a100\b.*\b80\s*gb", re.IGNORECASE)
 _H100_80 = re.compile(r"h100\b(?!.*\bnvl\b).*\b80\s*gb", re.IGNORECASE)
 
 
+# A MIG device's model name: the card's with the profile after "MIG", as fracpilot's samples name
+# it ("NVIDIA A100-SXM4-80GB MIG 3g.40gb", nvidia-smi's style) and as GPU feature discovery's
+# mixed-strategy product label does ("NVIDIA-A100-SXM4-80GB-MIG-3g.40gb").
+_MIG_SUFFIX = re.compile(r"[\s_-]+MIG[\s_-]+(?:\d+c\.)?\d+g\.\d+gb\S*\s*$", re.IGNORECASE)
+
+
+def instance_model(model: str, profile: str) -> str:
+    """The model name of a MIG instance of a ``model`` card: ``"<model> MIG <profile>"``."""
+    return f"{model} MIG {profile}" if profile else model
+
+
+def base_model(model: str) -> str:
+    """The card's model without a MIG profile suffix (prices are per whole card of a model)."""
+    return _MIG_SUFFIX.sub("", model)
+
+
 def card_for_model(model: str) -> MigCard | None:
     """The profile table of a GPU model name (DCGM's ``modelName``, e.g. "NVIDIA A100-SXM4-80GB",
     "NVIDIA H100 80GB HBM3", or a card key such as "h100-80gb"); None when it has none here."""
-    text = model.strip()
+    text = base_model(model.strip())
     if text.lower() in CARDS:
         return CARDS[text.lower()]
     spaced = re.sub(r"[-_]", " ", text)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from fracpilot_libs.contracts import WorkloadRef
+from fracpilot_libs.mig.profiles import instance_model
 from fracpilot_libs.usage.mappings import (
     Level,
     MappingTable,
@@ -26,7 +27,13 @@ from fracpilot_libs.usage.mappings import (
     Quantity,
     gpu_model_name,
 )
-from fracpilot_libs.usage.mig import compute_share, mig_instance, profile_memory_bytes
+from fracpilot_libs.usage.mig import (
+    card_memory_bytes,
+    compute_share,
+    memory_share,
+    mig_instance,
+    profile_memory_bytes,
+)
 
 _EPS = 1e-9
 
@@ -91,6 +98,8 @@ class _Gpu:
     node: str = ""
     model: str = ""
     profile: str = ""  # a MIG instance's profile ("" for a whole GPU)
+    memory_share: float = 1.0  # a MIG instance's share of its card's memory (usage.mig)
+    unknown_profile: bool = False  # a MIG instance off the card's scale: none of it is used
     rejected: bool = False  # a point of this device was rejected (its cause is counted)
     device: dict[Quantity, tuple[int, float]] = field(default_factory=dict)  # (priority, v)
     pods: dict[PodKey, dict[Quantity, float]] = field(default_factory=dict)  # exact numbers
@@ -208,16 +217,25 @@ def observe_points(
         gpu.node = gpu.node or _role(point.labels, mapping.roles.node)
         gpu.model = gpu.model or gpu_model_name(_role(point.labels, mapping.roles.model))
         if instance is not None:
-            gpu.profile = instance.profile
-            if mapping.quantity is Quantity.COMPUTE:
-                share = compute_share(instance.profile, gpu.model)
-                if share is None:
+            # One scale, the card's (usage.mig): compute times the compute slices here, memory
+            # by the instance's share of the card's memory in _split_gpu.
+            compute = compute_share(instance.profile, gpu.model)
+            memory = memory_share(
+                instance.profile,
+                gpu.model,
+                inventory.device_memory_bytes.get(instance.parent_uuid),
+            )
+            if compute is None or memory is None:
+                if not gpu.unknown_profile:  # once per instance
                     rejections.append(
                         Rejection("unknown_mig_profile", f"MIG profile unknown: {_describe(point)}")
                     )
-                    gpu.rejected = True
-                    continue
-                value *= share  # the instance's ratio as a share of the whole card
+                gpu.unknown_profile = gpu.rejected = True
+                continue
+            gpu.profile = instance.profile
+            gpu.memory_share = memory
+            if mapping.quantity is Quantity.COMPUTE:
+                value *= compute  # the instance's ratio as a share of the whole card
         if mapping.level is Level.DEVICE:
             rank = priority[mapping]
             held = gpu.device.get(mapping.quantity)
@@ -277,7 +295,11 @@ def _device_total(uuid: str, gpu: _Gpu, inventory: GpuInventory) -> tuple[int | 
 def _split_gpu(
     uuid: str, gpu: _Gpu, inventory: GpuInventory, timestamp: float, rejections: list[Rejection]
 ) -> list[Observation]:
+    if gpu.unknown_profile:
+        return []
     total, measured = _device_total(uuid, gpu, inventory)
+    if total is not None and gpu.profile:
+        total = card_memory_bytes(total, gpu.memory_share)  # the card's scale (usage.mig)
     allocated = inventory.fractions.get(uuid, {})
     # Pods seen in the series, plus pods the inventory places on this GPU that no series
     # names (dcgm without virtual GPUs labels one sharing pod or none).
@@ -326,7 +348,8 @@ def _split_gpu(
                 memory_used_bytes=int(memory[0]),
                 memory_total_bytes=total,
                 exact=compute[1] and memory[1] and measured,
-                gpu_model=f"{gpu.model} MIG {gpu.profile}"[:128] if gpu.profile else gpu.model,
+                # the card's model and the profile; prices look up the card's (pricing)
+                gpu_model=instance_model(gpu.model, gpu.profile)[:128],
             )
         )
     return out

@@ -97,7 +97,8 @@ def test_two_instances_of_one_card_are_two_exact_devices() -> None:
     assert by_pod[CHAT].compute == pytest.approx(0.3)
     assert by_pod[CODE].compute == pytest.approx(0.06)
     assert by_pod[CHAT].memory_used_bytes == 20_000 * MIB
-    assert by_pod[CHAT].memory_total_bytes == 40_192 * MIB
+    # the card's scale: a 3g.40gb holds 4 of the card's 8 memory slices
+    assert by_pod[CHAT].memory_total_bytes == 2 * 40_192 * MIB
     assert by_pod[CHAT].exact
     assert by_pod[CODE].exact
     assert by_pod[CHAT].gpu_model == "NVIDIA A100-SXM4-80GB MIG 3g.40gb"
@@ -113,7 +114,7 @@ def test_instance_without_fb_figures_takes_the_profiles_memory_marked_estimated(
     observations, rejections = observe_points(points, TABLE, GpuInventory())
     assert rejections == []
     (obs,) = observations
-    assert obs.memory_total_bytes == 10 * GIB
+    assert obs.memory_total_bytes == 8 * 10 * GIB  # 1 of 8 memory slices
     assert obs.memory_used_bytes == 4_096 * MIB
     assert obs.compute == pytest.approx(0.1)
     assert not obs.exact

@@ -349,13 +349,14 @@ class KubernetesBackend:
                     detail = f"{plan.reason}; {'; '.join(notes)}"
                     return _failed(chosen, detail, error)
             # Shared isolation: co-tenants shrink first, so the card never sums above 1.0.
-            redivided, error = await redivide(
+            redivided, refusal = await redivide(
                 self.executor, self.reader.fence, chosen, now, shrinking=True
             )
             notes += redivided
-            if error is not None:
+            if refusal is not None:
                 # (not dead-lettered: the co-tenant, not this decision, was refused)
-                return chosen.result(Outcome.FAILED, f"{plan.reason}; {'; '.join(notes)}", error)
+                detail = f"{plan.reason}; {'; '.join(notes)}"
+                return chosen.result(Outcome.FAILED, detail, refusal)
             # In plan order: each step was planned on the cluster the earlier ones leave, so
             # a resize that counts on a pod having moved out waits for that eviction.
             evicted: list[ResizePlan] = []
