@@ -2,11 +2,11 @@
 
 kwok fakes the nodes and the pod lifecycle; everything else is the real upstream binary, built
 by ``scripts/gpu-stack-testbin.sh`` into a per-machine cache: KAI-Scheduler (scheduler, binder,
-podgrouper, admission webhook; nodescaleadjuster with the autoscaler), kube-scheduler (KAI's
-scaling pods use the default scheduler), kube-controller-manager (lifts the not-ready taint,
-collects pods of deleted nodes) and, on demand, cluster-autoscaler with its kwok provider
-(:meth:`GpuStack.start_autoscaler`) and KAI's podgroupcontroller and queuecontroller, which
-fill Queue status (:meth:`GpuStack.start_queue_controllers`).
+podgrouper, admission webhook, nodescaleadjuster: always, as in a production install),
+kube-scheduler (KAI's scaling pods use the default scheduler), kube-controller-manager (lifts
+the not-ready taint, collects pods of deleted nodes) and, on demand, cluster-autoscaler with its
+kwok provider (:meth:`GpuStack.start_autoscaler`) and KAI's podgroupcontroller and
+queuecontroller, which fill Queue status (:meth:`GpuStack.start_queue_controllers`).
 How each is run comes from ``../shared/reference/real-gpu-scheduler.md`` and the flags in the
 upstream sources named below.
 
@@ -24,7 +24,6 @@ import functools
 import ipaddress
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import sys
@@ -157,21 +156,6 @@ def _http_ok(url: str, context: ssl.SSLContext | None = None) -> bool | None:
             return True if resp.status == 200 else None
     except (urllib.error.URLError, OSError):
         return None
-
-
-def _port_free(port: int) -> Callable[[], bool | None]:
-    """A probe: True when nothing listens on ``port`` (any address)."""
-
-    def free() -> bool | None:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind(("", port))
-            except OSError:
-                return None
-            return True
-
-    return free
 
 
 def _http_answers(url: str) -> bool | None:
@@ -410,7 +394,7 @@ class GpuStack:
 
     def _start_kwok(self) -> None:
         stages = sorted((self.root / "stages").glob("*.yaml"))
-        stages.append(RECIPE_DIR / "kwok" / "kai-reservation-stage.yaml")
+        stages += sorted((RECIPE_DIR / "kwok").glob("*.yaml"))  # ours: see their comments
         self._start(
             "kwok",
             [
@@ -501,6 +485,25 @@ class GpuStack:
             ],
             ready=lambda: _http_ok(f"http://{metrics}/metrics"),
         )
+        self._start_scale_adjuster()
+
+    def _start_scale_adjuster(self) -> None:
+        """KAI's nodescaleadjuster, as a production install runs it: a pending fraction pod (no
+        GPU resource request, invisible to CA) gets a 1-GPU scaling pod in kai-scale-adjust
+        (KAI pkg/nodescaleadjuster/scale_adjuster/scale_adjuster.go ``getUnschedulablePods``
+        checks no condition, so every fraction pod gets one until it is bound, however briefly).
+
+        Upstream has no flag for its metrics address (controller-runtime's default :8080, as
+        KAI's podgroupcontroller): ours is built from scripts/gpu-stack/kai/cmd/
+        nodescaleadjuster, KAI's main plus ``--metrics-bind-address``; it has no probe server,
+        so /metrics answering says the manager started.
+        """
+        metrics = f"127.0.0.1:{free_port()}"
+        self._start(
+            "kai-nodescaleadjuster",
+            ["kai-nodescaleadjuster", f"--metrics-bind-address={metrics}"],
+            ready=lambda: _http_ok(f"http://{metrics}/metrics"),
+        )
 
     def start_queue_controllers(self) -> None:
         """Start KAI's podgroupcontroller and queuecontroller (stop them with
@@ -508,19 +511,19 @@ class GpuStack:
 
         A Queue's ``status.allocated`` is the sum of its PodGroups' ``status.resourcesStatus.
         allocated`` (KAI pkg/queuecontroller/controllers/resource_updater/resource_updater.go),
-        which the podgroupcontroller writes; neither runs by default. The podgroupcontroller
-        binds :8080 whatever its flags say (cmd/podgroupcontroller/app/app.go passes no
-        ``Metrics`` options to the manager), as nodescaleadjuster does: the two cannot run at
-        once, so wait for the port. Their webhooks are not registered.
+        which the podgroupcontroller writes; neither runs by default. Upstream's
+        podgroupcontroller binds :8080 whatever ``--metrics-bind-address`` says
+        (cmd/podgroupcontroller/app/app.go passes no ``Metrics`` options to the manager), as
+        nodescaleadjuster does; ours (scripts/gpu-stack/kai/cmd/podgroupcontroller) makes the
+        flag work, so both run beside each other. Their webhooks are not registered.
         """
-        self.stop_scale_adjuster()  # the one other component of ours on :8080
-        self.wait(_port_free(8080), "port 8080 free (KAI's podgroupcontroller binds it)", 60)
         probe, ready = self._probe_addr()
         self._start(
             "kai-podgroupcontroller",
             [
                 "kai-podgroupcontroller",
                 "--enable-podgroup-webhook=false",
+                f"--metrics-bind-address=127.0.0.1:{free_port()}",
                 f"--health-probe-bind-address={probe}",
             ],
             ready=ready,
@@ -541,31 +544,15 @@ class GpuStack:
             if component := self.components.pop(name, None):
                 component.stop()
 
-    def start_scale_adjuster(self) -> None:
-        """KAI's nodescaleadjuster, as a production install runs it: a pending fraction pod (no
-        GPU resource request, invisible to CA) gets a 1-GPU scaling pod in kai-scale-adjust.
-        It has no flag for its metrics address: controller-runtime's default :8080."""
-        if "kai-nodescaleadjuster" not in self.components:
-            self.stop_queue_controllers()  # the podgroupcontroller binds :8080 too
-            self.wait(_port_free(8080), "port 8080 free (KAI's nodescaleadjuster binds it)", 60)
-            self._start("kai-nodescaleadjuster", ["kai-nodescaleadjuster"])
-
-    def stop_scale_adjuster(self) -> None:
-        if component := self.components.pop("kai-nodescaleadjuster", None):
-            component.stop()
-
     def start_autoscaler(self) -> None:
-        """Start KAI's nodescaleadjuster and cluster-autoscaler (node group gpu-h100, 0-3
-        nodes), as a production install runs them.
+        """Start cluster-autoscaler (node group gpu-h100, 0-3 nodes), as a production install
+        runs it beside KAI's nodescaleadjuster (always running here).
 
-        nodescaleadjuster makes a scaling pod for every KAI fraction pod not yet bound, however
-        briefly (KAI pkg/nodescaleadjuster/scale_adjuster/scale_adjuster.go
-        ``getUnschedulablePods`` checks no condition), and KAI's binder reserves no GPU while a
-        scaling pod's PodScheduled is not True (pkg/binder/binding/resourcereservation/
-        resource_reservation.go ``isScalingUp``): see docs/backends.md for what fracpilot does
-        about a scaling pod left bound but marked unschedulable.
+        KAI's binder reserves no GPU while a scaling pod's PodScheduled is not True (KAI
+        pkg/binder/binding/resourcereservation/resource_reservation.go ``isScalingUp``): see
+        docs/backends.md for what fracpilot does about a scaling pod left bound but marked
+        unschedulable.
         """
-        self.start_scale_adjuster()
         self.apply_manifest(RECIPE_DIR / "manifests" / "ca-kwok-config.yaml")
         port = free_port()
         self._start(
@@ -584,10 +571,9 @@ class GpuStack:
         )
 
     def stop_autoscaler(self) -> None:
-        """Stop them again; cluster-autoscaler's kwok provider deletes the nodes it added."""
+        """Stop it again; cluster-autoscaler's kwok provider deletes the nodes it added."""
         if component := self.components.pop("cluster-autoscaler", None):
             component.stop()
-        self.stop_scale_adjuster()
 
 
 def kai_webhook_configurations(port: int, ca_pem: bytes) -> list[dict[str, Any]]:

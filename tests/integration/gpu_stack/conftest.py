@@ -1,11 +1,12 @@
 """Fixtures for tests against the real GPU scheduling stack (tests/support/gpu_stack.py).
 
 ``gpu_stack`` starts, once per session, an etcd + kube-apiserver of its own (its controllers
-must not act on the objects of tests/integration/k8s) and next to it kwok, KAI-Scheduler,
-kube-scheduler and kube-controller-manager. The binaries are built (about 15 minutes, once per
-machine, by scripts/gpu-stack-testbin.sh) right after collection when a selected test needs
-them, so the build counts against no test's timeout. Without the binaries and without Go the
-tests are skipped with that reason; CI has Go, so there they always run.
+must not act on the objects of tests/integration/k8s) and next to it kwok, KAI-Scheduler (its
+nodescaleadjuster included), kube-scheduler and kube-controller-manager. The binaries are built
+(about 15 minutes, once per machine, by scripts/gpu-stack-testbin.sh) right after collection
+when a selected test needs them, so the build counts against no test's timeout. Without the
+binaries and without Go the tests are skipped with that reason; CI has Go, so there they always
+run.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def gpu_node(make_gpu_node: Callable[[int], str]) -> str:
 
 @pytest.fixture
 def autoscaler(gpu_stack: GpuStack) -> Iterator[GpuStack]:
-    """cluster-autoscaler (kwok provider) and KAI's nodescaleadjuster for one test.
+    """cluster-autoscaler (kwok provider) for one test (KAI's nodescaleadjuster always runs).
 
     Stopped afterwards, so no other test sees nodes appear; CA's kwok provider deletes the
     nodes it added when it stops.

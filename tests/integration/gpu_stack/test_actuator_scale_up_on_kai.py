@@ -38,7 +38,7 @@ CAPACITY_SELECTOR = "fracpilot.io/role=capacity"  # the placeholders' label (obj
 
 @contextlib.asynccontextmanager
 async def autoscaling(stack: GpuStack) -> AsyncIterator[None]:
-    """cluster-autoscaler and KAI's nodescaleadjuster for the block, as in production (CA
+    """cluster-autoscaler for the block, beside KAI's nodescaleadjuster, as in production (CA
     deletes the nodes it added when it stops). nodescaleadjuster makes a scaling pod for the
     recreated pod the moment it exists; fracpilot deletes one that KAI's scaler left bound but
     marked PodScheduled=False (docs/backends.md), which would hold KAI's binder back."""
