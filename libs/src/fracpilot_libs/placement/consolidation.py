@@ -299,14 +299,18 @@ class _Board:
         if self._state is None:
             self._state = ClusterState(
                 gpus=self.all_gpus,
-                placements=tuple(
-                    self.placements[k].model_copy(
-                        update={"gpu_uuid": u, "fraction": self.fraction[k]}
-                    )
-                    for k, u in self.where.items()
-                ),
+                placements=tuple(self._placement(k, u) for k, u in self.where.items()),
             )
         return self._state
+
+    def _placement(self, key: str, uuid: str) -> Placement:
+        was = self.placements[key]
+        if was.gpu_uuid == uuid and was.fraction == self.fraction[key]:
+            return was
+        # what the backend recorded for the pod is not what it holds after a step: a planned
+        # share, as apply_pod_plan leaves it
+        update = {"gpu_uuid": uuid, "fraction": self.fraction[key], "memory_mib": None}
+        return was.model_copy(update={**update, "cores": None})
 
     def holds(self, uuid: str, fraction: float, key: str) -> bool:
         """The backend's fit rule for a pod off the board (evicted) onto this card."""
