@@ -75,6 +75,13 @@ def _format(
         _fail(command, str(exc), EXIT_USAGE)
 
 
+def _namespaces(command: str, opts: options.GlobalOptions) -> str | None:
+    try:
+        return opts.namespaces()
+    except options.OptionsError as exc:
+        _fail(command, str(exc), EXIT_USAGE)
+
+
 def program() -> str:
     """How to call this ``fracpilot``: its path beside the interpreter, relative when under the
     working directory (``.venv/bin/fracpilot``), else the name on PATH."""
@@ -250,7 +257,7 @@ def status_command(
     """
     opts = options.given()
     fmt = _format("status", opts, "table", output.FORMATS)
-    namespace = opts.namespace
+    namespace = _namespaces("status", opts)
     with cli_settings("status", opts) as settings:
         _status(settings, namespace, fmt, watch, interval)
 
@@ -333,6 +340,8 @@ def explain_command(
     """
     opts = options.given()
     fmt = _format("explain", opts, "text", EXPLAIN_FORMATS)
+    if opts.all_namespaces:
+        _fail("explain", "-A: explain names one workload (NAMESPACE/WORKLOAD)", EXIT_USAGE)
     namespace, _, name = workload.rpartition("/")
     namespace = namespace or opts.namespace or ""
     if not namespace or not name or "/" in namespace:
@@ -403,12 +412,13 @@ def report_command(
     """
     opts = options.given()
     fmt = _format("report", opts, "", ("", *output.FORMATS))
+    namespace = _namespaces("report", opts)
     try:
         window = parse_duration(since)
     except ValueError as exc:
         _fail("report", f"--since: {exc}", EXIT_USAGE)
     with cli_settings("report", opts) as settings:
-        _report(settings, window, out, opts.namespace, charts, since, fmt, mig)
+        _report(settings, window, out, namespace, charts, since, fmt, mig)
 
 
 def _report(

@@ -47,6 +47,7 @@ class GlobalOptions:
     as_json: bool = False
     nats_url: str | None = None
     namespace: str | None = None
+    all_namespaces: bool = False
     kubeconfig: str | None = None
     context: str | None = None
     release: str | None = None
@@ -68,6 +69,14 @@ class GlobalOptions:
                 "--nats-url goes straight to NATS; --kubeconfig, --context, --release and "
                 "--release-namespace go through Kubernetes: give one or the other"
             )
+
+    def namespaces(self) -> str | None:
+        """The namespace a listing is narrowed to (None: every namespace). -n one namespace,
+        -A every one, as kubectl; neither: every one too, since fracpilot reads what its
+        services published cluster-wide, not a context's namespace (docs/cli.md)."""
+        if self.all_namespaces and self.namespace:
+            raise OptionsError("-n and -A: give one or the other")
+        return None if self.all_namespaces else self.namespace
 
     def format(self) -> str | None:
         """``-o``, with ``--json`` as its alias; both given and different: an error."""
@@ -93,6 +102,12 @@ _OPTIONS: dict[str, tuple[list[str], bool, str | None, str]] = {
         "nats://127.0.0.1:4222).",
     ),
     "namespace": (["-n", "--namespace"], False, "NAMESPACE", "Only this namespace's workloads."),
+    "all_namespaces": (
+        ["-A", "--all-namespaces"],
+        True,
+        None,
+        "Every namespace's workloads (the default without -n; recommend: the context's).",
+    ),
     "kubeconfig": (
         ["--kubeconfig"],
         False,
@@ -119,7 +134,7 @@ _OPTIONS: dict[str, tuple[list[str], bool, str | None, str]] = {
 VALUE_FLAGS = frozenset(d for decls, flag, _, _ in _OPTIONS.values() if not flag for d in decls)
 OUTPUT = ("output", "as_json")
 CONNECTION = ("nats_url", "kubeconfig", "context", "release", "release_namespace")
-READER = (*OUTPUT, *CONNECTION, "namespace")
+READER = (*OUTPUT, *CONNECTION, "namespace", "all_namespaces")
 ALL = tuple(_OPTIONS)
 
 

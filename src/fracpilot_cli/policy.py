@@ -199,7 +199,11 @@ def set_(
 def list_(ctx: typer.Context) -> None:
     """Print every stored policy, ordered by scope (with -n: that namespace's and its
     workloads'): -o json (default: an array), yaml, table, wide or csv (a row per policy)."""
-    namespace = options.given().namespace
+    try:
+        namespace = options.given().namespaces()
+    except options.OptionsError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=EXIT_USAGE) from exc
     reply = _call(ctx, subjects.POLICY_LIST, b"")
     policies = [p for p in reply.policies if namespace in (None, p.scope.namespace)]
     _echo(policies, one=False)

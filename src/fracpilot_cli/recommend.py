@@ -264,6 +264,7 @@ def recommend_command(
         fmt = output.choose(given.format(), "table", FORMATS)
     except (output.FormatError, options.OptionsError) as exc:
         _fail(str(exc))
+    all_namespaces = all_namespaces or given.all_namespaces  # also before the command
     if all_namespaces and given.namespace:
         _fail("-n and -A: give one or the other")
     try:

@@ -52,6 +52,15 @@ def test_the_chart_and_its_app_have_the_release_version() -> None:
     assert chart["appVersion"] == RELEASE  # the image tag when image.tag is empty
 
 
+def test_the_krew_manifest_has_the_release_version() -> None:
+    """krew's manifest (deploy/krew/fracpilot.yaml, scripts/krew_plugin.py writes it): krew's
+    "v" + the release, in the version and in the archive's release URL."""
+    manifest = yaml.safe_load((ROOT / "deploy" / "krew" / "fracpilot.yaml").read_text())
+    assert manifest["spec"]["version"] == f"v{RELEASE}"
+    for platform in manifest["spec"]["platforms"]:
+        assert platform["uri"].endswith(f"/v{RELEASE}/kubectl-fracpilot_v{RELEASE}.tar.gz")
+
+
 def test_every_image_is_labelled_with_the_release_version() -> None:
     assert len(DOCKERFILES) == 3
     for path in DOCKERFILES:

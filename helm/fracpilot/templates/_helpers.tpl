@@ -23,6 +23,25 @@
 {{- printf "%s-%s" (include "fracpilot.fullname" (index . 0)) (index . 1) -}}
 {{- end -}}
 
+{{/* The ServiceAccount a component's pods run as, and its RBAC bindings name: the chart's
+     (serviceAccount.create) or yours, by serviceAccount.name. (list $ "actuator") */}}
+{{- define "fracpilot.serviceAccountName" -}}
+{{- $ := index . 0 -}}
+{{- $account := (index $.Values (index . 1)).serviceAccount -}}
+{{- if $account.create -}}
+{{- $account.name | default (include "fracpilot.componentName" .) -}}
+{{- else -}}
+{{- required (printf "%s.serviceAccount.name is required when %s.serviceAccount.create is false" (index . 1) (index . 1)) $account.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when a component calls the Kubernetes API (and so needs a token). (list $ "ingest") */}}
+{{- define "fracpilot.usesKubernetesApi" -}}
+{{- $ := index . 0 -}}
+{{- $component := index . 1 -}}
+{{- or (eq $component "actuator") (and (eq $component "ingest") (eq $.Values.ingest.owners "kubernetes")) -}}
+{{- end -}}
+
 {{- define "fracpilot.webhookSecretName" -}}
 {{- printf "%s-webhook-tls" (include "fracpilot.fullname" .) -}}
 {{- end -}}
@@ -52,14 +71,31 @@ helm.sh/chart: {{ printf "%s-%s" $.Chart.Name $.Chart.Version | replace "+" "_" 
 
 {{/* Images ---------------------------------------------------------------------------------- */}}
 
-{{/* (list $ "actuator") */}}
-{{- define "fracpilot.image" -}}
+{{/* An image repository with global.imageRegistry in front: a registry host the repository
+     names (a first part with a "." or ":", or localhost, as docker tells a host from a path) is
+     replaced by it, the rest of the path kept, as charts with a global.imageRegistry do (a
+     mirror holding every image under its upstream path). (list $ "ghcr.io/fracpilot/x") */}}
+{{- define "fracpilot.registryRepository" -}}
 {{- $ := index . 0 -}}
-{{- $component := index . 1 -}}
-{{- $values := index $.Values $component -}}
-{{- $repository := $values.image.repository | default (printf "%s/fracpilot-%s" $.Values.image.registry $component) -}}
-{{- $tag := $values.image.tag | default $.Values.image.tag | default $.Chart.AppVersion -}}
-{{- $digest := $values.image.digest | default "" -}}
+{{- $repository := index . 1 -}}
+{{- $mirror := (($.Values.global).imageRegistry) | default "" | trimSuffix "/" -}}
+{{- if not $mirror -}}
+{{- $repository -}}
+{{- else -}}
+{{- $parts := splitList "/" $repository -}}
+{{- $first := first $parts -}}
+{{- if and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) -}}
+{{- $parts = rest $parts -}}
+{{- end -}}
+{{- printf "%s/%s" $mirror (join "/" $parts) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* repository:tag[@digest], through global.imageRegistry. (list $ repository tag digest) */}}
+{{- define "fracpilot.imageRef" -}}
+{{- $repository := include "fracpilot.registryRepository" (list (index . 0) (index . 1)) -}}
+{{- $tag := index . 2 -}}
+{{- $digest := index . 3 | default "" -}}
 {{- if $digest -}}
 {{- /* The digest pins the content; the tag stays for people reading the manifest. */ -}}
 {{- printf "%s:%s@%s" $repository $tag $digest -}}
@@ -68,14 +104,25 @@ helm.sh/chart: {{ printf "%s-%s" $.Chart.Name $.Chart.Version | replace "+" "_" 
 {{- end -}}
 {{- end -}}
 
+{{/* A fracpilot image. (list $ "actuator") */}}
+{{- define "fracpilot.image" -}}
+{{- $ := index . 0 -}}
+{{- $component := index . 1 -}}
+{{- $values := index $.Values $component -}}
+{{- $repository := $values.image.repository | default (printf "%s/fracpilot-%s" $.Values.image.registry $component) -}}
+{{- $tag := $values.image.tag | default $.Values.image.tag | default $.Chart.AppVersion -}}
+{{- include "fracpilot.imageRef" (list $ $repository $tag $values.image.digest) -}}
+{{- end -}}
+
 {{/* The built-in NATS server's image, with its digest when one is set. */}}
 {{- define "fracpilot.natsImage" -}}
 {{- $image := .Values.nats.image -}}
-{{- if $image.digest -}}
-{{- printf "%s:%s@%s" $image.repository $image.tag $image.digest -}}
-{{- else -}}
-{{- printf "%s:%s" $image.repository $image.tag -}}
+{{- include "fracpilot.imageRef" (list . $image.repository $image.tag $image.digest) -}}
 {{- end -}}
+
+{{/* The scale-up placeholder pods' image (a whole reference: repository:tag[@digest]). */}}
+{{- define "fracpilot.placeholderImage" -}}
+{{- include "fracpilot.registryRepository" (list . .Values.actuator.placeholderImage) -}}
 {{- end -}}
 
 {{/* Capabilities ---------------------------------------------------------------------------- */}}
@@ -295,7 +342,10 @@ readinessProbe:
 {{- define "fracpilot.podCommon" -}}
 {{- $ := index . 0 -}}
 {{- $values := index $.Values (index . 1) -}}
-serviceAccountName: {{ include "fracpilot.componentName" . }}
+serviceAccountName: {{ include "fracpilot.serviceAccountName" . }}
+# On the pod as well as on the ServiceAccount: a ServiceAccount of yours
+# (serviceAccount.create false) may mount a token by default.
+automountServiceAccountToken: {{ include "fracpilot.usesKubernetesApi" . }}
 {{- with $.Values.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
@@ -314,6 +364,10 @@ nodeSelector:
 {{- end }}
 {{- with $values.tolerations }}
 tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.topologySpreadConstraints }}
+topologySpreadConstraints:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}

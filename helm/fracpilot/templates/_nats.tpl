@@ -64,11 +64,7 @@ FRACPILOT_USAGE_MAX_AGE_S); a 0 is left out: no limit, or the service's default.
 {{/* The prometheus-nats-exporter sidecar's image. */}}
 {{- define "fracpilot.natsExporterImage" -}}
 {{- $image := .Values.nats.metrics.image -}}
-{{- if $image.digest -}}
-{{- printf "%s:%s@%s" $image.repository $image.tag $image.digest -}}
-{{- else -}}
-{{- printf "%s:%s" $image.repository $image.tag -}}
-{{- end -}}
+{{- include "fracpilot.imageRef" (list . $image.repository $image.tag $image.digest) -}}
 {{- end -}}
 
 {{/* The NATS identities, one per component (deploy/nats/permissions.conf names their

@@ -18,6 +18,8 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
     model_validator,
 )
 
@@ -269,6 +271,13 @@ class PolicyScope(WireModel):
     level: PolicyLevel = PolicyLevel.CLUSTER
     namespace: str | None = Field(default=None, min_length=1, max_length=63)
     workload: str | None = Field(default=None, min_length=1, max_length=253)
+    kind: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9]+$",
+        max_length=63,
+        description="workload level: only the workload of this owner kind (WorkloadRef."
+        "owner_kind, e.g. StatefulSet); None: every kind with that name",
+    )
 
     @model_validator(mode="after")
     def _names_match_level(self) -> PolicyScope:
@@ -279,12 +288,28 @@ class PolicyScope(WireModel):
                 f"scope level {self.level.value} needs "
                 f"namespace={'yes' if need_ns else 'no'}, workload={'yes' if need_wl else 'no'}"
             )
+        if self.kind is not None and not need_wl:
+            raise ValueError(f"scope level {self.level.value} takes no kind (workload only)")
         return self
+
+    @model_serializer(mode="wrap")
+    def _without_unset_kind(self, handler: SerializerFunctionWrapHandler) -> object:
+        # A scope of any kind is written as before the kind existed: services of the previous
+        # version (which refuse unknown fields) still read it during a rolling upgrade.
+        data = handler(self)
+        if isinstance(data, dict) and data.get("kind") is None:
+            data.pop("kind", None)
+        return data
 
     @property
     def key(self) -> str:
-        """KV key of the scope (KV keys allow only ``[-/_=.a-zA-Z0-9]``)."""
-        parts = [self.level.value, self.namespace or "", self.workload or ""]
+        """KV key of the scope (KV keys allow only ``[-/_=.a-zA-Z0-9]``): a kind goes before
+        the name as kubectl writes it (``workload.team-a.StatefulSet/x``); a Kubernetes name
+        has no ``/``, so no name of any kind reads the same."""
+        name = self.workload or ""
+        if self.kind is not None:
+            name = f"{self.kind}/{name}"
+        parts = [self.level.value, self.namespace or "", name]
         return ".".join(p for p in parts if p)
 
 

@@ -159,7 +159,9 @@ async def test_an_object_is_synced_updated_shadowed_and_deleted(
     nats_url: str, sync: PolicySync, kube_admin: client.ApiClient, kube_namespace: str
 ) -> None:
     ns = kube_namespace
-    scope = PolicyScope(level=PolicyLevel.WORKLOAD, namespace=ns, workload="chat")
+    scope = PolicyScope(
+        level=PolicyLevel.WORKLOAD, namespace=ns, workload="chat", kind="Deployment"
+    )
     key = f"kubernetes.{scope.key}"
     # A policy set over NATS at the same scope, before: it stays, under the object's.
     nats_policy = Policy(scope=scope, max_fraction=0.75, revision=3)
@@ -195,7 +197,7 @@ async def test_an_object_is_synced_updated_shadowed_and_deleted(
     assert (await entry(nats_url, key)) == Policy(scope=scope, max_fraction=0.25, revision=2)
 
     # A later object for the same workload is shadowed.
-    create(kube_admin, ns, "chat-later", {"targetRef": {"name": "chat"}, "maxFraction": 0.5})
+    create(kube_admin, ns, "chat-later", {"targetRef": target, "maxFraction": 0.5})
     later = await eventually(status_of(kube_admin, ns, "chat-later", "Shadowed", "True"))
     assert later["status"]["inForce"] == "FractionPolicy/chat"
     assert condition(later, "Ready")["status"] == "False"
@@ -265,6 +267,45 @@ async def test_an_object_stored_under_an_older_schema_is_reported_invalid(
     patch_spec(kube_admin, ns, name, {"minFraction": 0.12})
     await eventually(status_of(kube_admin, ns, name, "Ready", "True"))
     assert sync.metrics.invalid.labels("FractionPolicy")._value.get() == 1
+
+
+async def test_a_statefulset_policy_sizes_the_statefulset_only(
+    nats_url: str, sync: PolicySync, kube_admin: client.ApiClient, kube_namespace: str
+) -> None:
+    """targetRef.kind counts: a FractionPolicy for the StatefulSet x leaves the Deployment x of
+    the same namespace to the default, in the bucket and in the decision service."""
+    ns = kube_namespace
+    stateful = workload("x", ns).model_copy(update={"owner_kind": "StatefulSet"})
+    deployment = workload("x", ns).model_copy(update={"owner_kind": "Deployment"})
+    async with running(DecisionService(DecisionSettings(nats={"url": nats_url}))) as service:
+        target = {"kind": "StatefulSet", "name": "x"}
+        create(kube_admin, ns, "x-statefulset", {"targetRef": target, "maxFraction": 0.25})
+        obj = await eventually(status_of(kube_admin, ns, "x-statefulset", "Ready", "True"))
+        assert obj["status"]["scope"] == f"workload.{ns}.StatefulSet/x"
+
+        async def sized(max_fraction: float) -> bool:
+            return service.policies.for_workload(stateful).max_fraction == max_fraction
+
+        await eventually(lambda: sized(0.25))
+        assert service.policies.for_workload(deployment) == service.policies.default
+        # `fracpilot policy get` for each workload says the same.
+        for ref, expected in ((stateful, 0.25), (deployment, Policy().max_fraction)):
+            got = await _policy_request(nats_url, subjects.POLICY_GET, ref.to_json())
+            assert got.policy is not None
+            assert got.policy.max_fraction == expected, ref.owner_kind
+
+        # The Deployment's own object: not shadowed by the StatefulSet's, each in force.
+        target = {"kind": "Deployment", "name": "x"}
+        create(kube_admin, ns, "x-deployment", {"targetRef": target, "maxFraction": 0.5})
+        other = await eventually(status_of(kube_admin, ns, "x-deployment", "Ready", "True"))
+        assert other["status"]["inForce"] == "FractionPolicy/x-deployment"
+        assert condition(other, "Shadowed")["status"] == "False"
+
+        async def deployment_sized() -> bool:
+            return service.policies.for_workload(deployment).max_fraction == 0.5
+
+        await eventually(deployment_sized)
+        assert service.policies.for_workload(stateful).max_fraction == 0.25
 
 
 async def _policy_request(url: str, subject: str, payload: bytes) -> PolicyReply:

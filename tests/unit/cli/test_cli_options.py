@@ -94,6 +94,37 @@ def test_namespace_is_taken_in_every_position() -> None:
         assert "cannot connect to NATS" in result.stderr
 
 
+@pytest.mark.parametrize("name", ["status", "report", "policy list"])
+def test_all_namespaces_is_taken_in_every_position_and_not_with_n(
+    name: str, tmp_path: Path
+) -> None:
+    """-A/--all-namespaces as kubectl spells it (what these list without -n too); with -n it is
+    a usage error before anything is read."""
+    for flag in ("-A", "--all-namespaces"):
+        for args in positions(NATS_COMMANDS[name], [flag]):
+            result = run([*args, "--nats-url", CLOSED], tmp_path)
+            assert result.exit_code == 1, (args, result.output)  # NATS, not usage
+            assert CLOSED.removeprefix("nats://") in result.stderr, (args, result.stderr)
+        for args in positions(NATS_COMMANDS[name], [flag, "-n", "inference"]):
+            result = run(args, tmp_path)
+            assert result.exit_code == 2, (args, result.output)
+            assert "-n and -A: give one or the other" in result.stderr, (args, result.stderr)
+
+
+def test_explain_names_one_workload_so_refuses_all_namespaces() -> None:
+    for args in positions(["explain", "inference/chat"], ["-A"]):
+        result = run(args)
+        assert result.exit_code == 2, (args, result.output)
+        assert "-A: explain names one workload" in result.stderr
+
+
+def test_recommend_takes_all_namespaces_before_the_command_too() -> None:
+    for args in (["-A", "recommend", "-n", "x"], ["recommend", "-A", "-n", "x"]):
+        result = run([*args, "--prometheus-url", "http://127.0.0.1:1"])
+        assert result.exit_code != 0, (args, result.output)
+        assert "-n and -A: give one or the other" in result.stderr, (args, result.stderr)
+
+
 @pytest.mark.parametrize("name", ["status", "explain", "report", "replay", "policy"])
 def test_each_data_command_lists_the_global_options(name: str) -> None:
     result = runner.invoke(app, [name, "--help"], terminal_width=200)

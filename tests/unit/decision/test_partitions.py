@@ -216,7 +216,7 @@ def test_a_key_of_another_shape_has_no_partition(key: str) -> None:
 def test_policy_keys_are_spelled_as_the_scopes_spell_them(namespace: str, name: str) -> None:
     wl = WorkloadRef(namespace=namespace, owner_name=name)
     expected = tuple(s.key for s in scope_chain(workload_scope(wl)))
-    assert _chain_keys(namespace, name) == expected
+    assert _chain_keys(namespace, name, wl.owner_kind) == expected
 
 
 def test_the_position_comes_from_either_form_of_the_reply_subject() -> None:

@@ -16,15 +16,23 @@ import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
-from fracpilot_libs.contracts import Policy
+from fracpilot_cli.policy import policy_listing
+from fracpilot_libs.contracts import (
+    MemoryHeadroom,
+    MemoryHeadroomMode,
+    Mode,
+    Policy,
+    PolicyLevel,
+    PolicyScope,
+)
 
 CHART = Path(__file__).resolve().parents[3] / "helm" / "fracpilot"
 SCHEMA: dict[str, Any] = json.loads((CHART / "values.schema.json").read_text())
 DEFAULTS: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text())
 CI_FILES = sorted((CHART / "ci").glob("*.yaml"))
-# Policy fields that are not defaults an operator sets: the store sets revision, the chart scope;
-# memory_headroom's learned mode and the resize budget are set per FractionPolicy (docs/sizing.md).
-NOT_IN_VALUES = {"schema_version", "scope", "revision", "memory_headroom", "resize_budget_per_day"}
+# Policy fields that are not defaults an operator sets (the store sets revision, the chart the
+# scope): the schema takes them, as `fracpilot policy get` prints them, values.yaml leaves them out.
+NOT_IN_VALUES = {"schema_version", "scope", "revision"}
 
 
 def merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -82,6 +90,22 @@ def test_every_ci_values_file_passes_the_schema(path: Path) -> None:
         ("webhook.timeoutSeconds", 31, "webhook/timeoutSeconds: 31 is greater than the maximum"),
         ("pricing.gpuPrices", {"H100": -1}, "pricing/gpuPrices/H100: -1 is less than the minimum"),
         ("actuator.replica", 2, "actuator: Additional properties are not allowed ('replica'"),
+        (
+            "decision.serviceAccount",
+            {"create": False, "name": ""},
+            "decision/serviceAccount/name: '' should be non-empty",
+        ),
+        (
+            "actuator.serviceAccount",
+            {"create": True, "name": "Not_A_Name"},
+            "actuator/serviceAccount/name: 'Not_A_Name' does not match",
+        ),
+        (
+            "ingest.topologySpreadConstraints",
+            [{"maxSkew": 1, "whenUnsatisfiable": "DoNotSchedule"}],
+            "ingest/topologySpreadConstraints/0: 'topologyKey' is a required property",
+        ),
+        ("global.imageRegistry", "mirror example", "global/imageRegistry: 'mirror example' does"),
     ],
 )
 def test_the_schema_refuses_a_wrong_value(path: str, value: Any, expected: str) -> None:
@@ -126,16 +150,70 @@ def test_policy_values_are_the_policy_models_defaults() -> None:
     assert DEFAULTS["policy"] == defaults
 
 
+def assert_same_field(ours: dict[str, Any], field: dict[str, Any], name: str) -> None:
+    """The chart's schema of a field says what the model's does: enum, type, bounds."""
+    if "$ref" in field:
+        target = MODEL_DEFS[field["$ref"].rsplit("/", 1)[-1]]
+        if "enum" in target:  # mode, grid, compute_sizing, enforcement, memory_headroom.mode
+            assert ours["enum"] == target["enum"], name
+            return
+        # A nested model (memory_headroom): the same fields, each the same.
+        assert ours.get("additionalProperties") is False, name
+        assert set(ours["properties"]) == set(target["properties"]), name
+        for sub, sub_field in target["properties"].items():
+            assert_same_field(ours["properties"][sub], sub_field, f"{name}.{sub}")
+        return
+    if "anyOf" in field:  # an optional number (resize_budget_per_day): number or null
+        (number,) = [f for f in field["anyOf"] if f.get("type") != "null"]
+        assert sorted(ours["type"]) == sorted([number["type"], "null"]), name
+        field = number
+    else:
+        assert ours["type"] == field["type"], name
+    for bound in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        assert ours.get(bound) == field.get(bound), f"{name}.{bound}"
+
+
 def test_the_policy_schema_has_the_models_fields_types_and_bounds() -> None:
     chart = SCHEMA["properties"]["policy"]
     assert chart["additionalProperties"] is False
-    assert set(chart["properties"]) == set(policy_fields())
+    model = Policy.model_json_schema()["properties"]
+    assert set(chart["properties"]) == set(model)
     for name, field in policy_fields().items():
-        ours = chart["properties"][name]
-        if "$ref" in field:  # an enum (mode, grid, compute_sizing)
-            enum = MODEL_DEFS[field["$ref"].rsplit("/", 1)[-1]]["enum"]
-            assert ours["enum"] == enum, name
-            continue
-        assert ours["type"] == field["type"], name
-        for bound in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
-            assert ours.get(bound) == field.get(bound), f"{name}.{bound}"
+        assert_same_field(chart["properties"][name], field, name)
+
+
+# --- what `fracpilot policy get` prints pastes into `policy:` -------------------------------
+
+
+def printed_by_policy_get(policy: Policy) -> dict[str, Any]:
+    """What ``fracpilot policy get`` prints for a policy (-o json), parsed: the command's own
+    listing (src/fracpilot_cli/policy.py), not a copy of its format."""
+    document = policy_listing([policy], one=True).document()
+    assert isinstance(document, dict)
+    return document
+
+
+STORED_CLUSTER_POLICY = Policy(
+    revision=7,
+    mode=Mode.RECOMMEND,
+    max_fraction=0.5,
+    memory_headroom=MemoryHeadroom(mode=MemoryHeadroomMode.LEARNED, factor=2.0),
+    resize_budget_per_day=12,
+)
+
+
+@pytest.mark.parametrize("policy", [Policy(), STORED_CLUSTER_POLICY], ids=["default", "stored"])
+def test_the_schema_takes_what_policy_get_prints(policy: Policy) -> None:
+    printed = printed_by_policy_get(policy)
+    assert {"schema_version", "scope", "revision"} <= set(printed)
+    assert errors(merged(DEFAULTS, {"policy": printed})) == []
+    # What the decision service reads back is that policy (the chart sets scope and revision).
+    assert Policy.model_validate(merged(DEFAULTS["policy"], printed)) == policy
+
+
+def test_the_schema_refuses_a_namespace_policy_in_the_cluster_default() -> None:
+    """`policy get -n team-a` prints a namespace's policy: not the cluster default."""
+    scope = PolicyScope(level=PolicyLevel.NAMESPACE, namespace="team-a")
+    printed = printed_by_policy_get(Policy(scope=scope))
+    found = errors(merged(DEFAULTS, {"policy": printed}))
+    assert any(e.startswith("policy/scope/level: 'cluster' was expected") for e in found), found

@@ -41,7 +41,8 @@ NOT_IN_SPEC: Mapping[str, str] = {
 
 # spec.targetRef.name names a workload as a policy scope key can (PolicyScope.key).
 TARGET_NAME_PATTERN = r"^[-/_=A-Za-z0-9]+(\.[-/_=A-Za-z0-9]+)*$"
-# Kinds a pod's owner chain ends at (fracpilot_libs.owners); the scope is keyed by name only.
+# Kinds a pod's owner chain ends at (fracpilot_libs.owners): with one, the scope is that kind's
+# workload (PolicyScope.kind, matched against WorkloadRef.owner_kind).
 TARGET_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "Job", "CronJob", "ReplicaSet", "Pod")
 
 _KEPT = (
@@ -213,12 +214,18 @@ def policy_rules() -> list[dict[str, str]]:
 _TARGET_REF = {
     "type": "object",
     "description": "The workload this policy sizes; left out, every workload of the namespace "
-    "(a policy for one workload wins over the namespace's). Policies are keyed by namespace "
-    "and name: kind is informational.",
+    "(a policy for one workload wins over the namespace's). With kind, only the workload of "
+    "that kind and name (a Deployment and a StatefulSet may share a name); without, every "
+    "workload of that name (a policy naming the kind wins over one that does not).",
     "required": ["name"],
     "properties": {
         "apiVersion": {"type": "string", "description": "its API version (informational)"},
-        "kind": {"type": "string", "enum": list(TARGET_KINDS), "description": "its kind"},
+        "kind": {
+            "type": "string",
+            "enum": list(TARGET_KINDS),
+            "description": "its kind, the kind its pods' owner chain ends at (a Deployment's "
+            "pods: Deployment); left out: any kind",
+        },
         "name": {
             "type": "string",
             "minLength": 1,

@@ -16,7 +16,7 @@ import json
 import re
 from collections.abc import Mapping
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from fracpilot_libs.contracts import Policy, PolicyLevel, PolicyScope, WorkloadRef
 from fracpilot_libs.nats.decoding import DecodeError, decode
@@ -48,8 +48,11 @@ def cluster_default(policy_json: str | None) -> Policy:
 
 
 def scope_chain(scope: PolicyScope) -> tuple[PolicyScope, ...]:
-    """The scope and the scopes above it, most specific first."""
+    """The scope and the scopes above it, most specific first: a workload of one kind, that
+    name of any kind, its namespace, the cluster."""
     chain = [scope]
+    if scope.level is PolicyLevel.WORKLOAD and scope.kind is not None:
+        chain.append(scope.model_copy(update={"kind": None}))
     if scope.level is PolicyLevel.WORKLOAD:
         chain.append(PolicyScope(level=PolicyLevel.NAMESPACE, namespace=scope.namespace))
     if scope.level is not PolicyLevel.CLUSTER:
@@ -59,14 +62,18 @@ def scope_chain(scope: PolicyScope) -> tuple[PolicyScope, ...]:
 
 def workload_scope(workload: WorkloadRef) -> PolicyScope:
     return PolicyScope(
-        level=PolicyLevel.WORKLOAD, namespace=workload.namespace, workload=workload.owner_name
+        level=PolicyLevel.WORKLOAD,
+        namespace=workload.namespace,
+        workload=workload.owner_name,
+        kind=workload.owner_kind,
     )
 
 
-def workload_chain_keys(namespace: str, name: str) -> tuple[str, str, str]:
+def workload_chain_keys(namespace: str, name: str, kind: str) -> tuple[str, str, str, str]:
     """The keys of a workload's scope chain, as ``PolicyScope.key`` spells them; plain string
     work, no model (this runs for every sample, of every one of 100,000 workloads)."""
     return (
+        f"{PolicyLevel.WORKLOAD.value}.{namespace}.{kind}/{name}",
         f"{PolicyLevel.WORKLOAD.value}.{namespace}.{name}",
         f"{PolicyLevel.NAMESPACE.value}.{namespace}",
         PolicyLevel.CLUSTER.value,
@@ -105,7 +112,10 @@ def parse_scope(data: bytes) -> PolicyScope:
     except (ValueError, RecursionError) as exc:  # also too deep, or an integer too long
         raise DecodeError("decode", f"not valid JSON: {str(exc)[:500]}") from exc
     if isinstance(body, dict) and "owner_name" in body:
-        return workload_scope(decode(WorkloadRef, data))
+        try:
+            return workload_scope(decode(WorkloadRef, data))
+        except ValidationError as exc:  # an owner kind no scope can name
+            raise DecodeError("validation", str(exc)[:500]) from exc
     return decode(PolicyScope, data)
 
 
@@ -161,5 +171,5 @@ class LivePolicies:
     def for_workload(self, workload: WorkloadRef) -> Policy:
         if not self.stored:
             return self.default
-        keys = workload_chain_keys(workload.namespace, workload.owner_name)
+        keys = workload_chain_keys(workload.namespace, workload.owner_name, workload.owner_kind)
         return resolve(self.stored, keys, self.default)

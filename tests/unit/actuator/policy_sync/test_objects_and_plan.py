@@ -18,12 +18,14 @@ from fracpilot_actuator.policy_sync.objects import (
     to_policy,
 )
 from fracpilot_actuator.policy_sync.plan import SyncPlan, plan_sync, status_patch
-from fracpilot_libs.contracts import Mode, Policy, PolicyLevel, PolicyScope
+from fracpilot_libs.contracts import Mode, Policy, PolicyLevel, PolicyScope, WorkloadRef
 from fracpilot_libs.kube.policy_crd import spec_fields
 from fracpilot_libs.sizing.policies import LivePolicies
 
 T0 = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
-CHAT = PolicyScope(level=PolicyLevel.WORKLOAD, namespace="team-a", workload="chat")
+CHAT = PolicyScope(
+    level=PolicyLevel.WORKLOAD, namespace="team-a", workload="chat", kind="Deployment"
+)
 TEAM_A = PolicyScope(level=PolicyLevel.NAMESPACE, namespace="team-a")
 
 
@@ -33,10 +35,11 @@ def fp(
     created: str = "2026-12-01T00:00:00Z",
     generation: int = 1,
     status: dict[str, Any] | None = None,
+    kind: str | None = "Deployment",
     **spec: Any,
 ) -> PolicyObject:
     if target is not None:
-        spec["targetRef"] = {"kind": "Deployment", "name": target}
+        spec["targetRef"] = {"name": target} | ({"kind": kind} if kind else {})
     return PolicyObject(
         "FractionPolicy", "team-a", name, f"uid-{name}", generation, created, spec, status or {}
     )
@@ -85,6 +88,50 @@ def test_a_fraction_policy_reads_as_a_workload_policy_in_its_namespace() -> None
     assert policy.min_fraction == 0.25
     assert policy.cooldown_s == 60
     assert policy.max_fraction == Policy().max_fraction  # left out: the model's default
+
+
+def test_the_target_kind_is_part_of_the_scope_and_may_be_left_out() -> None:
+    stateful = to_policy(fp(kind="StatefulSet")).scope
+    assert stateful == CHAT.model_copy(update={"kind": "StatefulSet"})
+    assert stateful.key == "workload.team-a.StatefulSet/chat"
+    assert to_policy(fp(kind=None)).scope == CHAT.model_copy(update={"kind": None})
+    with pytest.raises(InvalidPolicyError, match=r"targetRef\.kind 'Rollout' is not one of"):
+        to_policy(fp(kind="Rollout"))
+
+
+def test_a_statefulset_policy_leaves_the_deployment_of_the_same_name_alone() -> None:
+    """A Deployment and a StatefulSet named chat in team-a: each object sizes its own kind,
+    neither shadows the other; the workloads resolve as the decision service resolves them."""
+    deployment_fp = fp("chat-deployment", kind="Deployment", maxFraction=0.25)
+    stateful_fp = fp("chat-statefulset", kind="StatefulSet", maxFraction=0.5)
+    plan = plan_sync([deployment_fp, stateful_fp], {}, T0)
+    assert sorted(plan.puts) == [
+        "kubernetes.workload.team-a.Deployment/chat",
+        "kubernetes.workload.team-a.StatefulSet/chat",
+    ]
+    for obj in (deployment_fp, stateful_fp):
+        assert condition(plan, obj, "Ready")["status"] == "True"
+        assert condition(plan, obj, "Shadowed")["status"] == "False"
+    live = LivePolicies(Policy())
+    for key, policy in plan.puts.items():
+        live.apply(key, policy)
+    chat = WorkloadRef(namespace="team-a", owner_name="chat")
+    assert live.for_workload(chat.model_copy(update={"owner_kind": "Deployment"})).max_fraction == (
+        0.25
+    )
+    assert live.for_workload(
+        chat.model_copy(update={"owner_kind": "StatefulSet"})
+    ).max_fraction == (0.5)
+    assert live.for_workload(chat.model_copy(update={"owner_kind": "Job"})) is live.default
+    # Only the StatefulSet's: the Deployment chat gets the default.
+    only = plan_sync([stateful_fp], {}, T0)
+    live = LivePolicies(Policy())
+    for key, policy in only.puts.items():
+        live.apply(key, policy)
+    assert live.for_workload(chat) is live.default
+    assert live.for_workload(
+        chat.model_copy(update={"owner_kind": "StatefulSet"})
+    ).max_fraction == (0.5)
 
 
 def test_without_a_target_it_is_the_namespace_policy_and_the_cluster_kind_is_the_cluster() -> None:

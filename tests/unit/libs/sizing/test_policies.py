@@ -44,15 +44,46 @@ def test_the_setting_reads_fracpilot_policy_json(monkeypatch: pytest.MonkeyPatch
 
 
 def test_the_chain_keys_spell_the_scope_keys() -> None:
-    keys = tuple(s.key for s in scope_chain(WORKLOAD))
-    assert keys == workload_chain_keys("inference", "chat")
+    keys = tuple(s.key for s in scope_chain(WORKLOAD.model_copy(update={"kind": "StatefulSet"})))
+    assert keys == workload_chain_keys("inference", "chat", "StatefulSet")
+    assert keys[:2] == ("workload.inference.StatefulSet/chat", "workload.inference.chat")
+
+
+def test_a_workload_policy_of_one_kind_sizes_that_kind_only() -> None:
+    """A StatefulSet and a Deployment of one name in one namespace are two workloads: a policy
+    for the StatefulSet leaves the Deployment alone; one without a kind sizes both."""
+    live = LivePolicies(Policy())
+    stateful = WORKLOAD.model_copy(update={"kind": "StatefulSet"})
+    live.apply(stateful.key, Policy(scope=stateful, max_fraction=0.5))
+    sts = workload("chat").model_copy(update={"owner_kind": "StatefulSet"})
+    deployment = workload("chat").model_copy(update={"owner_kind": "Deployment"})
+    assert live.for_workload(sts).max_fraction == 0.5
+    assert live.for_workload(deployment) is live.default
+    any_kind = Policy(scope=WORKLOAD, max_fraction=0.25)
+    live.apply(WORKLOAD.key, any_kind)
+    assert live.for_workload(deployment) == any_kind
+    assert live.for_workload(sts).max_fraction == 0.5  # its kind's policy is more specific
+
+
+def test_a_kind_belongs_to_a_workload_scope_and_is_left_out_when_unset() -> None:
+    with pytest.raises(ValueError, match="takes no kind"):
+        PolicyScope(level=PolicyLevel.NAMESPACE, namespace="inference", kind="StatefulSet")
+    with pytest.raises(ValueError, match="kind"):  # a dot would make the key ambiguous
+        PolicyScope.model_validate({**WORKLOAD.model_dump(), "kind": "Stateful.Set"})
+    # Written as before the kind existed (older services refuse unknown fields)...
+    assert "kind" not in WORKLOAD.model_dump()
+    assert "kind" not in Policy(scope=WORKLOAD).model_dump(mode="json")["scope"]
+    # ... and read back either way.
+    stateful = WORKLOAD.model_copy(update={"kind": "StatefulSet"})
+    assert PolicyScope.model_validate_json(stateful.model_dump_json()) == stateful
+    assert PolicyScope.model_validate({**WORKLOAD.model_dump(), "kind": None}) == WORKLOAD
 
 
 def test_the_most_specific_stored_policy_wins_as_a_whole() -> None:
     default = Policy(max_fraction=0.75)
     cluster = Policy(min_fraction=0.25)
     namespace = Policy(scope=NAMESPACE, max_fraction=0.5)
-    keys = workload_chain_keys("inference", "chat")
+    keys = workload_chain_keys("inference", "chat", "Deployment")
     assert resolve({}, keys, default) is default
     assert resolve({"cluster": cluster}, keys, default) is cluster
     stored = {"cluster": cluster, NAMESPACE.key: namespace}
@@ -80,7 +111,10 @@ def test_the_store_numbers_revisions_from_one() -> None:
 def test_a_get_request_names_a_scope_a_workload_or_the_cluster() -> None:
     assert parse_scope(b"  ") == PolicyScope()
     assert parse_scope(NAMESPACE.to_json()) == NAMESPACE
-    assert parse_scope(workload("chat").to_json()) == WORKLOAD
+    # A workload's own scope: its kind's (the chain goes on to any kind of that name).
+    assert parse_scope(workload("chat").to_json()) == WORKLOAD.model_copy(
+        update={"kind": "Deployment"}
+    )
     with pytest.raises(DecodeError) as refused:
         parse_scope(b"{not json")
     assert refused.value.kind == "decode"

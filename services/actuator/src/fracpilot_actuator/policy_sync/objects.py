@@ -96,13 +96,18 @@ def scope_of(obj: PolicyObject) -> PolicyScope:
     if obj.kind != NAMESPACED_KIND:
         raise InvalidPolicyError(f"not a policy kind: {obj.kind!r}")
     ref = obj.spec.get("targetRef")
-    if isinstance(ref, dict) and ref.get("kind", TARGET_KINDS[0]) not in TARGET_KINDS:
-        raise InvalidPolicyError(f"targetRef.kind {ref.get('kind')!r} is not one of {TARGET_KINDS}")
+    kind = ref.get("kind") if isinstance(ref, dict) else None
+    if kind is not None and kind not in TARGET_KINDS:
+        raise InvalidPolicyError(f"targetRef.kind {kind!r} is not one of {TARGET_KINDS}")
     try:
         if (name := obj.target_name) is None:
             scope = PolicyScope(level=PolicyLevel.NAMESPACE, namespace=obj.namespace)
         else:
-            scope = PolicyScope(level=PolicyLevel.WORKLOAD, namespace=obj.namespace, workload=name)
+            # With a kind, that kind's workload only (a Deployment and a StatefulSet may share
+            # a name); without, every workload of that name.
+            scope = PolicyScope(
+                level=PolicyLevel.WORKLOAD, namespace=obj.namespace, workload=name, kind=kind
+            )
     except ValidationError as exc:
         raise InvalidPolicyError(_reasons(exc)) from exc
     if problem := scope_problem(scope):
