@@ -43,6 +43,7 @@ from helpers import read_stream, reset_nats, running
 from support.gpu_stack import (
     DEFAULT_QUEUE,
     GPU_FRACTION,
+    GPU_PORTION,
     KAI_SCHEDULER,
     KWOK_TAINT,
     QUEUE_LABEL,
@@ -260,6 +261,17 @@ async def chat_and_other_sharing_a_gpu(
     [chat] = await in_thread(wait_running, stack, namespace, "chat")
     [other] = await in_thread(wait_running, stack, namespace, "other")
     return chat, other
+
+
+def gpu_portions(stack: GpuStack, pod: dict[str, Any]) -> list[str]:
+    """GPU_PORTION in the ConfigMaps KAI's binder made for ``pod`` (owned by it)."""
+    uid = pod["metadata"]["uid"]
+    return [
+        cm["data"][GPU_PORTION]
+        for cm in stack.items("ConfigMap", pod["metadata"]["namespace"])
+        if any(ref["uid"] == uid for ref in cm["metadata"].get("ownerReferences") or [])
+        and GPU_PORTION in (cm.get("data") or {})
+    ]
 
 
 def unschedulable(stack: GpuStack, namespace: str, name: str) -> dict[str, Any] | None:

@@ -30,7 +30,7 @@ import sys
 import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -292,9 +292,17 @@ class GpuStack:
                 force_conflicts=True,
             )
 
-    def create_gpu_node(self, name: str, *, gpus: int = 4) -> str:
-        """A kwok node with ``gpus`` H100s (the labels KAI reads); returns when it is Ready."""
-        labels = {
+    def create_gpu_node(
+        self,
+        name: str,
+        *,
+        gpus: int = 4,
+        labels: Mapping[str, str] | None = None,
+        taints: Sequence[Mapping[str, str]] = (),
+    ) -> str:
+        """A kwok node with ``gpus`` H100s (the labels KAI reads), ``labels`` and ``taints``
+        added (kwok's own taint is always there); returns when it is Ready."""
+        node_labels = {
             "type": "kwok",
             "kubernetes.io/hostname": name,
             "kubernetes.io/os": "linux",
@@ -303,6 +311,7 @@ class GpuStack:
             "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
             "nvidia.com/gpu.memory": "81559",
             "nvidia.com/gpu.count": str(gpus),
+            **(labels or {}),
         }
         resources = {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
         node = {
@@ -311,9 +320,9 @@ class GpuStack:
             "metadata": {
                 "name": name,
                 "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
-                "labels": labels,
+                "labels": node_labels,
             },
-            "spec": {"taints": [KWOK_TAINT]},
+            "spec": {"taints": [KWOK_TAINT, *(dict(t) for t in taints)]},
             "status": {"allocatable": resources, "capacity": resources},
         }
         self.create(node)
