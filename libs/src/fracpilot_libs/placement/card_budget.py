@@ -58,6 +58,9 @@ class TenantForecast:
     # (period index, memory peak in it) on a clock shared by all tenants, oldest first; empty:
     # the need counts in every period
     profile: tuple[tuple[int, float], ...] = ()
+    # memory a card must also have free to admit this tenant, which it may use before the
+    # card moves anyone (a young tenant's unsettled margin: hysteresis)
+    spare: float = 0.0
 
     @property
     def need(self) -> float:
@@ -75,6 +78,14 @@ class CardRules:
     headroom_floor: float = 0.05
     step: float = 0.01  # the fractions' grid (hundredths: KAI and HAMi alike)
     pooled_peaks: bool = True  # budget the card's joint peak, not the sum of its tenants'
+    # a card keeps its tenants while their peaks leave this share of the pooled headroom free
+    # (it admits one only with the whole headroom free): hysteresis, so that a new peak inside
+    # the headroom does not move a tenant at once
+    keep_share: float = 0.75
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.keep_share <= 1.0:
+            raise ValueError("keep_share is a share of the pooled budgets: 0 to 1")
 
     def up(self, value: float) -> float:
         return math.ceil(value / self.step - EPS) * self.step
@@ -116,7 +127,24 @@ def memory_budget(tenants: Iterable[TenantForecast], rules: CardRules) -> float:
     grid, or with ``pooled_peaks`` their joint peak) plus the pooled headroom."""
     ts = list(tenants)
     peaks = rules.up(joint_peak(ts)) if rules.pooled_peaks else sum(rules.up(t.need) for t in ts)
-    return peaks + pooled_headroom(ts, rules)
+    return peaks + pooled_headroom(ts, rules) + sum(t.spare for t in ts)
+
+
+def holds_memory(tenants: Iterable[TenantForecast], rules: CardRules) -> bool:
+    """Whether a card keeps these tenants' memory: their peaks leave ``keep_share`` of the
+    pooled headroom free (none of their ``spare``)."""
+    ts = list(tenants)
+    peaks = rules.up(joint_peak(ts)) if rules.pooled_peaks else sum(rules.up(t.need) for t in ts)
+    return peaks + rules.keep_share * pooled_headroom(ts, rules) <= 1.0 + EPS
+
+
+def holds(tenants: Iterable[TenantForecast], rules: CardRules) -> bool:
+    """Whether a card keeps these tenants: as :func:`fits`, but leaving free only
+    ``keep_share`` of the pooled headroom and of the burst budget, and none of the tenants'
+    ``spare``. A card that fits its tenants holds them."""
+    ts = list(tenants)
+    compute = sum(t.compute for t in ts) + rules.keep_share * burst_budget(ts)
+    return compute <= 1.0 + EPS and holds_memory(ts, rules)
 
 
 def budget(tenants: Iterable[TenantForecast], rules: CardRules) -> float:
