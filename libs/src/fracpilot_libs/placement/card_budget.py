@@ -78,10 +78,11 @@ class CardRules:
     headroom_floor: float = 0.05
     step: float = 0.01  # the fractions' grid (hundredths: KAI and HAMi alike)
     pooled_peaks: bool = True  # budget the card's joint peak, not the sum of its tenants'
-    # a card keeps its tenants while their peaks leave this share of the pooled headroom free
-    # (it admits one only with the whole headroom free): hysteresis, so that a new peak inside
-    # the headroom does not move a tenant at once
-    keep_share: float = 0.75
+    # a card keeps its tenants while their peaks leave this share of the pooled headroom (and
+    # burst budget) free; it admits one only with all of it free. Below 1.0 a new peak inside
+    # the headroom moves nobody at once (hysteresis). 0.75 and 1.0 tied on half the GenAI
+    # trace's pods (docs/sizing.md): 1.0 keeps the whole headroom on every card
+    keep_share: float = 1.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.keep_share <= 1.0:

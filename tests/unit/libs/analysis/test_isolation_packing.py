@@ -294,9 +294,9 @@ def test_a_tenants_peak_profile_is_exact_on_the_shared_clock() -> None:
 
 @pytest.mark.skipif(not DATA.exists(), reason=f"the GenAI trace is not at {DATA}")
 def test_shared_isolation_meets_the_issues_figures_on_the_genai_trace() -> None:
-    """Issue 25's `shared` row, default policy (docs/sizing.md, "Measured"): 41.01% of
-    card-hours saved, 0 collisions, 0.013% contention, 1.17 moves and 3.67 resizes per
-    workload-day, 45.66% saved unpacked."""
+    """Issue 25's `shared` row, default policy (docs/sizing.md, "Measured"): 40.82% of
+    card-hours saved, 0 collisions, 0.013% contention, 1.42 moves and 3.67 resizes per
+    workload-day, 45.40% saved unpacked."""
     groups = group_by_workload(read_trace(DATA))
     report = replay_packed(groups, EngineSizer(Policy()), isolation=Isolation.SHARED)
     totals, packed = report.replay.totals, report.packed

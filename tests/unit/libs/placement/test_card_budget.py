@@ -138,7 +138,7 @@ def test_the_shared_cluster_places_moves_and_re_divides_by_the_planner() -> None
     assert cluster.place(b, "b-0", 1.0)
     assert cluster.card_of[KA] == cluster.card_of[KB]  # 0.4 + 0.4 + 0.1 fits
     assert cluster.fraction_of == {KA: 0.45, KB: 0.45}  # headroom split by jump
-    # b's need grew: 0.95 + 0.75 x 0.1 > 1, the card no longer keeps them. Either leaving
+    # b's need grew: 0.95 + 0.1 > 1, the card no longer keeps them. Either leaving
     # restores it and neither fits a card in use: the smaller, a, moves; b stays in place.
     forecasts[KB] = TenantForecast(0.55, 0.05, 0.1)
     assert cluster.resize(b, 0.55) is PlanKind.IN_PLACE
@@ -196,7 +196,7 @@ def test_memory_moves_are_never_withheld_by_the_move_budget_but_counted() -> Non
 def test_a_card_keeps_its_tenants_into_its_headroom_and_admits_only_with_all_of_it() -> None:
     # joint peak 0.8, pooled headroom 0.2: a card keeps them (0.8 + 0.75 x 0.2 <= 1) and
     # would admit them (0.8 + 0.2); at 0.84 it keeps but no longer admits; at 0.86 neither.
-    rules = CardRules(headroom_factor=1.0, headroom_floor=0.0)
+    rules = CardRules(headroom_factor=1.0, headroom_floor=0.0, keep_share=0.75)
     for peak, admits, keeps in ((0.8, True, True), (0.84, False, True), (0.86, False, False)):
         ts = [TenantForecast(peak / 2, 0.2, 0.1), TenantForecast(peak / 2, 0.1, 0.1)]
         assert (fits(ts, rules), holds(ts, rules)) == (admits, keeps)
