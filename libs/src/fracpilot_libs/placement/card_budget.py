@@ -11,13 +11,16 @@ use more memory than it has. So the tenants of a card share **one pooled memory 
   ``floor``: one tenant jumping at a time (:func:`pooled_headroom`); its burst budget is the
   largest compute burst of its tenants (time-sliced compute: a burst costs only when
   co-tenants burst at the same moment);
-- a card holds a set of tenants when its memory budget fits in 1.0, and their compute levels
-  plus the burst budget too (:func:`fits`). The memory budget is the tenants' peaks plus the
-  pooled headroom, where a tenant's peak is its need on the grid (``pooled_peaks`` off) or,
-  with ``pooled_peaks``, the card's *joint* peak: the most the tenants held together in any
-  one period of their peak profiles (each tenant's peak per period of the engine's memory
-  window, on one clock; a tenant without a profile counts its need in every period). Peaks
-  that never coincided are not reserved twice (:func:`joint_peak`);
+- a card admits a set of tenants when its memory budget fits in 1.0, and their compute levels
+  plus the burst budget too (:func:`fits`); it keeps them while they leave ``keep_share`` of
+  the pooled budgets free (:func:`holds`: hysteresis when below 1.0). A tenant's ``spare`` (a
+  young workload's unsettled margin) counts for admitting it, not for keeping it. The memory
+  budget is the tenants' peaks plus the pooled headroom (plus their spares), where a tenant's
+  peak is its need on the grid (``pooled_peaks`` off) or, with ``pooled_peaks``, the card's
+  *joint* peak: the most the tenants held together in any one period of their peak profiles
+  (each tenant's peak per period of the engine's memory window, on one clock; a tenant without
+  a profile counts its need in every period). Peaks that never coincided are not reserved
+  twice (:func:`joint_peak`);
 - each tenant's accounted fraction is its share of that budget: its need on the grid plus its
   share of the pooled headroom, in proportion to its jump (:func:`divide`); with
   ``pooled_peaks`` the whole budget in proportion to the tenants' needs (a tenant may then
