@@ -31,7 +31,9 @@ this account, interval by interval, who is on which card and what they use. Defi
 - **isolation**: ``shared`` (memory shared on the card: cards sized by their tenants
   together, :mod:`fracpilot_libs.analysis.shared_packing`), ``enforced`` (a per-pod cap), or
   None (not set: today's per-pod sizing). Under ``shared`` a card re-divided among its
-  tenants changes their fractions in place (*re-divisions*, no restart).
+  tenants changes their fractions in place (*re-divisions*, no restart); every move is
+  counted whoever's change caused it (a co-tenant moved to make room is a move), by cause
+  (``moves_by_cause``), and memory moves beyond the move budget (``moves_over_budget``).
 - With the card count pinned (``--gpus N``) a change that fits nowhere is *refused* (the
   workload keeps its fraction) and a workload that arrives to no room is *unplaced* (its
   samples are not replayed until it fits).
@@ -84,6 +86,11 @@ class PackedAccount:
     # its card: moves no decision of that workload asked for
     neighbour_moves: int = 0
     in_place: int = 0
+    # shared isolation: the moves by cause (SharedCluster.move_causes), the memory moves made
+    # beyond a workload's move budget (never withheld, counted) and that budget
+    moves_by_cause: dict[str, int] = field(default_factory=dict)
+    moves_over_budget: int = 0
+    move_budget_per_day: float | None = None
     decisions_refused: int = 0
     unplaced_samples: int = 0
     unplaced: set[str] = field(default_factory=set)
@@ -207,6 +214,9 @@ class PackedAccount:
             "card_samples": self.card_samples,
             "memory_collision_card_samples": self.memory_collision_card_samples,
             "memory_collision_pct": round(self.memory_collision_pct, 4),
+            "moves_by_cause": dict(self.moves_by_cause),
+            "moves_over_budget": self.moves_over_budget,
+            "move_budget_per_day": self.move_budget_per_day,
             "redivisions": self.redivisions,
             "redivisions_per_workload_day": round(
                 self.redivisions / self.workload_days if self.workload_days else 0.0, 3

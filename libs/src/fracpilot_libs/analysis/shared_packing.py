@@ -9,27 +9,44 @@ statistic (:class:`TenantSizer`); the card planner
 needs plus the card's one pooled headroom and burst budget fit in 1.0) and divides each card
 into accounted fractions that sum to at most 1.0.
 
-- A workload's need changes only when its engine decides (its hysteresis and resize budget);
-  it then stays on its card when the card still holds its tenants (in place), else moves to the
-  best-fitting card that does (one recreate), else to a new card.
+- A card *admits* a tenant (an arrival, or any move's target: the fullest card in use that
+  does) when its whole budget fits, and *keeps* its tenants while their peaks leave part of the
+  pooled headroom free (:func:`~fracpilot_libs.placement.card_budget.holds`: hysteresis).
+- **Memory first**: a card whose tenants' memory it no longer keeps (a tenant's resize, or a
+  sample that raised a peak profile: checked at every sample, not at the tidy) moves one
+  tenant at a time until it does: the one whose leaving restores it and that a card in use
+  admits, the smallest first (not necessarily the one that grew). Never withheld, counted.
+- **Moves bounded by construction** (:class:`MoveRules`): a move that only saves a card (a
+  workload alone on its card, or a card of at most two tenants that the others admit, emptied)
+  waits for the tidy (every 10 min) and is made only within each moved workload's move budget
+  (2 in any 24 h, its memory moves counted). A card short of compute only moves nobody: its
+  work waits (time-sliced), and contention measures it.
 - Re-dividing a card among its tenants (a tenant came, left or changed) is an annotation patch
   in place, no restart: counted as *re-divisions*, apart from the workload's own resizes.
-- A workload left alone on its card moves to the best-fitting card in use that holds it, as
-  the fraction planner's consolidation does.
 
 Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from fracpilot_libs.contracts import PlanKind, Policy, UsageSample, WorkloadRef
-from fracpilot_libs.placement.card_budget import CardRules, TenantForecast, budget, divide, fits
+from fracpilot_libs.placement.card_budget import (
+    EPS,
+    CardRules,
+    TenantForecast,
+    budget,
+    divide,
+    fits,
+    holds,
+    holds_memory,
+)
 from fracpilot_libs.sizing.engine import decide
 from fracpilot_libs.sizing.forecast import jump_after
-from fracpilot_libs.sizing.state import WorkloadState
+from fracpilot_libs.sizing.state import MEMORY_SLOTS, WorkloadState
 
 # The policy fields a shared-isolation engine sizes with: no per-pod memory headroom (the
 # card's pooled headroom replaces it).
@@ -38,28 +55,50 @@ SHARED_HEADROOM = {"memory_margin": 0.0, "memory_min_headroom": 0.0}
 
 # The resize budget a mode applies when the policy sets none (resizes per workload in 24 h).
 MODE_RESIZE_BUDGET = 4.0
+# Shared isolation's: one below the target of 4, room for the memory upsizes the budget never
+# withholds (without per-pod headroom a workload's new memory peak is an upsize; with 4, the
+# GenAI trace averaged 4.05 a workload-day). Resizes are counted whole: 3.5 would mean 3.
+SHARED_RESIZE_BUDGET = 3.0
 
 
-def with_resize_budget(policy: Policy) -> Policy:
-    """``policy`` with the modes' resize budget, unless it sets its own."""
+def with_resize_budget(policy: Policy, budget: float = MODE_RESIZE_BUDGET) -> Policy:
+    """``policy`` with the mode's resize budget, unless it sets its own."""
     if "resize_budget_per_day" in policy.model_fields_set:
         return policy
-    return policy.model_copy(update={"resize_budget_per_day": MODE_RESIZE_BUDGET})
+    return policy.model_copy(update={"resize_budget_per_day": budget})
 
 
 def shared_policy(policy: Policy) -> Policy:
     """``policy`` as a tenant's engine uses it under shared isolation: no per-pod headroom,
-    and the modes' resize budget unless it sets one."""
-    return with_resize_budget(policy.model_copy(update=SHARED_HEADROOM))
+    and shared isolation's resize budget unless it sets one."""
+    return with_resize_budget(policy.model_copy(update=SHARED_HEADROOM), SHARED_RESIZE_BUDGET)
 
 
 @dataclass
 class TenantState:
-    """A workload's engine state and its jump statistic (updated in place, for speed)."""
+    """A workload's engine state, its jump statistic and its peak profile (updated in place,
+    for speed)."""
 
     engine: WorkloadState = field(default_factory=WorkloadState)
     jump: float = 0.0
     first_seen: float | None = None
+    # memory peak per period of the shared clock (period k is [k, k + 1) periods since the
+    # epoch), the periods of the memory window only
+    profile: dict[int, float] = field(default_factory=dict)
+
+    def peak_profile(self, now: float, policy: Policy) -> tuple[tuple[int, float], ...]:
+        """The profile over the memory window before ``now``, oldest period first: exact, as
+        every sample is seen on the clock all tenants share (the engine's slots start where
+        a workload's samples fell, so a profile read from them counts each slot's peak in the
+        two periods it overlaps)."""
+        # the periods that end after the window's start
+        first = math.floor((now - policy.memory_window_s) / profile_period(policy))
+        return tuple(sorted((k, v) for k, v in self.profile.items() if k >= first))
+
+
+def profile_period(policy: Policy) -> float:
+    """The period of a peak profile: the engine's memory slot (1 h of a 24 h window)."""
+    return policy.memory_window_s / MEMORY_SLOTS
 
 
 @dataclass(frozen=True)
@@ -78,14 +117,44 @@ class TenantSizer:
 
     def step(self, state: TenantState, sample: UsageSample) -> tuple[TenantState, float | None]:
         now = sample.timestamp.timestamp()
-        state.jump = jump_after(state.jump, state.engine, sample.memory_share, now, self.policy)
+        share = sample.memory_share
+        state.jump = jump_after(state.jump, state.engine, share, now, self.policy)
         if state.first_seen is None:
             state.first_seen = now
+        period = math.floor(now / profile_period(self.policy))
+        if share > state.profile.get(period, -1.0):
+            state.profile[period] = share
+            if len(state.profile) > 2 * MEMORY_SLOTS:  # keep the window's periods only
+                horizon = period - MEMORY_SLOTS - 1
+                state.profile = {k: v for k, v in state.profile.items() if k >= horizon}
         state.engine, decision = decide(state.engine, sample, self.policy)
         return state, decision.new_fraction if decision else None
 
 
 Forecasts = Callable[[str], TenantForecast]
+
+DAY_S = 24 * 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class MoveRules:
+    """When a shared cluster moves a tenant to another card (a recreate: a restart).
+
+    A move for memory (a card whose tenants' peaks no longer leave the pooled headroom the
+    card keeps) is never withheld, but it is counted. A move that only saves a card (a
+    consolidation) waits for the tidy, and is made only when each tenant it moves has made
+    fewer than ``budget_per_day`` moves in the last 24 h, its memory moves included. A card
+    short of compute only (time-sliced: work waits, nothing fails) moves nobody unless
+    ``compute_moves``; its contention is measured.
+    """
+
+    budget_per_day: float | None = 2.0  # moves per workload in any 24 h; None: no budget
+    drain: bool = True  # a tidy empties a card whose tenants the other cards admit
+    drain_most: int = 2  # ... of at most this many tenants
+    # a workload left alone on its card moves at the next tidy, not at once (a departure
+    # followed by another within the tidy's period moves nobody)
+    deferred: bool = True
+    compute_moves: bool = False  # a card short of compute only moves a tenant, within budget
 
 
 class SharedCluster:
@@ -94,7 +163,15 @@ class SharedCluster:
     ``forecast(key)`` is the workload's forecast as it stands (its need is the fraction its
     engine decided). The interface is the fraction cluster's
     (:class:`fracpilot_libs.analysis.packing_replay.ReplayCluster`) that the replay loop uses;
-    :attr:`fraction_of` holds each tenant's accounted fraction after every change.
+    :attr:`fraction_of` holds each tenant's accounted fraction after every change. Time comes
+    from :meth:`at` (the move budget's 24 h).
+
+    A card *admits* a tenant when they all :func:`fits` (placement, any move's target), and
+    *keeps* its tenants while they :func:`holds` (part of the pooled headroom may be used
+    first: hysteresis). Every move is counted in :attr:`move_causes`: ``grew`` (a tenant's
+    resize left its card short of memory) and ``overflow`` (forecasts changed: its card short
+    of memory), never withheld; ``compute`` (short of compute only), ``lone`` (alone on its
+    card) and ``drain`` (its card emptied), within the move budget.
     """
 
     def __init__(
@@ -104,44 +181,91 @@ class SharedCluster:
         rules: CardRules,
         forecast: Forecasts,
         consolidate: bool = True,
+        moves: MoveRules | None = None,
     ) -> None:
         self.memory_bytes = memory_bytes
         self.rules = rules
         self.forecast = forecast
         self.consolidate = consolidate
+        self.move_rules = moves or MoveRules()
         self.pinned = gpus is not None
         self.cards: dict[str, set[str]] = {}
         for _ in range(gpus or 0):
             self._add_card()
         self.card_of: dict[str, str] = {}
         self.fraction_of: dict[str, float] = {}
-        self.neighbour_moves = 0
+        self.now = 0.0
+        self.move_times: dict[str, list[float]] = {}  # each workload's moves of the last day
+        self.move_causes: dict[str, int] = {}
+        self.moves_over_budget = 0  # memory moves of a workload whose budget was spent
+        self.own_moves = 0  # moves of a workload its own resize asked for
         self.redivisions = 0  # a tenant's accounted fraction changed by a neighbour's change
-        self.tidy_lone = False  # tidy() consolidates lone workloads too (measured: no gain)
-        self.drain = True  # tidy() empties a card whose tenants the others hold
-        self.drain_most = 2  # ... of at most this many tenants (each one recreate)
+
+    @property
+    def moves(self) -> int:
+        return sum(self.move_causes.values())
+
+    @property
+    def neighbour_moves(self) -> int:
+        """Moves no decision of the moved workload asked for."""
+        return self.moves - self.own_moves
+
+    def at(self, now: float) -> None:
+        self.now = now
 
     def _add_card(self) -> str:
         card = f"card-{len(self.cards):05d}"
         self.cards[card] = set()
         return card
 
-    def _with(self, card: str, key: str) -> list[TenantForecast]:
-        return [self.forecast(k) for k in self.cards[card] if k != key] + [self.forecast(key)]
+    def recent_moves(self, key: str) -> int:
+        """``key``'s moves in the 24 h before now."""
+        times = self.move_times.get(key)
+        if not times:
+            return 0
+        while times and self.now - times[0] >= DAY_S:
+            times.pop(0)
+        return len(times)
 
-    def _best_card(self, key: str, exclude: str | None, in_use_only: bool) -> str | None:
-        """The fullest card (by budget) in use that holds ``key`` too, else (unless
-        ``in_use_only``) an empty card; None when none does."""
+    def may_move(self, key: str) -> bool:
+        """Whether one more move keeps ``key`` within its move budget."""
+        most = self.move_rules.budget_per_day
+        return most is None or self.recent_moves(key) + 1 <= most + EPS
+
+    def _move(self, key: str, target: str, cause: str) -> str:
+        """Recreate ``key`` on ``target``, counted; returns the card it left."""
+        if not self.may_move(key):
+            self.moves_over_budget += 1
+        self.move_times.setdefault(key, []).append(self.now)
+        self.move_causes[cause] = self.move_causes.get(cause, 0) + 1
+        card = self._take(key)
+        self._put(key, target)
+        return card
+
+    def _best_card(
+        self,
+        key: str,
+        exclude: str | None,
+        planned: dict[str, str] | None = None,
+        in_use_only: bool = True,
+    ) -> str | None:
+        """The fullest card (by budget) in use but ``exclude`` that admits ``key`` besides
+        the tenants ``planned`` to move onto it, else (unless ``in_use_only``) an empty card;
+        None when none does."""
+        planned = planned or {}
         best, best_budget = None, -1.0
         empty = None
+        mine = self.forecast(key)
         for card, tenants in self.cards.items():
             if card == exclude:
                 continue
             if not tenants:
-                if empty is None:
+                if empty is None and card not in planned.values():
                     empty = card
                 continue
-            candidate = self._with(card, key)
+            keys = [k for k in tenants if k != key]
+            keys += [k for k, c in planned.items() if c == card]
+            candidate = [self.forecast(k) for k in keys] + [mine]
             if not fits(candidate, self.rules):
                 continue
             b = budget(candidate, self.rules)
@@ -171,8 +295,14 @@ class SharedCluster:
         self.cards[card].discard(key)
         return card
 
+    def _tenants(self, card: str) -> list[TenantForecast]:
+        return [self.forecast(k) for k in self.cards[card]]
+
+    def _load(self, card: str) -> float:
+        return budget(self._tenants(card), self.rules)
+
     def place(self, workload: WorkloadRef, pod: str, fraction: float) -> bool:
-        """Put an arriving workload on the fullest card that holds it; False when none does
+        """Put an arriving workload on the fullest card that admits it; False when none does
         on pinned cards."""
         key = workload.key
         card = self._best_card(key, None, in_use_only=False)
@@ -185,129 +315,166 @@ class SharedCluster:
         return True
 
     def resize(self, workload: WorkloadRef, fraction: float) -> PlanKind:
-        """The workload's need changed (its forecast says so): in place when its card still
-        holds its tenants, else a recreate on the fullest card that does (a new one when none
-        does and cards may be added), else ``scale_up`` (refused). A workload then left alone
-        moves to a card in use that holds it."""
+        """The workload's need changed (its forecast says so): in place while its card keeps
+        its tenants, else the card moves tenants off (:meth:`_relieve`, the tenant that
+        restores it at the least cost, which need not be this one): ``recreate_elsewhere``
+        when this workload moved, ``scale_up`` (refused) when the card stays short of memory
+        (pinned cards, no room), else ``in_place``. Without deferred consolidation, a workload
+        then left alone moves to a card in use that admits it (within its budget)."""
         key = workload.key
         card = self.card_of[key]
-        if fits([self.forecast(k) for k in self.cards[card]], self.rules):
-            self._divide(card, key)
-            kind = PlanKind.IN_PLACE
-        else:
-            target = self._best_card(key, card, in_use_only=False)
-            if target is None:
-                if self.pinned:
-                    return PlanKind.SCALE_UP
-                target = self._add_card()
-            self._take(key)
-            self._put(key, target)
-            self._divide(card, None)
-            self._divide(target, key)
+        moved = self._relieve(card, "grew") if not self._keeps(card) else []
+        if self._memory_short(card):
+            return PlanKind.SCALE_UP
+        self._divide(self.card_of[key], key)
+        kind = PlanKind.RECREATE_ELSEWHERE if key in moved else PlanKind.IN_PLACE
+        self.own_moves += key in moved
+        if not self.move_rules.deferred:
+            if self._consolidate(key, "lone"):
+                kind = PlanKind.RECREATE_ELSEWHERE
+                self.own_moves += 1
             self._consolidate_lone(card)
-            kind = PlanKind.RECREATE_ELSEWHERE
-        lone = self.consolidate and len(self.cards[self.card_of[key]]) == 1
-        if lone and self._consolidate(key):
-            kind = PlanKind.RECREATE_ELSEWHERE
         return kind
 
     def release(self, workload: WorkloadRef) -> None:
         card = self._take(workload.key)
         self.fraction_of.pop(workload.key, None)
         self._divide(card, None)
-        self._consolidate_lone(card)
+        if not self.move_rules.deferred:
+            self._consolidate_lone(card)
 
-    def _consolidate(self, key: str) -> bool:
-        """Move ``key`` (alone on its card) to the fullest card in use that holds it."""
+    def _keeps(self, card: str) -> bool:
+        return holds(self._tenants(card), self.rules)
+
+    def _memory_short(self, card: str) -> bool:
+        """Whether ``card``'s tenants, two or more, leave less memory than it keeps."""
+        tenants = self._tenants(card)
+        if len(tenants) < 2:
+            return False
+        return not holds_memory(tenants, self.rules)
+
+    def _relieve(self, card: str, cause: str) -> list[str]:
+        """Move tenants off ``card`` until it keeps the rest: memory first, whatever the move
+        budget; short of compute only, within it and only with ``compute_moves``. Each time
+        the tenant whose leaving restores the card, onto a card in use that admits it, and
+        the smallest of those, else onto a new card (none on pinned cards: then it stops).
+        Returns the workloads moved."""
+        moved: list[str] = []
+        while len(self.cards[card]) >= 2 and not self._keeps(card):
+            memory = self._memory_short(card)
+            choice = self._victim(card, within_budget=not memory)
+            if choice is None or not (memory or self.move_rules.compute_moves):
+                break
+            key, target = choice
+            self._move(key, target, cause if memory else "compute")
+            self._divide(target, key)
+            moved.append(key)
+        if moved:
+            self._divide(card, None)
+        return moved
+
+    def _victim(self, card: str, within_budget: bool) -> tuple[str, str] | None:
+        """The tenant of ``card`` to move and where to: the one whose leaving lets the card
+        keep the rest, with a card in use that admits it, with budget left, the smallest,
+        first (a new card for it when no card in use admits it)."""
+        options = []
+        tenants = sorted(self.cards[card])
+        for key in tenants:
+            if within_budget and not self.may_move(key):
+                continue
+            rest = [self.forecast(k) for k in tenants if k != key]
+            target = self._best_card(key, card, in_use_only=False)
+            new_card = target is None or not self.cards[target]
+            spent = not self.may_move(key)
+            need = self.forecast(key).need
+            options.append((not holds(rest, self.rules), new_card, spent, need, key, target))
+        if not options:
+            return None
+        *_, key, target = min(options, key=lambda o: o[:5])
+        if target is None:
+            if self.pinned:
+                return None
+            target = self._add_card()
+        return key, target
+
+    def _consolidate(self, key: str, cause: str) -> bool:
+        """Move ``key``, alone on its card, to the fullest card in use that admits it, when
+        its move budget allows."""
         card = self.card_of[key]
-        target = self._best_card(key, card, in_use_only=True)
+        if not self.consolidate or len(self.cards[card]) != 1 or not self.may_move(key):
+            return False
+        target = self._best_card(key, card)
         if target is None:
             return False
-        self._take(key)
-        self._put(key, target)
+        self._move(key, target, cause)
         self._divide(target, key)
         return True
 
     def _consolidate_lone(self, card: str) -> None:
-        if self.consolidate and len(self.cards[card]) == 1:
+        if len(self.cards[card]) == 1:
             (lone,) = self.cards[card]
-            if self._consolidate(lone):
-                self.neighbour_moves += 1
+            self._consolidate(lone, "lone")
+
+    def relieve_memory(self, keys: Iterable[str]) -> list[str]:
+        """The cards of ``keys`` (tenants whose forecasts just changed) that are short of
+        memory move tenants off at once (memory first: never withheld, never waiting for the
+        tidy). Returns the workloads moved."""
+        moved: list[str] = []
+        for card in sorted({self.card_of[k] for k in keys if k in self.card_of}):
+            if self._memory_short(card):
+                moved += self._relieve(card, "overflow")
+        return moved
 
     def tidy(self) -> list[str]:
         """What the forecasts, as they changed since the last change, ask of the cards: a card
-        whose tenants no longer fit moves its largest tenant to the fullest card that holds it
-        (a new one when none does and cards may be added: memory first), and a workload alone
-        on its card moves to the fullest card in use that holds it. Returns the workloads
-        moved."""
+        that no longer keeps its tenants moves them off (:meth:`_relieve`); then, within the
+        move budgets, a workload alone on its card moves to the fullest card in use that
+        admits it, and a card whose tenants the others admit is emptied. Returns the
+        workloads moved."""
         moved = []
         for card in list(self.cards):
-            tenants = self.cards[card]
-            if len(tenants) < 2 or fits([self.forecast(k) for k in tenants], self.rules):
-                continue
-            largest = max(sorted(tenants), key=lambda k: self.forecast(k).need)
-            target = self._best_card(largest, card, in_use_only=False)
-            if target is None:
-                if self.pinned:
-                    continue
-                target = self._add_card()
-            self._take(largest)
-            self._put(largest, target)
-            self._divide(card, None)
-            self._divide(target, largest)
-            moved.append(largest)
-        if self.consolidate and self.drain:
-            moved += self._drain()
-        if self.consolidate and self.tidy_lone:
-            for card in list(self.cards):
+            if not self._keeps(card):
+                moved += self._relieve(card, "overflow")
+        if not self.consolidate:
+            return moved
+        if self.move_rules.deferred:
+            for card in sorted(self.cards, key=lambda c: (self._load(c), c)):
                 if len(self.cards[card]) == 1:
                     (lone,) = self.cards[card]
-                    if self._consolidate(lone):
+                    if self._consolidate(lone, "lone"):
                         moved.append(lone)
+        if self.move_rules.drain:
+            moved += self._drain()
         return moved
 
     def _drain(self) -> list[str]:
-        """Empty the card in use with the smallest budget when the other cards in use hold
-        all its tenants (each moved to the fullest card that holds it, largest first): one
-        card fewer for a recreate per tenant. At most one card per call."""
+        """Empty the card in use with the smallest budget when the other cards in use admit
+        all its tenants and their move budgets allow (each moved to the fullest card that
+        admits it, largest first): one card fewer for a recreate per tenant. At most one card
+        per call."""
         in_use = [c for c, ts in self.cards.items() if ts]
         if len(in_use) < 2:
             return []
-        load = {c: budget([self.forecast(k) for k in self.cards[c]], self.rules) for c in in_use}
+        load = {c: self._load(c) for c in in_use}
         for card in sorted(in_use, key=lambda c: (load[c], c)):
             tenants = sorted(self.cards[card], key=lambda k: (-self.forecast(k).need, k))
-            if len(tenants) > self.drain_most:
+            if len(tenants) > self.move_rules.drain_most:
+                continue
+            if not all(self.may_move(k) for k in tenants):
                 continue
             plan: dict[str, str] = {}
             for key in tenants:
-                target = self._best_card_with(key, card, plan)
+                target = self._best_card(key, card, plan)
                 if target is None:
                     break
                 plan[key] = target
             else:
                 for key, target in plan.items():
-                    self._take(key)
-                    self._put(key, target)
+                    self._move(key, target, "drain")
                 for target in sorted(set(plan.values())):
                     self._divide(target, None)
                 return list(plan)
         return []
-
-    def _best_card_with(self, key: str, exclude: str, planned: dict[str, str]) -> str | None:
-        """The fullest card in use but ``exclude`` that holds ``key`` besides the tenants
-        ``planned`` to move onto it."""
-        best, best_budget = None, -1.0
-        for card, tenants in self.cards.items():
-            if card == exclude or not tenants:
-                continue
-            keys = [*tenants, *(k for k, c in planned.items() if c == card), key]
-            candidate = [self.forecast(k) for k in keys]
-            if not fits(candidate, self.rules):
-                continue
-            b = budget(candidate, self.rules)
-            if b > best_budget:
-                best, best_budget = card, b
-        return best
 
     def cards_in_use(self) -> int:
         return sum(1 for tenants in self.cards.values() if tenants)

@@ -11,13 +11,16 @@ use more memory than it has. So the tenants of a card share **one pooled memory 
   ``floor``: one tenant jumping at a time (:func:`pooled_headroom`); its burst budget is the
   largest compute burst of its tenants (time-sliced compute: a burst costs only when
   co-tenants burst at the same moment);
-- a card holds a set of tenants when its memory budget fits in 1.0, and their compute levels
-  plus the burst budget too (:func:`fits`). The memory budget is the tenants' peaks plus the
-  pooled headroom, where a tenant's peak is its need on the grid (``pooled_peaks`` off) or,
-  with ``pooled_peaks``, the card's *joint* peak: the most the tenants held together in any
-  one period of their peak profiles (each tenant's peak per period of the engine's memory
-  window, on one clock; a tenant without a profile counts its need in every period). Peaks
-  that never coincided are not reserved twice (:func:`joint_peak`);
+- a card admits a set of tenants when its memory budget fits in 1.0, and their compute levels
+  plus the burst budget too (:func:`fits`); it keeps them while they leave ``keep_share`` of
+  the pooled budgets free (:func:`holds`: hysteresis when below 1.0). A tenant's ``spare`` (a
+  young workload's unsettled margin) counts for admitting it, not for keeping it. The memory
+  budget is the tenants' peaks plus the pooled headroom (plus their spares), where a tenant's
+  peak is its need on the grid (``pooled_peaks`` off) or, with ``pooled_peaks``, the card's
+  *joint* peak: the most the tenants held together in any one period of their peak profiles
+  (each tenant's peak per period of the engine's memory window, on one clock; a tenant without
+  a profile counts its need in every period). Peaks that never coincided are not reserved
+  twice (:func:`joint_peak`);
 - each tenant's accounted fraction is its share of that budget: its need on the grid plus its
   share of the pooled headroom, in proportion to its jump (:func:`divide`); with
   ``pooled_peaks`` the whole budget in proportion to the tenants' needs (a tenant may then
@@ -58,6 +61,9 @@ class TenantForecast:
     # (period index, memory peak in it) on a clock shared by all tenants, oldest first; empty:
     # the need counts in every period
     profile: tuple[tuple[int, float], ...] = ()
+    # memory a card must also have free to admit this tenant, which it may use before the
+    # card moves anyone (a young tenant's unsettled margin: hysteresis)
+    spare: float = 0.0
 
     @property
     def need(self) -> float:
@@ -75,6 +81,15 @@ class CardRules:
     headroom_floor: float = 0.05
     step: float = 0.01  # the fractions' grid (hundredths: KAI and HAMi alike)
     pooled_peaks: bool = True  # budget the card's joint peak, not the sum of its tenants'
+    # a card keeps its tenants while their peaks leave this share of the pooled headroom (and
+    # burst budget) free; it admits one only with all of it free. Below 1.0 a new peak inside
+    # the headroom moves nobody at once (hysteresis). 0.75 and 1.0 tied on half the GenAI
+    # trace's pods (docs/sizing.md): 1.0 keeps the whole headroom on every card
+    keep_share: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.keep_share <= 1.0:
+            raise ValueError("keep_share is a share of the pooled budgets: 0 to 1")
 
     def up(self, value: float) -> float:
         return math.ceil(value / self.step - EPS) * self.step
@@ -116,7 +131,24 @@ def memory_budget(tenants: Iterable[TenantForecast], rules: CardRules) -> float:
     grid, or with ``pooled_peaks`` their joint peak) plus the pooled headroom."""
     ts = list(tenants)
     peaks = rules.up(joint_peak(ts)) if rules.pooled_peaks else sum(rules.up(t.need) for t in ts)
-    return peaks + pooled_headroom(ts, rules)
+    return peaks + pooled_headroom(ts, rules) + sum(t.spare for t in ts)
+
+
+def holds_memory(tenants: Iterable[TenantForecast], rules: CardRules) -> bool:
+    """Whether a card keeps these tenants' memory: their peaks leave ``keep_share`` of the
+    pooled headroom free (none of their ``spare``)."""
+    ts = list(tenants)
+    peaks = rules.up(joint_peak(ts)) if rules.pooled_peaks else sum(rules.up(t.need) for t in ts)
+    return peaks + rules.keep_share * pooled_headroom(ts, rules) <= 1.0 + EPS
+
+
+def holds(tenants: Iterable[TenantForecast], rules: CardRules) -> bool:
+    """Whether a card keeps these tenants: as :func:`fits`, but leaving free only
+    ``keep_share`` of the pooled headroom and of the burst budget, and none of the tenants'
+    ``spare``. A card that fits its tenants holds them."""
+    ts = list(tenants)
+    compute = sum(t.compute for t in ts) + rules.keep_share * burst_budget(ts)
+    return compute <= 1.0 + EPS and holds_memory(ts, rules)
 
 
 def budget(tenants: Iterable[TenantForecast], rules: CardRules) -> float:

@@ -4,11 +4,13 @@ shared cluster of the packed replay that runs it."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fracpilot_libs.analysis.shared_packing import SharedCluster
+from fracpilot_libs.analysis.shared_packing import MoveRules, SharedCluster
 from fracpilot_libs.contracts import PlanKind, WorkloadRef
 from fracpilot_libs.placement.card_budget import (
     CardRules,
@@ -16,6 +18,8 @@ from fracpilot_libs.placement.card_budget import (
     budget,
     divide,
     fits,
+    holds,
+    holds_memory,
     joint_peak,
     memory_budget,
     pooled_headroom,
@@ -134,18 +138,175 @@ def test_the_shared_cluster_places_moves_and_re_divides_by_the_planner() -> None
     assert cluster.place(b, "b-0", 1.0)
     assert cluster.card_of[KA] == cluster.card_of[KB]  # 0.4 + 0.4 + 0.1 fits
     assert cluster.fraction_of == {KA: 0.45, KB: 0.45}  # headroom split by jump
-    forecasts[KB] = TenantForecast(0.55, 0.05, 0.1)  # b's need grew: 0.95 + 0.1 > 1
-    assert cluster.resize(b, 0.55) is PlanKind.RECREATE_ELSEWHERE
+    # b's need grew: 0.95 + 0.1 > 1, the card no longer keeps them. Either leaving
+    # restores it and neither fits a card in use: the smaller, a, moves; b stays in place.
+    forecasts[KB] = TenantForecast(0.55, 0.05, 0.1)
+    assert cluster.resize(b, 0.55) is PlanKind.IN_PLACE
     assert cluster.card_of[KA] != cluster.card_of[KB]
     assert cluster.cards_in_use() == 2
+    assert cluster.move_causes == {"grew": 1}
     assert cluster.fraction_of == {KA: 0.5, KB: 0.65}  # alone: all the headroom
-    forecasts[KB] = TenantForecast(0.3, 0.05, 0.1)  # shrank: b joins a's card again
-    assert cluster.resize(b, 0.3) is PlanKind.RECREATE_ELSEWHERE
+    forecasts[KB] = TenantForecast(0.3, 0.05, 0.1)  # b shrank: in place, both cards alone
+    assert cluster.resize(b, 0.3) is PlanKind.IN_PLACE
+    assert cluster.cards_in_use() == 2  # a consolidation waits for the tidy
+    # the tidy moves the lighter of the two lone tenants, b, onto a's card: one card
+    assert cluster.tidy() == [KB]
     assert cluster.cards_in_use() == 1
+    assert cluster.move_causes == {"grew": 1, "lone": 1}
     assert sum(cluster.fraction_of.values()) <= 1.0
     cluster.release(a)
     assert cluster.fraction_of == {KB: 0.4}
     assert cluster.redivisions >= 1
+
+
+def test_memory_moves_are_never_withheld_by_the_move_budget_but_counted() -> None:
+    forecasts = {KA: TenantForecast(0.4, 0.05, 0.1), KB: TenantForecast(0.4, 0.05, 0.1)}
+    rules = CardRules(headroom_factor=1.0, headroom_floor=0.1, pooled_peaks=False)
+    no_moves = MoveRules(budget_per_day=0.0)
+    cluster = SharedCluster(1000, None, rules, lambda key: forecasts[key], moves=no_moves)
+    a, b = _ref("a"), _ref("b")
+    assert cluster.place(a, "a-0", 1.0)
+    assert cluster.place(b, "b-0", 1.0)
+    forecasts[KB] = TenantForecast(0.55, 0.05, 0.1)  # short of memory: someone moves
+    assert cluster.resize(b, 0.55) is PlanKind.IN_PLACE  # a, the smaller, moved
+    assert (cluster.moves, cluster.moves_over_budget) == (1, 1)
+    forecasts[KB] = TenantForecast(0.3, 0.05, 0.1)
+    cluster.resize(b, 0.3)
+    assert cluster.tidy() == []  # a consolidation only within the budget: none here
+    assert cluster.cards_in_use() == 2
+
+    # short of compute only: nobody moves unless the rules say so (work waits, nothing fails;
+    # profiles keep memory apart from a need that is compute's)
+    memory = ((0, 0.2),)
+    forecasts = {
+        KA: TenantForecast(0.6, 0.05, 0.6, burst=0.2, profile=memory),
+        KB: TenantForecast(0.1, 0.05, 0.1, profile=memory),
+    }
+    cluster = SharedCluster(1000, None, CardRules(), lambda key: forecasts[key], moves=no_moves)
+    assert cluster.place(a, "a-0", 1.0)
+    assert cluster.place(b, "b-0", 1.0)
+    assert cluster.cards_in_use() == 1
+    forecasts[KB] = TenantForecast(0.5, 0.05, 0.5, burst=0.2, profile=memory)
+    assert cluster.resize(b, 0.5) is PlanKind.IN_PLACE
+    assert not holds(list(forecasts.values()), CardRules())
+    assert cluster.tidy() == []
+    assert cluster.moves == 0
+
+
+def test_a_card_keeps_its_tenants_into_its_headroom_and_admits_only_with_all_of_it() -> None:
+    # joint peak 0.8, pooled headroom 0.2: a card keeps them (0.8 + 0.75 x 0.2 <= 1) and
+    # would admit them (0.8 + 0.2); at 0.84 it keeps but no longer admits; at 0.86 neither.
+    rules = CardRules(headroom_factor=1.0, headroom_floor=0.0, keep_share=0.75)
+    for peak, admits, keeps in ((0.8, True, True), (0.84, False, True), (0.86, False, False)):
+        ts = [TenantForecast(peak / 2, 0.2, 0.1), TenantForecast(peak / 2, 0.1, 0.1)]
+        assert (fits(ts, rules), holds(ts, rules)) == (admits, keeps)
+    # a young tenant's spare: admitted only with it free, kept into it
+    young = TenantForecast(0.3, 0.1, 0.1, spare=0.1)
+    other = TenantForecast(0.55, 0.1, 0.1)
+    assert memory_budget([young, other], rules) == pytest.approx(0.3 + 0.55 + 0.1 + 0.1)
+    assert not fits([young, other], rules)
+    assert holds([young, other], rules)  # 0.85 + 0.75 x 0.1
+    with pytest.raises(ValueError, match="keep_share"):
+        CardRules(keep_share=1.5)
+
+
+@PROPERTY
+@given(ts=st.lists(tenants, min_size=1, max_size=6), rules=card_rules)
+def test_a_card_that_admits_its_tenants_keeps_them(
+    ts: list[TenantForecast], rules: CardRules
+) -> None:
+    if fits(ts, rules):
+        assert holds(ts, rules)
+    whole = CardRules(
+        headroom_factor=rules.headroom_factor,
+        headroom_floor=rules.headroom_floor,
+        pooled_peaks=rules.pooled_peaks,
+        keep_share=1.0,
+    )
+    assert holds(ts, whole) == fits(ts, whole)  # no hysteresis: keep as admitted
+
+
+class LoggedCluster(SharedCluster):
+    """The shared cluster, each move logged with its cause and the moves made before it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.log: list[tuple[str, str, int]] = []
+
+    def _move(self, key: str, target: str, cause: str) -> str:
+        self.log.append((key, cause, self.recent_moves(key)))
+        return super()._move(key, target, cause)
+
+
+MEMORY_CAUSES = {"grew", "overflow"}
+# tenants of a few tenths of a card, that share cards and outgrow them
+small_tenants = st.builds(
+    TenantForecast,
+    memory_peak=st.floats(min_value=0.05, max_value=0.5),
+    memory_jump=st.floats(min_value=0.0, max_value=0.2),
+    compute=st.floats(min_value=0.0, max_value=0.6),
+    burst=st.floats(min_value=0.0, max_value=0.3),
+)
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(
+            ["place", "resize", "drift", "release", "tidy", "place", "resize", "drift"]
+        ),
+        st.integers(0, 7),
+        small_tenants,
+        st.sampled_from([1, 10, 120, 720]),  # minutes passed
+    ),
+    min_size=10,
+    max_size=80,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=ops, budget_per_day=st.sampled_from([1.0, 2.0]))
+def test_moves_stay_within_the_budget_but_memory_moves_and_cards_stay_within_one(
+    steps: list[tuple[str, int, TenantForecast, int]], budget_per_day: float
+) -> None:
+    forecasts: dict[str, TenantForecast] = {}
+    rules = CardRules()
+    cluster = LoggedCluster(
+        1000,
+        None,
+        rules,
+        lambda key: forecasts[key],
+        moves=MoveRules(budget_per_day=budget_per_day, compute_moves=True),
+    )
+    now = 0.0
+    for op, i, forecast, minutes in steps:
+        now += 60.0 * minutes
+        cluster.at(now)
+        ref = _ref(f"w{i}")
+        placed = ref.key in cluster.card_of
+        if op == "place" and not placed:
+            forecasts[ref.key] = forecast
+            assert cluster.place(ref, f"w{i}-0", 1.0)
+        elif op == "resize" and placed:
+            forecasts[ref.key] = forecast
+            assert cluster.resize(ref, forecast.need) is not PlanKind.SCALE_UP
+        elif op == "drift" and placed:  # its forecast changed with a sample, no resize
+            forecasts[ref.key] = forecast
+            cluster.relieve_memory([ref.key])  # as the replay does after each sample
+        elif op == "release" and placed:
+            cluster.release(ref)
+        elif op == "tidy":
+            cluster.tidy()
+        else:
+            continue
+        for card, keys in cluster.cards.items():
+            ts = [forecasts[k] for k in keys]
+            assert sum(cluster.fraction_of[k] for k in keys) <= 1.0 + EPS
+            if len(ts) >= 2:  # memory first: a card short of memory was relieved at once
+                assert holds_memory(ts, rules), card
+    for _, cause, before in cluster.log:
+        if cause not in MEMORY_CAUSES:  # a consolidation or compute: within the budget
+            assert before + 1 <= budget_per_day
+    assert cluster.moves == len(cluster.log)
+    over = sum(1 for _, c, b in cluster.log if c in MEMORY_CAUSES and b + 1 > budget_per_day)
+    assert cluster.moves_over_budget == over
 
 
 def test_pinned_shared_cards_refuse_what_fits_nowhere() -> None:
