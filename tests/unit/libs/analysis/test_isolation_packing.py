@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 
 from fracpilot_libs.analysis.baselines import EngineSizer
 from fracpilot_libs.analysis.packing_bound import pack_bound
-from fracpilot_libs.analysis.packing_replay import replay_packed
+from fracpilot_libs.analysis.packing_replay import ReplayCluster, replay_packed
 from fracpilot_libs.analysis.replay import replay_workload
 from fracpilot_libs.analysis.trace import TraceError, TracePoint, group_by_workload, read_trace
-from fracpilot_libs.contracts import ComputeSizing, Policy, UsageSample, WorkloadRef
+from fracpilot_libs.contracts import ComputeSizing, PlanKind, Policy, UsageSample, WorkloadRef
 from fracpilot_libs.placement.card_budget import Isolation
 from fracpilot_libs.sizing.engine import decide
 from fracpilot_libs.sizing.state import WorkloadState
@@ -262,6 +262,32 @@ def test_frequent_bursts_still_size_soft_compute_by_their_work() -> None:
         if decision is not None:
             held = decision.new_fraction
     assert held >= 0.6
+
+
+def test_under_enforced_isolation_consolidation_keeps_the_move_budget() -> None:
+    # c holds half of card 0; a alternates between 0.6 (fits card 0 nowhere: a card of its
+    # own) and 0.4 (alone there, it consolidates onto card 0), every 20 minutes. Without a
+    # budget each swing is a move; with 2 a day, the consolidations beyond it wait, and a move
+    # a resize needs (0.6 beside c on card 0) is counted, never withheld.
+    def moves(budget: float | None) -> list[float]:
+        cluster = ReplayCluster(CARD, None)
+        cluster.move_budget = budget
+        a, c = (WorkloadRef(cluster="t", namespace="ns", owner_name=n) for n in "ac")
+        cluster.place(c, "c-0", 0.5)
+        cluster.place(a, "a-0", 0.6)
+        out = []
+        for i in range(1, 31):
+            cluster.now = i * 1200.0
+            kind = cluster.resize(a, 0.4 if i % 2 else 0.6)
+            assert cluster.state.used(cluster.card_of[a.key]) <= 1.0 + 1e-9
+            if kind is PlanKind.RECREATE_ELSEWHERE:
+                out.append(cluster.now)
+        return out
+
+    assert len(moves(None)) == 30
+    limited = moves(2.0)
+    assert len(limited) == 2  # one consolidation, then the resize it forced; then in place
+    assert all(t - limited[0] < DAY_S for t in limited)
 
 
 def test_the_shared_bound_counts_card_level_collisions_exactly() -> None:
