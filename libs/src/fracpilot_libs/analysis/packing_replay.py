@@ -37,7 +37,11 @@ from itertools import groupby
 
 from fracpilot_libs.analysis.accounting import Metrics, WorkloadAccount, sample_intervals
 from fracpilot_libs.analysis.baselines import EngineSizer, Sizer
-from fracpilot_libs.analysis.enforced_packing import PopulationSizer, enforced_policy
+from fracpilot_libs.analysis.enforced_packing import (
+    ENFORCED_MOVE_BUDGET,
+    PopulationSizer,
+    enforced_policy,
+)
 from fracpilot_libs.analysis.packing import PackedAccount
 from fracpilot_libs.analysis.replay import Progress, ReplayReport
 from fracpilot_libs.analysis.shared_packing import (
@@ -64,6 +68,7 @@ from fracpilot_libs.sizing.engine import need_of
 from fracpilot_libs.sizing.forecast import forecast_of, population_prior
 
 _END, _START = 0, 1  # at one instant, intervals end before samples start
+_DAY_S = 24 * 3600.0
 
 
 class ReplayCluster:
@@ -78,6 +83,11 @@ class ReplayCluster:
             self._add_card()
         self.card_of: dict[str, str] = {}  # workload key -> GPU uuid
         self.neighbour_moves = 0  # consolidations of a workload left alone by another's change
+        # Enforced isolation: at most this many moves per workload in any 24 h; a consolidation
+        # beyond it waits, a move a resize needs (it fits nowhere else) is counted, never withheld.
+        self.move_budget: float | None = None
+        self.now = 0.0  # the replay's instant (the move budget's clock)
+        self.move_times: dict[str, list[float]] = {}
 
     def _add_card(self) -> None:
         # Zero-padded so that the planner's tie-break on uuid follows the order cards came in.
@@ -123,13 +133,17 @@ class ReplayCluster:
             step = plan_workload(self.state, workload, pods, fraction).steps[0]
         self.state = apply_pod_plan(self.state, step)
         kind = step.kind
-        if self.consolidate:
+        if self.consolidate and (
+            kind is PlanKind.RECREATE_ELSEWHERE or self._may_move(workload.key)
+        ):
             placement = self.state.placement(workload)
             assert placement is not None
             move = plan_consolidation(self.state, placement)
             if move.kind is PlanKind.RECREATE_ELSEWHERE:
                 self.state = apply_pod_plan(self.state, move)
                 step, kind = move, PlanKind.RECREATE_ELSEWHERE
+        if kind is PlanKind.RECREATE_ELSEWHERE:
+            self._moved(workload.key)
         self.card_of[workload.key] = step.gpu_after
         if left is not None and left != step.gpu_after:
             self._consolidate_lone(left)
@@ -147,13 +161,26 @@ class ReplayCluster:
         if not self.consolidate:
             return
         on_card = [p for p in self.state.placements if p.gpu_uuid == card]
-        if len(on_card) != 1:
+        if len(on_card) != 1 or not self._may_move(on_card[0].workload.key):
             return
         move = plan_consolidation(self.state, on_card[0])
         if move.kind is PlanKind.RECREATE_ELSEWHERE:
             self.state = apply_pod_plan(self.state, move)
             self.card_of[move.workload.key] = move.gpu_after
             self.neighbour_moves += 1
+            self._moved(move.workload.key)
+
+    def _may_move(self, key: str) -> bool:
+        """Whether one more move keeps the workload within the move budget (always, without)."""
+        if self.move_budget is None:
+            return True
+        recent = [t for t in self.move_times.get(key, ()) if self.now - t < _DAY_S]
+        self.move_times[key] = recent
+        return len(recent) + 1 <= self.move_budget + 1e-9
+
+    def _moved(self, key: str) -> None:
+        if self.move_budget is not None:
+            self.move_times.setdefault(key, []).append(self.now)
 
     def cards_in_use(self) -> int:
         return len(set(self.card_of.values()))
@@ -319,6 +346,8 @@ def _replay_packed(
         cluster = SharedCluster(memory, gpus, card_rules or CardRules(), forecasts, consolidate)
     else:
         cluster = ReplayCluster(memory, gpus, consolidate)
+        if isinstance(sizer, PopulationSizer):
+            cluster.move_budget = ENFORCED_MOVE_BUDGET
     account = PackedAccount(
         card_memory_bytes=memory, gpus=gpus, isolation=isolation.value if isolation else None
     )
@@ -333,6 +362,8 @@ def _replay_packed(
             forecasts.at(at)
         if isinstance(cluster, SharedCluster):
             cluster.at(at)
+        if isinstance(cluster, ReplayCluster):
+            cluster.now = at
         batch = list(group)
         _end_intervals(account, workloads, cluster, [e for e in batch if e[1] == _END])
         if isinstance(cluster, SharedCluster):

@@ -30,7 +30,12 @@ from fracpilot_libs.contracts import (
 from fracpilot_libs.sizing.explanations import numbers as _numbers
 from fracpilot_libs.sizing.grids import Grid, downsize_band, grid_of
 from fracpilot_libs.sizing.headroom import observe_headroom
-from fracpilot_libs.sizing.histogram import bucket_of, histogram_percentile, soft_compute_level
+from fracpilot_libs.sizing.histogram import (
+    bucket_of,
+    frequent_level,
+    histogram_percentile,
+    soft_compute_level,
+)
 from fracpilot_libs.sizing.need import Need
 from fracpilot_libs.sizing.state import BUCKETS, MEMORY_SLOTS, WorkloadState, evolve
 
@@ -40,6 +45,14 @@ _UP, _DOWN = Direction.UP, Direction.DOWN  # module constants: cheaper than enum
 _SOFT = ComputeSizing.SOFT
 _LEARNED = MemoryHeadroomMode.LEARNED
 _DAY_S = 24 * 3600.0
+# Soft sizing leaves rare bursts out: compute above a level on fewer than this share of the
+# samples (decayed weight, as the histogram counts them; of at least RARE_BURST_SAMPLES) neither
+# upsizes on the soft level alone nor holds a downsize up. A lone spike can carry more than the
+# delay budget of a low, steady load's work, so the level rose and decayed with each one: a
+# workload with rare spikes resized up to 6 times a day (issue 25). Sustained compute, memory
+# and the application's signals upsize as before.
+RARE_BURST_SHARE = 0.03
+RARE_BURST_SAMPLES = 100  # a younger history judges rarity as if it had this many samples
 
 
 def round_up_to_grid(value: float, steps: int) -> float:
@@ -186,6 +199,29 @@ def need_of(state: WorkloadState, policy: Policy) -> Need:
     return Need(level, c_need, recent, r_need, peak, m_need, fraction)
 
 
+def _rare_weight(state: WorkloadState) -> float:
+    """The most compute weight that is still rare (RARE_BURST_SHARE of the history, judged as
+    if it had at least RARE_BURST_SAMPLES samples)."""
+    young = RARE_BURST_SAMPLES / state.samples if state.samples else 1.0
+    return RARE_BURST_SHARE * state.compute_total * (young if young > 1.0 else 1.0)
+
+
+def rare_bursts_above(state: WorkloadState, policy: Policy, current: float) -> bool:
+    """Soft sizing: the compute history above ``current`` is rare bursts (see
+    RARE_BURST_SHARE), so an upsize on the soft level alone waits (False in percentile mode,
+    whose percentile already leaves rare samples out)."""
+    if policy.compute_sizing is not _SOFT:
+        return False
+    return sum(state.compute_weights[bucket_of(current) + 1 :]) < _rare_weight(state)
+
+
+def _without_rare_bursts(state: WorkloadState, need: Need, policy: Policy) -> float:
+    """The fraction the need calls for with the soft level lowered to the rare bursts' foot:
+    where a downsize goes."""
+    level = min(need.compute_need, frequent_level(state.compute_weights, _rare_weight(state)))
+    return clamp_to_policy(max(level, need.recent_need, need.memory_need), policy)
+
+
 def upsize_target(need: Need, policy: Policy) -> float:
     """Where an upsize goes: half ``downsize_min_change`` above the need, so that a need
     creeping up (a memory peak, a busier day) does not resize at every step of a fine grid,
@@ -251,7 +287,8 @@ def decide(
         state = evolve(state, memory_over=memory_over)
     elif moving is _UP and (
         memory_over >= policy.memory_upsize_confirmations
-        or max(need.compute_need, need.recent_need) > current + EPS
+        or need.recent_need > current + EPS
+        or (need.compute_need > current + EPS and not rare_bursts_above(state, policy, current))
     ):
         if memory_over >= policy.memory_upsize_confirmations:
             rule = "upsize at once: memory need exceeds the fraction"
@@ -262,8 +299,8 @@ def decide(
             )
         elif policy.compute_sizing is _SOFT:
             rule = (
-                f"upsize: more than {policy.compute_delay_budget:.0%} of the compute work lies "
-                "above the fraction"
+                f"upsize: more than {policy.compute_delay_budget:.1%} of the compute work lies "
+                f"above the fraction, on at least {RARE_BURST_SHARE:.0%} of the samples"
             )
         else:
             rule = "upsize: the compute percentile need exceeds the fraction"
@@ -285,6 +322,8 @@ def decide(
             f"{(now - below_since) / 3600:.1f} h (hold {policy.downsize_hold_s / 3600:g} h)"
         )
         direction, reason = Direction.DOWN, ReasonCode.UNDERUSED
+        if policy.compute_sizing is _SOFT:  # rare bursts do not hold the fraction up
+            target = min(target, _without_rare_bursts(state, need, policy))
     else:
         return _settled(state, memory_over), None
 

@@ -48,3 +48,14 @@ def soft_compute_level(weights: array[float], budget: float) -> float:
         return 0.0
     j = bisect_right(delayed, budget * work * (1 + EPS)) - 1
     return min(BUCKETS - 1, max(0, n - 2 - j)) / 100.0
+
+
+def frequent_level(weights: array[float], rare: float) -> float:
+    """The lowest whole percent of a GPU above which less than ``rare`` of the histogram's
+    weight lies: the foot of the rare bursts (0 for an empty histogram)."""
+    above = 0.0
+    for b in range(len(weights) - 1, 0, -1):
+        above += weights[b]
+        if above >= rare:
+            return b / 100.0
+    return 0.0

@@ -16,6 +16,7 @@ from fracpilot_libs.sizing.engine import (
     downsize_wait,
     need_of,
     pending_request,
+    rare_bursts_above,
     sizing_direction,
 )
 from fracpilot_libs.sizing.need import Need
@@ -61,7 +62,7 @@ def describe(
         outlook = Outlook.NO_HISTORY
     elif requested is not None:
         outlook = Outlook.UPSIZING if requested > held else Outlook.DOWNSIZING
-    elif direction is Direction.UP:
+    elif direction is Direction.UP and not _rare_bursts_only(state, policy, need, held):
         outlook = Outlook.UPSIZING
     elif direction is Direction.DOWN:
         below = state.below_since if state.below_since is not None else now
@@ -70,6 +71,13 @@ def describe(
             outlook, wait_s = Outlook.WAITING_TO_DOWNSIZE, longest
         else:
             outlook, held_by = Outlook.DOWNSIZING, ""
-    else:
+    else:  # within the band, or only rare bursts above (the engine waits for them)
         outlook = Outlook.STABLE
     return EngineOutlook(outlook, held, need.fraction, need, requested, wait_s, held_by)
+
+
+def _rare_bursts_only(state: WorkloadState, policy: Policy, need: Need, held: float) -> bool:
+    """The fraction is above ``held`` only by the soft level, over rare bursts: no upsize."""
+    if max(need.memory_need, need.recent_need) > held + EPS:
+        return False
+    return rare_bursts_above(state, policy, held)

@@ -174,19 +174,21 @@ def test_a_policy_reads_the_learned_mode_and_refuses_bad_bounds() -> None:
 
 
 @pytest.mark.skipif(not DATA.exists(), reason=f"the GenAI trace is not at {DATA}")
-def test_on_the_genai_trace_a_learned_setting_meets_every_figure_but_the_40_percent() -> None:
+def test_on_the_genai_trace_a_learned_setting_gives_the_figures_measured() -> None:
     """The first row of docs/sizing.md's learned-headroom table: W 24 h, factor 1.1, floor
-    0.06 meets every must-show figure but the packed 40% (17.25% against the default's 10.75%,
-    with the same 8 memory overruns)."""
+    0.06 met every must-show figure but the packed 40% before soft sizing left rare bursts out
+    (17.25%, 8 memory overruns); since, it gives 15.58% of card-hours with 10 memory overruns
+    (0.0114%: the limit is missed by two samples): a fraction that no longer follows a lone
+    compute spike up no longer covers the memory jump that came with it."""
     policy = Policy(
         memory_headroom=MemoryHeadroom(mode=MemoryHeadroomMode.LEARNED, factor=1.1, floor=0.06)
     )
     report = replay_packed(group_by_workload(read_trace(DATA)), EngineSizer(policy))
     totals, packed = report.replay.totals, report.packed
-    assert totals.savings_pct == pytest.approx(35.15, abs=0.01)
-    assert totals.memory_overrun_samples == 8
+    assert totals.savings_pct == pytest.approx(35.19, abs=0.01)
+    assert totals.memory_overrun_samples == 10
     assert totals.compute_overrun_pct <= 0.5
     assert totals.resizes_per_workload_day <= 4.0
     assert packed.memory_collision_samples == 0
     assert packed.contention_pct <= 1.0
-    assert packed.card_hours_saved_pct == pytest.approx(17.25, abs=0.01)
+    assert packed.card_hours_saved_pct == pytest.approx(15.58, abs=0.01)

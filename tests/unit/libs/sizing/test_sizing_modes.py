@@ -341,10 +341,10 @@ def test_the_default_policy_meets_the_figures_on_the_genai_trace() -> None:
     """The issue's must-show figures, in one run: the packed replay replays every decision of
     the unpacked one (same fractions, overruns and resizes) and places them on cards.
 
-    The figures reached (docs/sizing.md, "How the defaults were chosen"): 35.06% saved,
-    memory overruns 8 samples (0.0091%), compute overruns 0.44%, 3.83 resizes per
-    workload-day; packed 10.75% of card-hours saved, 0 memory collisions, 0.0044% contention,
-    1.88 moves per workload-day.
+    The figures reached (docs/sizing.md, "How the defaults were chosen"): 35.15% saved,
+    memory overruns 8 samples (0.0091%), compute overruns 0.43%, 3.90 resizes per
+    workload-day; packed 9.46% of card-hours saved, 0 memory collisions, 0.0068% contention,
+    1.93 moves per workload-day (10.75% before soft sizing left rare bursts out, issue 25).
     The packed target of 40% is not met: this trace's memory peaks (0.22-0.63 of the card, with
     minute-scale spikes) need the 0.1 headroom that keeps overruns within 0.01%, and fractions
     of 0.55-0.65 do not pair on a card (the table in docs/sizing.md gives the frontier)."""
@@ -357,7 +357,7 @@ def test_the_default_policy_meets_the_figures_on_the_genai_trace() -> None:
     assert totals.resizes_per_workload_day <= 4.0
     assert packed.memory_collision_samples == 0
     assert packed.contention_pct <= 1.0
-    assert packed.card_hours_saved_pct >= 10.5  # reached 10.75; the issue asks 40 (missed)
+    assert packed.card_hours_saved_pct >= 9.4  # reached 9.46; the issue asks 40 (missed)
     assert packed.moves_per_workload_day <= 2.0
     assert packed.whole_card_hours == pytest.approx(totals.whole_gpu_hours)
     # The unpacked replay gives the same figures: packing changes the cards, not the sizing.
