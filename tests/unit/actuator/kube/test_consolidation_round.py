@@ -105,7 +105,8 @@ def test_auto_marks_the_cheapest_node_and_moves_its_pod_where_kai_would_put_it()
     done = round_of(view())
     assert done.node == "n1"
     assert "autoscaler can remove it" in done.mark
-    assert done.step is not None and done.step.kind is StepKind.MOVE
+    assert done.step is not None
+    assert done.step.kind is StepKind.MOVE
     assert (done.step.pod_key, done.step.to_gpu, done.step.to_node) == (
         "inference/chat-0",
         UUID_B,
@@ -144,7 +145,8 @@ def test_a_pdb_allowing_no_disruption_moves_nothing() -> None:
 def test_the_rate_limit_holds_a_node_back_until_its_moves_fit() -> None:
     recent = tuple(NOW - timedelta(minutes=m) for m in (5, 10, 20, 50))
     done = round_of(view(), recent=recent)
-    assert done.step is None and done.held_back.startswith("rate limit")
+    assert done.step is None
+    assert done.held_back.startswith("rate limit")
     old = tuple(NOW - timedelta(minutes=61 + m) for m in range(4))  # out of the hour
     assert round_of(view(), recent=old).step is not None
 
@@ -158,7 +160,8 @@ def test_no_node_is_started_in_quiet_hours_and_a_marked_one_is_given_up() -> Non
 
 def test_a_marked_node_goes_on_then_its_mark_comes_off_once_it_is_empty() -> None:
     going = round_of(view(marked="n1"), marked="n1")
-    assert going.step is not None and going.step.pod_key == "inference/chat-0"
+    assert going.step is not None
+    assert going.step.pod_key == "inference/chat-0"
     assert going.mark == ""  # marked already
     moved = [chat("chat-1", "n2", "g2"), chat("chat-2", "n2", "g2")]
     empty = round_of(view(pods=moved, marked="n1"), marked="n1")
