@@ -69,7 +69,7 @@ class ClusterApi(RecordingApi):
     async def list_disruption_budgets(self) -> list[dict[str, Any]]:
         return self.pdbs
 
-    async def patch_node(self, name: str, patch: dict[str, Any]) -> None:
+    async def patch_node(self, name: str, patch: dict[str, Any]) -> int | None:
         self.writes.append(("patch_node", name))
         [stored] = [n for n in self.nodes if n["metadata"]["name"] == name]
         notes = stored["metadata"].setdefault("annotations", {})
@@ -79,6 +79,7 @@ class ClusterApi(RecordingApi):
             else:
                 notes[key] = value
         stored.setdefault("spec", {})["taints"] = patch["spec"]["taints"]
+        return None
 
     async def create_event(self, namespace: str, body: dict[str, Any]) -> None:
         await super().create_event(namespace, body)

@@ -261,14 +261,17 @@ class KubeApi:
             )
         )
 
-    async def patch_node(self, name: str, patch: Mapping[str, Any]) -> None:
-        """A merge patch of a node (consolidation's mark: a taint and an annotation); a
-        ``metadata.resourceVersion`` in it makes it conditional (409 when the node changed)."""
-        await self._call(
-            "patch_node",
-            lambda: self.core.patch_node(
-                name, dict(patch), _content_type=MERGE_PATCH, _request_timeout=self.timeout_s
-            ),
+    async def patch_node(self, name: str, patch: Mapping[str, Any]) -> int | None:
+        """A merge patch of a node (consolidation's mark: a taint and an annotation), the
+        patched node's resourceVersion; a ``metadata.resourceVersion`` in it makes it
+        conditional (409 when the node changed)."""
+        return version_of(
+            await self._call(
+                "patch_node",
+                lambda: self.core.patch_node(
+                    name, dict(patch), _content_type=MERGE_PATCH, _request_timeout=self.timeout_s
+                ),
+            )
         )
 
     async def list_owners(

@@ -2,8 +2,8 @@
 
 Called from :meth:`~fracpilot_actuator.kube.backend.KubernetesBackend.reconcile` (the leader's
 reconcile loop). Every ``interval_s`` (every call while a node is being emptied) it reads the
-cluster (nodes, pods, KAI's BindRequests and PodGroups, PodDisruptionBudgets, the namespaces'
-labels), asks the round what to do, and:
+cluster (nodes and pods from the inventory cache when it is current, KAI's BindRequests and
+PodGroups, PodDisruptionBudgets, the namespaces' labels), asks the round what to do, and:
 
 - sets the gauges ``fracpilot_consolidation_would_free_gpus`` / ``_nodes`` and logs the
   plan's summary when it changed (recommend and auto alike);
@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from fracpilot_actuator.guardrails import Disruption, GuardState, Subject, check
 from fracpilot_actuator.kube.api import KubeApi
+from fracpilot_actuator.kube.cache import Fence
 from fracpilot_actuator.kube.consolidation_round import (
     MARK_REASON,
     MARK_TAINT,
@@ -133,8 +134,7 @@ class Consolidator:
     async def _read(self) -> ConsolidationView:
         backend = self.backend
         api, settings = backend.api, backend.settings
-        nodes = await api.list_nodes(settings.node_selector)
-        pods = await api.list_pods()
+        nodes, pods = await backend.reader.nodes_and_pods()
         kai = await backend.reader.kai.read()
         inventory = build_inventory(
             nodes,
@@ -185,10 +185,11 @@ class Consolidator:
             "spec": {"taints": taints},
         }
         try:
-            await self.backend.api.patch_node(node, patch)
+            version = await self.backend.api.patch_node(node, patch)
         except Exception as exc:  # tried again next round, on the node as it then is
             log.warning("node not marked", extra={"node": node, "error": str(exc)[:300]})
             return False
+        self.backend.reader.fence(Fence("nodes", version))  # the next round sees the mark
         log.info("consolidating node", extra={"node": node, "reason": reason})
         await self._node_event(raw, "ConsolidationStarted", reason)
         return True
@@ -211,10 +212,11 @@ class Consolidator:
             "spec": {"taints": taints},
         }
         try:
-            await self.backend.api.patch_node(node, patch)
+            version = await self.backend.api.patch_node(node, patch)
         except Exception as exc:  # the next round sees the mark and tries again
             log.warning("mark not taken off", extra={"node": node, "error": str(exc)[:300]})
             return
+        self.backend.reader.fence(Fence("nodes", version))
         if done:
             text = f"node {node} emptied of GPU pods by consolidation: {why}"
             log.info("consolidation freed a node", extra={"node": node})
