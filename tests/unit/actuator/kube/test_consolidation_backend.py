@@ -62,8 +62,10 @@ class ClusterApi(RecordingApi):
             }
         ]
         self.node_events: list[str] = []
+        self.node_lists = 0
 
     async def list_nodes(self, label_selector: str | None = None) -> list[dict[str, Any]]:
+        self.node_lists += 1
         return copy.deepcopy(self.nodes)
 
     async def list_disruption_budgets(self) -> list[dict[str, Any]]:
@@ -133,6 +135,10 @@ def test_recommend_mode_publishes_what_it_would_free_and_writes_nothing() -> Non
     assert value(registry, "fracpilot_consolidation_would_free_gpus") == 1
     assert value(registry, "fracpilot_consolidation_would_free_nodes") == 1
     assert api.writes == []
+    asyncio.run(backend.reconcile(NOW + timedelta(seconds=0.5)))  # within interval_s
+    assert api.node_lists == 1  # no node being emptied: the cluster is read once an interval
+    asyncio.run(backend.reconcile(NOW + timedelta(seconds=1)))
+    assert api.node_lists == 2
 
 
 def test_a_node_is_marked_its_pod_moved_make_before_break_then_the_mark_comes_off() -> None:
@@ -151,6 +157,11 @@ def test_a_node_is_marked_its_pod_moved_make_before_break_then_the_mark_comes_of
     # no replacement yet: nothing else happens (the next move would wait for it)
     asyncio.run(backend.reconcile(NOW + timedelta(seconds=5)))
     assert len(api.writes) == 4
+    lists = api.node_lists
+    asyncio.run(
+        backend.reconcile(NOW + timedelta(seconds=5.1))
+    )  # a move in flight: checked at every call
+    assert api.node_lists == lists + 1
     api.pods.append(chat("chat-2", "n2", "g2"))  # the ReplicaSet's new pod, bound by KAI
     asyncio.run(backend.reconcile(NOW + timedelta(seconds=10)))
     assert api.writes[4:] == [

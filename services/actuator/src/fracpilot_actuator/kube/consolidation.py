@@ -79,6 +79,7 @@ class Consolidator:
         self.last_round: datetime | None = None
         self.last_summary = ""
         self.workload = ""  # the moving pod's workload key, in flight for the guardrails
+        self.marked = ""  # the node being emptied, as the last round saw it
 
     async def reconcile(self, now: datetime) -> None:
         settings = self.backend.settings.consolidation
@@ -89,14 +90,12 @@ class Consolidator:
         due = self.last_round is None or now - self.last_round >= timedelta(
             seconds=settings.interval_s
         )
-        view = None
-        if not due:
-            view = await self._read()
-            if not marked_nodes(view.nodes):
-                return
+        if not due and not self.marked:
+            return  # a node being emptied goes on at every call; else every interval_s
         self.last_round = now
-        view = view or await self._read()
-        marked = marked_nodes(view.nodes)
+        view = await self._read()
+        marked = marked_nodes(view.nodes)  # a new leader's first round finds the mark here
+        self.marked = marked[0] if marked else ""
         for extra in marked[1:]:  # one node at a time: any other mark is a leftover
             await self._unmark(view, extra, "another node is being emptied")
         self.moves = [t for t in self.moves if now - t < timedelta(hours=1)]
@@ -125,8 +124,10 @@ class Consolidator:
                     extra={"node": chosen.node, "reason": chosen.held_back},
                 )
             return
-        if chosen.mark and not await self._mark(view, chosen.node, chosen.mark):
-            return
+        if chosen.mark:
+            if not await self._mark(view, chosen.node, chosen.mark):
+                return
+            self.marked = chosen.node
         await self._carry_out(view, chosen.node, chosen.step, now)
 
     # --- reading --------------------------------------------------------------------------
@@ -217,6 +218,8 @@ class Consolidator:
             log.warning("mark not taken off", extra={"node": node, "error": str(exc)[:300]})
             return
         self.backend.reader.fence(Fence("nodes", version))
+        if node == self.marked:
+            self.marked = ""
         if done:
             text = f"node {node} emptied of GPU pods by consolidation: {why}"
             log.info("consolidation freed a node", extra={"node": node})
