@@ -553,9 +553,10 @@ class GpuStack:
             if component := self.components.pop(name, None):
                 component.stop()
 
-    def start_autoscaler(self) -> None:
+    def start_autoscaler(self, extra_args: Sequence[str] = ()) -> None:
         """Start cluster-autoscaler (node group gpu-h100, 0-3 nodes), as a production install
-        runs it beside KAI's nodescaleadjuster (always running here).
+        runs it beside KAI's nodescaleadjuster (always running here); ``extra_args``: more
+        flags (a test's short scale-down times).
 
         KAI's binder reserves no GPU while a scaling pod's PodScheduled is not True (KAI
         pkg/binder/binding/resourcereservation/resource_reservation.go ``isScalingUp``): see
@@ -574,6 +575,7 @@ class GpuStack:
                 "--scan-interval=5s",
                 "--max-node-provision-time=4m",  # fracpilot_on_stack.py waits longer (300 s)
                 "--leader-elect=false",
+                *extra_args,
             ],
             ready=lambda: _http_ok(f"http://127.0.0.1:{port}/health-check"),
             env={"KWOK_PROVIDER_MODE": "local", "POD_NAMESPACE": "kube-system"},

@@ -47,7 +47,8 @@ choice. A moved pod keeps its fraction (card sizing re-divides the card later).
   (``fracpilot_actuator.kube.gangs.gang_refusal``) taken as data: a group of ``minMember`` > 1
   gives up at most ``running - minMember`` members in one plan;
 - the scheduler's predicates for the target node and the backend's fit rule (above);
-- ``max_moves``: the consolidation rate limit, moves per plan (shrinks are not moves).
+- ``max_moves``: the consolidation rate limit, moves per plan (shrinks are not moves);
+- ``pinned``: pods the caller keeps where they are (the actuator: pods not opted in to auto).
 
 Pods known to ``state`` but missing from ``facts`` (when facts are given) are not moved: where
 they may go cannot be checked. Without ``facts`` every node may take every pod (replay).
@@ -219,6 +220,7 @@ def consolidation_plan(
     fit: FitRule | None = None,
     card_budget: CardBudget | None = None,
     spread: bool = True,
+    pinned: Mapping[str, str] | None = None,
 ) -> ConsolidationPlan:
     """The moves that free whole nodes first, then single cards (module docstring).
 
@@ -226,7 +228,8 @@ def consolidation_plan(
     ``node_annotations``/``pod_annotations`` (by node name, by ``namespace/name``): the
     autoscalers' opt-outs; ``fit``: the backend's fit rule (None: the free share, KAI);
     ``card_budget``: shared isolation's card budgets; ``spread=False``: a scheduler without
-    topology spread (KAI)."""
+    topology spread (KAI); ``pinned``: pods (``namespace/name``) the caller's own rules keep
+    where they are, with why (the actuator's opt-in rule)."""
     return _Planner(
         _Board(state, facts, spread, fit),
         max_moves=max_moves,
@@ -235,6 +238,7 @@ def consolidation_plan(
         budgets=tuple(disruption_budgets),
         gangs=tuple(gangs),
         card_budget=card_budget,
+        pinned=pinned or {},
     ).plan()
 
 
@@ -406,8 +410,10 @@ class _Planner:
         budgets: tuple[DisruptionBudget, ...],
         gangs: tuple[Gang, ...],
         card_budget: CardBudget | None,
+        pinned: Mapping[str, str],
     ) -> None:
         self.board = board
+        self.pinned = pinned
         self.moves_left = max(0, max_moves)
         self.max_moves = max(0, max_moves)
         self.node_annotations = node_annotations
@@ -499,6 +505,8 @@ class _Planner:
         return None
 
     def _pod_refusal(self, key: str) -> str | None:
+        if (why := self.pinned.get(key)) is not None:
+            return f"pod {key} stays: {why}"
         notes = self.pod_annotations.get(key, {})
         if notes.get(SAFE_TO_EVICT) == "false":
             return f"pod {key} is annotated {SAFE_TO_EVICT}=false"

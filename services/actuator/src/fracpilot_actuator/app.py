@@ -21,7 +21,7 @@ from fracpilot_actuator.decision_handler import DecisionHandler
 from fracpilot_actuator.election.core import ElectionTiming
 from fracpilot_actuator.election.elector import LeaderElector
 from fracpilot_actuator.election.lease_stores import KubernetesLeaseStore
-from fracpilot_actuator.metrics import ActuatorMetrics
+from fracpilot_actuator.metrics import ActuatorMetrics, ConsolidationMetrics
 from fracpilot_actuator.settings import CLUSTER_KINDS, ActuatorSettings
 from fracpilot_actuator.simulated.backend import SimulatedBackend
 from fracpilot_actuator.simulated.cluster import SimulatedCluster, parse_seed_pods, seed_cluster
@@ -221,6 +221,7 @@ class ActuatorService:
             guardrails=s.guardrails,
             opt_in=s.optin,
             kai=s.kai,
+            consolidation=s.consolidation,
         )
         if self._kube_api is None:
             self._kube_api = await asyncio.to_thread(api_client, s.kubeconfig)
@@ -241,6 +242,7 @@ class ActuatorService:
             history=KvDisruptionHistory(claims),
             namespaces=self.namespaces,
             pending_recreates=KvPendingRecreates(claims),
+            consolidation_metrics=ConsolidationMetrics(self.runtime.registry),
         )
 
     async def _report_finished(self, decision: FractionDecision, actuation: Actuation) -> None:

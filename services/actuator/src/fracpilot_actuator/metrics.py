@@ -3,7 +3,8 @@
 - :class:`ActuatorMetrics`: decisions handled, resumed, Kubernetes API retries;
 - :class:`LeaderMetrics`: leader election (:mod:`fracpilot_actuator.election.elector`);
 - :class:`WebhookMetrics`: the admission webhook (:mod:`fracpilot_actuator.webhook`);
-- :class:`PolicySyncMetrics`: the policy sync (FractionPolicy objects -> the policy bucket).
+- :class:`PolicySyncMetrics`: the policy sync (FractionPolicy objects -> the policy bucket);
+- :class:`ConsolidationMetrics`: emptying nodes (:mod:`fracpilot_actuator.kube.consolidation`).
 """
 
 from __future__ import annotations
@@ -176,5 +177,41 @@ class PolicySyncMetrics:
         self.duration = Histogram(
             "fracpilot_actuator_policy_sync_duration_seconds",
             "Time of one sync pass",
+            registry=registry,
+        )
+
+
+class ConsolidationMetrics:
+    """Consolidation (backend=kubernetes): what it would free, what it moved and freed."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.would_free_gpus = Gauge(
+            "fracpilot_consolidation_would_free_gpus",
+            "GPUs in use that the last consolidation plan would free (every pod not off "
+            "counted as movable, in recommend and auto mode alike)",
+            registry=registry,
+        )
+        self.would_free_nodes = Gauge(
+            "fracpilot_consolidation_would_free_nodes",
+            "Nodes the last consolidation plan would empty of GPU pods, for the autoscaler",
+            registry=registry,
+        )
+        self.moves = Counter(
+            "fracpilot_consolidation_moves_total",
+            "Pods moved to empty a node, by result: verified (the replacement bound), "
+            "failed (the eviction refused, or no replacement bound in time)",
+            ["result"],
+            registry=registry,
+        )
+        for result in ("verified", "failed"):
+            self.moves.labels(result)
+        self.freed_nodes = Counter(
+            "fracpilot_consolidation_freed_nodes_total",
+            "Nodes emptied of GPU pods by consolidation",
+            registry=registry,
+        )
+        self.freed_gpus = Counter(
+            "fracpilot_consolidation_freed_gpus_total",
+            "GPUs of the nodes emptied by consolidation",
             registry=registry,
         )

@@ -205,6 +205,65 @@ class OptInSettings(BaseModel):
     )
 
 
+def _hour_range(text: str) -> tuple[int, int]:
+    start, _, end = text.partition("-")
+    hours = int(start), int(end)
+    if not all(0 <= h <= 23 for h in hours):
+        raise ValueError(f"{text!r}: hours are 0-23")
+    return hours
+
+
+class ConsolidationSettings(BaseModel):
+    """``FRACPILOT_CONSOLIDATION_*``: moving pods off a node so that the autoscaler removes it
+    (backend=kubernetes, :mod:`fracpilot_actuator.kube.consolidation_round`)."""
+
+    mode: Literal["off", "recommend", "auto"] = Field(
+        default="recommend",
+        description="off: not planned; recommend: planned and shown (would free N GPUs / M "
+        "nodes), nothing moves; auto: pods opted in to auto (fracpilot.io/mode) are moved, "
+        "within the limits below",
+    )
+    interval_s: float = Field(
+        default=300.0, gt=0, description="how often a consolidation is planned, seconds"
+    )
+    max_moves_per_hour: int = Field(
+        default=4, ge=0, description="pods moved for consolidation in any hour, at most"
+    )
+    quiet_hours: str = Field(
+        default="",
+        description='UTC hours in which no move starts, "start-end" (end excluded, may wrap: '
+        '"22-6"); several as "0-6,20-24"; empty: none',
+    )
+    move_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="a moved pod's replacement must be bound this long after the eviction, "
+        "else the node is given up (its mark taken off)",
+    )
+
+    @field_validator("quiet_hours")
+    @classmethod
+    def _hours(cls, value: str) -> str:
+        for part in filter(None, (p.strip() for p in value.split(","))):
+            try:
+                _hour_range(part.replace("-24", "-0"))
+            except ValueError as exc:
+                raise ValueError(f"quiet hours {part!r}: {exc}") from exc
+        return value
+
+    def quiet_at(self, hour: int) -> bool:
+        """Whether no move may start in this UTC hour."""
+        for part in filter(None, (p.strip() for p in self.quiet_hours.split(","))):
+            start, end = _hour_range(part.replace("-24", "-0"))
+            if start == end:
+                return True  # the whole day
+            if start < end and start <= hour < end:
+                return True
+            if start > end and (hour >= start or hour < end):
+                return True
+        return False
+
+
 class SimSettings(BaseModel):
     """``FRACPILOT_SIM_*``: the simulated cluster (backend=simulated)."""
 
@@ -284,6 +343,7 @@ class ActuatorSettings(ServiceSettings):
         "FRACPILOT_OPTIN_EXCLUDED_NAMESPACES",
     )
     sim: SimSettings = Field(default_factory=SimSettings)
+    consolidation: ConsolidationSettings = Field(default_factory=ConsolidationSettings)
     kai: KaiSettings = Field(
         default_factory=KaiSettings,
         description="KAI-Scheduler's set-up: FRACPILOT_KAI_RESERVATION_NAMESPACE and "

@@ -167,6 +167,7 @@ class KubeApi:
         self.batch = client.BatchV1Api(api)
         self.scheduling = client.SchedulingV1Api(api)
         self.custom = client.CustomObjectsApi(api)
+        self.policy = client.PolicyV1Api(api)
         self.timeout_s = timeout_s
         self.retry = retry or ApiRetry()
         self._on_retry = on_retry
@@ -245,6 +246,30 @@ class KubeApi:
                     label_selector=label_selector,
                     _preload_content=False,
                     _request_timeout=self.timeout_s,
+                ),
+            )
+        )
+
+    async def list_disruption_budgets(self) -> list[dict[str, Any]]:
+        """Every PodDisruptionBudget (policy/v1), with its status."""
+        return _items(
+            await self._call(
+                "list_disruption_budgets",
+                lambda: self.policy.list_pod_disruption_budget_for_all_namespaces(
+                    _preload_content=False, _request_timeout=self.timeout_s
+                ),
+            )
+        )
+
+    async def patch_node(self, name: str, patch: Mapping[str, Any]) -> int | None:
+        """A merge patch of a node (consolidation's mark: a taint and an annotation), the
+        patched node's resourceVersion; a ``metadata.resourceVersion`` in it makes it
+        conditional (409 when the node changed)."""
+        return version_of(
+            await self._call(
+                "patch_node",
+                lambda: self.core.patch_node(
+                    name, dict(patch), _content_type=MERGE_PATCH, _request_timeout=self.timeout_s
                 ),
             )
         )

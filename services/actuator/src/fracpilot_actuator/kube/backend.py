@@ -52,6 +52,7 @@ from fracpilot_actuator.actuation import Actuation, Report
 from fracpilot_actuator.guardrails import Disruption, GuardState
 from fracpilot_actuator.kube.api import KubeApi
 from fracpilot_actuator.kube.cache import InventoryCache
+from fracpilot_actuator.kube.consolidation import Consolidator
 from fracpilot_actuator.kube.enforcement import (
     NOT_ENFORCED,
     Enforcement,
@@ -69,6 +70,7 @@ from fracpilot_actuator.kube.scale_ups import ScaleUps, pending_result
 from fracpilot_actuator.kube.settings import KubeBackendSettings
 from fracpilot_actuator.kube.shared_cards import SharedCards, redivide
 from fracpilot_actuator.kube.verification import PendingRecreate
+from fracpilot_actuator.metrics import ConsolidationMetrics
 from fracpilot_actuator.stores.memory import MemoryDisruptionHistory
 from fracpilot_actuator.stores.ports import (
     AllocationStore,
@@ -124,6 +126,7 @@ class KubernetesBackend:
         history: DisruptionHistory | None = None,
         namespaces: NamespaceLabels | None = None,
         pending_recreates: PendingRecreates | None = None,
+        consolidation_metrics: ConsolidationMetrics | None = None,
     ) -> None:
         """``history``: where the recent disruptive actions are kept across restarts (None:
         in memory only); ``allocations``: None publishes none; ``namespaces``: the namespace
@@ -146,6 +149,7 @@ class KubernetesBackend:
         )
         self.scale_ups = ScaleUps(self, pending_recreates)
         self.cards = SharedCards(api)  # shared isolation: co-tenants' forecasts (judge.py)
+        self.consolidation = Consolidator(self, consolidation_metrics)
 
     @property
     def cache(self) -> InventoryCache | None:
@@ -487,5 +491,9 @@ class KubernetesBackend:
 
     async def reconcile(self, now: datetime) -> None:
         """Move the pods of each waiting scale-up whose capacity now exists, verify each
-        waiting recreate; give up on time."""
+        waiting recreate; give up on time. Then a consolidation round (:mod:`.consolidation`)."""
         await self.scale_ups.reconcile(now)
+        try:
+            await self.consolidation.reconcile(now)
+        except Exception:
+            log.exception("consolidation round failed; trying again")

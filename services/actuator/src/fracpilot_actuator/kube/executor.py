@@ -230,6 +230,10 @@ class StepExecutor:
             f"{decision.explanation} "
             f"(decision {decision.decision_id}: {step.reason})",
         )
+        return await self.evict_pod(pod)
+
+    async def evict_pod(self, pod: PodInfo) -> StepFailure | None:
+        """:meth:`evict` without its Event (the caller writes its own)."""
         s = self.settings.eviction
         attempts = 0
         unsure = False  # the last eviction may have taken effect: look before sending another

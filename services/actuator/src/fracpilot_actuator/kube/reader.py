@@ -70,6 +70,17 @@ class ClusterReader:
 
         return snap.nodes, snap.pods, mine(snap.replica_sets), mine(snap.jobs)
 
+    async def nodes_and_pods(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Every node (of the node selector) and every pod: from the cache when it is current,
+        else listed (consolidation reads the whole cluster)."""
+        cached = await self._from_cache("")
+        if cached is not None:
+            return cached[0], cached[1]
+        nodes, pods = await asyncio.gather(
+            self.api.list_nodes(self.settings.node_selector), self.api.list_pods()
+        )
+        return nodes, pods
+
     async def observe(self, workload: WorkloadRef, *, fresh: bool = False) -> ClusterView:
         """The cluster and the workload's pods (the workload object is not read here);
         ``fresh``: listed from the API server, never the cache (after a conflict)."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from fracpilot_actuator.guardrails import GuardrailSettings
-from fracpilot_actuator.settings import EvictionSettings, OptInSettings
+from fracpilot_actuator.settings import ConsolidationSettings, EvictionSettings, OptInSettings
 from fracpilot_libs.kai import KaiSettings
 
 
@@ -52,3 +52,6 @@ class KubeBackendSettings:
     cache_fence_timeout_s: float = 2.0
     """How long a decision waits for the cache to catch up with the backend's last write
     before it lists afresh."""
+    consolidation: ConsolidationSettings = field(default_factory=ConsolidationSettings)
+    """Emptying nodes for the autoscaler: off, recommend (the default: shown, nothing moves) or
+    auto, its rate limit and quiet hours (:mod:`.consolidation_round`)."""

@@ -1,0 +1,347 @@
+"""Consolidation on the cluster: the imperative part of :mod:`.consolidation_round`.
+
+Called from :meth:`~fracpilot_actuator.kube.backend.KubernetesBackend.reconcile` (the leader's
+reconcile loop). Every ``interval_s`` (every call while a node is being emptied) it reads the
+cluster (nodes and pods from the inventory cache when it is current, KAI's BindRequests and
+PodGroups, PodDisruptionBudgets, the namespaces' labels), asks the round what to do, and:
+
+- sets the gauges ``fracpilot_consolidation_would_free_gpus`` / ``_nodes`` and logs the
+  plan's summary when it changed (recommend and auto alike);
+- auto: marks the node to empty (the NoSchedule taint ``fracpilot.io/consolidating=true``, the
+  annotation ``fracpilot.io/consolidating-reason`` and an Event on the node), then moves its
+  pods one at a time, make before break: a move is allowed by the guardrails (the disruption
+  budget, a workload in flight) and recorded as a disruption before the eviction, which goes
+  through the Eviction API (PDBs hold: a 429 is retried, then the node is given up), with an
+  Event on the pod saying why; the next move waits until the replacement is bound
+  (:func:`.consolidation_round.move_verdict`, read from the new pod);
+- takes the mark off (with an Event) when the node is empty, or the plan is given up: a refusal
+  of the round, an eviction refused, a replacement not bound within ``move_timeout_s``.
+
+What waits is kept in memory: a new leader finds the marked node by its taint and carries on
+(or takes the mark off), and a move in flight is then simply re-planned.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+from fracpilot_actuator.guardrails import Disruption, GuardState, Subject, check
+from fracpilot_actuator.kube.api import KubeApi
+from fracpilot_actuator.kube.cache import Fence
+from fracpilot_actuator.kube.consolidation_round import (
+    MARK_REASON,
+    MARK_TAINT,
+    ConsolidationView,
+    MoveInFlight,
+    consolidation_round,
+    disruption_budgets,
+    marked_nodes,
+    move_verdict,
+)
+from fracpilot_actuator.kube.executor import COMPONENT, StepExecutor
+from fracpilot_actuator.kube.inventory import build_inventory, owner_parents
+from fracpilot_actuator.kube.namespaces import NamespaceLabels
+from fracpilot_actuator.kube.reader import ClusterReader
+from fracpilot_actuator.kube.settings import KubeBackendSettings
+from fracpilot_actuator.metrics import ConsolidationMetrics
+from fracpilot_actuator.stores.ports import DisruptionHistory
+from fracpilot_libs.owners import top_owner
+from fracpilot_libs.placement.consolidation import ConsolidationStep, StepKind
+
+log = logging.getLogger(__name__)
+
+
+class ConsolidationHost(Protocol):
+    """What consolidation uses of the backend that owns it (the backend imports this module,
+    so naming the backend's class here would be an import circle)."""
+
+    api: KubeApi
+    settings: KubeBackendSettings
+    reader: ClusterReader
+    executor: StepExecutor
+    guards: GuardState
+    history: DisruptionHistory
+    namespaces: NamespaceLabels | None
+    instance: str
+
+
+class Consolidator:
+    """The backend's consolidation: the node being emptied and the move in flight."""
+
+    def __init__(self, backend: ConsolidationHost, metrics: ConsolidationMetrics | None) -> None:
+        self.backend = backend
+        self.metrics = metrics
+        self.move: MoveInFlight | None = None
+        self.moves: list[datetime] = []  # when each move of the last hour started
+        self.last_round: datetime | None = None
+        self.last_summary = ""
+        self.workload = ""  # the moving pod's workload key, in flight for the guardrails
+        self.marked = ""  # the node being emptied, as the last round saw it
+
+    async def reconcile(self, now: datetime) -> None:
+        settings = self.backend.settings.consolidation
+        if settings.mode == "off":
+            return
+        if self.move is not None and not await self._verify(now):
+            return  # make before break: the next move waits for the replacement
+        due = self.last_round is None or now - self.last_round >= timedelta(
+            seconds=settings.interval_s
+        )
+        if not due and not self.marked:
+            return  # a node being emptied goes on at every call; else every interval_s
+        self.last_round = now
+        view = await self._read()
+        marked = marked_nodes(view.nodes)  # a new leader's first round finds the mark here
+        self.marked = marked[0] if marked else ""
+        for extra in marked[1:]:  # one node at a time: any other mark is a leftover
+            await self._unmark(view, extra, "another node is being emptied")
+        self.moves = [t for t in self.moves if now - t < timedelta(hours=1)]
+        chosen = consolidation_round(
+            view,
+            settings,
+            self.backend.settings.opt_in,
+            marked=marked[0] if marked else "",
+            recent_moves=self.moves,
+            now=now,
+        )
+        self._publish(chosen.would_free_gpus, chosen.would_free_nodes, chosen.would.summary())
+        if chosen.unmark:
+            freed = chosen.done
+            if freed and self.metrics is not None:
+                self.metrics.freed_nodes.inc()
+                self.metrics.freed_gpus.inc(
+                    sum(1 for g in view.inventory.state.gpus if g.node == chosen.node)
+                )
+            await self._unmark(view, chosen.node, chosen.unmark, done=freed)
+            return
+        if chosen.held_back or chosen.step is None:
+            if chosen.held_back and chosen.node:
+                log.info(
+                    "consolidation waits",
+                    extra={"node": chosen.node, "reason": chosen.held_back},
+                )
+            return
+        if chosen.mark:
+            if not await self._mark(view, chosen.node, chosen.mark):
+                return
+            self.marked = chosen.node
+        await self._carry_out(view, chosen.node, chosen.step, now)
+
+    # --- reading --------------------------------------------------------------------------
+
+    async def _read(self) -> ConsolidationView:
+        backend = self.backend
+        api, settings = backend.api, backend.settings
+        nodes, pods = await backend.reader.nodes_and_pods()
+        kai = await backend.reader.kai.read()
+        inventory = build_inventory(
+            nodes,
+            pods,
+            cluster=settings.cluster,
+            default_gpu_memory_mib=settings.default_gpu_memory_mib,
+            kai=settings.kai,
+            bound=kai.bound,
+            hami_memory_factor=settings.hami_memory_factor,
+        )
+        pdbs = await api.list_disruption_budgets()
+        namespaces = sorted({p.namespace for p in inventory.pods.values()})
+        labels: dict[str, dict[str, Any]] = {}
+        if backend.namespaces is not None:
+            for namespace in namespaces:
+                labels[namespace] = await backend.namespaces.labels_of(namespace)
+        return ConsolidationView(
+            inventory=inventory,
+            nodes={str((n.get("metadata") or {}).get("name", "")): n for n in nodes},
+            budgets=disruption_budgets(pdbs, inventory.pods.values()),
+            pod_groups=kai.pod_groups,
+            namespace_labels=labels,
+        )
+
+    def _publish(self, gpus: int, nodes: int, summary: str) -> None:
+        if self.metrics is not None:
+            self.metrics.would_free_gpus.set(gpus)
+            self.metrics.would_free_nodes.set(nodes)
+        if summary != self.last_summary:
+            self.last_summary = summary
+            log.info(
+                "consolidation plan",
+                extra={"summary": summary, "would_free_gpus": gpus, "would_free_nodes": nodes},
+            )
+
+    # --- the mark ---------------------------------------------------------------------------
+
+    async def _mark(self, view: ConsolidationView, node: str, reason: str) -> bool:
+        raw = view.nodes[node]
+        meta = raw.get("metadata") or {}
+        taints = list((raw.get("spec") or {}).get("taints") or [])
+        taints.append({"key": MARK_TAINT, "value": "true", "effect": "NoSchedule"})
+        patch = {
+            "metadata": {
+                "annotations": {MARK_REASON: reason},
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "spec": {"taints": taints},
+        }
+        try:
+            version = await self.backend.api.patch_node(node, patch)
+        except Exception as exc:  # tried again next round, on the node as it then is
+            log.warning("node not marked", extra={"node": node, "error": str(exc)[:300]})
+            return False
+        self.backend.reader.fence(Fence("nodes", version))  # the next round sees the mark
+        log.info("consolidating node", extra={"node": node, "reason": reason})
+        await self._node_event(raw, "ConsolidationStarted", reason)
+        return True
+
+    async def _unmark(
+        self, view: ConsolidationView, node: str, why: str, done: bool = False
+    ) -> None:
+        raw = view.nodes.get(node)
+        if raw is None:
+            return
+        meta = raw.get("metadata") or {}
+        taints = [
+            t for t in (raw.get("spec") or {}).get("taints") or () if t.get("key") != MARK_TAINT
+        ]
+        patch = {
+            "metadata": {
+                "annotations": {MARK_REASON: None},
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "spec": {"taints": taints},
+        }
+        try:
+            version = await self.backend.api.patch_node(node, patch)
+        except Exception as exc:  # the next round sees the mark and tries again
+            log.warning("mark not taken off", extra={"node": node, "error": str(exc)[:300]})
+            return
+        self.backend.reader.fence(Fence("nodes", version))
+        if node == self.marked:
+            self.marked = ""
+        if done:
+            text = f"node {node} emptied of GPU pods by consolidation: {why}"
+            log.info("consolidation freed a node", extra={"node": node})
+            await self._node_event(raw, "ConsolidationDone", text)
+        else:
+            text = f"consolidation of node {node} given up: {why}"
+            log.warning("consolidation given up", extra={"node": node, "reason": why})
+            await self._node_event(raw, "ConsolidationAbandoned", text, warning=True)
+
+    async def _node_event(
+        self, raw: dict[str, Any] | Any, reason: str, message: str, warning: bool = False
+    ) -> None:
+        meta = raw.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        suffix = hashlib.sha256(f"{reason}{message}{now}".encode()).hexdigest()[:10]
+        body = {
+            "metadata": {"name": f"{name}.{suffix}"[:253], "namespace": "default"},
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": name, "uid": name},
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": "fracpilot-actuator"},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self.backend.instance,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self.backend.api.create_event("default", body)
+        except Exception as exc:
+            log.warning("could not write an event", extra={"node": name, "error": str(exc)[:300]})
+
+    # --- one step -------------------------------------------------------------------------
+
+    async def _carry_out(
+        self, view: ConsolidationView, node: str, step: ConsolidationStep, now: datetime
+    ) -> None:
+        backend = self.backend
+        inventory = view.inventory
+        pod = inventory.pods[step.pod_key]
+        if step.kind is StepKind.SHRINK:  # shared isolation's room on the target: not live yet
+            await self._unmark(view, node, f"{step.reason}: shrinking in place is not live yet")
+            return
+        replica_sets, _ = await backend.api.list_owners(pod.namespace)
+        parents = owner_parents(replica_sets, "ReplicaSet")
+        kind, name = top_owner(pod.namespace, pod.controller, parents, pod.name)
+        workload = f"{backend.settings.cluster}/{pod.namespace}/{kind}/{name}"
+        siblings = [
+            p
+            for p in inventory.pods.values()
+            if p.namespace == pod.namespace and p.controller == pod.controller
+        ]
+        subject = Subject(
+            workload=workload,
+            namespace=pod.namespace,
+            decided_at=now,
+            last_change=None,
+            replicas=sum(1 for p in siblings if not p.terminating),
+        )
+        settings = backend.settings.guardrails
+        verdict = check(subject, disruptive=True, state=backend.guards, settings=settings, now=now)
+        if not verdict.allowed:
+            log.info(
+                "consolidation move waits for the guardrails",
+                extra={"pod": pod.key, "guard": verdict.guard, "reason": verdict.reason},
+            )
+            return
+        disruption = Disruption(workload, pod.namespace, now)
+        backend.guards = backend.guards.record(disruption, settings.window_s)
+        await backend.history.save(backend.guards.recent)
+        explanation = (
+            f"consolidation moves {pod.key} ({step.fraction:g} GPU) off node {node} so that the "
+            f"autoscaler can remove it: {step.reason}"
+        )
+        await backend.executor.event(pod, "ConsolidationMove", explanation)
+        log.info("consolidation move", extra={"pod": pod.key, "node": node, "reason": step.reason})
+        failure = await backend.executor.evict_pod(pod)
+        if failure is not None:
+            if self.metrics is not None:
+                self.metrics.moves.labels("failed").inc()
+            await self._unmark(view, node, f"the eviction of {pod.key} failed: {failure}")
+            return
+        self.moves.append(now)
+        assert pod.controller is not None  # the round moves only pods a controller recreates
+        self.move = MoveInFlight(
+            step=step,
+            namespace=pod.namespace,
+            controller=pod.controller,
+            known_uids=frozenset(p.uid for p in siblings),
+            started_at=now,
+        )
+        backend.guards = backend.guards.begin(workload)
+        self.workload = workload
+
+    async def _verify(self, now: datetime) -> bool:
+        """Whether the move in flight is over (verified, or given up)."""
+        move = self.move
+        assert move is not None
+        view = await self._read()
+        verdict = move_verdict(
+            move, view.inventory, now, self.backend.settings.consolidation.move_timeout_s
+        )
+        if verdict.state == "waiting":
+            return False
+        self.move = None
+        self.backend.guards = self.backend.guards.end(self.workload)
+        step = move.step
+        if verdict.state == "verified":
+            if self.metrics is not None:
+                self.metrics.moves.labels("verified").inc()
+            log.info(
+                "consolidation move verified",
+                extra={"pod": step.pod_key, "node": verdict.node, "detail": verdict.reason},
+            )
+            new = view.inventory.pods.get(f"{move.namespace}/{verdict.pod}")
+            if new is not None:
+                text = f"replaces {step.pod_key}, moved off node {step.from_node}: {verdict.reason}"
+                await self.backend.executor.event(new, "ConsolidationMoveVerified", text)
+            return True
+        if self.metrics is not None:
+            self.metrics.moves.labels("failed").inc()
+        await self._unmark(view, step.from_node, verdict.reason)
+        return True

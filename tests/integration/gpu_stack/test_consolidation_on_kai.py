@@ -1,0 +1,305 @@
+"""Consolidation on the real stack (issue 27, "Must show"): fracpilot empties a node and the real
+cluster-autoscaler removes it.
+
+Two kwok GPU nodes of cluster-autoscaler's kwok node group ``gpu-h100`` (made here as its kwok
+provider makes them: ``providerID kwok:<name>`` and its node-group annotation, so the provider
+counts them in the group, ``cloudprovider/kwok/kwok_helpers.go`` ``getNGName`` at CA
+1959f5f61f6c, and may delete them, ``kwok_nodegroups.go`` ``DeleteNodes``), each with one pod of
+Deployment ``chat`` (0.25 GPU) under a PDB allowing one disruption. fracpilot (consolidation
+``auto``) marks one node, evicts its pod; KAI binds the replacement on the other node's GPU; the
+mark comes off and cluster-autoscaler (short scale-down times, set here) deletes the empty node.
+The workload keeps a Running pod throughout (polled).
+
+Cluster-autoscaler's flags: a GPU node counts as underutilized by its GPU requests (KAI's
+reservation pod holds one of four GPUs: 0.25), so ``--scale-down-gpu-utilization-threshold=0.1``
+leaves a node with a pod alone and removes an empty one; ``--unremovable-node-recheck-timeout``
+is short because both nodes are unremovable (not underutilized) until fracpilot empties one.
+
+Variants, same set-up: recommend mode, both nodes annotated scale-down-disabled, a PDB allowing
+0: nothing moves and ``fracpilot_consolidation_would_free_gpus`` / ``_nodes`` say what would be
+freed (1 and 1 in recommend mode, 0 and 0 when nothing may go).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from fracpilot_actuator.app import ActuatorService
+from fracpilot_actuator.kube.backend import KubernetesBackend
+from fracpilot_actuator.kube.consolidation_round import MARK_TAINT
+from fracpilot_libs.placement.consolidation import SCALE_DOWN_DISABLED
+from support.fracpilot_on_stack import (
+    actuator_on_stack,
+    in_thread,
+    kai_deployment,
+    pdb,
+    running_pods,
+    wait_running,
+)
+from support.gpu_stack import KWOK_TAINT, GpuStack
+
+pytestmark = pytest.mark.integration
+
+GROUP = "gpu-h100"  # ca-kwok-config.yaml's node group
+GROUP_LABEL = "example.io/nodegroup"  # its fromNodeLabelKey
+NG_ANNOTATION = "cluster-autoscaler.kwok.nodegroup/name"  # kwok_constants.go NGNameAnnotation
+HOLD = {"key": "test.fracpilot.io/hold", "value": "true", "effect": "NoSchedule"}
+AUTOSCALER_FLAGS = (
+    "--scale-down-unneeded-time=5s",
+    "--scale-down-delay-after-add=0s",
+    "--scale-down-delay-after-delete=0s",
+    "--scale-down-delay-after-failure=5s",
+    "--scale-down-utilization-threshold=0.1",
+    "--scale-down-gpu-utilization-threshold=0.1",
+    "--unremovable-node-recheck-timeout=5s",
+    "--node-delete-delay-after-taint=0s",
+)
+
+
+def group_node(name: str, annotations: dict[str, str]) -> dict[str, Any]:
+    """A 4-GPU H100 kwok node of node group gpu-h100, as CA's kwok provider makes one."""
+    labels = {
+        "type": "kwok",
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "nvidia.com/gpu.present": "true",
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+        "nvidia.com/gpu.memory": "81559",
+        "nvidia.com/gpu.count": "4",
+        GROUP_LABEL: GROUP,
+    }
+    resources = {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "4"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {
+                "kwok.x-k8s.io/node": "fake",
+                "node.alpha.kubernetes.io/ttl": "0",
+                NG_ANNOTATION: GROUP,
+                **annotations,
+            },
+            "labels": labels,
+        },
+        "spec": {"providerID": f"kwok:{name}", "taints": [KWOK_TAINT]},
+        "status": {"allocatable": resources, "capacity": resources},
+    }
+
+
+def group_nodes(stack: GpuStack) -> list[str]:
+    nodes = stack.items("Node", selector=f"{GROUP_LABEL}={GROUP}")
+    return sorted(n["metadata"]["name"] for n in nodes)
+
+
+@contextlib.contextmanager
+def two_nodes(stack: GpuStack, tag: str, annotations: dict[str, str]) -> Iterator[list[str]]:
+    names = [f"{GROUP}-{tag}-a", f"{GROUP}-{tag}-b"]
+    try:
+        yield names
+    finally:
+        for name in names:
+            with contextlib.suppress(client.ApiException):
+                client.CoreV1Api(stack.api).delete_node(name)
+
+
+def set_taints(stack: GpuStack, node: str, taints: list[dict[str, str]]) -> None:
+    client.CoreV1Api(stack.api).patch_node(node, {"spec": {"taints": taints}})
+
+
+def one_pod_on_each(
+    stack: GpuStack, ns: str, names: list[str], annotations: dict[str, str], unavailable: int
+) -> list[dict[str, Any]]:
+    """Deployment chat's two pods, one on each node (KAI would binpack them onto one GPU: the
+    first node is held back by a taint while the second pod is placed)."""
+    a, b = names
+    stack.create(group_node(a, annotations))
+    stack.wait_node_ready(a)
+    stack.create(kai_deployment("chat", "0.25"), ns)
+    stack.create(pdb("chat", unavailable), ns)
+    wait_running(stack, ns, "chat")
+    stack.create(group_node(b, annotations))
+    stack.wait_node_ready(b)
+    set_taints(stack, a, [KWOK_TAINT, HOLD])
+    client.AppsV1Api(stack.api).patch_namespaced_deployment_scale(
+        "chat", ns, {"spec": {"replicas": 2}}
+    )
+    pods = wait_running(stack, ns, "chat", count=2)
+    set_taints(stack, a, [KWOK_TAINT])
+    assert sorted(p["spec"]["nodeName"] for p in pods) == names
+
+    def budget_known() -> bool | None:
+        status = stack.get("PodDisruptionBudget", "chat", ns, "policy/v1").get("status") or {}
+        return True if status.get("disruptionsAllowed") == unavailable else None
+
+    stack.wait(budget_known, f"PDB chat allowing {unavailable}", 60)
+    return pods
+
+
+@contextlib.asynccontextmanager
+async def autoscaling(stack: GpuStack) -> AsyncIterator[None]:
+    await in_thread(stack.start_autoscaler, AUTOSCALER_FLAGS)
+    try:
+        yield
+    finally:
+        await in_thread(stack.stop_autoscaler)
+
+
+class ReadyWatch:
+    """The fewest Running pods of chat seen, polled until stopped."""
+
+    def __init__(self, stack: GpuStack, ns: str) -> None:
+        self.stack, self.ns = stack, ns
+        self.fewest = 99
+        self.polls = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _poll(self) -> None:
+        while True:
+            count = len(await in_thread(running_pods, self.stack, self.ns, "chat"))
+            self.fewest = min(self.fewest, count)
+            self.polls += 1
+            await asyncio.sleep(0.2)
+
+    def __enter__(self) -> ReadyWatch:
+        self._task = asyncio.get_running_loop().create_task(self._poll())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+
+
+def backend_of(service: ActuatorService) -> KubernetesBackend:
+    assert service.handler is not None
+    backend = service.handler.backend
+    assert isinstance(backend, KubernetesBackend)
+    return backend
+
+
+def sample(service: ActuatorService, name: str, **labels: str) -> float:
+    value = service.runtime.registry.get_sample_value(name, labels)
+    return -1.0 if value is None else value
+
+
+def events(
+    stack: GpuStack, namespace: str, reason: str, about: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """Events of ``reason`` in the namespace (``about``: only those on these objects)."""
+    return [
+        e
+        for e in stack.items("Event", namespace)
+        if e.get("reason") == reason and (about is None or e["involvedObject"]["name"] in about)
+    ]
+
+
+def consolidation(mode: str) -> dict[str, Any]:
+    return {"mode": mode, "interval_s": 1, "move_timeout_s": 120, "max_moves_per_hour": 4}
+
+
+@pytest.mark.timeout(420)
+async def test_fracpilot_empties_a_node_and_the_autoscaler_removes_it(
+    gpu_stack: GpuStack, gpu_namespace: str, nats_url: str, tmp_path: Path
+) -> None:
+    stack, ns = gpu_stack, gpu_namespace
+    with two_nodes(stack, "move", {}) as names:
+        before = await in_thread(one_pod_on_each, stack, ns, names, {}, 1)
+        old = {p["metadata"]["uid"]: p["spec"]["nodeName"] for p in before}
+        assert await in_thread(group_nodes, stack) == names
+        async with (
+            autoscaling(stack),
+            actuator_on_stack(
+                stack, nats_url, ns, tmp_path, consolidation=consolidation("auto")
+            ) as service,
+        ):
+            started = time.monotonic()
+            with ReadyWatch(stack, ns) as ready:
+                [left] = await in_thread(
+                    stack.wait,
+                    lambda: nodes if len(nodes := group_nodes(stack)) == 1 else None,
+                    "cluster-autoscaler to delete the node fracpilot emptied",
+                    240,
+                )
+            took = time.monotonic() - started
+            print(f"\nconsolidation: actuator up -> node removed in {took:.1f} s")
+            assert ready.polls > 10
+            assert ready.fewest >= 1  # never zero Running pods
+            [emptied] = [n for n in names if n != left]
+            pods = await in_thread(running_pods, stack, ns, "chat")
+            assert [p["spec"]["nodeName"] for p in pods] == [left, left]
+            moved = [uid for uid, node in old.items() if node == emptied]
+            assert all(p["metadata"]["uid"] not in moved for p in pods)
+            # Verified from the replacement, where the planner predicted KAI would put it.
+            [verified] = await in_thread(events, stack, ns, "ConsolidationMoveVerified")
+            assert f"bound on {left} (as predicted)" in verified["message"]
+            assert verified["involvedObject"]["name"] in {p["metadata"]["name"] for p in pods}
+            [move] = await in_thread(events, stack, ns, "ConsolidationMove")
+            assert "autoscaler can remove it" in move["message"]
+            node_events = await in_thread(events, stack, "default", "ConsolidationStarted", names)
+            assert [e["involvedObject"]["name"] for e in node_events] == [emptied]
+            done = await in_thread(events, stack, "default", "ConsolidationDone", names)
+            assert [e["involvedObject"]["name"] for e in done] == [emptied]
+            assert sample(service, "fracpilot_consolidation_moves_total", result="verified") == 1
+            assert sample(service, "fracpilot_consolidation_moves_total", result="failed") == 0
+            assert sample(service, "fracpilot_consolidation_freed_nodes_total") == 1
+            assert sample(service, "fracpilot_consolidation_freed_gpus_total") == 4
+            taints = (await in_thread(stack.get, "Node", left))["spec"].get("taints") or []
+            assert MARK_TAINT not in {t["key"] for t in taints}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("variant", "would_free"),
+    [("recommend", (1, 1)), ("scale_down_disabled", (0, 0)), ("pdb_allows_0", (0, 0))],
+)
+async def test_nothing_moves_when_it_may_not_and_the_would_free_gauges_say_so(
+    gpu_stack: GpuStack,
+    gpu_namespace: str,
+    nats_url: str,
+    tmp_path: Path,
+    variant: str,
+    would_free: tuple[int, int],
+) -> None:
+    stack, ns = gpu_stack, gpu_namespace
+    notes = {SCALE_DOWN_DISABLED: "true"} if variant == "scale_down_disabled" else {}
+    unavailable = 0 if variant == "pdb_allows_0" else 1
+    mode = "recommend" if variant == "recommend" else "auto"
+    with two_nodes(stack, variant.replace("_", "-"), notes) as names:
+        before = await in_thread(one_pod_on_each, stack, ns, names, notes, unavailable)
+        uids = sorted(p["metadata"]["uid"] for p in before)
+        async with (
+            autoscaling(stack),
+            actuator_on_stack(
+                stack, nats_url, ns, tmp_path, consolidation=consolidation(mode)
+            ) as service,
+        ):
+            backend = backend_of(service)
+            await in_thread(
+                stack.wait,
+                lambda: backend.consolidation.last_round,
+                "a consolidation round",
+                60,
+            )
+            await asyncio.sleep(15)  # rounds every second; CA scans every 5 s
+            gauges = (
+                sample(service, "fracpilot_consolidation_would_free_gpus"),
+                sample(service, "fracpilot_consolidation_would_free_nodes"),
+            )
+            assert gauges == would_free
+            after = await in_thread(running_pods, stack, ns, "chat")
+            assert sorted(p["metadata"]["uid"] for p in after) == uids
+            assert await in_thread(group_nodes, stack) == names
+            for name in names:
+                taints = (await in_thread(stack.get, "Node", name))["spec"].get("taints") or []
+                assert MARK_TAINT not in {t["key"] for t in taints}
+            assert await in_thread(events, stack, ns, "ConsolidationMove") == []
+            assert sample(service, "fracpilot_consolidation_moves_total", result="verified") == 0

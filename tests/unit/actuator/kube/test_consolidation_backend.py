@@ -1,0 +1,213 @@
+"""Consolidation's imperative part in the backend's reconcile, on a recording API (no server):
+the mark, the eviction, make before break, and the mark taken off when done or given up.
+
+(The real thing, with KAI and cluster-autoscaler: tests/integration/gpu_stack/
+test_consolidation_on_kai.py.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from datetime import timedelta
+from typing import Any, cast
+
+from prometheus_client import CollectorRegistry
+
+from fracpilot_actuator.actuation import Actuation
+from fracpilot_actuator.guardrails import GuardrailSettings
+from fracpilot_actuator.kube.api import KubeApi
+from fracpilot_actuator.kube.backend import KubernetesBackend
+from fracpilot_actuator.kube.consolidation_round import MARK_REASON, MARK_TAINT
+from fracpilot_actuator.kube.errors import TransientKubeError
+from fracpilot_actuator.kube.settings import KubeBackendSettings
+from fracpilot_actuator.metrics import ConsolidationMetrics
+from fracpilot_actuator.settings import ConsolidationSettings, EvictionSettings
+from fracpilot_actuator.stores.memory import MemoryTargetStore
+from fracpilot_libs.contracts import FractionDecision
+from support.kube_objects import node, pod, reservation
+from support.recording_kube import AUTO, NOW, RecordingApi
+
+UUID_A, UUID_B = "GPU-a", "GPU-b"
+
+
+def chat(name: str, node_name: str, group: str) -> dict[str, Any]:
+    return pod(
+        name,
+        node_name=node_name,
+        annotations={"gpu-fraction": "0.25"},
+        labels={"runai-gpu-group": group, "app": "chat"},
+        owner=("ReplicaSet", "chat-rs"),
+    )
+
+
+class ClusterApi(RecordingApi):
+    """RecordingApi with the calls consolidation adds: PDBs, and node patches applied."""
+
+    def __init__(self, allowed: int = 1) -> None:
+        super().__init__(
+            [node("n1"), node("n2")],
+            [
+                reservation("g1", UUID_A, "n1"),
+                reservation("g2", UUID_B, "n2"),
+                chat("chat-0", "n1", "g1"),
+                chat("chat-1", "n2", "g2"),
+            ],
+        )
+        self.pdbs = [
+            {
+                "metadata": {"name": "chat", "namespace": "inference"},
+                "spec": {"selector": {"matchLabels": {"app": "chat"}}},
+                "status": {"disruptionsAllowed": allowed},
+            }
+        ]
+        self.node_events: list[str] = []
+        self.node_lists = 0
+
+    async def list_nodes(self, label_selector: str | None = None) -> list[dict[str, Any]]:
+        self.node_lists += 1
+        return copy.deepcopy(self.nodes)
+
+    async def list_disruption_budgets(self) -> list[dict[str, Any]]:
+        return self.pdbs
+
+    async def patch_node(self, name: str, patch: dict[str, Any]) -> int | None:
+        self.writes.append(("patch_node", name))
+        [stored] = [n for n in self.nodes if n["metadata"]["name"] == name]
+        notes = stored["metadata"].setdefault("annotations", {})
+        for key, value in patch["metadata"]["annotations"].items():
+            if value is None:
+                notes.pop(key, None)
+            else:
+                notes[key] = value
+        stored.setdefault("spec", {})["taints"] = patch["spec"]["taints"]
+        return None
+
+    async def create_event(self, namespace: str, body: dict[str, Any]) -> None:
+        await super().create_event(namespace, body)
+        if body["involvedObject"]["kind"] == "Node":
+            self.node_events.append(f"{body['reason']}: {body['message']}")
+
+    def taints(self, name: str) -> list[str]:
+        [stored] = [n for n in self.nodes if n["metadata"]["name"] == name]
+        return [t["key"] for t in (stored.get("spec") or {}).get("taints") or ()]
+
+
+def backend_on(
+    api: ClusterApi, mode: str = "auto", **limits: Any
+) -> tuple[KubernetesBackend, CollectorRegistry]:
+    async def report(_decision: FractionDecision, _actuation: Actuation) -> None:
+        return None
+
+    registry = CollectorRegistry()
+    settings = KubeBackendSettings(
+        cluster="test",
+        inventory_cache=False,
+        opt_in=AUTO,
+        eviction=EvictionSettings(attempts=1, backoff_s=0.01, backoff_max_s=0.01),
+        guardrails=GuardrailSettings(),
+        consolidation=ConsolidationSettings(
+            mode=mode,  # type: ignore[arg-type]
+            interval_s=1,
+            move_timeout_s=60,
+            **limits,
+        ),
+    )
+    backend = KubernetesBackend(
+        cast(KubeApi, api),
+        MemoryTargetStore(),
+        settings,
+        report,
+        instance="unit",
+        consolidation_metrics=ConsolidationMetrics(registry),
+    )
+    return backend, registry
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
+    return registry.get_sample_value(name, labels)
+
+
+def test_recommend_mode_publishes_what_it_would_free_and_writes_nothing() -> None:
+    api = ClusterApi()
+    backend, registry = backend_on(api, mode="recommend")
+    asyncio.run(backend.reconcile(NOW))
+    assert value(registry, "fracpilot_consolidation_would_free_gpus") == 1
+    assert value(registry, "fracpilot_consolidation_would_free_nodes") == 1
+    assert api.writes == []
+    asyncio.run(backend.reconcile(NOW + timedelta(seconds=0.5)))  # within interval_s
+    assert api.node_lists == 1  # no node being emptied: the cluster is read once an interval
+    asyncio.run(backend.reconcile(NOW + timedelta(seconds=1)))
+    assert api.node_lists == 2
+
+
+def test_a_node_is_marked_its_pod_moved_make_before_break_then_the_mark_comes_off() -> None:
+    api = ClusterApi()
+    backend, registry = backend_on(api)
+    asyncio.run(backend.reconcile(NOW))
+    assert api.taints("n1") == [MARK_TAINT]
+    assert "autoscaler can remove it" in api.nodes[0]["metadata"]["annotations"][MARK_REASON]
+    assert api.writes == [
+        ("patch_node", "n1"),
+        ("event:ConsolidationStarted", "n1"),
+        ("event:ConsolidationMove", "chat-0"),
+        ("evict", "chat-0"),
+    ]
+    assert backend.guards.in_flight  # the workload is busy until the replacement is bound
+    # no replacement yet: nothing else happens (the next move would wait for it)
+    asyncio.run(backend.reconcile(NOW + timedelta(seconds=5)))
+    assert len(api.writes) == 4
+    lists = api.node_lists
+    asyncio.run(
+        backend.reconcile(NOW + timedelta(seconds=5.1))
+    )  # a move in flight: checked at every call
+    assert api.node_lists == lists + 1
+    api.pods.append(chat("chat-2", "n2", "g2"))  # the ReplicaSet's new pod, bound by KAI
+    asyncio.run(backend.reconcile(NOW + timedelta(seconds=10)))
+    assert api.writes[4:] == [
+        ("event:ConsolidationMoveVerified", "chat-2"),
+        ("patch_node", "n1"),
+        ("event:ConsolidationDone", "n1"),
+    ]
+    assert api.taints("n1") == []
+    assert MARK_REASON not in api.nodes[0]["metadata"]["annotations"]
+    assert value(registry, "fracpilot_consolidation_moves_total", result="verified") == 1
+    assert value(registry, "fracpilot_consolidation_freed_nodes_total") == 1
+    assert value(registry, "fracpilot_consolidation_freed_gpus_total") == 2
+    assert not backend.guards.in_flight
+    assert len(backend.guards.recent) == 1  # the move counted in the disruption budget
+
+
+def test_a_refused_eviction_gives_the_node_up_and_takes_the_mark_off() -> None:
+    api = ClusterApi()
+    api.refuse_evictions = True
+    api.refusal = TransientKubeError("(429)", status=429, message="disruption budget")
+    backend, registry = backend_on(api)
+    asyncio.run(backend.reconcile(NOW))
+    assert ("evict", "chat-0") in api.writes
+    assert api.taints("n1") == []
+    assert api.node_events[-1].startswith("ConsolidationAbandoned: ")
+    assert "eviction of inference/chat-0 refused" in api.node_events[-1]
+    assert value(registry, "fracpilot_consolidation_moves_total", result="failed") == 1
+
+
+def test_a_replacement_not_bound_in_time_gives_the_node_up() -> None:
+    api = ClusterApi()
+    backend, registry = backend_on(api)
+    asyncio.run(backend.reconcile(NOW))
+    asyncio.run(backend.reconcile(NOW + timedelta(seconds=61)))
+    assert api.taints("n1") == []
+    assert "no replacement of inference/chat-0 bound within 60 s" in api.node_events[-1]
+    assert value(registry, "fracpilot_consolidation_moves_total", result="failed") == 1
+    assert not backend.guards.in_flight
+
+
+def test_the_disruption_budget_holds_a_move_back() -> None:
+    api = ClusterApi()
+    backend, _ = backend_on(api)
+    backend.settings = KubeBackendSettings(
+        **{**backend.settings.__dict__, "guardrails": GuardrailSettings(max_disruptions=0)}
+    )
+    asyncio.run(backend.reconcile(NOW))
+    assert ("evict", "chat-0") not in api.writes
+    assert api.taints("n1") == [MARK_TAINT]  # marked; the move waits for the budget

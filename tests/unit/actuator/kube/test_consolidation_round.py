@@ -1,0 +1,257 @@
+"""One consolidation round (pure): the opt-in rule, the modes, the limits, the mark, PDBs, the
+autoscaler's opt-outs, and the verdict on a moved pod's replacement.
+
+The cluster: nodes n1 and n2 (2 GPUs each), Deployment chat's two pods (ReplicaSet chat-rs) at
+0.25 GPU, chat-0 on n1's GPU A and chat-1 on n2's GPU B, a PDB allowing one disruption.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from fracpilot_actuator.kube.consolidation_round import (
+    MARK_TAINT,
+    ConsolidationView,
+    MoveInFlight,
+    consolidation_round,
+    disruption_budgets,
+    move_verdict,
+)
+from fracpilot_actuator.kube.inventory import Inventory, build_inventory
+from fracpilot_actuator.settings import ConsolidationSettings, OptInSettings
+from fracpilot_libs.placement.consolidation import SCALE_DOWN_DISABLED, StepKind
+from support.kube_objects import T0, node, pod, reservation
+
+UUID_A, UUID_B = "GPU-a", "GPU-b"
+AUTO_NS = {"inference": {"fracpilot.io/mode": "auto"}}
+OPT_IN = OptInSettings()  # recommend unless labelled
+AUTO = ConsolidationSettings(mode="auto")
+NOW = T0 + timedelta(hours=1)
+
+
+def chat(name: str, node_name: str, group: str, **labels: str) -> dict[str, Any]:
+    return pod(
+        name,
+        node_name=node_name,
+        annotations={"gpu-fraction": "0.25"},
+        labels={"runai-gpu-group": group, "app": "chat", **labels},
+        owner=("ReplicaSet", "chat-rs"),
+    )
+
+
+def pdb(allowed: int | None, selector: dict[str, Any] | None = None) -> dict[str, Any]:
+    status = {} if allowed is None else {"disruptionsAllowed": allowed}
+    return {
+        "metadata": {"name": "chat", "namespace": "inference"},
+        "spec": {"selector": {"matchLabels": {"app": "chat"}} if selector is None else selector},
+        "status": status,
+    }
+
+
+def cluster(
+    *,
+    pods: list[dict[str, Any]] | None = None,
+    node_notes: dict[str, str] | None = None,
+    marked: str = "",
+) -> tuple[Inventory, dict[str, dict[str, Any]]]:
+    nodes = {n: node(n, gpus=2) for n in ("n1", "n2")}
+    for name, raw in nodes.items():
+        raw["metadata"]["annotations"] = dict(node_notes or {})
+        if name == marked:
+            raw["spec"] = {"taints": [{"key": MARK_TAINT, "value": "true", "effect": "NoSchedule"}]}
+    if pods is None:
+        pods = [chat("chat-0", "n1", "g1"), chat("chat-1", "n2", "g2")]
+    objects = [reservation("g1", UUID_A, "n1"), reservation("g2", UUID_B, "n2"), *pods]
+    inventory = build_inventory(
+        list(nodes.values()), objects, cluster="test", default_gpu_memory_mib=81920
+    )
+    return inventory, nodes
+
+
+def view(
+    *,
+    allowed: int | None = 1,
+    labels: dict[str, dict[str, str]] | None = None,
+    **kw: Any,
+) -> ConsolidationView:
+    inventory, nodes = cluster(**kw)
+    return ConsolidationView(
+        inventory=inventory,
+        nodes=nodes,
+        budgets=disruption_budgets([pdb(allowed)], inventory.pods.values()),
+        namespace_labels=AUTO_NS if labels is None else labels,
+    )
+
+
+def round_of(
+    v: ConsolidationView,
+    settings: ConsolidationSettings = AUTO,
+    marked: str = "",
+    recent: tuple[Any, ...] = (),
+) -> Any:
+    return consolidation_round(v, settings, OPT_IN, marked=marked, recent_moves=recent, now=NOW)
+
+
+def test_recommend_mode_moves_nothing_and_says_what_it_would_free() -> None:
+    done = round_of(view(), ConsolidationSettings(mode="recommend"))
+    assert (done.would_free_gpus, done.would_free_nodes) == (1, 1)
+    assert (done.step, done.mark, done.held_back) == (None, "", "recommend mode")
+
+
+def test_auto_marks_the_cheapest_node_and_moves_its_pod_where_kai_would_put_it() -> None:
+    done = round_of(view())
+    assert done.node == "n1"
+    assert "autoscaler can remove it" in done.mark
+    assert done.step is not None
+    assert done.step.kind is StepKind.MOVE
+    assert (done.step.pod_key, done.step.to_gpu, done.step.to_node) == (
+        "inference/chat-0",
+        UUID_B,
+        "n2",
+    )
+
+
+def test_pods_not_opted_in_stay_in_auto_mode_but_count_in_what_would_be_freed() -> None:
+    done = round_of(view(labels={}))
+    assert (done.step, done.would_free_nodes) == (None, 1)
+    assert "inference/chat-0 stays: not opted in" in done.held_back
+
+
+def test_an_opted_out_pod_is_not_counted_as_movable_at_all() -> None:
+    pods = [
+        chat("chat-0", "n1", "g1", **{"fracpilot.io/opt-out": "true"}),
+        chat("chat-1", "n2", "g2", **{"fracpilot.io/opt-out": "true"}),
+    ]
+    done = round_of(view(pods=pods))
+    assert (done.step, done.would_free_nodes, done.would_free_gpus) == (None, 0, 0)
+
+
+def test_scale_down_disabled_nodes_are_never_emptied() -> None:
+    done = round_of(view(node_notes={SCALE_DOWN_DISABLED: "true"}))
+    assert (done.step, done.would_free_nodes, done.would_free_gpus) == (None, 0, 0)
+    assert SCALE_DOWN_DISABLED in done.held_back
+
+
+def test_a_pdb_allowing_no_disruption_moves_nothing() -> None:
+    for allowed in (0, None):  # None: the disruption controller wrote no status yet
+        done = round_of(view(allowed=allowed))
+        assert (done.step, done.would_free_nodes) == (None, 0)
+        assert "PodDisruptionBudget inference/chat allows 0" in done.held_back
+
+
+def test_the_rate_limit_holds_a_node_back_until_its_moves_fit() -> None:
+    recent = tuple(NOW - timedelta(minutes=m) for m in (5, 10, 20, 50))
+    done = round_of(view(), recent=recent)
+    assert done.step is None
+    assert done.held_back.startswith("rate limit")
+    old = tuple(NOW - timedelta(minutes=61 + m) for m in range(4))  # out of the hour
+    assert round_of(view(), recent=old).step is not None
+
+
+def test_no_node_is_started_in_quiet_hours_and_a_marked_one_is_given_up() -> None:
+    quiet = ConsolidationSettings(mode="auto", quiet_hours=f"{NOW.hour}-{NOW.hour + 1}")
+    assert round_of(view(), quiet).held_back == "quiet hours"
+    given_up = round_of(view(marked="n1"), quiet, marked="n1")
+    assert (given_up.unmark, given_up.done) == ("quiet hours began", False)
+
+
+def test_a_marked_node_goes_on_then_its_mark_comes_off_once_it_is_empty() -> None:
+    going = round_of(view(marked="n1"), marked="n1")
+    assert going.step is not None
+    assert going.step.pod_key == "inference/chat-0"
+    assert going.mark == ""  # marked already
+    moved = [chat("chat-1", "n2", "g2"), chat("chat-2", "n2", "g2")]
+    empty = round_of(view(pods=moved, marked="n1"), marked="n1")
+    assert (empty.unmark, empty.done) == ("node n1 holds no GPU pod any more", True)
+
+
+def test_a_marked_node_whose_pods_cannot_all_go_any_more_is_given_up() -> None:
+    pods = [
+        chat("chat-0", "n1", "g1", **{"fracpilot.io/opt-out": "true"}),
+        chat("chat-1", "n2", "g2"),
+    ]
+    done = round_of(view(pods=pods, marked="n1"), marked="n1")
+    assert done.done is False
+    assert "inference/chat-0 stays: opted out" in done.unmark
+
+
+def test_a_marked_node_waits_while_an_evicted_pod_terminates() -> None:
+    pods = [
+        pod(
+            "chat-0",
+            node_name="n1",
+            annotations={"gpu-fraction": "0.25"},
+            labels={"runai-gpu-group": "g1", "app": "chat"},
+            owner=("ReplicaSet", "chat-rs"),
+            terminating=True,
+        ),
+        chat("chat-1", "n2", "g2"),
+    ]
+    done = round_of(view(pods=pods, marked="n1"), marked="n1")
+    assert (done.step, done.unmark, done.held_back) == (None, "", "inference/chat-0 terminating")
+
+
+def test_pdbs_select_pods_of_their_namespace_and_a_null_selector_none() -> None:
+    inventory, _ = cluster()
+    pods = inventory.pods.values()
+    [one] = disruption_budgets([pdb(1)], pods)
+    assert (one.name, one.allowed, one.pods) == (
+        "inference/chat",
+        1,
+        frozenset({"inference/chat-0", "inference/chat-1"}),
+    )
+    [every] = disruption_budgets([pdb(2, selector={})], pods)
+    assert every.pods == one.pods
+    expression = {"matchExpressions": [{"key": "app", "operator": "In", "values": ["x"]}]}
+    assert disruption_budgets([pdb(2, selector=expression)], pods)[0].pods == frozenset()
+    null = pdb(2)
+    null["spec"]["selector"] = None
+    assert disruption_budgets([null], pods)[0].pods == frozenset()
+
+
+def test_a_move_is_verified_by_its_bound_replacement_as_read_from_the_new_pod() -> None:
+    step = round_of(view()).step
+    assert step is not None
+    inventory, _ = cluster(pods=[chat("chat-1", "n2", "g2")])
+    move = MoveInFlight(
+        step=step,
+        namespace="inference",
+        controller=("ReplicaSet", "chat-rs"),
+        known_uids=frozenset({"uid-chat-0", "uid-chat-1"}),
+        started_at=NOW,
+    )
+    assert move_verdict(move, inventory, NOW, 60).state == "waiting"
+    assert move_verdict(move, inventory, NOW + timedelta(seconds=61), 60).state == "timed_out"
+    landed, _ = cluster(pods=[chat("chat-1", "n2", "g2"), chat("chat-2", "n2", "g2")])
+    verdict = move_verdict(move, landed, NOW, 60)
+    assert (verdict.state, verdict.pod, verdict.node, verdict.gpu, verdict.fraction) == (
+        "verified",
+        "chat-2",
+        "n2",
+        UUID_B,
+        0.25,
+    )
+    assert "as predicted" in verdict.reason
+
+
+@pytest.mark.parametrize(
+    ("hours", "quiet", "busy"),
+    [
+        ("22-6", [22, 23, 0, 5], [6, 12, 21]),
+        ("0-6,20-24", [0, 5, 20, 23], [6, 19]),
+        ("0-24", [0, 12, 23], []),
+        ("", [], [0, 12]),
+    ],
+)
+def test_quiet_hours(hours: str, quiet: list[int], busy: list[int]) -> None:
+    settings = ConsolidationSettings(quiet_hours=hours)
+    assert [settings.quiet_at(h) for h in quiet] == [True] * len(quiet)
+    assert [settings.quiet_at(h) for h in busy] == [False] * len(busy)
+
+
+def test_quiet_hours_that_are_not_hours_are_refused() -> None:
+    with pytest.raises(ValueError, match="quiet hours"):
+        ConsolidationSettings(quiet_hours="22-25")
