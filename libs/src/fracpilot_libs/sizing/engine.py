@@ -31,6 +31,7 @@ from fracpilot_libs.sizing.explanations import numbers as _numbers
 from fracpilot_libs.sizing.grids import Grid, downsize_band, grid_of
 from fracpilot_libs.sizing.headroom import observe_headroom
 from fracpilot_libs.sizing.histogram import bucket_of, histogram_percentile, soft_compute_level
+from fracpilot_libs.sizing.kv_memory import needed_memory_share
 from fracpilot_libs.sizing.need import Need
 from fracpilot_libs.sizing.state import BUCKETS, MEMORY_SLOTS, WorkloadState, evolve
 
@@ -108,7 +109,7 @@ def observe(
     # keeps its meaning; a late sample folds into the newest slot, so the history stays
     # bounded whatever order samples arrive in.
     slot_len = policy.memory_window_s / MEMORY_SLOTS
-    share = sample.memory_share
+    share = needed_memory_share(sample)  # a preallocating LLM server: fixed + used KV
     slots = state.memory_slots
     n = len(slots)
     if n and now < slots[n - 2] + slot_len:
