@@ -85,6 +85,13 @@ class AppSignals(WireModel):
     waiting_requests: Annotated[int, Field(ge=0)] | None = None
     oom_event: bool = False
     contention_event: bool = False
+    # A server that preallocates its KV cache (vLLM, SGLang, TGI) and the pool's size in bytes
+    # when its metrics say it: the engine then sizes memory from the KV cache actually used
+    # (sizing/kv_memory.py). Both absent on older publishers.
+    llm_server: Literal["vllm", "sglang", "tgi"] | None = None
+    kv_pool_bytes: Bytes | None = Field(
+        default=None, description="the server's KV-cache pool on this GPU, bytes, when known"
+    )
 
 
 class UsageSample(WireModel):

@@ -16,6 +16,7 @@ from fracpilot_libs.analysis.accounting import Metrics, WorkloadAccount, sample_
 from fracpilot_libs.analysis.baselines import Sizer
 from fracpilot_libs.analysis.trace import TracePoint
 from fracpilot_libs.pricing import GpuPrices
+from fracpilot_libs.sizing.kv_memory import needed_memory_share
 
 
 @dataclass
@@ -60,9 +61,12 @@ def replay_workload(
     timeline: list[tuple[float, float, float, float]] = []
     for point, at, dt in zip(series, times, sample_intervals(times), strict=True):
         s = point.sample
-        m.record(alloc, s.compute, s.memory_share, dt)
+        # What the pod needs: a preallocating LLM server's fixed part + used KV, not its flat
+        # preallocation (sizing/kv_memory.py); the memory in use for every other pod.
+        memory = needed_memory_share(s)
+        m.record(alloc, s.compute, memory, dt)
         if keep_timeline:
-            timeline.append((at, s.compute, s.memory_share, alloc))
+            timeline.append((at, s.compute, memory, alloc))
         state, new = sizer.step(state, s.model_copy(update={"allocated_fraction": alloc}))
         if new is not None and not math.isclose(new, alloc):
             alloc = new

@@ -5,7 +5,10 @@ gpu_mem_used_bytes,gpu_mem_total_bytes`` and optional ``requested_fraction`` (th
 fraction; default 1.0; a static baseline holds its own fraction from the start) and
 ``gpu_model`` (prices the GPU-hours; the caller's default model otherwise), and the application
 signals ``waiting_requests`` and ``kv_cache_usage`` (vLLM's queue and KV-cache use, 0..1: the
-engine sizes compute by them as it does in the service), and ``isolation`` (``shared`` or
+engine sizes compute by them as it does in the service), ``kv_pool_bytes`` and ``llm_server``
+(a server that preallocates its KV cache, ``vllm``, ``sglang`` or ``tgi``, and its KV pool in
+bytes: with ``kv_cache_usage`` the engine sizes its memory from the fixed part plus the KV cache
+used, :mod:`fracpilot_libs.sizing.kv_memory`), and ``isolation`` (``shared`` or
 ``enforced``: how the pod's GPU holds it to its memory, for ``replay --pack``; empty: the mode
 given on the command line). Rows are read as
 validated samples, grouped by workload in time order (:mod:`fracpilot_libs.analysis.replay`
@@ -78,7 +81,9 @@ _CONVERSIONS: tuple[tuple[str, Callable[[str], object], str], ...] = (
     ("requested_fraction", float, "a number"),
     ("waiting_requests", int, "a whole number"),
     ("kv_cache_usage", float, "a number"),
+    ("kv_pool_bytes", int, "a whole number of bytes"),
 )
+_SIGNAL_COLUMNS = frozenset({"waiting_requests", "kv_cache_usage", "kv_pool_bytes", "llm_server"})
 
 
 def _which_field(row: dict[str | Any, str | Any], exc: ValueError) -> str:
@@ -97,11 +102,14 @@ def _which_field(row: dict[str | Any, str | Any], exc: ValueError) -> str:
 def _signals(row: dict[str | Any, str | Any]) -> AppSignals | None:
     """The row's application signals (empty cells: not reported)."""
     waiting, kv = row.get("waiting_requests"), row.get("kv_cache_usage")
-    if not waiting and not kv:
+    pool, server = row.get("kv_pool_bytes"), row.get("llm_server")
+    if not waiting and not kv and not pool and not server:
         return None
     return AppSignals(
         waiting_requests=int(waiting) if waiting else None,
         kv_cache_usage=float(kv) if kv else None,
+        kv_pool_bytes=int(pool) if pool else None,
+        llm_server=server or None,
     )
 
 
@@ -125,7 +133,7 @@ def read_trace(path: Path, cluster: str = "replay", gpu_model: str = "") -> Iter
             raise TraceError(f"{path}: missing column(s) {', '.join(missing)}")
         has_requested = "requested_fraction" in (reader.fieldnames or [])
         has_model = "gpu_model" in (reader.fieldnames or [])
-        has_signals = bool({"waiting_requests", "kv_cache_usage"} & set(reader.fieldnames or []))
+        has_signals = bool(_SIGNAL_COLUMNS & set(reader.fieldnames or []))
         has_isolation = "isolation" in (reader.fieldnames or [])
         refs: dict[tuple[str, str], WorkloadRef] = {}
         expected = len(reader.fieldnames or [])

@@ -36,6 +36,7 @@ from fracpilot_libs.sizing.histogram import (
     histogram_percentile,
     soft_compute_level,
 )
+from fracpilot_libs.sizing.kv_memory import needed_memory_share
 from fracpilot_libs.sizing.need import Need
 from fracpilot_libs.sizing.state import BUCKETS, MEMORY_SLOTS, WorkloadState, evolve
 
@@ -121,7 +122,7 @@ def observe(
     # keeps its meaning; a late sample folds into the newest slot, so the history stays
     # bounded whatever order samples arrive in.
     slot_len = policy.memory_window_s / MEMORY_SLOTS
-    share = sample.memory_share
+    share = needed_memory_share(sample)  # a preallocating LLM server: fixed + used KV
     slots = state.memory_slots
     n = len(slots)
     if n and now < slots[n - 2] + slot_len:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from fracpilot_libs.contracts import WorkloadRef
 from fracpilot_libs.mig.profiles import instance_model
 from fracpilot_libs.usage.mappings import (
+    LLM_SERVER_FAMILIES,
     Level,
     MappingTable,
     MetricMapping,
@@ -77,6 +78,8 @@ class Observation:
     waiting_requests: int | None = None
     gpu_model: str = ""  # as the exporter names the card (prices the GPU-hours)
     preemptions_total: float | None = None  # vLLM's counter (contention, see signals.py)
+    llm_server: str | None = None  # the preallocating server whose KV metrics the pod exports
+    kv_pool_bytes: int | None = None  # its KV pool, bytes, when the server says
     oom_event: bool = False
     contention_event: bool = False
 
@@ -161,9 +164,9 @@ def _exporter_pod_pattern(names: tuple[str, ...]) -> re.Pattern[str]:
 
 
 def _checked_value(
-    point: MetricPoint, mapping: MetricMapping
+    point: MetricPoint, mapping: MetricMapping, raw: float | None = None
 ) -> tuple[float | None, Rejection | None]:
-    value = point.value * mapping.scale
+    value = (point.value if raw is None else raw) * mapping.scale
     if math.isnan(value) or math.isinf(value):
         return None, Rejection("nan", f"not a finite number: {_describe(point)}")
     if value < 0:
@@ -181,12 +184,18 @@ def observe_points(
     renamed = _renamed_instances(points)
     gpus: dict[str, _Gpu] = defaultdict(_Gpu)
     app: dict[tuple[str, str], dict[Quantity, float]] = defaultdict(dict)
+    servers: dict[tuple[str, str], str] = {}  # pod -> the LLM server whose KV metrics it has
     timestamp = max((p.timestamp for p in points), default=0.0)
     priority = {row: i for i, row in enumerate(table.rows)}
 
     for point in points:
-        mapping = table.match(point.metric, dict(point.labels))
+        labels = dict(point.labels)
+        mapping = table.match(point.metric, labels)
         if mapping is None:
+            continue
+        if mapping.level is Level.APP:
+            rows = table.app_rows(point.metric, labels)
+            _observe_app(point, rows, renamed, app, servers, rejections)
             continue
         value, rejection = _checked_value(point, mapping)
         uuid = _role(point.labels, mapping.roles.gpu_uuid)
@@ -201,14 +210,6 @@ def observe_points(
         pod = _pod_of(point, mapping, renamed)
         if pod is None and mapping.level is not Level.DEVICE:  # nobody to attribute it to
             rejections.append(Rejection("no_pod", f"no pod label: {_describe(point)}"))
-            continue
-        if mapping.level is Level.APP:
-            if pod is not None:
-                own = app[(pod.namespace, pod.pod)]
-                if mapping.quantity is Quantity.PREEMPTIONS:  # a counter per engine: the sum
-                    own[mapping.quantity] = own.get(mapping.quantity, 0.0) + value
-                else:
-                    own[mapping.quantity] = value
             continue
         if not device:
             rejections.append(Rejection("no_gpu", f"no GPU UUID label: {_describe(point)}"))
@@ -256,19 +257,86 @@ def observe_points(
     for uuid, gpu in sorted(gpus.items()):
         observations.extend(_split_gpu(uuid, gpu, inventory, timestamp, rejections))
     return [
-        _with_signals(obs, app.get((obs.pod.namespace, obs.pod.pod))) for obs in observations
+        _with_signals(
+            obs,
+            app.get((obs.pod.namespace, obs.pod.pod)),
+            servers.get((obs.pod.namespace, obs.pod.pod)),
+        )
+        for obs in observations
     ], rejections
 
 
-def _with_signals(obs: Observation, signals: dict[Quantity, float] | None) -> Observation:
+# Several series of one pod (vLLM's engines, SGLang's ranks): the fullest pool speaks for it.
+_LARGEST = frozenset(
+    {
+        Quantity.KV_CACHE,
+        Quantity.KV_USED_TOKENS,
+        Quantity.KV_CAPACITY_TOKENS,
+        Quantity.KV_POOL_BYTES,
+    }
+)
+
+
+def _observe_app(
+    point: MetricPoint,
+    rows: tuple[MetricMapping, ...],
+    renamed: set[tuple[str, str]],
+    app: dict[tuple[str, str], dict[Quantity, float]],
+    servers: dict[tuple[str, str], str],
+    rejections: list[Rejection],
+) -> None:
+    """An application's series: every row that reads it (an info metric feeds several)."""
+    for row in rows:
+        raw = row.value_of(point.value, point.labels)
+        if raw is None:  # an info label the server has not filled (vLLM's "None"): no value
+            continue
+        value, rejection = _checked_value(point, row, raw)
+        if rejection is not None:
+            rejections.append(rejection)
+            return
+        assert value is not None
+        pod = _pod_of(point, row, renamed)
+        if pod is None:  # nobody to attribute it to
+            rejections.append(Rejection("no_pod", f"no pod label: {_describe(point)}"))
+            return
+        ref = (pod.namespace, pod.pod)
+        own = app[ref]
+        quantity = row.quantity
+        if quantity is Quantity.PREEMPTIONS:  # a counter per engine: the sum
+            own[quantity] = own.get(quantity, 0.0) + value
+        elif quantity in _LARGEST:
+            own[quantity] = max(own.get(quantity, 0.0), value)
+            if row.family in LLM_SERVER_FAMILIES:
+                servers[ref] = row.family
+        else:
+            own[quantity] = value
+
+
+def _kv_usage(signals: dict[Quantity, float]) -> float | None:
+    """The KV pool's share in use: as the server says it, else used over capacity tokens."""
+    usage = signals.get(Quantity.KV_CACHE)
+    if usage is not None:
+        return usage
+    used, capacity = signals.get(Quantity.KV_USED_TOKENS), signals.get(Quantity.KV_CAPACITY_TOKENS)
+    if used is None or not capacity:
+        return None
+    return min(1.0, used / capacity)
+
+
+def _with_signals(
+    obs: Observation, signals: dict[Quantity, float] | None, server: str | None
+) -> Observation:
     if not signals:
         return obs
     waiting = signals.get(Quantity.WAITING)
+    pool = signals.get(Quantity.KV_POOL_BYTES)
     return replace(
         obs,
-        kv_cache_usage=signals.get(Quantity.KV_CACHE),
+        kv_cache_usage=_kv_usage(signals),
         waiting_requests=int(waiting) if waiting is not None else None,
         preemptions_total=signals.get(Quantity.PREEMPTIONS),
+        llm_server=server,
+        kv_pool_bytes=int(pool) if pool is not None and math.isfinite(pool) else None,
     )
 
 

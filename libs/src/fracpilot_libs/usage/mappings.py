@@ -10,6 +10,7 @@ vGPUmonitor in the v2.9+ and legacy names, vLLM).
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -23,6 +24,9 @@ class Quantity(StrEnum):
     MEMORY_RESERVED = "memory_reserved"  # bytes after scaling (the driver's, never a pod's)
     MEMORY_TOTAL = "memory_total"  # bytes after scaling
     KV_CACHE = "kv_cache"  # application signal, 0..1
+    KV_USED_TOKENS = "kv_used_tokens"  # tokens held in the KV pool (usage = used / capacity)
+    KV_CAPACITY_TOKENS = "kv_capacity_tokens"  # tokens the KV pool holds
+    KV_POOL_BYTES = "kv_pool_bytes"  # the KV pool's size, bytes
     WAITING = "waiting"  # application signal, requests
     PREEMPTIONS = "preemptions"  # application counter: a rise is a contention event
 
@@ -97,12 +101,33 @@ class MetricMapping(BaseModel):
         default=(), description="the series must not carry these labels"
     )
     family: str = Field(description="which exporter this row belongs to, for counters")
+    value_labels: tuple[str, ...] = Field(
+        default=(),
+        description=(
+            "an info metric (a gauge set to 1): the value is the product of these labels' "
+            "numbers; a label that is not a number (vLLM writes 'None' before it knows) gives "
+            "no value"
+        ),
+    )
     roles: LabelRoles = LabelRoles()
 
     def selects(self, labels: dict[str, str]) -> bool:
         return all(labels.get(name) for name in self.requires_labels) and not any(
             labels.get(name) for name in self.excludes_labels
         )
+
+    def value_of(self, value: float, labels: Mapping[str, str]) -> float | None:
+        """The point's value before scaling: its own, or the product of ``value_labels``
+        (None when one of them is absent or not a number)."""
+        if not self.value_labels:
+            return value
+        product = 1.0
+        for name in self.value_labels:
+            try:
+                product *= float(labels.get(name, ""))
+            except ValueError:
+                return None
+        return product
 
 
 MIB = 1024 * 1024
@@ -282,13 +307,83 @@ VLLM = (
     ),
 )
 
+# vLLM's KV pool (vllm/v1/metrics/loggers.py ``log_metrics_info``, at commit 005a810b): an info
+# gauge set to 1 whose labels are ``CacheConfig.metrics_info()``, every field of CacheConfig as
+# ``str(value)`` (vllm/config/cache.py at 002f10e0), plus ``engine``: ``num_gpu_blocks`` and
+# ``block_size`` (tokens per block) give the pool in tokens; ``kv_cache_memory_bytes`` is the
+# pool in bytes when ``--kv-cache-memory-bytes`` set it ("None" otherwise: vLLM exports no
+# pool size in bytes of its own, the bytes per token being the model's).
+VLLM_KV_POOL = (
+    MetricMapping(
+        metric="vllm:cache_config_info",
+        quantity=Quantity.KV_CAPACITY_TOKENS,
+        level=Level.APP,
+        family="vllm",
+        value_labels=("num_gpu_blocks", "block_size"),
+    ),
+    MetricMapping(
+        metric="vllm:cache_config_info",
+        quantity=Quantity.KV_POOL_BYTES,
+        level=Level.APP,
+        family="vllm",
+        value_labels=("kv_cache_memory_bytes",),
+    ),
+)
+# SGLang (python/sglang/srt/metrics/collector.py ``SchedulerMetricsCollector`` at 00ae9c15;
+# labels ``model_name`` and, in newer versions, ``engine_type``, ``tp_rank``, ``pp_rank``):
+# ``sglang:token_usage`` is the KV pool's share in use, 0..1; ``sglang:num_used_tokens`` and
+# ``sglang:max_total_num_tokens`` ("Maximum total number of tokens in the KV cache pool") the
+# same in tokens. No pool size in bytes is exported.
+SGLANG = (
+    MetricMapping(
+        metric="sglang:token_usage",
+        quantity=Quantity.KV_CACHE,
+        level=Level.APP,
+        family="sglang",
+    ),
+    MetricMapping(
+        metric="sglang:num_used_tokens",
+        quantity=Quantity.KV_USED_TOKENS,
+        level=Level.APP,
+        family="sglang",
+    ),
+    MetricMapping(
+        metric="sglang:max_total_num_tokens",
+        quantity=Quantity.KV_CAPACITY_TOKENS,
+        level=Level.APP,
+        family="sglang",
+    ),
+)
+# TGI (backends/v3/src/lib.rs and backend.rs at db931fcf, no labels): no KV usage gauge.
+# ``tgi_batch_max_total_tokens`` is the token capacity warmup found room for (set once, v3 only)
+# and ``tgi_batch_current_max_tokens`` the tokens the running batch may reach (0 when idle), so
+# their ratio is the share of the pool the batch reserves: at or above what it uses.
+TGI = (
+    MetricMapping(
+        metric="tgi_batch_current_max_tokens",
+        quantity=Quantity.KV_USED_TOKENS,
+        level=Level.APP,
+        family="tgi",
+    ),
+    MetricMapping(
+        metric="tgi_batch_max_total_tokens",
+        quantity=Quantity.KV_CAPACITY_TOKENS,
+        level=Level.APP,
+        family="tgi",
+    ),
+)
+
 BUILT_IN: dict[str, tuple[MetricMapping, ...]] = {
     "dcgm": DCGM,
     "dcgm-process": DCGM_PROCESS,
     "hami": HAMI,
     "hami-legacy": HAMI_LEGACY,
-    "vllm": VLLM,
+    "vllm": VLLM + VLLM_KV_POOL,
+    "sglang": SGLANG,
+    "tgi": TGI,
 }
+# The application families that name an LLM server that preallocates (llm_servers.LlmServer).
+LLM_SERVER_FAMILIES = frozenset({"vllm", "sglang", "tgi"})
 
 
 @dataclass(frozen=True)
@@ -316,6 +411,14 @@ class MappingTable:
             if row.selects(labels):
                 return row
         return None
+
+    def app_rows(self, metric: str, labels: dict[str, str]) -> tuple[MetricMapping, ...]:
+        """Every application row that reads this series (an info metric feeds several)."""
+        return tuple(
+            row
+            for row in self._by_metric.get(metric, ())
+            if row.level is Level.APP and row.selects(labels)
+        )
 
     @functools.cached_property
     def _by_metric(self) -> dict[str, tuple[MetricMapping, ...]]:

@@ -78,12 +78,15 @@ def to_sample(
         or obs.waiting_requests is not None
         or obs.oom_event
         or obs.contention_event
+        or obs.llm_server is not None
     ):
         signals = AppSignals(
             kv_cache_usage=obs.kv_cache_usage,
             waiting_requests=obs.waiting_requests,
             oom_event=obs.oom_event,
             contention_event=obs.contention_event,
+            llm_server=obs.llm_server,  # a family of mappings.py: validated here
+            kv_pool_bytes=obs.kv_pool_bytes,
         )
     try:
         sample = UsageSample(

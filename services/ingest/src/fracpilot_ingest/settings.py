@@ -74,7 +74,7 @@ class IngestSettings(ServiceSettings):
         default=7 * 86_400.0, gt=0, description="older samples are rejected as stale"
     )
     scrape_targets: str = Field(default="", description="comma-separated host:port or URLs")
-    mapping_families: str = "dcgm,dcgm-process,hami,hami-legacy,vllm"
+    mapping_families: str = "dcgm,dcgm-process,hami,hami-legacy,vllm,sglang,tgi"
     extra_mappings_json: str | None = Field(
         default=None, description="more MetricMapping rows as a JSON list"
     )

@@ -29,7 +29,7 @@ PROCESS_ROW = {"UUID": UUID, "pod": "chat-0", "namespace": "inference", "pod_uid
 def test_all_families_by_default_in_declared_order() -> None:
     table = MappingTable.of()
     families = list(dict.fromkeys(r.family for r in table.rows))
-    assert families == ["dcgm", "dcgm-process", "hami", "hami-legacy", "vllm"]
+    assert families == ["dcgm", "dcgm-process", "hami", "hami-legacy", "vllm", "sglang", "tgi"]
     assert len(table.rows) == sum(len(rows) for rows in BUILT_IN.values())
 
 
