@@ -13,10 +13,11 @@ option on):
 - the apiserver accepts every object: a server-side apply with ``dryRun=All``.
 
 Also: values.schema.json refuses wrong values with a message that names the value, the
-chart's RBAC is deploy/rbac/*.yaml's rules, every FRACPILOT_ variable the chart sets is a
-real setting of that service and parses, and a real ``helm install`` + ``upgrade`` keeps the
-generated webhook certificate and NATS password (``lookup``), with a caBundle that verifies the
-serving certificate for the webhook Service's name.
+chart's RBAC is deploy/rbac/*.yaml's rules (patching nodes only with consolidation auto),
+every FRACPILOT_ variable the chart sets is a real setting of that service and parses, and a
+real ``helm install`` + ``upgrade`` keeps the generated webhook certificate and NATS password
+(``lookup``), with a caBundle that verifies the serving certificate for the webhook Service's
+name.
 """
 
 from __future__ import annotations
@@ -341,6 +342,18 @@ def test_the_apiserver_accepts_every_object(
             ["--set", "ingest.hamiNodes=true,ingest.owners=pod-name"],
             "ingest.hamiNodes needs ingest.owners kubernetes (it is pod-name)",
         ),
+        (
+            ["--set", "actuator.consolidation.mode=bogus"],
+            "at '/actuator/consolidation/mode': value must be one of 'off', 'recommend', 'auto'",
+        ),
+        (
+            ["--set", "actuator.consolidation.quietHours=22-25"],
+            "at '/actuator/consolidation/quietHours': '22-25' does not match pattern",
+        ),
+        (
+            ["--set", "actuator.consolidation.intervalSeconds=0"],
+            "at '/actuator/consolidation/intervalSeconds': exclusiveMinimum: got 0, want 0",
+        ),
     ],
     ids=lambda v: v[1] if isinstance(v, list) else None,
 )
@@ -389,13 +402,15 @@ def test_rbac_is_deploy_rbac_rules(rendered: dict[str, list[dict[str, Any]]]) ->
             if "rules" in d and "helm.sh/hook" in d["metadata"].get("annotations", {})
         }
         assert hooks == {("ClusterRole", "fracpilot-test", "test")}
+        # Patching nodes: only with actuator.consolidation.mode auto (all-on sets it).
+        consolidation = {("ClusterRole", "fracpilot-actuator-consolidation")}
         assert roles == {
             ("ClusterRole", "fracpilot-actuator"),
             ("Role", "fracpilot-actuator"),
             ("ClusterRole", "fracpilot-ingest"),
             ("ClusterRole", "fracpilot-policy-edit"),
             ("ClusterRole", "fracpilot-policy-view"),
-        }
+        } | (consolidation if case == "all-on-values" else set())
         # Who may change a policy: deploy/rbac/policy-roles.yaml, with the aggregation labels.
         for role in yaml.safe_load_all((RBAC_DIR / "policy-roles.yaml").read_text()):
             rendered_role = find(docs, "ClusterRole", role["metadata"]["name"])
@@ -412,6 +427,99 @@ def test_rbac_is_deploy_rbac_rules(rendered: dict[str, list[dict[str, Any]]]) ->
     assert (
         find(docs, "ServiceAccount", "fracpilot-decision")["automountServiceAccountToken"] is False
     )
+
+
+def test_nodes_are_patched_only_with_consolidation_auto(
+    helm: Helm, rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    """Secure by default: no grant on nodes beyond reading them unless consolidation is auto;
+    then deploy/rbac/actuator-consolidation.yaml's one rule, bound to the actuator's account."""
+
+    def patches_nodes(docs: list[dict[str, Any]]) -> list[str]:
+        return [
+            d["metadata"]["name"]
+            for d in docs
+            for rule in d.get("rules") or ()
+            if "nodes" in rule["resources"] and {"patch", "update", "*"} & set(rule["verbs"])
+        ]
+
+    def consolidation_grant(docs: list[dict[str, Any]]) -> list[tuple[str, str]]:
+        return [
+            (d["kind"], d["metadata"]["name"])
+            for d in docs
+            if d["metadata"]["name"] == "fracpilot-actuator-consolidation"
+        ]
+
+    default = rendered["default"]
+    assert container_env(default, "actuator")["FRACPILOT_CONSOLIDATION_MODE"] == "recommend"
+    assert patches_nodes(default) == []
+    assert consolidation_grant(default) == []
+    auto = helm.template("default", "fracpilot", "--set", "actuator.consolidation.mode=auto")
+    assert container_env(auto, "actuator")["FRACPILOT_CONSOLIDATION_MODE"] == "auto"
+    assert patches_nodes(auto) == ["fracpilot-actuator-consolidation"]
+    role = find(auto, "ClusterRole", "fracpilot-actuator-consolidation")
+    assert role["rules"] == rules_in(RBAC_DIR / "actuator-consolidation.yaml", "ClusterRole")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]}]
+    assert role["metadata"]["labels"]["app.kubernetes.io/component"] == "actuator"
+    binding = find(auto, "ClusterRoleBinding", "fracpilot-actuator-consolidation")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "fracpilot-actuator-consolidation",
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "fracpilot-actuator", "namespace": "fracpilot"}
+    ]
+    # Nothing else changes: the two objects and the variable.
+    names = {(d["kind"], d["metadata"]["name"]) for d in auto}
+    assert names - {(d["kind"], d["metadata"]["name"]) for d in default} == {
+        ("ClusterRole", "fracpilot-actuator-consolidation"),
+        ("ClusterRoleBinding", "fracpilot-actuator-consolidation"),
+    }
+    # An account of yours: the grant names it, as the actuator's other bindings do.
+    yours = helm.template(
+        "default",
+        "fracpilot",
+        "--set",
+        "actuator.consolidation.mode=auto,actuator.serviceAccount.create=false,"
+        "actuator.serviceAccount.name=gpu-mover",
+    )
+    binding = find(yours, "ClusterRoleBinding", "fracpilot-actuator-consolidation")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "gpu-mover", "namespace": "fracpilot"}
+    ]
+    # No actuator, no grant; off and recommend grant nothing either.
+    for args in (
+        "actuator.enabled=false,actuator.consolidation.mode=auto",
+        "actuator.consolidation.mode=off",
+    ):
+        docs = helm.template("default", "fracpilot", "--set", args)
+        assert (consolidation_grant(docs), patches_nodes(docs)) == ([], []), args
+
+
+def test_the_notes_say_when_nodes_may_be_drained(helm: Helm) -> None:
+    def notes(*args: str) -> str:
+        proc = helm.run(
+            "install",
+            "fp",
+            str(CHART),
+            "--namespace",
+            "fracpilot",
+            "--dry-run=client",
+            # Cluster-wide objects other tests of this apiserver made (not this release's).
+            "--set=fractionPolicies.crds.install=false",
+            "--set=fractionPolicies.roles=false",
+            *args,
+        )
+        return proc.stdout.split("NOTES:", 1)[1]
+
+    assert "consolidation" not in notes()
+    auto = notes("--set", "actuator.consolidation.mode=auto")
+    assert (
+        "actuator.consolidation.mode is auto: GPU nodes may be tainted "
+        "(fracpilot.io/consolidating) and drained of opted-in pods for consolidation; to stop "
+        "it, upgrade with --set actuator.consolidation.mode=recommend (or off)."
+    ) in auto
 
 
 def container_env(docs: list[dict[str, Any]], component: str) -> dict[str, str]:
@@ -453,6 +561,13 @@ def test_values_reach_the_services(rendered: dict[str, list[dict[str, Any]]]) ->
     assert actuator["FRACPILOT_DRY_RUN"] == "true"
     assert actuator["FRACPILOT_WEBHOOK_PORT"] == "9443"
     assert actuator["FRACPILOT_TARGETS_VIA"] == "webhook"
+    assert {n: v for n, v in actuator.items() if n.startswith("FRACPILOT_CONSOLIDATION_")} == {
+        "FRACPILOT_CONSOLIDATION_MODE": "auto",
+        "FRACPILOT_CONSOLIDATION_INTERVAL_S": "120",
+        "FRACPILOT_CONSOLIDATION_MAX_MOVES_PER_HOUR": "2",
+        "FRACPILOT_CONSOLIDATION_QUIET_HOURS": "22-6",
+        "FRACPILOT_CONSOLIDATION_MOVE_TIMEOUT_S": "900",
+    }
     ingest = container_env(docs, "ingest")
     assert ingest["FRACPILOT_SOURCES"] == "prometheus,scrape"
     assert json.loads(ingest["FRACPILOT_GPU_PRICES"]) == {"H100": 4.2, "A100 80GB": 3.1}

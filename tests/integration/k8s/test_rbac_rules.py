@@ -1,12 +1,14 @@
 """deploy/rbac/*.yaml grant the services exactly the calls they make, against a real apiserver.
 
 ``ACTUATOR_CALLS`` and ``INGEST_CALLS`` are the single lists of the API calls each service
-makes: add a call here when the code starts making it, then the rule in the YAML. The tests
-apply the YAML as the chart would (namespace substituted), mint a token for the
-ServiceAccount and prove with it that
+makes: add a call here when the code starts making it, then the rule in the YAML.
+``ACTUATOR_CONSOLIDATION_CALLS`` are the calls only consolidation in auto mode makes, granted by
+actuator-consolidation.yaml, which is installed only then. The tests apply the YAML as the chart
+would (namespace substituted), mint a token for the ServiceAccount and prove with it that
 
 - every listed call is allowed (SelfSubjectAccessReview), and the important ones succeed for
-  real (patch a pod's annotations, evict, record events, take the leader Lease...);
+  real (patch a pod's annotations, evict, record events, take the leader Lease, mark a node for
+  consolidation...);
 - every rule in the YAML serves a listed call: nothing is granted that no code uses;
 - calls outside the list are refused, by review and by real calls answering 403;
 - the actuator's Kubernetes backend itself (resize in place, scale-up with a placeholder,
@@ -45,6 +47,7 @@ from fracpilot_actuator.election.lease_stores import (
 from fracpilot_actuator.guardrails import GuardrailSettings
 from fracpilot_actuator.kube.api import KubeApi
 from fracpilot_actuator.kube.backend import KubernetesBackend
+from fracpilot_actuator.kube.consolidation_round import MARK_REASON, MARK_TAINT
 from fracpilot_actuator.kube.namespaces import NamespaceLabels
 from fracpilot_actuator.kube.placeholders import PRIORITY_CLASS
 from fracpilot_actuator.kube.settings import KubeBackendSettings
@@ -112,6 +115,15 @@ ACTUATOR_CALLS: tuple[Call, ...] = (
     Call("get", "apps", "daemonsets", why="the workload object (its opt-out label)"),
     Call("get", "batch", "cronjobs", why="the workload object (its opt-out label)"),
     *_reads("policy", "poddisruptionbudgets", "may this pod be moved now"),
+    # Consolidation, in every mode but off (the moves themselves are the evictions below).
+    Call(
+        "list",
+        "policy",
+        "poddisruptionbudgets",
+        scope="cluster",
+        why="consolidation: every PDB's disruptionsAllowed (KubeApi.list_disruption_budgets)",
+    ),
+    Call("create", "", "events", why="consolidation: Events on the node (in namespace default)"),
     Call("patch", "", "pods", why="in place: rewrite the gpu-fraction / gpu-memory annotation"),
     Call("get", "", "configmaps", why="a KAI pod's GPU-sharing ConfigMap: its memory limit"),
     Call("patch", "apps", "deployments", why="targets_via=template: size the pod template"),
@@ -186,10 +198,25 @@ ACTUATOR_CALLS: tuple[Call, ...] = (
     ),
 )
 
-# Calls the actuator must not be able to make.
+# What only consolidation in auto mode calls: deploy/rbac/actuator-consolidation.yaml, which the
+# chart installs only with actuator.consolidation.mode auto (secure by default: no node patching).
+ACTUATOR_CONSOLIDATION_CALLS: tuple[Call, ...] = (
+    Call(
+        "patch",
+        "",
+        "nodes",
+        scope="cluster",
+        why="the mark on the node being emptied: a taint and an annotation (KubeApi.patch_node)",
+    ),
+)
+
+# Calls the actuator must not be able to make (with consolidation auto: all but its calls).
 ACTUATOR_FORBIDDEN: tuple[Call, ...] = (
     Call("delete", "", "nodes", scope="cluster"),
     Call("patch", "", "nodes", scope="cluster"),
+    Call("update", "", "nodes", scope="cluster"),  # a merge patch only, never a replace
+    Call("patch", "", "nodes", "status", scope="cluster"),
+    Call("create", "", "nodes", scope="cluster"),
     Call("get", "", "secrets"),
     Call("list", "", "secrets", scope="cluster"),
     Call("get", "", "secrets", scope="own"),
@@ -300,30 +327,50 @@ def create_objects(api: client.ApiClient, documents: list[dict[str, Any]]) -> No
 
 
 def install(
-    kube_admin: client.ApiClient, kube_namespace: str, file: str, service_account: str
+    kube_admin: client.ApiClient, kube_namespace: str, files: tuple[str, ...], service_account: str
 ) -> Installed:
     workload_ns = f"w-{uuid.uuid4().hex[:10]}"
     client.CoreV1Api(kube_admin).create_namespace(
         client.V1Namespace(metadata=client.V1ObjectMeta(name=workload_ns))
     )
-    documents = load_manifests(RBAC_DIR / file, kube_namespace, kube_namespace)
+    documents = [
+        doc
+        for file in files
+        for doc in load_manifests(RBAC_DIR / file, kube_namespace, kube_namespace)
+    ]
     create_objects(kube_admin, documents)
     return Installed(kube_namespace, workload_ns, service_account, documents)
 
 
 @pytest.fixture
 def actuator(kube_admin: client.ApiClient, kube_namespace: str) -> Installed:
-    return install(kube_admin, kube_namespace, "actuator.yaml", "fracpilot-actuator")
+    return install(kube_admin, kube_namespace, ("actuator.yaml",), "fracpilot-actuator")
+
+
+@pytest.fixture
+def actuator_consolidating(kube_admin: client.ApiClient, kube_namespace: str) -> Installed:
+    """The actuator's RBAC as the chart installs it with actuator.consolidation.mode auto."""
+    files = ("actuator.yaml", "actuator-consolidation.yaml")
+    return install(kube_admin, kube_namespace, files, "fracpilot-actuator")
 
 
 @pytest.fixture
 def ingest(kube_admin: client.ApiClient, kube_namespace: str) -> Installed:
-    return install(kube_admin, kube_namespace, "ingest.yaml", "fracpilot-ingest")
+    return install(kube_admin, kube_namespace, ("ingest.yaml",), "fracpilot-ingest")
 
 
 @pytest.fixture
 def as_actuator(kube: ControlPlane, actuator: Installed) -> Iterator[client.ApiClient]:
     with kube.service_account_client(actuator.namespace, actuator.service_account) as api:
+        yield api
+
+
+@pytest.fixture
+def as_actuator_consolidating(
+    kube: ControlPlane, actuator_consolidating: Installed
+) -> Iterator[client.ApiClient]:
+    installed = actuator_consolidating
+    with kube.service_account_client(installed.namespace, installed.service_account) as api:
         yield api
 
 
@@ -590,6 +637,11 @@ def test_actuator_real_calls_outside_the_list_are_refused(
 
     forbidden: dict[str, Callable[[], object]] = {
         "delete a node": lambda: core.delete_node(f"gpu-{own}"),
+        "mark a node (consolidation auto only)": lambda: core.patch_node(
+            f"gpu-{own}",
+            {"metadata": {"annotations": {MARK_REASON: "x"}}},
+            _content_type=MERGE_PATCH,
+        ),
         "read a secret": lambda: core.read_namespaced_secret("token", ns),
         "list secrets": lambda: core.list_secret_for_all_namespaces(),
         "delete a deployment": lambda: apps.delete_namespaced_deployment("infer", ns),
@@ -622,6 +674,99 @@ def test_actuator_real_calls_outside_the_list_are_refused(
     assert statuses == dict.fromkeys(forbidden, 403)
     assert admin_core.read_node(f"gpu-{own}").metadata.deletion_timestamp is None
     assert admin_core.read_namespaced_pod("infer-0", ns).metadata.deletion_timestamp is None
+
+
+# --- the actuator, consolidation auto ------------------------------------------------------------
+
+
+def test_consolidation_rbac_file_grants_patch_nodes_to_the_actuator() -> None:
+    documents = load_manifests(RBAC_DIR / "actuator-consolidation.yaml", "ns", "x")
+    assert [d["kind"] for d in documents] == ["ClusterRole", "ClusterRoleBinding"]
+    role, binding = documents
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]}]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "fracpilot-actuator", "namespace": "ns"}
+    ]
+
+
+def _what(call: Call) -> tuple[str, str, str, Scope, str]:
+    """A call without its reason."""
+    return (call.verb, call.group, call.resource_path, call.scope, call.name)
+
+
+def test_with_consolidation_auto_the_actuator_may_patch_nodes_and_nothing_else_new(
+    as_actuator_consolidating: client.ApiClient, actuator_consolidating: Installed
+) -> None:
+    api, installed = as_actuator_consolidating, actuator_consolidating
+    calls = ACTUATOR_CALLS + ACTUATOR_CONSOLIDATION_CALLS
+    wait_bound(api, installed, ACTUATOR_CALLS)
+    wait_bound(api, installed, ACTUATOR_CONSOLIDATION_CALLS)
+    assert [c for c in calls if not allowed(api, c, installed)] == []
+    granted_now = {_what(c) for c in ACTUATOR_CONSOLIDATION_CALLS}
+    still_forbidden = tuple(c for c in ACTUATOR_FORBIDDEN if _what(c) not in granted_now)
+    assert len(still_forbidden) == len(ACTUATOR_FORBIDDEN) - 1  # patch nodes, only
+    assert [c for c in still_forbidden if allowed(api, c, installed)] == []
+    assert_every_rule_is_used(installed, calls)
+    # Without the consolidation calls listed, its grant is one no code uses.
+    with pytest.raises(AssertionError, match="grants patch /nodes"):
+        assert_every_rule_is_used(installed, ACTUATOR_CALLS)
+
+
+async def test_with_consolidation_auto_the_actuator_marks_a_node_and_no_more(
+    kube_admin: client.ApiClient,
+    as_actuator_consolidating: client.ApiClient,
+    actuator_consolidating: Installed,
+) -> None:
+    """The mark as consolidation makes it (KubeApi.patch_node: a merge patch of the taints
+    and the annotation, conditional on the resourceVersion) and takes it off, with the token;
+    replacing, deleting a node or patching its status stays refused."""
+    api, own = as_actuator_consolidating, actuator_consolidating.namespace
+    admin_core = client.CoreV1Api(kube_admin)
+    node = f"gpu-{own}"
+    admin_core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node)))
+    wait_bound(api, actuator_consolidating, ACTUATOR_CONSOLIDATION_CALLS)
+    kube = KubeApi(api)
+    version = admin_core.read_node(node).metadata.resource_version
+    mark = {"key": MARK_TAINT, "value": "true", "effect": "NoSchedule"}
+    marked = await kube.patch_node(
+        node,
+        {
+            "metadata": {"annotations": {MARK_REASON: "frees 1 GPU"}, "resourceVersion": version},
+            "spec": {"taints": [mark]},
+        },
+    )
+    read = admin_core.read_node(node)
+    assert int(read.metadata.resource_version) == marked
+    assert read.metadata.annotations[MARK_REASON] == "frees 1 GPU"
+    assert [(t.key, t.value, t.effect) for t in read.spec.taints] == [
+        (MARK_TAINT, "true", "NoSchedule")
+    ]
+    await kube.patch_node(
+        node,
+        {
+            "metadata": {"annotations": {MARK_REASON: None}, "resourceVersion": str(marked)},
+            "spec": {"taints": []},
+        },
+    )
+    read = admin_core.read_node(node)
+    assert MARK_REASON not in (read.metadata.annotations or {})
+    assert not read.spec.taints
+
+    core = client.CoreV1Api(api)
+    forbidden: dict[str, Callable[[], object]] = {
+        "delete a node": lambda: core.delete_node(node),
+        "replace a node": lambda: core.replace_node(node, admin_core.read_node(node)),
+        "patch a node's status": lambda: core.patch_node_status(
+            node, {"status": {"capacity": {"nvidia.com/gpu": "8"}}}, _content_type=MERGE_PATCH
+        ),
+        "create a node": lambda: core.create_node(
+            client.V1Node(metadata=client.V1ObjectMeta(name=f"fake-{own}"))
+        ),
+    }
+    statuses = {what: status_of(call) for what, call in forbidden.items()}
+    assert statuses == dict.fromkeys(forbidden, 403)
+    assert admin_core.read_node(node).metadata.deletion_timestamp is None
 
 
 async def test_the_backend_runs_with_the_actuator_token(
