@@ -181,6 +181,7 @@ class MemoryIsolation(StrEnum):
 # The periods a peak profile may span: twice the engine's memory slots
 # (fracpilot_libs.sizing.state.MEMORY_SLOTS; contracts import no sizing, a test ties them).
 PROFILE_MAX_PERIODS = 48
+PROFILE_PERIOD_S = (1.0, 7 * 86400.0)  # a period's length, seconds: the shortest, the longest
 
 
 class PeakProfile(WireModel):
@@ -190,7 +191,9 @@ class PeakProfile(WireModel):
     joint peak) rather than the sum of their peaks."""
 
     period_s: float = Field(
-        ge=60.0, le=7 * 86400.0, description="the period's length: the engine's memory slot"
+        ge=PROFILE_PERIOD_S[0],
+        le=PROFILE_PERIOD_S[1],
+        description="the period's length: the engine's memory slot",
     )
     first: int = Field(ge=0, le=2**40, description="the first period the profile covers")
     last: int = Field(
