@@ -185,6 +185,53 @@ class MemoryIsolation(StrEnum):
     ENFORCED = "enforced"  # held (HAMi, KAI with HAMi-core): each pod sized on its own
 
 
+# The periods a peak profile may span: twice the engine's memory slots
+# (fracpilot_libs.sizing.state.MEMORY_SLOTS; contracts import no sizing, a test ties them).
+PROFILE_MAX_PERIODS = 48
+PROFILE_PERIOD_S = (1.0, 7 * 86400.0)  # a period's length, seconds: the shortest, the longest
+
+
+class PeakProfile(WireModel):
+    """A workload's memory peak per period of its memory window, on the clock all workloads
+    share: period ``k`` is ``[k * period_s, (k + 1) * period_s)`` unix seconds. With every
+    tenant's, a card planner reserves the most the tenants held together in one period (their
+    joint peak) rather than the sum of their peaks."""
+
+    period_s: float = Field(
+        ge=PROFILE_PERIOD_S[0],
+        le=PROFILE_PERIOD_S[1],
+        description="the period's length: the engine's memory slot",
+    )
+    first: int = Field(ge=0, le=2**40, description="the first period the profile covers")
+    last: int = Field(
+        ge=0,
+        le=2**40,
+        description="the last period it covers (included): a period from first to last "
+        "without a peak held no sample, one outside them is unknown",
+    )
+    peaks: tuple[tuple[int, Share], ...] = Field(
+        default=(),
+        max_length=PROFILE_MAX_PERIODS,
+        description="(period, the peak share of its samples), periods increasing",
+    )
+
+    @model_validator(mode="after")
+    def _periods_in_order(self) -> PeakProfile:
+        if not self.first <= self.last < self.first + PROFILE_MAX_PERIODS:
+            raise ValueError(
+                f"a profile covers 1 to {PROFILE_MAX_PERIODS} periods: {self.first}..{self.last}"
+            )
+        before = self.first - 1
+        for period, _ in self.peaks:
+            if not before < period <= self.last:
+                raise ValueError(
+                    f"peak periods increase within {self.first}..{self.last}: {period} "
+                    f"after {before}"
+                )
+            before = period
+        return self
+
+
 class CardForecast(WireModel):
     """What the engine predicts of a workload, shares of a card: what a card planner
     (:mod:`fracpilot_libs.placement.card_budget`) needs to size a card's tenants together."""
@@ -193,6 +240,9 @@ class CardForecast(WireModel):
     memory_jump: Share  # how far above its trailing peak its memory has jumped (the largest)
     compute: Share  # the compute level that sizes it
     burst: Share = 0.0  # how far above that level its compute reaches
+    # its memory peak per period of the window; None: unknown (a young workload, which has
+    # not shown its peaks, or a decision service before profiles): its peak counts throughout
+    profile: PeakProfile | None = None
 
 
 class FractionDecision(WireModel):

@@ -24,6 +24,7 @@ from fracpilot_libs.contracts import (
     CardForecast,
     FractionDecision,
     Outcome,
+    PeakProfile,
     PlanKind,
     WorkloadRef,
     utcnow,
@@ -87,10 +88,8 @@ def events(core: client.CoreV1Api, namespace: str, pod: str) -> dict[str, client
     return {e.reason: e for e in listed.items}
 
 
-async def test_one_decision_redivides_two_kai_pods_on_one_gpu_in_place_and_says_why(
-    nats_url: str, kube_admin: client.ApiClient, kube_namespace: str
-) -> None:
-    ns = kube_namespace
+def two_kai_pods(kube_admin: client.ApiClient, ns: str) -> None:
+    """chat-0 at 0.3 and embed-0 at 0.6 of one GPU, in an opted-in namespace."""
     core, apps = client.CoreV1Api(kube_admin), client.AppsV1Api(kube_admin)
     kube.label_namespace(core, ns, {"fracpilot.io/mode": "auto"})
     node = kube.gpu_node(core, f"gpu-{ns}", 1, {"fracpilot.io/test": ns})
@@ -109,6 +108,13 @@ async def test_one_decision_redivides_two_kai_pods_on_one_gpu_in_place_and_says_
             owner=owner,
         )
 
+
+async def test_one_decision_redivides_two_kai_pods_on_one_gpu_in_place_and_says_why(
+    nats_url: str, kube_admin: client.ApiClient, kube_namespace: str
+) -> None:
+    ns = kube_namespace
+    core = client.CoreV1Api(kube_admin)
+    two_kai_pods(kube_admin, ns)
     await reset_nats(nats_url)
     service = ActuatorService(
         settings_for(nats_url, ns, f"fracpilot.io/test={ns}"), kube_api=kube_admin
@@ -140,3 +146,46 @@ async def test_one_decision_redivides_two_kai_pods_on_one_gpu_in_place_and_says_
     assert f"{ns}/chat's decision {made.decision_id}" in why.message
     assert "shared isolation" in why.message
     assert "FractionResized" in events(core, ns, "chat-0")
+
+
+async def test_with_peak_profiles_two_pods_whose_peaks_never_coincide_share_one_card(
+    nats_url: str, kube_admin: client.ApiClient, kube_namespace: str
+) -> None:
+    ns = kube_namespace
+    core = client.CoreV1Api(kube_admin)
+    two_kai_pods(kube_admin, ns)
+    await reset_nats(nats_url)
+    hour = int(utcnow().timestamp() // 3600)
+
+    def profile(*peaks: tuple[int, float]) -> PeakProfile:
+        return PeakProfile(
+            period_s=3600.0,
+            first=hour - 24,
+            last=hour,
+            peaks=tuple((hour - k, v) for k, v in peaks),
+        )
+
+    service = ActuatorService(
+        settings_for(nats_url, ns, f"fracpilot.io/test={ns}"), kube_api=kube_admin
+    )
+    async with running(service):
+        # embed peaks at night (0.55), chat by day (0.5): summed, 0.5 + 0.55 + the pooled
+        # headroom would not fit one card; their joint peak is 0.6
+        embed = CardForecast(
+            memory_peak=0.55, memory_jump=0.1, compute=0.2, profile=profile((20, 0.55), (8, 0.1))
+        )
+        first = await apply(nats_url, decide(ns, "embed", 0.6, 0.65, embed))
+        assert first.outcome is Outcome.SKIPPED, first.detail  # 0.55 + the floor: as it is
+        chat = CardForecast(
+            memory_peak=0.5, memory_jump=0.2, compute=0.2, profile=profile((20, 0.05), (8, 0.5))
+        )
+        made = decide(ns, "chat", 0.3, 0.45, chat)
+        result = await apply(nats_url, made)
+
+    assert (result.plan, result.outcome) == (PlanKind.IN_PLACE, Outcome.APPLIED), result.detail
+    # the card's budget: joint peak 0.6 + one pooled headroom 0.5 x 0.2 = 0.7, by need (50:55)
+    assert "peaks pooled over 2 peak profiles: joint peak 0.6 where summed 1.05" in result.detail
+    assert (result.fraction_before, result.fraction_after) == (0.3, 0.33)
+    assert f"co-tenant {ns}/embed-0 re-divided in place 0.6 -> 0.36" in result.detail
+    assert annotation(core, ns, "chat-0", "gpu-fraction") == "0.33"
+    assert annotation(core, ns, "embed-0", "gpu-fraction") == "0.36"

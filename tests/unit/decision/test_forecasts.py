@@ -1,17 +1,22 @@
-"""The decision's card forecast: the jump statistic the live engine keeps beside its state is
-the replay's (shared_packing.TenantSizer), and the forecast reads from the state as the
-replay's does."""
+"""The decision's card forecast: the jump statistic and the peak profile the live engine keeps
+beside its state are the replay's (shared_packing.TenantSizer), and the forecast reads from the
+state as the replay's does."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from factories import sample
-from fracpilot_decision.forecasts import card_forecast, keep_jump, prior_of
+from fracpilot_decision.forecasts import card_forecast, keep_jump, keep_profile, prior_of
+from fracpilot_libs.analysis.shared_packing import TenantSizer
 from fracpilot_libs.contracts import Policy
 from fracpilot_libs.sizing.engine import decide
 from fracpilot_libs.sizing.forecast import DEFAULT_PRIOR, jump_after
+from fracpilot_libs.sizing.peak_profile import profile_period
 from fracpilot_libs.sizing.state import WorkloadState, dump_state, load_state
 
 POLICY = Policy()
@@ -69,3 +74,83 @@ def test_the_prior_is_taken_from_workloads_with_history_only() -> None:
     newcomer = WorkloadState(first_seen=now, memory_jump=0.95)
     assert prior_of([*seasoned, newcomer], now, POLICY) == 0.9
     assert prior_of([newcomer], now, POLICY) == DEFAULT_PRIOR
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    memory=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=60),
+    minutes=st.lists(st.integers(1, 180), min_size=60, max_size=60),
+)
+def test_the_kept_profile_is_the_replays_and_survives_a_checkpoint(
+    memory: list[float], minutes: list[int]
+) -> None:
+    sizer = TenantSizer(POLICY)
+    replay = sizer.start()
+    state, minute = WorkloadState(), 0
+    for share, step in zip(memory, minutes, strict=False):
+        minute += step
+        s = sample(memory_share=share, minute=minute)
+        now = s.timestamp.timestamp()
+        replay, _ = sizer.step(replay, s)
+        new, _ = decide(state, s, POLICY)
+        state = keep_profile(state, new, s.memory_share, now, POLICY)
+        assert list(state.memory_profile) == list(replay.profile)
+    restored = load_state(dump_state(state))
+    assert list(restored.memory_profile) == list(state.memory_profile)
+    assert dump_state(restored) == dump_state(state)
+    later = now + POLICY.memory_headroom.warmup  # past the warm-up, so it carries its profile
+    f = card_forecast(restored, POLICY, later)
+    assert f.profile is not None
+    assert f.profile.peaks == replay.peak_profile(later, POLICY)
+    assert f.profile.period_s == profile_period(POLICY)
+    assert f.profile.first <= min((k for k, _ in f.profile.peaks), default=f.profile.first)
+    assert f.profile.last == int(later // profile_period(POLICY))
+
+
+def test_a_young_workload_carries_no_profile_and_a_seasoned_one_its_peaks() -> None:
+    state = WorkloadState()
+    for minute, share in enumerate([0.2, 0.3, 0.25]):
+        s = sample(memory_share=share, minute=minute * 50)  # periods 0, 0 and 1 of T0's hour
+        new, _ = decide(state, s, POLICY)
+        state = keep_profile(state, new, s.memory_share, s.timestamp.timestamp(), POLICY)
+    now = sample(minute=101).timestamp.timestamp()
+    assert card_forecast(state, POLICY, now).profile is None  # has not shown its peaks
+    f = card_forecast(state, POLICY, now + POLICY.memory_headroom.warmup)
+    assert f.profile is not None
+    assert [round(v, 6) for _, v in f.profile.peaks] == [0.3, 0.25]
+    short = POLICY.model_copy(update={"memory_window_s": 10.0})  # a period the wire refuses
+    assert card_forecast(state, short, now + POLICY.memory_headroom.warmup).profile is None
+
+
+def test_a_sample_below_its_periods_peak_copies_nothing() -> None:
+    state = WorkloadState()
+    for minute, share in enumerate([0.2, 0.2, 0.1]):
+        s = sample(memory_share=share, minute=minute)
+        new, _ = decide(state, s, POLICY)
+        kept = keep_profile(state, new, s.memory_share, s.timestamp.timestamp(), POLICY)
+        assert kept is new  # set on the engine's fresh state, not a copy of it
+        if minute:
+            assert kept.memory_profile is state.memory_profile  # the same profile
+        state = kept
+    again = keep_profile(state, state, 0.9, sample(minute=3).timestamp.timestamp(), POLICY)
+    assert again is not state  # a state that is the one before is never changed in place
+    assert state.memory_profile[-1] == 0.2
+
+
+def test_a_checkpoint_with_a_profile_out_of_shape_does_not_load() -> None:
+    state = WorkloadState()
+    for minute in (0, 70, 140):
+        s = sample(memory_share=0.2, minute=minute)
+        new, _ = decide(state, s, POLICY)
+        state = keep_profile(state, new, s.memory_share, s.timestamp.timestamp(), POLICY)
+    body = json.loads(dump_state(state))
+    assert len(body["memory_profile"]) == 3
+    older = {k: v for k, v in body.items() if k != "memory_profile"}  # written before profiles
+    assert len(load_state(json.dumps(older).encode()).memory_profile) == 0
+    for bad in (
+        body["memory_profile"][::-1],  # periods not increasing
+        [[1, 1.5]],  # above the card
+        [[k, 0.1] for k in range(30)],  # more periods than are kept
+    ):
+        with pytest.raises(ValueError, match="checkpoint"):
+            load_state(json.dumps({**body, "memory_profile": bad}).encode())

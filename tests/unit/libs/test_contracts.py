@@ -13,6 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from factories import GIB, T0, as_json_with, decision, sample, workload
 from fracpilot_libs.contracts import (
+    PROFILE_MAX_PERIODS,
     ActuationResult,
     Allocation,
     AppSignals,
@@ -25,6 +26,7 @@ from fracpilot_libs.contracts import (
     MemoryIsolation,
     Mode,
     Outcome,
+    PeakProfile,
     PlanKind,
     Policy,
     PolicyLevel,
@@ -34,6 +36,7 @@ from fracpilot_libs.contracts import (
     UsageSample,
     WorkloadRef,
 )
+from fracpilot_libs.sizing.state import MEMORY_SLOTS
 
 NON_FINITE = [math.nan, math.inf, -math.inf]
 
@@ -607,6 +610,60 @@ def test_a_decision_carries_its_forecast_over_the_wire() -> None:
     got = FractionDecision.model_validate_json(sent.to_json())
     assert got.forecast == forecast
     assert got.isolation is MemoryIsolation.SHARED
+
+
+PROFILE = PeakProfile(period_s=3600.0, first=100, last=124, peaks=((100, 0.2), (103, 0.45)))
+
+
+def test_a_forecast_carries_its_peak_profile_over_the_wire() -> None:
+    forecast = CardForecast(memory_peak=0.45, memory_jump=0.05, compute=0.2, profile=PROFILE)
+    got = FractionDecision.model_validate_json(decision(forecast=forecast).to_json())
+    assert got.forecast is not None
+    assert got.forecast.profile == PROFILE
+    body = json.loads(decision(forecast=forecast).to_json())
+    del body["forecast"]["profile"]  # as a decision service before profiles wrote it
+    old = FractionDecision.model_validate_json(json.dumps(body))
+    assert old.forecast is not None
+    assert old.forecast.profile is None
+
+
+def test_profiles_are_bounded_to_the_engines_window() -> None:
+    assert PROFILE_MAX_PERIODS == 2 * MEMORY_SLOTS  # contracts import no sizing: tied here
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"peaks": ((103, 0.45), (100, 0.2))},  # periods out of order
+        {"peaks": ((100, 0.2), (100, 0.3))},  # a period twice
+        {"peaks": ((99, 0.2),)},  # before the window it covers
+        {"peaks": ((125, 0.2),)},  # after it
+        {"peaks": ((100, 1.01),)},  # more than the card
+        {"peaks": ((100, -0.01),)},
+        *({"peaks": ((100, bad),)} for bad in NON_FINITE),
+        {"first": 125},  # an empty window
+        {"last": 100 + PROFILE_MAX_PERIODS},  # too long a window
+        {"period_s": 0.0},
+        {"period_s": math.inf},
+        {"first": -1},
+    ],
+)
+def test_a_profile_out_of_shape_is_refused(change: dict[str, object]) -> None:
+    values = {**PROFILE.model_dump(), **change}
+    with pytest.raises(ValidationError):
+        PeakProfile.model_validate(values)
+    payload = as_json_with(
+        decision(),
+        forecast={"memory_peak": 0.3, "memory_jump": 0.05, "compute": 0.2, "profile": values},
+    )
+    with pytest.raises(ValidationError):
+        FractionDecision.model_validate_json(payload)
+
+
+def test_a_profile_of_the_longest_window_is_accepted() -> None:
+    last = 100 + PROFILE_MAX_PERIODS - 1
+    peaks = tuple((k, 0.5) for k in range(100, last + 1))
+    assert len(PeakProfile(period_s=3600.0, first=100, last=last, peaks=peaks).peaks) == 48
 
 
 @pytest.mark.parametrize("field", ["memory_peak", "memory_jump", "compute", "burst"])

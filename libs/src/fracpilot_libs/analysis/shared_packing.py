@@ -29,7 +29,7 @@ Pure: no clock, no I/O.
 
 from __future__ import annotations
 
-import math
+from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -46,7 +46,8 @@ from fracpilot_libs.placement.card_budget import (
 )
 from fracpilot_libs.sizing.engine import decide
 from fracpilot_libs.sizing.forecast import jump_after
-from fracpilot_libs.sizing.state import MEMORY_SLOTS, WorkloadState
+from fracpilot_libs.sizing.peak_profile import NO_PROFILE, in_window, profile_period, with_peak
+from fracpilot_libs.sizing.state import WorkloadState
 
 # The policy fields a shared-isolation engine sizes with: no per-pod memory headroom (the
 # card's pooled headroom replaces it).
@@ -82,23 +83,16 @@ class TenantState:
     engine: WorkloadState = field(default_factory=WorkloadState)
     jump: float = 0.0
     first_seen: float | None = None
-    # memory peak per period of the shared clock (period k is [k, k + 1) periods since the
-    # epoch), the periods of the memory window only
-    profile: dict[int, float] = field(default_factory=dict)
+    # memory peak per period of the shared clock (fracpilot_libs.sizing.peak_profile, as the
+    # decision service keeps it), the periods of the memory window only
+    profile: array[float] = field(default_factory=lambda: NO_PROFILE)
 
     def peak_profile(self, now: float, policy: Policy) -> tuple[tuple[int, float], ...]:
         """The profile over the memory window before ``now``, oldest period first: exact, as
         every sample is seen on the clock all tenants share (the engine's slots start where
         a workload's samples fell, so a profile read from them counts each slot's peak in the
         two periods it overlaps)."""
-        # the periods that end after the window's start
-        first = math.floor((now - policy.memory_window_s) / profile_period(policy))
-        return tuple(sorted((k, v) for k, v in self.profile.items() if k >= first))
-
-
-def profile_period(policy: Policy) -> float:
-    """The period of a peak profile: the engine's memory slot (1 h of a 24 h window)."""
-    return policy.memory_window_s / MEMORY_SLOTS
+        return in_window(self.profile, now, policy)
 
 
 @dataclass(frozen=True)
@@ -121,12 +115,7 @@ class TenantSizer:
         state.jump = jump_after(state.jump, state.engine, share, now, self.policy)
         if state.first_seen is None:
             state.first_seen = now
-        period = math.floor(now / profile_period(self.policy))
-        if share > state.profile.get(period, -1.0):
-            state.profile[period] = share
-            if len(state.profile) > 2 * MEMORY_SLOTS:  # keep the window's periods only
-                horizon = period - MEMORY_SLOTS - 1
-                state.profile = {k: v for k, v in state.profile.items() if k >= horizon}
+        state.profile = with_peak(state.profile, share, now, profile_period(self.policy))
         state.engine, decision = decide(state.engine, sample, self.policy)
         return state, decision.new_fraction if decision else None
 

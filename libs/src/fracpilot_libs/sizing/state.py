@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from array import array
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import chain, pairwise
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 BUCKETS = 101  # compute histogram: bucket i holds samples in ((i-1)%, i%]
 MEMORY_SLOTS = 24  # the memory window is kept as this many per-slot peaks
@@ -32,7 +32,8 @@ _NO_SLOTS: array[float] = array("d")  # shared by every state without memory his
 class WorkloadState:
     """What the engine remembers of one workload. Times are unix seconds.
 
-    About 2 KiB in memory once the memory window is full (``bench/decision_memory.py``):
+    About 2 KiB in memory once the memory window is full (``bench/decision_memory.py``; a
+    peak profile, where the decision service keeps one, adds about 0.5 KiB):
     numbers live in flat ``array('d')`` rather than tuples of boxed floats.
     """
 
@@ -64,6 +65,10 @@ class WorkloadState:
     memory_headroom: float | None = None
     # When the fraction changed within the last day, oldest first (the resize budget).
     resize_times: tuple[float, ...] = ()
+    # The memory peak per period of the clock all workloads share, flat: period, peak...,
+    # oldest first (sizing/peak_profile.py; kept by the decision service beside the engine,
+    # for the card planner; the engine itself does not carry it from state to state).
+    memory_profile: array[float] = field(default_factory=lambda: _NO_SLOTS)
 
     @property
     def memory_peaks(self) -> tuple[tuple[float, float], ...]:
@@ -89,6 +94,10 @@ def dump_state(state: WorkloadState) -> bytes:
     for name in WorkloadState.__slots__:
         if name == "memory_slots":
             body["memory_peaks"] = state.memory_peaks
+        elif name == "memory_profile":
+            profile = state.memory_profile
+            if profile:  # absent when empty: as checkpoints written before it
+                body[name] = [(int(profile[i]), profile[i + 1]) for i in range(0, len(profile), 2)]
         else:
             body[name] = getattr(state, name)
     # Exact floats (a rounded weight no longer sums to compute_total), trailing empties dropped.
@@ -128,6 +137,17 @@ class _Checkpoint(BaseModel):
     memory_jump: float = Field(default=0.0, ge=0, le=1)  # absent before the learned headroom
     memory_headroom: float | None = Field(default=None, ge=0, le=1)
     resize_times: list[float] = Field(default_factory=list, max_length=1441)
+    # absent before peak profiles (and when empty); as many periods as peak_profile keeps
+    memory_profile: list[tuple[int, Annotated[float, Field(ge=0, le=1)]]] = Field(
+        default_factory=list, max_length=MEMORY_SLOTS + 2
+    )
+
+    @field_validator("memory_profile")
+    @classmethod
+    def _periods_increase(cls, value: list[tuple[int, float]]) -> list[tuple[int, float]]:
+        if any(a[0] >= b[0] for a, b in pairwise(value)):
+            raise ValueError("memory_profile's periods must increase")
+        return value
 
 
 def load_state(data: bytes) -> WorkloadState:
@@ -163,4 +183,7 @@ def load_state(data: bytes) -> WorkloadState:
         memory_jump=c.memory_jump,
         memory_headroom=c.memory_headroom,
         resize_times=tuple(c.resize_times),
+        memory_profile=(
+            array("d", chain.from_iterable(c.memory_profile)) if c.memory_profile else _NO_SLOTS
+        ),
     )

@@ -5,21 +5,39 @@ isolation: :mod:`fracpilot_libs.placement.card_budget`); it needs each workload'
 its jump statistic and a compute summary (:class:`~fracpilot_libs.contracts.CardForecast`).
 The engine stays per workload: :func:`keep_jump` keeps the jump statistic in the state's
 ``memory_jump`` (checkpointed with it), which the engine itself updates only under a learned
-headroom, and :func:`card_forecast` reads the forecast from the state
-(:mod:`fracpilot_libs.sizing.forecast`, as ``fracpilot replay --pack --isolation shared`` does).
+headroom; :func:`keep_profile` keeps the workload's exact memory peak per period of the shared
+clock in its ``memory_profile`` (checkpointed too) with the replay's own function
+(:func:`fracpilot_libs.sizing.peak_profile.with_peak`); and :func:`card_forecast` reads the
+forecast from the state (:mod:`fracpilot_libs.sizing.forecast`, as ``fracpilot replay --pack
+--isolation shared`` does), with the profile over the window, so that the actuator budgets a
+card's joint peak as the replay does.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
-from fracpilot_libs.contracts import CardForecast, MemoryHeadroomMode, Policy
+from fracpilot_libs.contracts import (
+    PROFILE_PERIOD_S,
+    CardForecast,
+    MemoryHeadroomMode,
+    PeakProfile,
+    Policy,
+)
 from fracpilot_libs.sizing.engine import need_of
 from fracpilot_libs.sizing.forecast import (
     DEFAULT_PRIOR,
     forecast_of,
     jump_after,
     population_prior,
+)
+from fracpilot_libs.sizing.peak_profile import (
+    NO_PROFILE,
+    in_window,
+    profile_period,
+    window_first,
+    with_peak,
 )
 from fracpilot_libs.sizing.state import WorkloadState, evolve
 
@@ -46,6 +64,32 @@ def keep_jump(
     return after if new == after.memory_jump else evolve(after, memory_jump=new)
 
 
+def keep_profile(
+    before: WorkloadState | None,
+    after: WorkloadState,
+    share: float,
+    now: float,
+    policy: Policy,
+) -> WorkloadState:
+    """``after`` (the engine's state once it observed a sample of ``share`` memory at ``now``)
+    with the peak profile of ``before`` updated by that sample (a new profile only when the
+    peak rose).
+
+    The engine does not carry the profile from state to state (``observe`` builds its state
+    positionally, without it), so it is put on ``after`` here, *in place*: ``after`` is the
+    state :func:`~fracpilot_libs.sizing.engine.decide` just made, which nothing else holds
+    yet, and a copy of it per sample would cost as much again as the engine's own state. A
+    state that is ``before`` itself is copied."""
+    old = before.memory_profile if before is not None else NO_PROFILE
+    profile = with_peak(old, share, now, profile_period(policy))
+    if after.memory_profile is profile:
+        return after
+    if after is before:
+        return evolve(after, memory_profile=profile)
+    object.__setattr__(after, "memory_profile", profile)  # frozen, but fresh: see above
+    return after
+
+
 def _share(value: float) -> float:
     return min(1.0, max(0.0, value))
 
@@ -66,9 +110,12 @@ def card_forecast(
     state: WorkloadState, policy: Policy, now: float, prior: float = DEFAULT_PRIOR
 ) -> CardForecast:
     """The workload's forecast: its memory peak over the window, its jump statistic (at least
-    ``prior`` while it is young), the compute level the policy sizes it by and its burst."""
+    ``prior`` while it is young), the compute level the policy sizes it by and its burst, and
+    its peak profile over the window (none while it is young: it has not shown its peaks, so
+    its peak counts in every period, as in the replay)."""
     jump = state.memory_jump
-    if young(state, now, policy):
+    is_young = young(state, now, policy)
+    if is_young:
         jump = max(jump, prior)
     level = need_of(state, policy).compute_need if state.samples else 0.0
     f = forecast_of(state, policy, jump, _share(level))
@@ -77,4 +124,19 @@ def card_forecast(
         memory_jump=_share(f.memory_jump),
         compute=_share(f.compute),
         burst=_share(f.burst),
+        profile=None if is_young else profile_of(state, now, policy),
+    )
+
+
+def profile_of(state: WorkloadState, now: float, policy: Policy) -> PeakProfile | None:
+    """The state's peak profile over the memory window before ``now``, as the wire has it
+    (None for a memory window whose slots the wire does not take)."""
+    period = profile_period(policy)
+    if not PROFILE_PERIOD_S[0] <= period <= PROFILE_PERIOD_S[1]:
+        return None
+    return PeakProfile(
+        period_s=period,
+        first=window_first(now, policy),
+        last=math.floor(now / profile_period(policy)),
+        peaks=tuple((k, _share(v)) for k, v in in_window(state.memory_profile, now, policy)),
     )

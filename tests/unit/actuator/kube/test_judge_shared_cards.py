@@ -12,7 +12,14 @@ from fracpilot_actuator.kube.enforcement import Enforcement
 from fracpilot_actuator.kube.inventory import build_inventory
 from fracpilot_actuator.kube.judge import ActuationPlan, ClusterView, CoTenant, Guards, judge
 from fracpilot_actuator.stores.forecasts import KnownForecast
-from fracpilot_libs.contracts import CardForecast, FractionDecision, MemoryIsolation, Mode, PlanKind
+from fracpilot_libs.contracts import (
+    CardForecast,
+    FractionDecision,
+    MemoryIsolation,
+    Mode,
+    PeakProfile,
+    PlanKind,
+)
 from support.kube_objects import MEM_MIB, T0, kai, node, reservation
 
 UUID_A = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"
@@ -133,3 +140,27 @@ def test_a_co_tenant_in_flight_keeps_its_share() -> None:
     assert isinstance(result, ActuationPlan)
     assert result.redivision == ()
     assert "another action on its workload is in flight" in result.plan.reason
+
+
+def test_with_peak_profiles_the_card_reserves_the_joint_peak_only() -> None:
+    # chat peaks by day, embed by night: together they never held more than 0.5 in one hour
+    hour = int(LATER.timestamp() // 3600)
+    day = PeakProfile(
+        period_s=3600.0, first=hour - 24, last=hour, peaks=((hour - 20, 0.1), (hour - 8, 0.45))
+    )
+    night = PeakProfile(
+        period_s=3600.0, first=hour - 24, last=hour, peaks=((hour - 20, 0.25), (hour - 8, 0.05))
+    )
+    chat = CHAT.model_copy(update={"profile": day})
+    embed = EMBED.model_copy(update={"profile": night})
+    result = judge(grow(forecast=chat), view(known=embed), GUARDS, NOW)
+    assert isinstance(result, ActuationPlan)
+    assert result.plan.kind is PlanKind.IN_PLACE
+    # joint peak 0.5 (not 0.45 + 0.25) + one pooled headroom 0.1: 0.6, shared by need (45:25)
+    assert result.primary is not None
+    assert result.primary.fraction_after == 0.38
+    [co] = result.redivision
+    assert (co.step.fraction_before, co.step.fraction_after) == (0.6, 0.21)
+    assert "peaks pooled over 2 peak profiles: joint peak 0.5 where summed 0.7" in (
+        result.plan.reason
+    )
