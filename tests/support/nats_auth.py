@@ -24,6 +24,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.nats.embedded import EmbeddedNats
 from fracpilot_libs.server_process import free_port
 
@@ -209,6 +210,10 @@ class SecuredNats:
         if self.tls is not None:
             fields["tls_ca_file"] = str(self.tls.ca)
         return {"nats": fields | nats}
+
+    def settings(self, name: str) -> ServiceSettings:
+        """The identity's connection settings (for the test's own clients: helpers.connect)."""
+        return ServiceSettings(**self.identity(name))
 
     def env(self, name: str) -> dict[str, str]:
         """The same identity as FRACPILOT_ environment variables (for the CLI)."""
