@@ -37,7 +37,7 @@ from fracpilot_cli.processes import ServiceProcess
 from fracpilot_ingest.settings import IngestSettings
 from fracpilot_libs.server_process import free_port
 from fracpilot_libs.simulation.workloads import demo_workloads
-from support.nats_auth import SecuredNats, make_tls_files
+from support.nats_auth import SecuredNats, chart_tls_files
 
 pytestmark = pytest.mark.chaos
 
@@ -66,7 +66,7 @@ async def test_kills_of_nats_and_every_service_lose_nothing_and_repeat_nothing(
     )
     chaos_figures.append(figures)
     started = time.monotonic()
-    server = SecuredNats(tmp_path / "nats", tls=make_tls_files(tmp_path / "tls"))
+    server = SecuredNats(tmp_path / "nats", tls=chart_tls_files(tmp_path / "tls"))
     server.start()
     operator = server.settings("operator")
     ports = {name: free_port() for name in ORDER}

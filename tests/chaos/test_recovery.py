@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,13 +42,21 @@ from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.bus import Bus
 from fracpilot_libs.runtime import ServiceRuntime
 from helpers import connect, read_stream, read_usage, running, wait_for
-from support.nats_auth import SecuredNats, make_tls_files
+from support.nats_auth import IDENTITIES, SecuredNats, chart_tls_files
 
 pytestmark = pytest.mark.chaos
 
 
-def secured_bus(tmp_path: Path) -> SecuredNats:
-    return SecuredNats(tmp_path / "nats", tls=make_tls_files(tmp_path / "tls")).start()
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[SecuredNats]:
+    """The secured bus; afterwards, no identity may have lacked a permission."""
+    bus = SecuredNats(tmp_path / "nats", tls=chart_tls_files(tmp_path / "tls")).start()
+    try:
+        yield bus
+        lacked = {name: bus.violations(name) for name in IDENTITIES}
+    finally:
+        bus.cleanup()
+    assert lacked == {name: [] for name in IDENTITIES}, "an identity lacked a permission"
 
 
 def allocation(fraction: float) -> Allocation:
@@ -62,8 +71,7 @@ def allocation(fraction: float) -> Allocation:
     )
 
 
-async def test_kv_watch_and_publishes_carry_on_across_a_nats_restart(tmp_path: Path) -> None:
-    server = secured_bus(tmp_path)
+async def test_kv_watch_and_publishes_carry_on_across_a_nats_restart(server: SecuredNats) -> None:
     bus = Bus("test", server.settings("ingest"), CollectorRegistry())
     try:
         await bus.connect(retry_for_s=5)
@@ -118,8 +126,7 @@ async def test_kv_watch_and_publishes_carry_on_across_a_nats_restart(tmp_path: P
         server.cleanup()
 
 
-async def test_readiness_follows_the_nats_connection(tmp_path: Path) -> None:
-    server = secured_bus(tmp_path)
+async def test_readiness_follows_the_nats_connection(server: SecuredNats) -> None:
     runtime = ServiceRuntime("test", server.settings("decision"))
 
     async def start() -> None:
@@ -143,8 +150,9 @@ async def test_readiness_follows_the_nats_connection(tmp_path: Path) -> None:
         server.cleanup()
 
 
-async def test_an_executed_decision_is_not_executed_again_after_a_crash(tmp_path: Path) -> None:
-    server = secured_bus(tmp_path)
+async def test_an_executed_decision_is_not_executed_again_after_a_crash(
+    server: SecuredNats,
+) -> None:
     settings = ActuatorSettings(
         **server.identity("actuator"),
         # opted in: the decision is applied (once)

@@ -27,7 +27,7 @@ from fracpilot_libs.contracts import ActuationResult, Allocation, FractionDecisi
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.decision_backlog import decision_backlog
 from helpers import NatsAccess, connect, read_stream, read_usage
-from support.nats_auth import SecuredNats, make_tls_files
+from support.nats_auth import SecuredNats, chart_tls_files
 
 pytestmark = pytest.mark.e2e
 
@@ -70,7 +70,7 @@ async def wait_caught_up(url: NatsAccess, stream: str, durable: str, within_s: f
 
 
 async def test_load_becomes_actions_and_a_decision_restart_loses_nothing(tmp_path: Path) -> None:
-    bus = SecuredNats(tmp_path / "nats", tls=make_tls_files(tmp_path / "tls")).start()
+    bus = SecuredNats(tmp_path / "nats", tls=chart_tls_files(tmp_path / "tls")).start()
     nats_url = bus.settings("operator")  # the test reads as the operator
     config = DemoConfig(workloads=8, sim_hours=6, speed=2400, log_dir=tmp_path)
     envs = config.service_env(bus.url)
