@@ -24,7 +24,6 @@ from kubernetes.client.exceptions import ApiException
 
 from factories import decision
 from fracpilot_actuator.app import ActuatorService
-from fracpilot_actuator.kube.placeholders import PRIORITY_CLASS
 from fracpilot_actuator.settings import ActuatorSettings
 from fracpilot_libs.contracts import (
     ActuationResult,
@@ -99,17 +98,6 @@ def cluster(kube_admin: client.ApiClient, kube_namespace: str) -> dict[str, Any]
             annotations={"gpu-fraction": "0.5"},
             owner=owner,
         )
-    try:
-        client.SchedulingV1Api(kube_admin).create_priority_class(
-            client.V1PriorityClass(  # the chart's (shared by the session)
-                metadata=client.V1ObjectMeta(name=PRIORITY_CLASS),
-                value=-10,
-                preemption_policy="Never",
-            )
-        )
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
     return {"ns": ns, "selector": f"fracpilot.io/test={ns}"}
 
 
