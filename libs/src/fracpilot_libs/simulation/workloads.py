@@ -12,6 +12,8 @@ the fraction it holds (:func:`fracpilot_libs.llm_servers.flag_value`; the server
 GPU of its own), so its memory in use is flat. Its KV cache fills the pool (the preallocation
 less the weights) as its traffic needs, and it reports the pool and its usage as vLLM's metrics
 say them, so the engine sizes it from the KV cache it uses (:mod:`fracpilot_libs.sizing.kv_memory`).
+The flag is that of the fraction held, as if every change restarted the server: a real in-place
+upsize leaves the pool at its start flag (the demo's backend recreates only its downsizes).
 Everything is a pure function of the workload's parameters, the simulated time and the fraction
 held, so a run is reproducible.
 """
