@@ -2,11 +2,16 @@
 
 The opt-in rule (:mod:`fracpilot_actuator.opt_in`) holds here as in a real cluster: the simulated
 namespaces' labels (``FRACPILOT_SIM_NAMESPACE_LABELS``) say which are in auto mode, so the demo
-opts its namespace in as a user would label theirs."""
+opts its namespace in as a user would label theirs.
+
+A workload whose server preallocates its memory (the simulation's ``PREALLOCATING``, issue 28)
+is downsized by a recreate on its GPU, as the Kubernetes backend does
+(:mod:`fracpilot_actuator.kube.preallocation`): its pool does not shrink in place, and the new
+pod starts with its flag rewritten for the new fraction."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import replace
 from datetime import datetime
 
@@ -16,6 +21,27 @@ from fracpilot_actuator.settings import OptInSettings
 from fracpilot_actuator.simulated.cluster import SimulatedCluster
 from fracpilot_libs.contracts import FractionDecision, Outcome, PlanKind
 from fracpilot_libs.placement.planner import ResizePlan, plan_resize
+from fracpilot_libs.simulation.workloads import PREALLOCATING
+
+
+def preallocated_plan(plan: ResizePlan, preallocating: Collection[str]) -> ResizePlan:
+    """The plan, with an in-place downsize of a workload in ``preallocating`` (owner names)
+    made a recreate on its GPU (see the module docstring)."""
+    before = plan.fraction_before
+    if (
+        plan.kind is not PlanKind.IN_PLACE
+        or before is None
+        or plan.fraction_after >= before
+        or plan.workload.owner_name not in preallocating
+    ):
+        return plan
+    return plan.model_copy(
+        update={
+            "kind": PlanKind.RECREATE_ELSEWHERE,
+            "reason": f"{plan.reason}, but its LLM server preallocated its memory and its pool "
+            "does not shrink in place: recreated with its memory flag rewritten",
+        }
+    )
 
 
 class SimulatedBackend:
@@ -27,11 +53,13 @@ class SimulatedBackend:
         seed: Callable[[], Awaitable[None]],
         opt_in: OptInSettings | None = None,
         namespace_labels: Mapping[str, Mapping[str, str]] | None = None,
+        preallocating: Collection[str] = frozenset(PREALLOCATING),
     ) -> None:
         self.cluster = cluster
         self._seed = seed
         self.opt_in = opt_in or OptInSettings()
         self.namespace_labels = dict(namespace_labels or {})
+        self.preallocating = frozenset(preallocating)  # workloads' owner names
 
     async def start(self, now: datetime | None = None) -> None:
         await self._seed()
@@ -68,7 +96,7 @@ class SimulatedBackend:
             return Actuation(PlanKind.NONE, Outcome.SKIPPED, detail, held_back="off")
         held_back = "dry_run" if dry_run else selected.held_back
         dry_run = dry_run or ("" if selected.applies else selected.reason)
-        plan = plan_resize(self.cluster.state, decision)
+        plan = preallocated_plan(plan_resize(self.cluster.state, decision), self.preallocating)
         if dry_run:
             would = self._actuation(plan, Outcome.DRY_RUN, f"{dry_run}: would {plan.reason}")
             return replace(would, held_back=held_back)
