@@ -239,7 +239,11 @@ async def connect_as(bus: Bus, identity: str) -> Connection:
 
 
 def test_the_default_render_turns_auth_and_tls_on() -> None:
-    conf = find(render(), "ConfigMap", f"{PREFIX}-nats")["data"]["nats.conf"]
+    data = find(render(), "ConfigMap", f"{PREFIX}-nats")["data"]
+    conf = data["nats.conf"]
+    # One source: the rendered permissions are deploy/nats/permissions.conf as it is.
+    source = (REPO_ROOT / "deploy" / "nats" / "permissions.conf").read_text()
+    assert data["permissions.conf"].strip() == source.strip()
     assert "include permissions.conf" in conf
     assert "verify: true" in conf  # routes: mutual TLS
     assert "\ntls {" in conf
