@@ -10,6 +10,12 @@ Checked afterwards (chaos.invariants): every decision has a result and no record
 half-way, no pod was evicted twice (the proxy saw what reached the apiserver), at most three
 disruptive actions in the window even across the kill, every applied fraction is the decided
 one; and after each fault the actuator is ready and acting again within ``READY_WITHIN_S``.
+
+The bus is secured as the chart's default is (issue 29): deploy/nats's configuration (the chart's
+permissions source) with TLS from the chart hook's CA. The actuator process runs as ``actuator``,
+the load generator publishes decisions as ``decision``, the allocations are seeded as the
+actuator writes them, the results are followed and the evidence read as the read-only
+``operator``; no identity may lack a permission, faults included.
 """
 
 from __future__ import annotations
@@ -24,22 +30,25 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import nats
 import pytest
 from kubernetes import client
+from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from nats.js.api import DeliverPolicy
 
 from chaos.faults import READY_WITHIN_S, FaultRun, ScenarioFigures, seconds_until_ready
 from chaos.invariants import Budget, EvictionSeen, check, wait_drained
 from chaos.kube_cluster import GpuCluster
 from factories import decision as make_decision
 from fracpilot_cli.processes import ServiceProcess
+from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import ActuationResult, FractionDecision, Outcome, PlanKind, utcnow
 from fracpilot_libs.nats import subjects
-from fracpilot_libs.nats.embedded import EmbeddedNats
 from fracpilot_libs.server_process import free_port
+from helpers import connect
 from k8s_control_plane import ControlPlane
 from support.fault_proxy import FaultProxy, Rule, proxy_kubeconfig, upstream_context
+from support.nats_auth import IDENTITIES, SecuredNats, chart_tls_files
 
 pytestmark = pytest.mark.chaos
 
@@ -51,7 +60,8 @@ EVICTION = r"/pods/[^/]+/eviction$"
 
 
 class Results:
-    """Every ActuationResult as it is published (core NATS), waited on by decision id."""
+    """Every ActuationResult as it is stored, followed with an ordered consumer (what the
+    read-only operator may do), waited on by decision id."""
 
     def __init__(self) -> None:
         self.seen: dict[str, list[ActuationResult]] = {}
@@ -81,8 +91,8 @@ class Results:
 
 
 @contextlib.asynccontextmanager
-async def nats_client(url: str) -> AsyncIterator[nats.aio.client.Client]:
-    nc = await nats.connect(url)
+async def nats_client(identity: ServiceSettings) -> AsyncIterator[NatsClient]:
+    nc = await connect(identity)
     try:
         yield nc
     finally:
@@ -122,12 +132,13 @@ async def test_api_faults_and_a_crash_mid_eviction_keep_every_invariant(
     proxy = FaultProxy(host, int(port), upstream, seed=7).start()
     kubeconfig = tmp_path / "kubeconfig-via-proxy"
     kubeconfig.write_text(json.dumps(proxy_kubeconfig(proxy.url)))
-    server = EmbeddedNats(store_dir=str(tmp_path / "nats-store")).start()
+    server = SecuredNats(tmp_path / "nats", tls=chart_tls_files(tmp_path / "tls")).start()
+    operator = server.settings("operator")
     metrics_port = free_port()
     actuator = ServiceProcess(
         "actuator",
         {
-            "FRACPILOT_NATS_URL": server.url,
+            **server.env("actuator"),  # its own identity and the CA
             "FRACPILOT_METRICS_PORT": str(metrics_port),
             "FRACPILOT_BACKEND": "kubernetes",
             "FRACPILOT_KUBECONFIG": str(kubeconfig),
@@ -217,13 +228,20 @@ async def test_api_faults_and_a_crash_mid_eviction_keep_every_invariant(
         return [p for p in (f"{name}-a", f"{name}-b") if gpus.evicted(p)]
 
     try:
-        async with nats_client(server.url) as nc:
-            await nc.subscribe(f"{subjects.ACTUATION_PREFIX}.>", cb=results.on_message)
-            js = nc.jetstream()
-            kv = await js.create_key_value(bucket=subjects.ALLOCATION_BUCKET)
+        async with nats_client(server.settings("actuator")) as writer:
+            # The cluster's allocations, written as the actuator writes them.
+            kv = await writer.jetstream().create_key_value(bucket=subjects.ALLOCATION_BUCKET)
             for allocation in gpus.allocations():
                 await kv.put(subjects.kv_key(allocation.workload), allocation.to_json())
-            actuator.start().wait_for_log("service ready", timeout_s=60)
+        actuator.start().wait_for_log("service ready", timeout_s=60)  # streams declared
+        async with nats_client(server.settings("decision")) as nc, nats_client(operator) as reader:
+            await reader.jetstream().subscribe(
+                f"{subjects.ACTUATION_PREFIX}.>",
+                stream=subjects.ACTUATION_STREAM,
+                ordered_consumer=True,
+                deliver_policy=DeliverPolicy.ALL,
+                cb=results.on_message,
+            )
             load = [asyncio.create_task(steady_load(nc, name)) for name in STEADY]
             await asyncio.sleep(1.5)
 
@@ -286,9 +304,7 @@ async def test_api_faults_and_a_crash_mid_eviction_keep_every_invariant(
             await asyncio.sleep(1.0)
             stop_load.set()
             await asyncio.gather(*load)
-            figures.extra["drained after the load ended"] = (
-                f"{await wait_drained(server.url):.1f} s"
-            )
+            figures.extra["drained after the load ended"] = f"{await wait_drained(operator):.1f} s"
 
         seen = [
             EvictionSeen(
@@ -300,7 +316,7 @@ async def test_api_faults_and_a_crash_mid_eviction_keep_every_invariant(
             for r in proxy.requests("POST", EVICTION)
         ]
         findings = await check(
-            server.url,
+            operator,
             evictions=seen,
             decision_of_pod=gpus.decision_of_evicted_pods(),
             budget=BUDGET,
@@ -317,6 +333,7 @@ async def test_api_faults_and_a_crash_mid_eviction_keep_every_invariant(
         figures.extra["API calls retried (actuator log)"] = retried
         evicted = {name: evicted_pods_of(name) for name in EVICTED}
         assert actuator.running, f"the actuator died; see {actuator.log_path}"
+        lacked = {name: server.violations(name) for name in IDENTITIES}
     finally:
         figures.wall_s = time.monotonic() - started
         stop_load.set()
@@ -340,6 +357,7 @@ async def test_api_faults_and_a_crash_mid_eviction_keep_every_invariant(
     assert figures.injected["proxy lose_response"] == 1
     for run in figures.faults:
         assert run.recovery_s <= READY_WITHIN_S, run
+    assert lacked == {name: [] for name in IDENTITIES}, "an identity lacked a permission"
 
 
 async def wait_until(condition: Callable[[], bool], timeout_s: float) -> None:

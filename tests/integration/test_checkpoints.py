@@ -221,3 +221,28 @@ async def test_a_stalled_restore_is_tried_again_and_no_workload_starts_afresh(
         assert stalls == 1
         for key, state in before.items():
             assert_same_state(second.histories[key], state)
+
+
+async def test_a_bucket_that_cannot_be_opened_fails_the_open_at_once(nats_url: str) -> None:
+    """Nothing swallowed (issue 29): a declaration retrying cannot mend (three replicas asked
+    of a single server) is raised by ``Checkpointer.open`` at once, not logged and passed over,
+    so the service does not start without its checkpoints."""
+    import time
+
+    from nats.js.errors import APIError
+    from prometheus_client import CollectorRegistry
+
+    from fracpilot_decision.checkpoints import Checkpointer
+
+    await reset_nats(nats_url)
+    nc = await nats.connect(nats_url)
+    try:
+        checkpoints = Checkpointer(nc, CollectorRegistry(), replicas=3)
+        started = time.monotonic()
+        with pytest.raises(APIError, match="replicas"):
+            await checkpoints.open()
+        assert time.monotonic() - started < 5  # not retried until the declaration deadline
+        with pytest.raises(RuntimeError, match="not opened"):
+            _ = checkpoints.kv
+    finally:
+        await nc.close()

@@ -207,10 +207,13 @@ class SecuredNats:
         tls: TlsFiles | None = None,
         verify_clients: bool = False,
         extra_users: tuple[str, ...] = (),
+        passwords: dict[str, str] | None = None,
     ) -> None:
+        """``passwords``: each identity's (e.g. read from the chart's Secrets); default: new
+        test passwords."""
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
-        self.passwords = identity_passwords()
+        self.passwords = passwords or identity_passwords()
         self.port = free_port()
         self.tls = tls
         store = directory / "store"

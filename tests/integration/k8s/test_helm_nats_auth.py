@@ -12,6 +12,10 @@ refused; each identity publishes only its own subjects (a forged decision from i
 policy write from the operator: refused); the decision service runs under its identity and
 policy-admin alone changes a policy. Adapted for loopback only: ports, routes, paths
 (tests/support/nats_config_cluster.py) and the certificate files' directory.
+
+The other choices, rendered: your NATS (``nats.deploy=false``) takes the same identities from
+Secrets (yours, or the chart's run by a server with deploy/nats's configuration), and a
+certificate of yours (``nats.tls.existingSecret``, e.g. cert-manager's) serves the built-in one.
 """
 
 from __future__ import annotations
@@ -43,7 +47,8 @@ from fracpilot_libs.contracts import Policy, PolicyReply
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.connect import NatsSecurityError, open_connection
 from helpers import running, wait_for
-from k8s_control_plane import REPO_ROOT, ensure_testbin
+from k8s_control_plane import REPO_ROOT, ControlPlane, ensure_testbin
+from support.nats_auth import SecuredNats, chart_tls_files
 from support.nats_config_cluster import ConfigFileCluster
 
 pytestmark = pytest.mark.integration
@@ -134,7 +139,11 @@ class Bus:
         return {"nats": nats_fields | extra}
 
 
-def start_bus(docs: list[dict[str, Any]], secrets: dict[str, Any], workdir: Path) -> Bus:
+def start_bus(
+    docs: list[dict[str, Any]], secrets: dict[str, Any], workdir: Path, ca_only: bool = True
+) -> Bus:
+    """``ca_only``: the services' CA volume is the chart's CA-only Secret (not so with
+    ``nats.tls.existingSecret``, whose Secret holds the server's key beside the CA)."""
     config = find(docs, "ConfigMap", f"{PREFIX}-nats")["data"]
     server = find(docs, "StatefulSet", f"{PREFIX}-nats")["spec"]["template"]["spec"]
     container = next(c for c in server["containers"] if c["name"] == "nats")
@@ -162,7 +171,8 @@ def start_bus(docs: list[dict[str, Any]], secrets: dict[str, Any], workdir: Path
         assert service_env["FRACPILOT_NATS_TLS_CA_FILE"] == "/etc/fracpilot/nats/tls/ca.crt"
         ca_volume = next(v for v in pod["volumes"] if v["name"] == "nats-tls")["secret"]
         ca.write_bytes(secrets[ca_volume["secretName"]]["ca.crt"])
-        assert "tls.key" not in secrets[ca_volume["secretName"]]  # the CA only
+        if ca_only:
+            assert "tls.key" not in secrets[ca_volume["secretName"]]  # the CA only
     clients = find(docs, "ConfigMap", f"{PREFIX}-nats-clients")["data"]
     for who in ("operator", "policy-admin"):
         data = secrets[clients[f"{who}.secret"]]
@@ -211,23 +221,29 @@ class Connection:
         )
 
 
-async def connect_as(bus: Bus, identity: str) -> Connection:
+async def connect_with(settings: ServiceSettings) -> Connection:
     errors: list[Exception] = []
 
     async def remember(exc: Exception) -> None:
         errors.append(exc)
 
-    nc = await open_connection(
-        ServiceSettings(**bus.settings(identity)), servers=bus.url.split(","), error_cb=remember
-    )
+    nc = await open_connection(settings, servers=settings.nats.url.split(","), error_cb=remember)
     return Connection(nc, errors)
+
+
+async def connect_as(bus: Bus, identity: str) -> Connection:
+    return await connect_with(ServiceSettings(**bus.settings(identity)))
 
 
 # --- who may connect ---------------------------------------------------------------------------
 
 
 def test_the_default_render_turns_auth_and_tls_on() -> None:
-    conf = find(render(), "ConfigMap", f"{PREFIX}-nats")["data"]["nats.conf"]
+    data = find(render(), "ConfigMap", f"{PREFIX}-nats")["data"]
+    conf = data["nats.conf"]
+    # One source: the rendered permissions are deploy/nats/permissions.conf as it is.
+    source = (REPO_ROOT / "deploy" / "nats" / "permissions.conf").read_text()
+    assert data["permissions.conf"].strip() == source.strip()
     assert "include permissions.conf" in conf
     assert "verify: true" in conf  # routes: mutual TLS
     assert "\ntls {" in conf
@@ -385,3 +401,202 @@ async def test_the_kubectl_plugin_reads_as_operator_and_sets_as_policy_admin(
         assert not conn.denied(subjects.POLICY_GET)
     finally:
         await nc.close()
+
+
+# --- your NATS (nats.deploy=false): the same identities, from Secrets ---------------------------
+
+EXTERNAL = ("--set", "nats.deploy=false", "--set", "nats.url=tls://nats.example:4222")
+SERVICES = ("ingest", "decision", "actuator")
+
+
+def service_pod(docs: list[dict[str, Any]], service: str) -> dict[str, Any]:
+    pod: dict[str, Any] = find(docs, "Deployment", f"{PREFIX}-{service}")["spec"]["template"]
+    return pod["spec"]
+
+
+def your_identity_secrets() -> list[str]:
+    """--set values naming a Secret of yours, my-nats-<identity>, for every identity."""
+    out: list[str] = []
+    for identity in IDENTITIES:
+        out += [
+            "--set",
+            f"nats.auth.identities.{identity.replace('-admin', 'Admin')}=my-nats-{identity}",
+        ]
+    return out
+
+
+def test_your_nats_takes_each_identity_from_your_secrets() -> None:
+    args = (*EXTERNAL, *your_identity_secrets(), "--set", "nats.tls.existingSecret=my-nats-ca")
+    docs = render(*args)
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert ("StatefulSet", f"{PREFIX}-nats") not in kinds
+    assert not [n for k, n in kinds if k == "Secret" and n.startswith(f"{PREFIX}-nats")]
+    for service in SERVICES:
+        pod = service_pod(docs, service)
+        env = {e["name"]: e for e in pod["containers"][0]["env"]}
+        assert env["FRACPILOT_NATS_URL"]["value"] == "tls://nats.example:4222"
+        for variable in ("FRACPILOT_NATS_USER", "FRACPILOT_NATS_PASSWORD"):
+            assert env[variable]["valueFrom"]["secretKeyRef"]["name"] == f"my-nats-{service}"
+        others = [f"my-nats-{i}" for i in IDENTITIES if i != service]
+        assert not [o for o in others if o in json.dumps(pod)], f"{service}: another identity"
+        ca = next(v for v in pod["volumes"] if v["name"] == "nats-tls")["secret"]
+        assert (ca["secretName"], ca["items"]) == (
+            "my-nats-ca",
+            [{"key": "ca.crt", "path": "ca.crt"}],
+        )
+        assert env["FRACPILOT_NATS_TLS_CA_FILE"]["value"] == "/etc/fracpilot/nats/tls/ca.crt"
+    clients = find(docs, "ConfigMap", f"{PREFIX}-nats-clients")["data"]
+    assert clients["operator.secret"] == "my-nats-operator"  # the CLI's default
+    assert clients["policy-admin.secret"] == "my-nats-policy-admin"  # policy set
+    # With the hook making the release's Secrets, it makes none of these either.
+    hooked = render(*args, "--set", "secretGeneration=job")
+    job = find(hooked, "Job", f"{PREFIX}-release-secrets-create")
+    parsed = release_secrets._parser().parse_args(
+        job["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+    assert (parsed.nats_identities, parsed.nats_tls_secret) == ([], "")
+
+
+async def test_your_nats_run_with_the_chart_made_identities(tmp_path: Path) -> None:
+    """No Secrets given: the chart makes one per identity, and your server, run with
+    deploy/nats's configuration and those passwords, lets each service in as its Deployment
+    says, each only on its own subjects; the CLI's operator may not set a policy."""
+    tls = chart_tls_files(tmp_path / "tls")  # stands in for your server's certificate
+    docs = render(*EXTERNAL, "--set", "nats.tls.existingSecret=my-nats-ca")
+    secrets = secrets_of(docs) | {"my-nats-ca": {"ca.crt": tls.ca.read_bytes()}}
+    made = {i: secrets[f"{PREFIX}-nats-{i}"] for i in IDENTITIES}
+    assert {i: made[i]["user"].decode() for i in IDENTITIES} == {i: i for i in IDENTITIES}
+    passwords = {i: made[i]["password"].decode() for i in IDENTITIES}
+    assert len(set(passwords.values())) == len(IDENTITIES)
+    server = SecuredNats(tmp_path / "nats", tls=tls, passwords=passwords).start()
+    try:
+        ca = tmp_path / "ca.crt"
+        connections: dict[str, Connection] = {}
+        for service in SERVICES:
+            pod = service_pod(docs, service)
+            env = resolve_env(pod["containers"][0]["env"], secrets)
+            volume = next(v for v in pod["volumes"] if v["name"] == "nats-tls")["secret"]
+            ca.write_bytes(secrets[volume["secretName"]]["ca.crt"])
+            settings = {
+                "url": server.url,
+                "user": env["FRACPILOT_NATS_USER"],
+                "password": env["FRACPILOT_NATS_PASSWORD"],
+                "tls_ca_file": str(ca),
+            }
+            connections[service] = await connect_with(ServiceSettings(nats=settings))
+        clients = find(docs, "ConfigMap", f"{PREFIX}-nats-clients")["data"]
+        operator = secrets[clients["operator.secret"]]
+        connections["operator"] = await connect_with(
+            ServiceSettings(
+                nats={
+                    "url": server.url,
+                    "user": operator[clients["userKey"]].decode(),
+                    "password": operator[clients["passwordKey"]].decode(),
+                    "tls_ca_file": str(ca),
+                }
+            )
+        )
+        forbidden = {
+            "ingest": DECISION,
+            "decision": ACTUATION,
+            "actuator": USAGE,
+            "operator": subjects.POLICY_SET,
+        }
+        for who, subject in forbidden.items():
+            conn = connections[who]
+            await conn.nc.publish(subject, b"{}")
+            await conn.nc.flush()
+            await wait_for(lambda c=conn, s=subject: c.denied(s), timeout=5)
+        allowed = {"ingest": USAGE, "decision": DECISION, "actuator": ACTUATION}
+        for who, subject in allowed.items():
+            conn = connections[who]
+            await conn.nc.publish(subject, b"{}")
+            await conn.nc.flush()
+        await asyncio.sleep(0.2)
+        assert not [who for who, s in allowed.items() if connections[who].denied(s)]
+        for conn in connections.values():
+            await conn.nc.close()
+    finally:
+        server.cleanup()
+
+
+def install_notes(kube: ControlPlane, *args: str) -> str:
+    """NOTES.txt as ``helm install --dry-run`` prints it (``helm template`` does not)."""
+    proc = subprocess.run(
+        [
+            *(str(kube.helm), "install", "fp", str(CHART), "--namespace", NS, "--dry-run=client"),
+            # Cluster-wide objects other tests of this apiserver made (not this release's).
+            *("--set=fractionPolicies.crds.install=false", "--set=fractionPolicies.roles=false"),
+            *("--kubeconfig", str(kube.write_kubeconfig()), *args),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return proc.stdout.split("NOTES:", 1)[1]
+
+
+def test_the_notes_name_the_identities_secrets_of_your_nats(kube: ControlPlane) -> None:
+    text = " ".join(install_notes(kube, *EXTERNAL, *your_identity_secrets()).split())
+    assert "WARNING" not in text
+    assert (
+        "The services connect to your NATS at tls://nats.example:4222, one identity per "
+        "component, each from its own Secret: my-nats-ingest, my-nats-decision, "
+        "my-nats-actuator, my-nats-operator, my-nats-policy-admin." in text
+    )
+    # Without auth, explicitly: the warning names your server.
+    open_bus = " ".join(install_notes(kube, *EXTERNAL, "--set", "nats.auth.type=none").split())
+    assert (
+        "WARNING: NATS authentication is OFF (nats.auth.type: none). Anyone who reaches "
+        "tls://nats.example:4222 can publish decisions" in open_bus
+    )
+
+
+# --- a certificate of yours (cert-manager's) for the built-in NATS ------------------------------
+
+
+async def test_a_certificate_of_yours_serves_the_builtin_nats(tmp_path: Path) -> None:
+    """``nats.tls.existingSecret`` (docs/nats.md: a cert-manager Certificate's Secret, tls.crt,
+    tls.key, ca.crt): the chart makes no certificate, the servers and their routes use that
+    one, the services trust its ca.crt (only that key is mounted), and TLS is still required."""
+    args = ("--set", "nats.tls.existingSecret=fracpilot-nats-cert")
+    docs = render(*args)
+    made = secrets_of(docs)
+    assert f"{PREFIX}-nats-tls" not in made
+    assert f"{PREFIX}-nats-ca" not in made
+    server = find(docs, "StatefulSet", f"{PREFIX}-nats")["spec"]["template"]["spec"]
+    assert next(v for v in server["volumes"] if v["name"] == "tls")["secret"]["secretName"] == (
+        "fracpilot-nats-cert"
+    )
+    for service in SERVICES:
+        volume = next(v for v in service_pod(docs, service)["volumes"] if v["name"] == "nats-tls")
+        assert volume["secret"]["secretName"] == "fracpilot-nats-cert"
+        assert volume["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+    hooked = find(
+        render(*args, "--set", "secretGeneration=job"), "Job", f"{PREFIX}-release-secrets-create"
+    )
+    parsed = release_secrets._parser().parse_args(
+        hooked["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+    assert parsed.nats_tls_secret == ""
+
+    # cert-manager's CA issuer writes the same three keys as the chart's hook.
+    tls = chart_tls_files(tmp_path / "tls")
+    yours = {
+        "ca.crt": tls.ca.read_bytes(),
+        "tls.crt": tls.server_cert.read_bytes(),
+        "tls.key": tls.server_key.read_bytes(),
+    }
+    bus = start_bus(docs, made | {"fracpilot-nats-cert": yours}, tmp_path / "run", ca_only=False)
+    try:
+        operator = await connect_as(bus, "operator")
+        info = await operator.nc.jetstream().account_info()
+        assert info is not None
+        await operator.nc.close()
+        port = bus.cluster.nodes[0].port
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as plain:
+            hello = json.loads(plain.recv(65536).decode().removeprefix("INFO ").strip())
+        assert hello["tls_required"] is True
+    finally:
+        bus.cluster.cleanup()

@@ -218,3 +218,15 @@ def test_the_collector_pipelines_use_only_declared_components() -> None:
     assert set(service.get("extensions", [])) <= set(config.get("extensions", {}))
     endpoint = config["receivers"]["otlp"]["protocols"]["http"]["endpoint"]
     assert endpoint.endswith(":4318")
+
+
+def test_the_unauthenticated_nats_is_published_on_loopback_only_and_says_so() -> None:
+    """Compose's NATS runs without auth or TLS to stay a one-command demo (issue 29): only the
+    host's loopback reaches a published NATS port, and the file says so."""
+    services = compose()["services"]
+    servers = {n: s for n, s in services.items() if s.get("image", "").startswith("nats:")}
+    assert set(servers) == {"nats", "nats-1", "nats-2", "nats-3"}
+    published = {n: [str(p) for p in s.get("ports", [])] for n, s in servers.items()}
+    assert published["nats"] == ["127.0.0.1:4222:4222"]
+    assert all(p.startswith("127.0.0.1:") for ports in published.values() for p in ports)
+    assert "NATS here has no authentication and no TLS" in COMPOSE.read_text()
