@@ -243,6 +243,7 @@ class ActuatorService:
             namespaces=self.namespaces,
             pending_recreates=KvPendingRecreates(claims),
             consolidation_metrics=ConsolidationMetrics(self.runtime.registry),
+            consolidation_events=bus.publish,
         )
 
     async def _report_finished(self, decision: FractionDecision, actuation: Actuation) -> None:
