@@ -241,7 +241,10 @@ async def test_services_run_the_pipeline_under_their_own_identities(
     decisions = valid(FractionDecision, await read_all(operator, f"{subjects.DECISION_PREFIX}.>"))
     results = valid(ActuationResult, await read_all(operator, f"{subjects.ACTUATION_PREFIX}.>"))
     reports = valid(ConsolidationReport, await read_all(operator, subjects.CONSOLIDATION_REPORTS))
-    assert [(r.cluster, r.would_free_gpus) for r in reports] == [("demo", 2)]
+    # the actuator service's own (its simulated cluster's plan) and the one published above
+    assert {r.cluster for r in reports} == {"demo"}
+    assert len(reports) >= 2
+    assert 2 in {r.would_free_gpus for r in reports}
     assert len([s for s in samples if s.source == "simulator"]) == 2 * 4 * 60
     assert decisions, "the decision service published no decision"
     assert results, "the actuator published no result"
