@@ -1,4 +1,5 @@
-"""Write the policy CRDs generated from ``Policy`` (fracpilot_libs.kube.policy_crd).
+"""Write the policy CRDs generated from ``Policy`` (fracpilot_libs.kube.policy_crd) and the
+FractionRecommendation CRD (fracpilot_libs.kube.recommendation_crd).
 
     .venv/bin/python scripts/gen_policy_crds.py          # write them
     .venv/bin/python scripts/gen_policy_crds.py --check  # exit 1 when a file differs
@@ -21,6 +22,9 @@ from fracpilot_libs.kube.policy_crd import (
     crd_yaml,
 )
 from fracpilot_libs.kube.policy_roles import roles_chart_template, roles_yaml
+from fracpilot_libs.kube.recommendation_crd import PLURAL as RECOMMENDATION_PLURAL
+from fracpilot_libs.kube.recommendation_crd import chart_template as recommendation_template
+from fracpilot_libs.kube.recommendation_crd import crd_yaml as recommendation_crd_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,6 +36,10 @@ def outputs() -> dict[Path, str]:
         crds / f"{GROUP}_{NAMESPACED_PLURAL}.yaml": crd_yaml(NAMESPACED_KIND),
         crds / f"{GROUP}_{CLUSTER_PLURAL}.yaml": crd_yaml(CLUSTER_KIND),
         ROOT / "helm" / "fracpilot" / "templates" / "policy-crds.yaml": chart_template(),
+        crds / f"{GROUP}_{RECOMMENDATION_PLURAL}.yaml": recommendation_crd_yaml(),
+        ROOT / "helm" / "fracpilot" / "templates" / "recommendation-crd.yaml": (
+            recommendation_template()
+        ),
         ROOT / "deploy" / "rbac" / "policy-roles.yaml": roles_yaml(),
         ROOT / "helm" / "fracpilot" / "files" / "rbac" / "policy-roles.yaml": roles_yaml(),
         ROOT / "helm" / "fracpilot" / "templates" / "policy-roles.yaml": roles_chart_template(),

@@ -1,4 +1,10 @@
-"""Test helpers: run a service in-process against a real NATS, read streams back, wait."""
+"""Test helpers: run a service in-process against a real NATS, read streams back, wait.
+
+The readers take where to connect as :data:`NatsAccess`: a URL (a server without auth), or the
+settings of one identity (user, password, TLS CA), as the services and the CLI connect through
+:func:`fracpilot_libs.nats.connect.open_connection`. They only read, with ordered (ephemeral,
+unacknowledged) consumers, so the chart's read-only operator identity is enough for them.
+"""
 
 from __future__ import annotations
 
@@ -9,18 +15,22 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 import nats
-from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.aio.client import Client as NatsClient
+from nats.js.api import DeliverPolicy
 from nats.js.errors import NotFoundError
 from prometheus_client import CollectorRegistry
 
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import Allocation, WorkloadRef
 from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats.connect import open_connection, server_urls
 from fracpilot_libs.nats.usage_batch import as_samples
 from fracpilot_libs.nats.usage_streams import usage_streams
 from fracpilot_libs.runtime import ServiceRuntime
 
 T = TypeVar("T")
+# A URL (comma-separated servers, no identity) or the settings of one identity, TLS included.
+NatsAccess = str | ServiceSettings
 DEFAULT_PARTITIONS = ServiceSettings.model_fields["decision_partitions"].default
 
 STREAMS = (
@@ -44,6 +54,13 @@ class RunsInRuntime(Protocol):
     runtime: ServiceRuntime
 
     async def start(self) -> None: ...
+
+
+async def connect(access: NatsAccess) -> NatsClient:
+    """A client of the test, with nats-py's defaults otherwise (it reconnects)."""
+    if isinstance(access, str):
+        return await nats.connect(access.split(","))
+    return await open_connection(access, servers=server_urls(access))
 
 
 async def reset_nats(url: str) -> None:
@@ -98,33 +115,46 @@ async def wait_for(
         await asyncio.sleep(interval)
 
 
-async def read_stream(url: str, stream: str, subject: str = ">") -> list[tuple[str, bytes]]:
-    """Every message currently in a stream, as (subject, payload)."""
-    nc = await nats.connect(url)
+async def read_stream(
+    access: NatsAccess, stream: str, subject: str = ">", idle_s: float = 2.0
+) -> list[tuple[str, bytes]]:
+    """Every message currently in a stream, as (subject, payload), through an ordered consumer
+    (read-only: no durable, no acknowledgement); stops at the last or after ``idle_s``
+    without a message."""
+    nc = await connect(access)
+    try:
+        return [(m.subject, m.data) for m in await read_messages(nc, stream, subject, idle_s)]
+    finally:
+        await nc.close()
+
+
+async def read_messages(
+    nc: NatsClient, stream: str, subject: str = ">", idle_s: float = 2.0
+) -> list[Any]:
+    """The messages (nats-py ``Msg``, with their metadata) of :func:`read_stream`, on a
+    connection the caller holds."""
     js = nc.jetstream()
     try:
-        info = await js.stream_info(stream)
+        total = (await js.stream_info(stream)).state.messages
     except NotFoundError:
-        await nc.close()
         return []
-    out: list[tuple[str, bytes]] = []
-    total = info.state.messages
-    if total:
-        sub = await js.pull_subscribe(
-            subject,
-            stream=stream,
-            config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL, inactive_threshold=30),
-        )
+    out: list[Any] = []
+    if not total:
+        return out
+    sub = await js.subscribe(
+        subject, stream=stream, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
+    )
+    try:
         while len(out) < total:
             try:
-                msgs = await sub.fetch(min(500, total - len(out)), timeout=2)
+                msg = await sub.next_msg(timeout=idle_s)
             except (nats.errors.TimeoutError, TimeoutError):
                 break
-            for m in msgs:
-                out.append((m.subject, m.data))
-                await m.ack()
+            out.append(msg)
+            if msg.metadata.num_pending == 0:
+                break
+    finally:
         await sub.unsubscribe()
-    await nc.close()
     return out
 
 
@@ -133,20 +163,20 @@ def usage_stream_of(workload: WorkloadRef, partitions: int = DEFAULT_PARTITIONS)
     return subjects.usage_stream(subjects.usage_partition(workload, partitions))
 
 
-async def read_usage(url: str) -> list[tuple[str, bytes]]:
+async def read_usage(access: NatsAccess) -> list[tuple[str, bytes]]:
     """Every usage sample currently stored, over every partition stream in force, as
     (subject, payload); each workload's in the order stored."""
-    nc = await nats.connect(url)
+    nc = await connect(access)
     try:
         streams = await usage_streams(nc.jetstream())
+        return [
+            one
+            for stream in streams
+            for m in await read_messages(nc, stream)
+            for one in as_samples(m.subject, m.data)
+        ]
     finally:
         await nc.close()
-    return [
-        one
-        for stream in streams
-        for subject, data in await read_stream(url, stream)
-        for one in as_samples(subject, data)
-    ]
 
 
 def counter(registry: CollectorRegistry, name: str, **labels: str) -> float:

@@ -238,6 +238,13 @@ def summary_table(summary: RunSummary, elapsed_s: float) -> Table:
         "card-hours of whole GPUs",
         f"{c.card_hours:.2f} of {c.whole_card_hours:.2f} ({c.card_hours_saved_pct:.1f}% saved)",
     )
+    llm = summary.preallocated
+    if llm.samples:  # preallocating LLM servers: the memory their flags gave back
+        t.add_row(
+            "LLM memory given back",
+            f"{llm.released_gib_hours:,.0f} of {llm.alone_gib_hours:,.0f} GiB-h preallocated "
+            f"({llm.released_pct:.1f}%)",
+        )
     if summary.cluster is not None:
         t.add_row(
             "cluster GPUs without a pod",

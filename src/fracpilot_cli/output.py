@@ -127,21 +127,31 @@ def to_json(document: object) -> str:
 # --- YAML ------------------------------------------------------------------------------------
 
 
-def to_yaml(document: object) -> str:
-    """Block-style YAML of the document ``-o json`` prints, by PyYAML's safe dumper.
-
-    The document is made JSON-shaped first (as pydantic-core does for ``-o json``: datetimes
-    as ISO text, tuples as lists), so both formats hold the same values. libyaml's emitter,
-    when PyYAML was built with it, is twice as fast as the pure-Python one: still about
-    2.5 s for ten thousand status rows, where the table takes a tenth of a second.
-    Non-ASCII text is escaped, as JSON's default is; lines are never folded.
-    """
+def yaml_dumper() -> type[Any]:
+    """PyYAML's safe dumper with libyaml's emitter (``CSafeDumper``) when PyYAML was built with
+    it, else the pure-Python ``SafeDumper``: the same text (tests/unit/cli/test_output.py),
+    in about a third of the CPU time (bench/yaml_output.py)."""
     import yaml  # here: a table or JSON need not load PyYAML
 
-    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    dumper: type[Any] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    return dumper
+
+
+def to_yaml(document: object, *, dumper: type[Any] | None = None) -> str:
+    """Block-style YAML of the document ``-o json`` prints, by PyYAML's safe dumper
+    (:func:`yaml_dumper` unless ``dumper`` names one).
+
+    The document is made JSON-shaped first (as pydantic-core does for ``-o json``: datetimes
+    as ISO text, tuples as lists), so both formats hold the same values. Only the emitter is
+    libyaml's: PyYAML's representer stays Python, so ten thousand status rows still take
+    seconds, where the table takes a tenth of one. Non-ASCII text is escaped, as JSON's
+    default is; lines are never folded.
+    """
+    import yaml
+
     return yaml.dump(
         pydantic_core.to_jsonable_python(document),
-        Dumper=dumper,
+        Dumper=dumper or yaml_dumper(),
         sort_keys=False,
         default_flow_style=False,
         width=1 << 30,

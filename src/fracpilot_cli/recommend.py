@@ -6,7 +6,8 @@ runs (:mod:`fracpilot_libs.usage.history`: the same mappings, attribution and ch
 workload is replayed through the engine as ``fracpilot replay`` replays a trace
 (:mod:`fracpilot_libs.analysis.recommendations`). The table says per workload the fraction
 recommended, its compute and memory peaks, whether its memory is enforced, what it would save,
-and below it the cards packing would free.
+and below it the cards and nodes packing would free. ``-o html``: a page
+(:mod:`fracpilot_cli.recommend_html`).
 
 Exit codes: 0 when Prometheus was read (also when it holds no GPU series, or none in the
 namespace asked for: the message says so), 1 when it could not be read (address, TLS,
@@ -39,7 +40,7 @@ from fracpilot_libs.usage.mappings import MappingTable
 
 EXIT_UNREADABLE = 1
 EXIT_USAGE = 2
-FORMATS = ("table", "wide", "json", "yaml", "csv")
+FORMATS = ("table", "wide", "json", "yaml", "csv", "html")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
 MIN_STEP_S = 60.0
@@ -190,6 +191,7 @@ def listing(result: Recommendations, since: str, url: str) -> output.Listing[Rec
         f"${totals['monthly_saving_usd']:,.0f} a month",
         f"cards: {result.cards_held} held now, {result.cards_packed} packed at the "
         f"recommendations: {result.cards_freed} freed",
+        _nodes_line(result),
     ]
     return output.Listing(
         rows=result.workloads,
@@ -198,6 +200,15 @@ def listing(result: Recommendations, since: str, url: str) -> output.Listing[Rec
         record=lambda r: r.as_dict(),
         footer=footer,
         style=_row_style,
+    )
+
+
+def _nodes_line(result: Recommendations) -> str:
+    if result.nodes_freed is None:
+        return "nodes: the series name no node (dcgm-exporter's Hostname label)"
+    return (
+        f"nodes: {result.nodes_held} hold the workloads now, {result.nodes_packed} at the "
+        f"recommendations: {result.nodes_freed} freed"
     )
 
 
@@ -257,7 +268,7 @@ def recommend_command(
     """Recommend GPU fractions from the history in Prometheus; installs nothing.
 
     Without -n or -A: the kubeconfig context's namespace, else default (kubectl's rule).
-    -o table (default), wide, json, yaml, csv (one row per workload).
+    -o table (default), wide, json, yaml, csv (one row per workload), html (a page).
     """
     given = options.given()
     try:
@@ -337,6 +348,11 @@ def recommend_command(
             f"{time.monotonic() - started - read_s:.1f} s",
             highlight=False,
         )
+    if fmt == "html":
+        from fracpilot_cli.recommend_html import render as render_html
+
+        typer.echo(render_html(result.as_dict(), since, access.url))
+        return
     output.emit(listing(result, since, access.url), fmt)
 
 

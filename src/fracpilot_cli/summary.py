@@ -6,7 +6,9 @@ holds a whole GPU), priced by its GPU's model; the account is
 (GPUs in use for the pods, cards freed, card-hours) are ``report``'s
 (:func:`fracpilot_cli.report.card_use`); the simulated cluster's own state says which of its GPUs
 hold no pod (:func:`cluster_cards`), and its autoscaled node group which nodes the simulated
-autoscaler added and removed over the run.
+autoscaler added and removed over the run. LLM servers that preallocate (samples whose signals
+name the server) count the memory they gave back: what their server preallocates on a GPU of its
+own (its flag's default) less what they held (:class:`PreallocatedMemory`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 from fracpilot_cli.report import CardUse, card_use
 from fracpilot_libs.analysis.accounting import Metrics
 from fracpilot_libs.contracts import ActuationResult, UsageSample
+from fracpilot_libs.llm_servers import FLAGS, LlmServer
 from fracpilot_libs.placement.planner import ClusterState
 from fracpilot_libs.pricing import GpuPrices
 from fracpilot_libs.usage.mig import card_of
@@ -47,6 +50,41 @@ class WorkloadView:
         return self.metrics.cost_saved_usd
 
 
+GIB = 1024**3
+
+
+@dataclass
+class PreallocatedMemory:
+    """GPU memory held by LLM servers that preallocate, in GiB-hours, against what each would
+    preallocate on a GPU of its own with its flag's default (vLLM 0.92 of the card, TGI all of
+    it; SGLang sizes itself: all of it). Their memory in use is their preallocation, so what
+    they hold is what a smaller flag gave back."""
+
+    held_gib_hours: float = 0.0
+    alone_gib_hours: float = 0.0
+    samples: int = 0
+
+    def add(self, s: UsageSample, step_s: float) -> None:
+        server = s.signals.llm_server if s.signals is not None else None
+        if server is None:
+            return
+        alone = FLAGS[LlmServer(server)].default or 1.0
+        hours = step_s / 3600
+        self.held_gib_hours += s.memory_used_bytes / GIB * hours
+        self.alone_gib_hours += alone * s.memory_total_bytes / GIB * hours
+        self.samples += 1
+
+    @property
+    def released_gib_hours(self) -> float:
+        return self.alone_gib_hours - self.held_gib_hours
+
+    @property
+    def released_pct(self) -> float:
+        if self.alone_gib_hours <= 0:
+            return 0.0
+        return 100 * self.released_gib_hours / self.alone_gib_hours
+
+
 @dataclass
 class RunSummary:
     step_s: float
@@ -55,6 +93,7 @@ class RunSummary:
     workloads: dict[str, WorkloadView] = field(default_factory=dict)
     prices: GpuPrices = field(default_factory=GpuPrices)
     cluster: ClusterCards | None = None  # the simulated cluster's GPUs, read at the end
+    preallocated: PreallocatedMemory = field(default_factory=PreallocatedMemory)
     _seen: list[UsageSample] = field(default_factory=list, repr=False)
 
     @property
@@ -105,6 +144,7 @@ class RunSummary:
         hourly = self.prices.hourly(s.gpu_model)
         for metrics in (self.totals, view.metrics):
             metrics.record(held, s.compute, s.memory_share, self.step_s, hourly)
+        self.preallocated.add(s, self.step_s)
 
     def add_result(self, r: ActuationResult) -> None:
         self.actions[f"{r.plan.value}/{r.outcome.value}"] += 1

@@ -1,6 +1,11 @@
 """The chaos suite's pipeline on a three-node JetStream cluster (issue 17): the services as
 processes, every stream and bucket R3; a node's leadership gathered, faults timed, figures
 read back (throughput during the fault, samples whose publish was retried, checkpoints kept).
+
+The cluster is secured as the chart's default is (issue 29; support.nats_cluster.SecuredCluster):
+each service has its own identity and the CA, the evidence is read as the operator (the
+decision's checkpoints and partition leases as decision, whose buckets they are), and stream
+leaders are moved by a test-only identity allowed that alone.
 """
 
 from __future__ import annotations
@@ -16,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-import nats
 from nats.js.errors import ServiceUnavailableError
 
 from chaos.faults import ScenarioFigures, seconds_until_ready
@@ -24,19 +28,21 @@ from chaos.invariants import Findings, check, read_all, wait_drained
 from chaos.test_pipeline_chaos import expected_sample_ids
 from fracpilot_cli.demo import DemoConfig
 from fracpilot_cli.processes import ServiceProcess
+from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.kv_snapshot import read_kv
 from fracpilot_libs.nats.usage_batch import as_samples
 from fracpilot_libs.server_process import free_port
-from support.nats_cluster import ClusterNode, NatsCluster, stream_info
+from helpers import NatsAccess, connect
+from support.nats_cluster import FAULT_INJECTOR, ClusterNode, SecuredCluster, stream_info
 
 LONG = os.environ.get("FRACPILOT_CHAOS_LONG", "") not in ("", "0", "false")
 PARTITIONS = 4
 ORDER = ("actuator", "decision", "ingest")
 
 
-async def js_request(url: str, subject: str, body: bytes = b"") -> dict[str, object]:
-    nc = await nats.connect(url.split(","))
+async def js_request(url: NatsAccess, subject: str, body: bytes = b"") -> dict[str, object]:
+    nc = await connect(url)
     try:
         reply = await nc.request(subject, body, timeout=5)
     finally:
@@ -44,12 +50,12 @@ async def js_request(url: str, subject: str, body: bytes = b"") -> dict[str, obj
     return dict(json.loads(reply.data))
 
 
-async def stream_names(url: str) -> list[str]:
+async def stream_names(url: NatsAccess) -> list[str]:
     reply = await js_request(url, "$JS.API.STREAM.NAMES")
     return sorted(str(n) for n in (reply.get("streams") or []))  # type: ignore[attr-defined]
 
 
-async def leader_of(url: str, stream: str) -> str | None:
+async def leader_of(url: NatsAccess, stream: str) -> str | None:
     try:
         info = await stream_info(url, stream)
     except Exception:  # no answer while it is elected
@@ -58,9 +64,11 @@ async def leader_of(url: str, stream: str) -> str | None:
     return str(leader) if leader else None
 
 
-async def gather_leadership(url: str, node: str, streams: list[str]) -> list[str]:
-    """Move the leader of each stream to ``node`` (a step-down with a preferred peer, tried
-    again until it lands there); the streams it leads in the end."""
+async def gather_leadership(
+    url: NatsAccess, admin: NatsAccess, node: str, streams: list[str]
+) -> list[str]:
+    """Move the leader of each stream to ``node`` (a step-down with a preferred peer, asked
+    as ``admin``, tried again until it lands there); the streams it leads in the end."""
     led = []
     for stream in streams:
         for _ in range(10):
@@ -69,12 +77,12 @@ async def gather_leadership(url: str, node: str, streams: list[str]) -> list[str
                 break
             body = json.dumps({"placement": {"preferred": node}}).encode()
             with contextlib.suppress(Exception):  # no leader to step down: try again
-                await js_request(url, f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}", body)
+                await js_request(admin, f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}", body)
             await asyncio.sleep(0.5)
     return led
 
 
-async def wait_streams_current(url: str, timeout_s: float = 30.0) -> float:
+async def wait_streams_current(url: NatsAccess, timeout_s: float = 30.0) -> float:
     """Until every stream has its leader and two current followers (a restarted node caught
     up); seconds it took."""
     started = time.monotonic()
@@ -131,15 +139,21 @@ class ClusterPipeline:
     config: DemoConfig
     figures: ScenarioFigures
     decision_nodes: tuple[str, ...] = ()
-    cluster: NatsCluster = field(default_factory=NatsCluster)
+    cluster: SecuredCluster = field(default_factory=SecuredCluster)
     procs: dict[str, ServiceProcess] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
     checkpoints_before: dict[str, int] = field(default_factory=dict)
     extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
-    def url(self) -> str:
-        return self.cluster.url
+    def reader(self) -> ServiceSettings:
+        """The operator (read-only), connecting to any node."""
+        return self.cluster.settings("operator")
+
+    @property
+    def admin(self) -> ServiceSettings:
+        """The test's fault injector: stream leader step-downs only."""
+        return self.cluster.settings(FAULT_INJECTOR)
 
     def live_url(self) -> str:
         return ",".join(n.url for n in self.cluster.nodes if n.running)
@@ -147,7 +161,7 @@ class ClusterPipeline:
     async def start(self) -> None:
         self.cluster.start()
         await self._wait_peers()
-        envs = self.config.service_env(self.url)
+        envs = self.config.service_env(self.cluster.url)
         common = {
             "FRACPILOT_ACK_WAIT_S": "3",
             "FRACPILOT_CHECKPOINT_INTERVAL_S": "1",
@@ -159,9 +173,13 @@ class ClusterPipeline:
             for node in replicas:
                 key = f"{name}-{node}" if node else name
                 self.ports[key] = free_port()
-                env = {**envs[name], **common, "FRACPILOT_METRICS_PORT": str(self.ports[key])}
-                if node:
-                    env["FRACPILOT_NATS_URL"] = self.cluster.node(node).url
+                url = self.cluster.node(node).url if node else self.cluster.url
+                env = {
+                    **envs[name],
+                    **self.cluster.env(name, url),  # its own identity and the CA
+                    **common,
+                    "FRACPILOT_METRICS_PORT": str(self.ports[key]),
+                }
                 log_dir = self.tmp_path / key
                 self.procs[key] = ServiceProcess(name, env, log_dir)
         for key in sorted(self.procs, key=lambda k: ORDER.index(k.split("-")[0])):
@@ -185,13 +203,13 @@ class ClusterPipeline:
         return await seconds_until_ready(ports or list(self.ports.values()))
 
     async def usage_and_kv_streams(self) -> list[str]:
-        names = await stream_names(self.url)
+        names = await stream_names(self.reader)
         return [n for n in names if n.startswith("KV_") or n.startswith("FRACPILOT_USAGE")]
 
     async def checkpoints(self) -> dict[str, int]:
         """Every key of the checkpoint bucket (workload states, partition marks) and the
         revision of its value."""
-        nc = await nats.connect(self.live_url().split(","))
+        nc = await connect(self.cluster.settings("decision", self.live_url()))
         try:
             entries = await read_kv(nc, subjects.DECISION_STATE_BUCKET, name_prefix="test")
         finally:
@@ -215,7 +233,7 @@ class ClusterPipeline:
 
     async def partition_owners(self) -> dict[int, str]:
         """partition -> the replica holding its lease."""
-        nc = await nats.connect(self.live_url().split(","))
+        nc = await connect(self.cluster.settings("decision", self.live_url()))
         try:
             entries = await read_kv(nc, subjects.DECISION_PARTITION_BUCKET, name_prefix="test")
         finally:
@@ -231,7 +249,7 @@ class ClusterPipeline:
         """Wait for the load to end and the pipeline to drain; the invariants' findings."""
         ingest = self.procs["ingest"]
         await asyncio.to_thread(ingest.wait_for_log, "simulation finished", 180)
-        url = self.cluster.nodes[0].url
+        url = self.cluster.settings("operator", self.cluster.nodes[0].url)
         drained = await wait_drained(url, timeout_s=90)
         self.figures.extra["drained after the load ended"] = f"{drained:.1f} s"
         retried = metric_sum(self.ports["ingest"], "fracpilot_bus_publish_retry_seconds_count")
@@ -249,13 +267,12 @@ class ClusterPipeline:
         return await read_back(lambda: self._throughput(start, end))
 
     async def _throughput(self, start: float, end: float) -> tuple[float, float]:
-        nc = await nats.connect(self.cluster.nodes[0].url)
+        nc = await connect(self.cluster.settings("operator", self.cluster.nodes[0].url))
         try:
-            js = nc.jetstream()
             times = [  # each sample of a usage batch at the batch's time
                 m.published_at
                 for p in range(PARTITIONS)
-                for m in await read_all(js, subjects.usage_stream(p))
+                for m in await read_all(nc, subjects.usage_stream(p))
                 for _ in as_samples(m.subject, m.data)
             ]
         finally:

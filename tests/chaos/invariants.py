@@ -49,8 +49,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-import nats
-from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.aio.client import Client as NatsClient
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
@@ -66,6 +65,7 @@ from fracpilot_libs.contracts import (
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.usage_batch import as_samples
 from fracpilot_libs.nats.usage_streams import usage_streams
+from helpers import NatsAccess, connect, read_messages
 
 EPS = 1e-9
 
@@ -139,36 +139,13 @@ class Findings:
 # --- reading the evidence ---------------------------------------------------------------------
 
 
-async def read_all(js: JetStreamContext, stream: str) -> list[Stored]:
-    """Every message in a stream, with its sequence and time, through an ephemeral consumer."""
-    try:
-        info = await js.stream_info(stream)
-    except NotFoundError:
-        return []
-    total = info.state.messages
-    out: list[Stored] = []
-    if not total:
-        return out
-    sub = await js.pull_subscribe(
-        ">",
-        stream=stream,
-        config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL, inactive_threshold=30),
-    )
-    try:
-        while len(out) < total:
-            try:
-                batch = await sub.fetch(min(1000, total - len(out)), timeout=3)
-            except (nats.errors.TimeoutError, TimeoutError):
-                break
-            for m in batch:
-                meta = m.metadata
-                out.append(
-                    Stored(m.subject, m.data, meta.sequence.stream, meta.timestamp.timestamp())
-                )
-                await m.ack()
-    finally:
-        await sub.unsubscribe()
-    return out
+async def read_all(nc: NatsClient, stream: str) -> list[Stored]:
+    """Every message in a stream, with its sequence and time, through an ordered consumer
+    (read-only: what the operator identity may do)."""
+    return [
+        Stored(m.subject, m.data, m.metadata.sequence.stream, m.metadata.timestamp.timestamp())
+        for m in await read_messages(nc, stream, idle_s=3.0)
+    ]
 
 
 async def durable_consumers(js: JetStreamContext, stream: str) -> list[tuple[str, int, int]]:
@@ -181,29 +158,30 @@ async def durable_consumers(js: JetStreamContext, stream: str) -> list[tuple[str
 
 
 async def kv_items(js: JetStreamContext, bucket: str) -> dict[str, bytes]:
+    """Every live key of a bucket and its value. The keys come from the stream's subjects
+    (STREAM.INFO), the values from single-message reads: the operator identity may do both on
+    any bucket, and may follow only some buckets with a consumer (``KeyValue.keys``)."""
     try:
         kv = await js.key_value(bucket)
+        info = await js.stream_info(f"KV_{bucket}", subjects_filter=f"$KV.{bucket}.>")
     except NotFoundError:
         return {}
     items: dict[str, bytes] = {}
-    try:
-        keys = await kv.keys()
-    except Exception:  # no keys
-        return items
-    for key in keys:
+    for subject in info.state.subjects or {}:
+        key = subject.removeprefix(f"$KV.{bucket}.")
         try:
             entry = await kv.get(key)
-        except Exception:
+        except Exception:  # deleted or purged
             continue
         if entry.value:
             items[key] = entry.value
     return items
 
 
-async def wait_drained(url: str, timeout_s: float = 60.0) -> float:
+async def wait_drained(url: NatsAccess, timeout_s: float = 60.0) -> float:
     """Wait until every durable consumer of the usage and decision streams has nothing
     pending or unacknowledged; returns how long that took."""
-    nc = await nats.connect(url)
+    nc = await connect(url)
     js = nc.jetstream()
     loop = asyncio.get_running_loop()
     started = loop.time()
@@ -333,7 +311,7 @@ def _budget(
 
 
 async def check(
-    url: str,
+    url: NatsAccess,
     *,
     policy: Policy | None = None,
     expected_sample_ids: Iterable[str] | None = None,
@@ -345,16 +323,16 @@ async def check(
     """Read everything back and count breaches of the five invariants (module docstring)."""
     policy = policy or Policy()
     f = Findings()
-    nc = await nats.connect(url)
+    nc = await connect(url)
     js = nc.jetstream()
     try:
         partition_streams = await usage_streams(js)
-        usage = [m for stream in partition_streams for m in await read_all(js, stream)]
-        decisions_raw = await read_all(js, subjects.DECISION_STREAM)
-        results_raw = await read_all(js, subjects.ACTUATION_STREAM)
+        usage = [m for stream in partition_streams for m in await read_all(nc, stream)]
+        decisions_raw = await read_all(nc, subjects.DECISION_STREAM)
+        results_raw = await read_all(nc, subjects.ACTUATION_STREAM)
         dead = [
             DeadLetter.model_validate_json(m.data)
-            for m in await read_all(js, subjects.DEADLETTER_STREAM)
+            for m in await read_all(nc, subjects.DEADLETTER_STREAM)
         ]
         usage_consumers = {
             stream: await durable_consumers(js, stream) for stream in partition_streams

@@ -1,7 +1,8 @@
 """The pipeline under load on a three-node JetStream cluster (R3) while nodes fail (issue 17).
 
 The services run as processes, as in :mod:`chaos.test_pipeline_chaos`, over three
-nats-server processes on loopback (``support.nats_cluster``). Before the fault one node is
+nats-server processes on loopback (``support.nats_cluster.SecuredCluster``: the chart's
+identities and TLS, routes over mutual TLS, as the chart's default). Before the fault one node is
 made the leader of every usage partition stream and every KV bucket; then, while samples
 flow: (1) that node is SIGKILLed and restarted on its store, (2) it is frozen (SIGSTOP) for
 longer than an election takes, then thawed, (3) all three nodes are restarted one by one,
@@ -36,6 +37,8 @@ from fracpilot_cli.demo import DemoConfig
 from fracpilot_libs.nats import subjects
 
 pytestmark = pytest.mark.chaos
+
+IDENTITIES = ("ingest", "decision", "actuator", "operator")
 
 SIM_HOURS = 40 if LONG else 14  # 8 workloads at 2400x: 320 samples/s for ~60 s (~20 s)
 DOWN_S = 10.0 if LONG else 3.0
@@ -80,6 +83,7 @@ async def run(
         await fault(pipeline)
         fault_end = time.time()
         findings = await pipeline.finish()
+        lacked = {n: pipeline.cluster.violations(n) for n in IDENTITIES}
         figures.extra["decision partitions dropped / claimed"] = partition_moves(pipeline)
         lost = pipeline.lost_checkpoints(await pipeline.checkpoints())
         during, overall = await pipeline.throughput(fault_start, fault_end)
@@ -98,6 +102,7 @@ async def run(
     assert lost == [], lost  # each key there after, at the same revision or a later one
     for fault_run in figures.faults:
         assert fault_run.recovery_s <= READY_WITHIN_S, fault_run
+    assert lacked == {n: [] for n in IDENTITIES}, "an identity lacked a permission"
     return pipeline
 
 
@@ -121,7 +126,7 @@ async def leader_node(pipeline: ClusterPipeline) -> str:
     partition 0's leader); its name."""
     streams = await pipeline.usage_and_kv_streams()
     node = await wait_leader(pipeline, subjects.usage_stream(0))
-    led = await gather_leadership(pipeline.url, node, streams)
+    led = await gather_leadership(pipeline.reader, pipeline.admin, node, streams)
     pipeline.figures.extra[f"streams led by {node} before the fault"] = f"{len(led)} of "
     pipeline.figures.extra[f"streams led by {node} before the fault"] += str(len(streams))
     assert len(led) == len(streams), sorted(set(streams) - set(led))
@@ -130,7 +135,7 @@ async def leader_node(pipeline: ClusterPipeline) -> str:
 
 async def wait_leader(pipeline: ClusterPipeline, stream: str) -> str:
     for _ in range(100):
-        if leader := await leader_of(pipeline.url, stream):
+        if leader := await leader_of(pipeline.reader, stream):
             return leader
         await asyncio.sleep(0.1)
     raise TimeoutError(f"{stream} has no leader")
@@ -152,7 +157,7 @@ async def test_killing_the_leader_node_loses_nothing(
             FaultRun("SIGKILL + restart", f"leader node {node.name}", duration, recovery)
         )
         p.figures.extra["streams current again after the restart"] = (
-            f"{await wait_streams_current(p.url):.1f} s"
+            f"{await wait_streams_current(p.reader):.1f} s"
         )
 
     await run(tmp_path, chaos_figures, "NATS cluster: SIGKILL of the leader node", fault)
@@ -172,7 +177,7 @@ async def test_freezing_the_leader_node_beyond_an_election_loses_nothing(
         recovery = await p.ready_after()
         p.figures.fault(FaultRun("SIGSTOP/SIGCONT", f"leader node {node.name}", FROZEN_S, recovery))
         p.figures.extra["streams current again after the thaw"] = (
-            f"{await wait_streams_current(p.url):.1f} s"
+            f"{await wait_streams_current(p.reader):.1f} s"
         )
 
     await run(tmp_path, chaos_figures, "NATS cluster: the leader node partitioned", fault)
@@ -192,7 +197,7 @@ async def test_a_rolling_restart_of_every_node_loses_nothing(
             duration = time.monotonic() - down
             recovery = await p.ready_after()
             p.figures.fault(FaultRun("SIGTERM + restart", node.name, duration, recovery))
-            caught_up = await wait_streams_current(p.url)
+            caught_up = await wait_streams_current(p.reader)
             p.figures.extra[f"streams current again after {node.name}"] = f"{caught_up:.1f} s"
 
     await run(

@@ -7,6 +7,10 @@ SIGKILL (each restarted at once, as a supervisor would), nats-server with SIGKIL
 the same port and store after two seconds) and freezes the decision service with SIGSTOP for
 three seconds. After each fault it polls every service's /readyz until all answer ready
 (``READY_WITHIN_S``); at the end it lets the pipeline drain and runs the invariant checker.
+
+The bus is secured as the chart's default is (issue 29): deploy/nats's configuration (the
+chart's permissions source) with TLS; each service has its own identity and the CA, the checker
+reads as the read-only operator, and no identity may lack a permission, faults included.
 """
 
 from __future__ import annotations
@@ -31,9 +35,9 @@ from chaos.invariants import check, wait_drained
 from fracpilot_cli.demo import DemoConfig
 from fracpilot_cli.processes import ServiceProcess
 from fracpilot_ingest.settings import IngestSettings
-from fracpilot_libs.nats.embedded import EmbeddedNats
 from fracpilot_libs.server_process import free_port
 from fracpilot_libs.simulation.workloads import demo_workloads
+from support.nats_auth import SecuredNats, chart_tls_files
 
 pytestmark = pytest.mark.chaos
 
@@ -62,14 +66,16 @@ async def test_kills_of_nats_and_every_service_lose_nothing_and_repeat_nothing(
     )
     chaos_figures.append(figures)
     started = time.monotonic()
-    server = EmbeddedNats(store_dir=str(tmp_path / "nats-store"))
+    server = SecuredNats(tmp_path / "nats", tls=chart_tls_files(tmp_path / "tls"))
     server.start()
+    operator = server.settings("operator")
     ports = {name: free_port() for name in ORDER}
     envs = config.service_env(server.url)
     procs: dict[str, ServiceProcess] = {}
     for name in ORDER:
         env = {
             **envs[name],
+            **server.env(name),  # its own identity and the CA
             "FRACPILOT_METRICS_PORT": str(ports[name]),  # the same port across restarts
             "FRACPILOT_ACK_WAIT_S": "3",  # a killed consumer's messages come back in 3 s
             "FRACPILOT_CHECKPOINT_INTERVAL_S": "1",
@@ -115,13 +121,14 @@ async def test_kills_of_nats_and_every_service_lose_nothing_and_repeat_nothing(
         figures.fault(FaultRun("SIGSTOP/SIGCONT", "decision", 3.0, recovery))
 
         procs["ingest"].wait_for_log("simulation finished", timeout_s=120)
-        figures.extra["drained after the load ended"] = f"{await wait_drained(server.url):.1f} s"
-        findings = await check(server.url, expected_sample_ids=expected_sample_ids(config))
+        figures.extra["drained after the load ended"] = f"{await wait_drained(operator):.1f} s"
+        findings = await check(operator, expected_sample_ids=expected_sample_ids(config))
         figures.findings = findings
         for p in procs.values():
             assert p.running, f"{p.name} died; see {p.log_path}"
         resumed = sum(p.log_path.read_text().count("resuming a decision") for p in procs.values())
         figures.extra["decisions resumed after a kill"] = resumed
+        lacked = {name: server.violations(name) for name in (*ORDER, "operator")}
     finally:
         figures.wall_s = time.monotonic() - started
         for p in procs.values():
@@ -137,3 +144,4 @@ async def test_kills_of_nats_and_every_service_lose_nothing_and_repeat_nothing(
         assert run.recovery_s <= READY_WITHIN_S, run
     nats_run = next(r for r in figures.faults if r.target == "nats-server")
     assert nats_run.noticed, "no service reported not-ready while nats-server was down"
+    assert lacked == {name: [] for name in (*ORDER, "operator")}, "an identity lacked a permission"

@@ -8,6 +8,11 @@
 - The simulated cluster records the decisions it executed in the same write as the change: an
   actuator that executed a decision and died before recording it done does not execute it
   again when the decision comes back.
+
+Each on a secured bus, as the chart's default is (issue 29): deploy/nats's configuration with
+TLS, every client under the identity whose part it plays (the follower of the allocations is
+ingest, their writer the actuator, the redelivered decision comes from decision, the reader of
+the evidence is the operator).
 """
 
 from __future__ import annotations
@@ -15,9 +20,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-import nats
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -25,7 +30,6 @@ from chaos.faults import readyz
 from factories import decision
 from fracpilot_actuator.app import ActuatorService
 from fracpilot_actuator.settings import ActuatorSettings
-from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import (
     ActuationResult,
     Allocation,
@@ -36,11 +40,23 @@ from fracpilot_libs.contracts import (
 )
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.bus import Bus
-from fracpilot_libs.nats.embedded import EmbeddedNats
 from fracpilot_libs.runtime import ServiceRuntime
-from helpers import read_stream, read_usage, running, wait_for
+from helpers import connect, read_stream, read_usage, running, wait_for
+from support.nats_auth import IDENTITIES, SecuredNats, chart_tls_files
 
 pytestmark = pytest.mark.chaos
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[SecuredNats]:
+    """The secured bus; afterwards, no identity may have lacked a permission."""
+    bus = SecuredNats(tmp_path / "nats", tls=chart_tls_files(tmp_path / "tls")).start()
+    try:
+        yield bus
+        lacked = {name: bus.violations(name) for name in IDENTITIES}
+    finally:
+        bus.cleanup()
+    assert lacked == {name: [] for name in IDENTITIES}, "an identity lacked a permission"
 
 
 def allocation(fraction: float) -> Allocation:
@@ -55,9 +71,8 @@ def allocation(fraction: float) -> Allocation:
     )
 
 
-async def test_kv_watch_and_publishes_carry_on_across_a_nats_restart(tmp_path: Path) -> None:
-    server = EmbeddedNats(store_dir=str(tmp_path / "store")).start()
-    bus = Bus("test", ServiceSettings(nats={"url": server.url}), CollectorRegistry())
+async def test_kv_watch_and_publishes_carry_on_across_a_nats_restart(server: SecuredNats) -> None:
+    bus = Bus("test", server.settings("ingest"), CollectorRegistry())
     try:
         await bus.connect(retry_for_s=5)
         await bus.ensure_streams()
@@ -67,8 +82,10 @@ async def test_kv_watch_and_publishes_carry_on_across_a_nats_restart(tmp_path: P
             if value is not None:
                 seen[key] = value.fraction
 
-        kv = await bus.kv(subjects.ALLOCATION_BUCKET)
+        writer = await connect(server.settings("actuator"))
+        kv = await writer.jetstream().create_key_value(bucket=subjects.ALLOCATION_BUCKET)
         await kv.put("a", allocation(0.5).to_json())
+        await writer.close()
         initial = await bus.watch_kv(subjects.ALLOCATION_BUCKET, Allocation, on_update)
         await asyncio.wait_for(initial.wait(), timeout=10)
         await wait_for(lambda: seen.get("a") == 0.5)
@@ -98,20 +115,19 @@ async def test_kv_watch_and_publishes_carry_on_across_a_nats_restart(tmp_path: P
         assert await asyncio.wait_for(publishing, timeout=30) is True
 
         await wait_for(lambda: bus.reconnects >= 1, timeout=15)
-        writer = await nats.connect(server.url)
+        writer = await connect(server.settings("actuator"))
         other = await writer.jetstream().key_value(subjects.ALLOCATION_BUCKET)
         await other.put("a", allocation(0.75).to_json())
         await writer.close()
         await wait_for(lambda: seen.get("a") == 0.75, timeout=10)
-        assert [s for s, _ in await read_usage(server.url)]
+        assert [s for s, _ in await read_usage(server.settings("operator"))]
     finally:
         await bus.close()
         server.cleanup()
 
 
-async def test_readiness_follows_the_nats_connection(tmp_path: Path) -> None:
-    server = EmbeddedNats(store_dir=str(tmp_path / "store")).start()
-    runtime = ServiceRuntime("test", ServiceSettings(nats={"url": server.url}))
+async def test_readiness_follows_the_nats_connection(server: SecuredNats) -> None:
+    runtime = ServiceRuntime("test", server.settings("decision"))
 
     async def start() -> None:
         return None
@@ -134,10 +150,11 @@ async def test_readiness_follows_the_nats_connection(tmp_path: Path) -> None:
         server.cleanup()
 
 
-async def test_an_executed_decision_is_not_executed_again_after_a_crash(tmp_path: Path) -> None:
-    server = EmbeddedNats(store_dir=str(tmp_path / "store")).start()
+async def test_an_executed_decision_is_not_executed_again_after_a_crash(
+    server: SecuredNats,
+) -> None:
     settings = ActuatorSettings(
-        nats={"url": server.url},
+        **server.identity("actuator"),
         # opted in: the decision is applied (once)
         sim={
             "pods": "inference/chat=0.5",
@@ -149,17 +166,17 @@ async def test_an_executed_decision_is_not_executed_again_after_a_crash(tmp_path
     made = decision(current=0.5, new=0.75, decision_id="d-crash")
     try:
         async with running(ActuatorService(settings)) as service:
-            nc = await nats.connect(server.url)
-            js = nc.jetstream()
-            await js.publish(subjects.decision_subject(made.workload), made.to_json())
+            nc = await connect(server.settings("decision"))  # the decision, from decision
+            await nc.jetstream().publish(subjects.decision_subject(made.workload), made.to_json())
             await wait_for(lambda: service.cluster.has_applied("d-crash"), timeout=15)
             # As if the actuator had died right after changing the cluster: the record of the
             # decision says "started", and the decision is delivered again.
-            claims = await js.key_value(subjects.ACTUATOR_STATE_BUCKET)
+            as_actuator = await connect(server.settings("actuator"))  # its own record
+            claims = await as_actuator.jetstream().key_value(subjects.ACTUATOR_STATE_BUCKET)
             await asyncio.sleep(0.5)  # its own "done" record is written by now
             await claims.put("decision.d-crash", b"started")
             before = service.cluster.state
-            await js.publish(subjects.decision_subject(made.workload), made.to_json())
+            await nc.jetstream().publish(subjects.decision_subject(made.workload), made.to_json())
 
             async def record() -> bytes:
                 return (await claims.get("decision.d-crash")).value or b""
@@ -172,9 +189,10 @@ async def test_an_executed_decision_is_not_executed_again_after_a_crash(tmp_path
             assert service.cluster.applied.count("d-crash") == 1
             assert service.resumed._value.get() == 1  # type: ignore[attr-defined]
             await nc.close()
+            await as_actuator.close()
         results = [
             ActuationResult.model_validate_json(d)
-            for _, d in await read_stream(server.url, subjects.ACTUATION_STREAM)
+            for _, d in await read_stream(server.settings("operator"), subjects.ACTUATION_STREAM)
         ]
     finally:
         server.cleanup()

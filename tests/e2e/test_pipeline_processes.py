@@ -4,6 +4,12 @@ Simulated load becomes decisions, decisions reach the actuator, and the simulate
 allocation changes. Killing the decision process mid-run and starting it again loses no
 sample (every usage partition's consumer acknowledges every sample) and no decision
 is applied twice (by decision id), even when a decision is delivered again.
+
+The bus is secured as the chart's default is (issue 29): nats-server runs deploy/nats/'s
+configuration, the source of the chart's permissions (tests/support/nats_auth.py), with TLS
+from a test CA; each service connects with its own identity and the CA, the test reads with
+the read-only operator identity and redelivers a decision as the decision identity. No
+identity may lack a permission on the way (the server logs each violation).
 """
 
 from __future__ import annotations
@@ -13,7 +19,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import nats
 import pytest
 
 from fracpilot_cli.demo import DemoConfig
@@ -21,13 +26,14 @@ from fracpilot_cli.processes import ServiceProcess
 from fracpilot_libs.contracts import ActuationResult, Allocation, FractionDecision, Outcome
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.decision_backlog import decision_backlog
-from helpers import read_stream, read_usage, reset_nats
+from helpers import NatsAccess, connect, read_stream, read_usage
+from support.nats_auth import SecuredNats, chart_tls_files
 
 pytestmark = pytest.mark.e2e
 
 
-async def consumer_caught_up(url: str, stream: str, durable: str) -> bool:
-    nc = await nats.connect(url)
+async def consumer_caught_up(url: NatsAccess, stream: str, durable: str) -> bool:
+    nc = await connect(url)
     js = nc.jetstream()
     try:
         info = await js.consumer_info(stream, durable)
@@ -37,9 +43,9 @@ async def consumer_caught_up(url: str, stream: str, durable: str) -> bool:
     return info.num_pending == 0 and info.num_ack_pending == 0 and info.ack_floor.stream_seq == last
 
 
-async def decision_caught_up(url: str) -> bool:
+async def decision_caught_up(url: NatsAccess) -> bool:
     """Every usage partition's consumer has acknowledged (checkpointed) every sample."""
-    nc = await nats.connect(url)
+    nc = await connect(url)
     try:
         backlog = await decision_backlog(nc.jetstream())
     finally:
@@ -47,7 +53,7 @@ async def decision_caught_up(url: str) -> bool:
     return backlog is not None and backlog.caught_up
 
 
-async def wait_decision_caught_up(url: str, within_s: float = 60) -> None:
+async def wait_decision_caught_up(url: NatsAccess, within_s: float = 60) -> None:
     deadline = time.monotonic() + within_s
     while not await decision_caught_up(url):
         if time.monotonic() > deadline:
@@ -55,7 +61,7 @@ async def wait_decision_caught_up(url: str, within_s: float = 60) -> None:
         await asyncio.sleep(0.2)
 
 
-async def wait_caught_up(url: str, stream: str, durable: str, within_s: float = 60) -> None:
+async def wait_caught_up(url: NatsAccess, stream: str, durable: str, within_s: float = 60) -> None:
     deadline = time.monotonic() + within_s
     while not await consumer_caught_up(url, stream, durable):
         if time.monotonic() > deadline:
@@ -63,14 +69,13 @@ async def wait_caught_up(url: str, stream: str, durable: str, within_s: float = 
         await asyncio.sleep(0.2)
 
 
-async def test_load_becomes_actions_and_a_decision_restart_loses_nothing(
-    nats_url: str, tmp_path: Path
-) -> None:
-    await reset_nats(nats_url)
+async def test_load_becomes_actions_and_a_decision_restart_loses_nothing(tmp_path: Path) -> None:
+    bus = SecuredNats(tmp_path / "nats", tls=chart_tls_files(tmp_path / "tls")).start()
+    nats_url = bus.settings("operator")  # the test reads as the operator
     config = DemoConfig(workloads=8, sim_hours=6, speed=2400, log_dir=tmp_path)
-    envs = config.service_env(nats_url)
+    envs = config.service_env(bus.url)
     procs = {
-        name: ServiceProcess(name, envs[name], tmp_path)
+        name: ServiceProcess(name, envs[name] | bus.env(name), tmp_path)
         for name in ("actuator", "decision", "ingest")
     }
     try:
@@ -99,23 +104,27 @@ async def test_load_becomes_actions_and_a_decision_restart_loses_nothing(
         # Deliver an already-applied decision again, as a republish after a crash would.
         applied = next(r for r in results if r.outcome is Outcome.APPLIED)
         again = next(d for d in decisions if d.decision_id == applied.decision_id)
-        nc = await nats.connect(nats_url)
+        nc = await connect(bus.settings("decision"))
         await nc.jetstream().publish(subjects.decision_subject(again.workload), again.to_json())
         await nc.close()
         await wait_caught_up(nats_url, subjects.DECISION_STREAM, subjects.ACTUATOR_CONSUMER)
         results_after = await read_stream(nats_url, subjects.ACTUATION_STREAM)
         assert procs["actuator"].log_contains("decision already handled")
 
-        nc = await nats.connect(nats_url)
+        nc = await connect(nats_url)
         kv = await nc.jetstream().key_value(subjects.ALLOCATION_BUCKET)
         allocations = [
             Allocation.model_validate_json((await kv.get(k)).value or b"") for k in await kv.keys()
         ]
         await nc.close()
         exit_codes = {name: p.stop() for name, p in procs.items()}
+        lacked = {
+            name: bus.violations(name) for name in ("ingest", "decision", "actuator", "operator")
+        }
     finally:
         for p in procs.values():
             p.kill()
+        bus.server.cleanup()
 
     # Every sample the simulator produced is in the stream and was acknowledged by decision.
     assert killed_at_samples < len(samples) == config.expected_samples
@@ -132,3 +141,5 @@ async def test_load_becomes_actions_and_a_decision_restart_loses_nothing(
     assert exit_codes == {"actuator": 0, "decision": 0, "ingest": 0}
     for p in procs.values():
         assert p.log_contains('"msg": "stopped"')
+    # Each identity had every permission it used (the server logs each refusal).
+    assert lacked == {"ingest": [], "decision": [], "actuator": [], "operator": []}

@@ -37,10 +37,12 @@ async def test_usage_subject_dead_letters_every_malformed_sample(nats_url: str) 
         subject = subjects.usage_subject(sample().workload)
         for payload in bad.values():
             await js.publish(subject, payload)
-        good = sample(compute=0.9, memory_share=0.1, allocated=0.25)
-        await js.publish(subject, good.to_json())
+        # Two minutes in a row: a sustained rise (one lone minute is a rare burst, which waits).
+        for minute in (0, 1):
+            good = sample(compute=0.9, memory_share=0.1, allocated=0.25, minute=minute)
+            await js.publish(subject, good.to_json())
         await nc.close()
-        await wait_for(lambda: service.samples._value.get() >= 1, timeout=15)
+        await wait_for(lambda: service.samples._value.get() >= 2, timeout=15)
         letters = await dead_letters(nats_url, "decision")
         reg = service.runtime.registry
         total = sum(
@@ -61,7 +63,7 @@ async def test_usage_subject_dead_letters_every_malformed_sample(nats_url: str) 
     assert "greater than or equal to 0" in by_payload[bad["negative"].decode()].reason
     assert "surprise" in by_payload[bad["unknown_field"].decode()].reason
     assert by_payload[bad["bad_json"].decode()].error_kind == "decode"
-    # The good sample after the bad ones was decided: 0.9 compute on 0.25 is an upsize.
+    # The good samples after the bad ones were decided: 0.9 compute on 0.25 is an upsize.
     decisions = await read_stream(nats_url, subjects.DECISION_STREAM)
     assert len(decisions) == 1
 

@@ -174,6 +174,20 @@ def test_csv_and_yaml(small: PrometheusServer) -> None:
     assert "recommended_fraction:" in as_yaml.stdout
 
 
+def test_html_holds_the_numbers_json_holds(small: PrometheusServer) -> None:
+    args = ("recommend", "--prometheus-url", small.url, "--since", "2d", "-A")
+    as_json = fracpilot(*args, "-o", "json")
+    as_html = fracpilot(*args, "-o", "html")
+    assert as_html.returncode == 0, as_html.stderr
+    page = as_html.stdout
+    assert page.startswith("<!DOCTYPE html>")
+    assert "data:image/png;base64," in page
+    doc = json.loads(as_json.stdout)
+    for w in doc["workloads"]:
+        assert f'<td class="l">{w["workload"]}</td>' in page
+    assert f"<b>{doc['totals']['cards_freed']}</b>cards packing would free" in page
+
+
 def test_a_wrong_url_is_an_error_that_says_so() -> None:
     url = f"http://127.0.0.1:{free_port()}"
     run = fracpilot("recommend", "--prometheus-url", url, "-A")

@@ -24,6 +24,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from fracpilot_actuator.hooks import release_secrets
+from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.nats.embedded import EmbeddedNats
 from fracpilot_libs.server_process import free_port
 
@@ -132,12 +134,68 @@ def make_tls_files(directory: Path) -> TlsFiles:
     return files
 
 
+def chart_tls_files(directory: Path) -> TlsFiles:
+    """The built-in NATS's certificate as the chart's release-secrets hook makes it
+    (``nats_tls_secret_data``: a new CA, one certificate for server and client auth, since the
+    routes between the servers are mutual TLS with it), for localhost and 127.0.0.1. The
+    certificate is also the client's, for a test of mutual TLS."""
+    directory.mkdir(parents=True, exist_ok=True)
+    data = release_secrets.nats_tls_secret_data(
+        "fracpilot-nats-tls-ca", ["localhost"], dt.datetime.now(dt.UTC), dt.timedelta(days=1)
+    )
+    files = TlsFiles(
+        ca=directory / "ca.crt",
+        server_cert=directory / "tls.crt",
+        server_key=directory / "tls.key",
+        client_cert=directory / "tls.crt",
+        client_key=directory / "tls.key",
+    )
+    files.ca.write_bytes(data["ca.crt"])
+    files.server_cert.write_bytes(data["tls.crt"])
+    files.server_key.write_bytes(data["tls.key"])
+    files.server_key.chmod(0o600)
+    return files
+
+
 def make_user_nkey(path: Path) -> str:
     """Write a new user nkey seed to ``path``; returns its public key (U...)."""
     seed = nkeys.encode_seed(secrets.token_bytes(32), nkeys.PREFIX_BYTE_USER)
     path.write_bytes(seed + b"\n")
     path.chmod(0o600)
     return str(nkeys.from_seed(bytearray(seed)).public_key.decode())
+
+
+def example_config(
+    passwords: dict[str, str],
+    tls: TlsFiles | None = None,
+    verify_clients: bool = False,
+    extra_users: tuple[str, ...] = (),
+) -> str:
+    """deploy/nats/nats-server.conf with the identities' test passwords, any further users and,
+    with ``tls``, the client TLS block (``verify_clients``: mutual). Port, server name and store
+    are left as the example has them; it includes permissions.conf from its own directory."""
+    config = (EXAMPLE_DIR / "nats-server.conf").read_text()
+    for name, password in passwords.items():
+        variable = f"$FRACPILOT_NATS_{name.upper().replace('-', '_')}_PASSWORD"
+        config = _replace_once(config, re.escape(variable), f'"{password}"')
+    if extra_users:  # e.g. an nkey identity: added beside the example's users
+        config = _replace_once(
+            config, r"(?m)^    users: \[$", "    users: [\n" + "\n".join(extra_users)
+        )
+    if tls is not None:
+        config += (
+            "\ntls {\n"
+            f'  cert_file: "{tls.server_cert}"\n'
+            f'  key_file: "{tls.server_key}"\n'
+            f'  ca_file: "{tls.ca}"\n'
+            f"  verify: {'true' if verify_clients else 'false'}\n"
+            "  timeout: 2\n}\n"
+        )
+    return config
+
+
+def identity_passwords() -> dict[str, str]:
+    return {name: f"test-{name}-{secrets.token_hex(8)}" for name in IDENTITIES}
 
 
 class SecuredNats:
@@ -152,31 +210,15 @@ class SecuredNats:
     ) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
-        self.passwords = {name: f"test-{name}-{secrets.token_hex(8)}" for name in IDENTITIES}
+        self.passwords = identity_passwords()
         self.port = free_port()
         self.tls = tls
         store = directory / "store"
         shutil.copy(EXAMPLE_DIR / "permissions.conf", directory / "permissions.conf")
-        config = (EXAMPLE_DIR / "nats-server.conf").read_text()
+        config = example_config(self.passwords, tls, verify_clients, extra_users)
         config = _replace_once(config, r"(?m)^port: 4222$", f"port: {self.port}")
         # EmbeddedNats passes the store with -sd, which may not be given twice.
         config = _replace_once(config, r"store_dir: /data/jetstream", "# store_dir: -sd")
-        for name, password in self.passwords.items():
-            variable = f"$FRACPILOT_NATS_{name.upper().replace('-', '_')}_PASSWORD"
-            config = _replace_once(config, re.escape(variable), f'"{password}"')
-        if extra_users:  # e.g. an nkey identity: added beside the example's users
-            config = _replace_once(
-                config, r"(?m)^    users: \[$", "    users: [\n" + "\n".join(extra_users)
-            )
-        if tls is not None:
-            config += (
-                "\ntls {\n"
-                f'  cert_file: "{tls.server_cert}"\n'
-                f'  key_file: "{tls.server_key}"\n'
-                f'  ca_file: "{tls.ca}"\n'
-                f"  verify: {'true' if verify_clients else 'false'}\n"
-                "  timeout: 2\n}\n"
-            )
         self.config_path = directory / "nats-server.conf"
         self.config_path.write_text(config)
         self.server = EmbeddedNats(
@@ -210,6 +252,10 @@ class SecuredNats:
             fields["tls_ca_file"] = str(self.tls.ca)
         return {"nats": fields | nats}
 
+    def settings(self, name: str) -> ServiceSettings:
+        """The identity's connection settings (for the test's own clients: helpers.connect)."""
+        return ServiceSettings(**self.identity(name))
+
     def env(self, name: str) -> dict[str, str]:
         """The same identity as FRACPILOT_ environment variables (for the CLI)."""
         return {f"FRACPILOT_NATS_{k.upper()}": v for k, v in self.identity(name)["nats"].items()}
@@ -218,14 +264,18 @@ class SecuredNats:
         self.server.start()
         return self
 
-    def stop(self) -> None:
-        self.server.stop()
+    def stop(self, kill: bool = False) -> None:
+        """SIGTERM (or SIGKILL); the store stays, and ``start`` runs the same configuration."""
+        self.server.stop(kill=kill)
+
+    def cleanup(self) -> None:
+        self.server.cleanup()
 
     def __enter__(self) -> SecuredNats:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
-        self.server.cleanup()
+        self.cleanup()
 
 
 def _replace_once(text: str, pattern: str, replacement: str) -> str:

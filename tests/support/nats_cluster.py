@@ -9,6 +9,8 @@ frozen (SIGSTOP, a partition that looks like a hung machine) and thawed (SIGCONT
 from __future__ import annotations
 
 import json
+import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -17,12 +19,18 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import nats
-
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.nats.embedded import nats_server_binary
 from fracpilot_libs.runtime import ServiceRuntime
 from fracpilot_libs.server_process import ServerProcess, free_port, wait_until_ready
+from helpers import NatsAccess, connect
+from support.nats_auth import (
+    EXAMPLE_DIR,
+    TlsFiles,
+    chart_tls_files,
+    example_config,
+    identity_passwords,
+)
 
 CLUSTER_NAME = "fracpilot"
 
@@ -172,10 +180,11 @@ class NatsCluster:
         self.cleanup()
 
 
-async def stream_info(url: str, stream: str) -> dict[str, Any]:
+async def stream_info(url: NatsAccess, stream: str) -> dict[str, Any]:
     """``$JS.API.STREAM.INFO.<stream>`` as the server sends it (``cluster.leader``,
-    ``cluster.replicas``, ``config.num_replicas``); ``url``: client URLs, comma-separated."""
-    nc = await nats.connect(url.split(","))
+    ``cluster.replicas``, ``config.num_replicas``); ``url``: client URLs, comma-separated, or
+    an identity's settings."""
+    nc = await connect(url)
     try:
         reply = await nc.request(f"$JS.API.STREAM.INFO.{stream}", b"", timeout=5)
     finally:
@@ -183,16 +192,16 @@ async def stream_info(url: str, stream: str) -> dict[str, Any]:
     return dict(json.loads(reply.data))
 
 
-async def stream_leader(url: str, stream: str) -> str | None:
+async def stream_leader(url: NatsAccess, stream: str) -> str | None:
     """The name of the node leading ``stream`` (None while it has no leader)."""
     info = await stream_info(url, stream)
     leader = (info.get("cluster") or {}).get("leader")
     return str(leader) if leader else None
 
 
-async def replicas_of(url: str) -> dict[str, int]:
+async def replicas_of(url: NatsAccess) -> dict[str, int]:
     """Every stream on the server (KV buckets as KV_<bucket>) and its replicas."""
-    nc = await nats.connect(url.split(","))
+    nc = await connect(url)
     try:
         infos = await nc.jetstream().streams_info()
     finally:
@@ -210,3 +219,119 @@ class IdleService:
 
     async def start(self) -> None:
         return None
+
+
+# --- the cluster secured as the chart's default is (issue 29) ----------------------------------
+
+# A test-only identity beside the chart's: the chaos scenarios move stream leaders before a
+# fault (a step-down with a preferred peer), which none of fracpilot's identities may do.
+FAULT_INJECTOR = "fault-injector"
+_FAULT_INJECTOR_PERMISSIONS = (
+    '{ publish: { allow: ["$JS.API.STREAM.LEADER.STEPDOWN.>"] }, '
+    'subscribe: { allow: ["_INBOX.>"] } }'
+)
+
+
+class SecuredClusterNode(ClusterNode):
+    """A node run as ``nats-server -c <file>``: deploy/nats's identities and permissions (the
+    chart's source), client TLS, and the cluster block the chart renders for a clustered
+    built-in NATS (helm/fracpilot/templates/_nats.tpl: ``no_advertise``, routes over mutual
+    TLS with ``verify: true``), on loopback ports."""
+
+    def __init__(self, name: str, store_dir: Path, base_config: str, tls: TlsFiles) -> None:
+        super().__init__(name, store_dir)
+        self.base_config = base_config
+        self.tls = tls
+        self.conf_path = store_dir / "nats-server.conf"
+
+    def command(self, routes: list[str]) -> list[str]:
+        config = self.base_config
+        for pattern, replacement in (
+            (r"(?m)^port: 4222$", f'host: "127.0.0.1"\nport: {self.port}'),
+            (r"(?m)^server_name: fracpilot-nats$", f"server_name: {self.name}"),
+            (r"store_dir: /data/jetstream", f'store_dir: "{self.store_dir / "jetstream"}"'),
+        ):
+            config, count = re.subn(pattern, lambda _m, r=replacement: r, config, count=1)
+            if count != 1:
+                raise ValueError(f"the example config no longer contains {pattern!r}")
+        others = ", ".join(f'"{r}"' for r in routes if r != self.route_url)
+        config += (
+            f'\nhttp: "127.0.0.1:{self.monitor_port}"\n'
+            "cluster {\n"
+            f"  name: {CLUSTER_NAME}\n"
+            '  host: "127.0.0.1"\n'
+            f"  port: {self.route_port}\n"
+            "  no_advertise: true\n"
+            f"  routes: [{others}]\n"
+            "  tls {\n"
+            f'    cert_file: "{self.tls.server_cert}"\n'
+            f'    key_file: "{self.tls.server_key}"\n'
+            f'    ca_file: "{self.tls.ca}"\n'
+            "    verify: true\n"
+            "    timeout: 2\n"
+            "  }\n"
+            "}\n"
+        )
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copy(EXAMPLE_DIR / "permissions.conf", self.store_dir / "permissions.conf")
+        self.conf_path.write_text(config)
+        return [nats_server_binary(), "-c", str(self.conf_path)]
+
+
+class SecuredCluster(NatsCluster):
+    """:class:`NatsCluster` with every identity authenticated and TLS on clients and routes,
+    the certificate made as the chart's hook makes it (:func:`chart_tls_files`)."""
+
+    def __init__(self, size: int = 3) -> None:
+        self.base_dir = Path(tempfile.mkdtemp(prefix="fracpilot-nats-cluster-"))
+        self.tls = chart_tls_files(self.base_dir / "tls")
+        self.passwords = identity_passwords() | {FAULT_INJECTOR: secrets.token_hex(16)}
+        injector = (
+            f'      {{ user: {FAULT_INJECTOR}, password: "{self.passwords[FAULT_INJECTOR]}", '
+            f"permissions: {_FAULT_INJECTOR_PERMISSIONS} }}"
+        )
+        base = example_config(
+            {k: v for k, v in self.passwords.items() if k != FAULT_INJECTOR},
+            self.tls,
+            extra_users=(injector,),
+        )
+        while True:  # free ports are picked one by one: the same one may come twice
+            self.nodes = [
+                SecuredClusterNode(f"n{i}", self.base_dir / f"n{i}", base, self.tls)
+                for i in range(size)
+            ]
+            ports = [p for n in self.nodes for p in (n.port, n.route_port, n.monitor_port)]
+            if len(set(ports)) == len(ports):
+                break
+
+    def settings(self, name: str, url: str | None = None) -> ServiceSettings:
+        """An identity's connection settings: every node (or ``url``), its password, the CA."""
+        return ServiceSettings(nats=self.identity(name, url)["nats"])
+
+    def identity(self, name: str, url: str | None = None) -> dict[str, dict[str, str]]:
+        """``ServiceSettings`` keyword arguments (the ``nats`` group) for one identity."""
+        return {
+            "nats": {
+                "url": url or self.url,
+                "user": name,
+                "password": self.passwords[name],
+                "tls_ca_file": str(self.tls.ca),
+            }
+        }
+
+    def env(self, name: str, url: str | None = None) -> dict[str, str]:
+        """The same identity as FRACPILOT_NATS_* environment variables (for a process)."""
+        return {
+            f"FRACPILOT_NATS_{k.upper()}": v for k, v in self.identity(name, url)["nats"].items()
+        }
+
+    def violations(self, user: str) -> list[str]:
+        """Every node's log lines about permissions this user lacked."""
+        who = f'"FRACPILOT/user:{user}"'
+        return [
+            line
+            for n in self.nodes
+            if n.log_path.exists()
+            for line in n.log_path.read_text(errors="replace").splitlines()
+            if who in line and "Violation" in line
+        ]

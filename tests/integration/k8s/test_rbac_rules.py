@@ -164,6 +164,19 @@ ACTUATOR_CALLS: tuple[Call, ...] = (
         for plural in ("fractionpolicies", "clusterfractionpolicies")
     ),
     Call("patch", "fracpilot.io", "fractionpolicies", "status", why="a policy's status"),
+    Call(
+        "create",
+        "fracpilot.io",
+        "fractionrecommendations",
+        why="a workload's FractionRecommendation, once (RecommendationWriter)",
+    ),
+    Call(
+        "patch",
+        "fracpilot.io",
+        "fractionrecommendations",
+        "status",
+        why="the recommendation of each decision (RecommendationWriter)",
+    ),
     *(
         Call(verb, "scheduling.run.ai", "queues", scope="cluster", why="KAI queue quota/limit")
         for verb in ("list", "watch")
@@ -250,6 +263,9 @@ ACTUATOR_FORBIDDEN: tuple[Call, ...] = (
     Call("update", "fracpilot.io", "fractionpolicies"),
     Call("delete", "fracpilot.io", "fractionpolicies"),
     Call("patch", "fracpilot.io", "clusterfractionpolicies", scope="cluster"),
+    Call("patch", "fracpilot.io", "fractionrecommendations"),  # its status only
+    Call("delete", "fracpilot.io", "fractionrecommendations"),  # the garbage collector's
+    Call("list", "fracpilot.io", "fractionrecommendations", scope="cluster"),
     Call("patch", "scheduling.run.ai", "queues", scope="cluster"),  # KAI's objects: read only
     Call("create", "scheduling.run.ai", "bindrequests"),
     Call("delete", "scheduling.run.ai", "bindrequests"),

@@ -129,3 +129,89 @@ def test_csv_cells_read_back_as_their_values(rows: list[dict[str, Any]]) -> None
 def test_yaml_reads_back_as_the_json_document(rows: list[dict[str, Any]]) -> None:
     document = json.loads(output.render_text(listing(rows), "json"))
     assert yaml.safe_load(output.render_text(listing(rows), "yaml")) == document
+
+
+# --- libyaml's emitter and the pure-Python one: the same text -----------------------------------
+
+# Strings YAML treats specially: booleans and nulls of YAML 1.1, numbers, indicators, quotes,
+# line breaks, surrounding blanks, control characters and text beyond ASCII (escaped).
+# fmt: off
+SPECIAL = [
+    "", " ", "yes", "No", "on", "OFF", "y", "n", "~", "null", "Null", "true", "1.5", "1e3", "0x1f",
+    "0o17", "012", ".inf", "-.NaN", "2026-03-02", "2026-03-02T01:02:03+00:00", "12:30", "- item",
+    "? key", ": value", "a: b", "a #b", "#comment", "&anchor", "*alias", "!tag", "%directive",
+    "@at", "`tick", "|", ">", "'single'", '"double"', "{a: 1}", "[1, 2]", "a, b", "line\nbreak",
+    "trailing\n", " leading", "trailing ", "tab\there", "\x00nul", "bell\x07", "del\x7f",
+    "é", "naïve façade", "ünïcödé: ä", "日本語", "emoji 🎉", "\u2028sep", "\ufeffbom", "\u00a0nbsp",
+    "x" * 300, "---", "...", "=", "<<",
+]
+# fmt: on
+
+
+def test_the_cli_uses_libyaml_when_pyyaml_has_it() -> None:
+    assert yaml.__with_libyaml__, "the lock's PyYAML wheel is built with libyaml"
+    assert output.yaml_dumper() is yaml.CSafeDumper
+
+
+def status_like(text: str, i: int) -> dict[str, Any]:
+    """A row shaped as ``fracpilot status -o yaml`` prints one, ``text`` in its string cells."""
+    return {
+        "cluster": text,
+        "namespace": f"ns-{i}",
+        "workload": text,
+        "fraction": 0.5 if i % 2 else None,
+        "gpu_memory_bytes": 42_949_672_960,
+        "compute_p": i / 7,
+        "state": Mode.AUTO,
+        "last_action_at": datetime(2026, 3, 2, 1, 2, i % 60, tzinfo=UTC),
+        "last_error": text or None,
+        "tags": [text, i, -0.0, float("inf"), True],
+        "empty": {},
+        "nested": {f"key-{i}": [text], "list": []},
+    }
+
+
+def test_libyaml_and_pure_python_dumpers_write_the_same_bytes() -> None:
+    document = {
+        "kind": "WorkloadStatusList",
+        "totals": {"workloads": len(SPECIAL), "saved": 1234.5},
+        "items": [status_like(text, i) for i, text in enumerate(SPECIAL)],
+    }
+    fast = output.to_yaml(document, dumper=yaml.CSafeDumper)
+    slow = output.to_yaml(document, dumper=yaml.SafeDumper)
+    assert fast.encode() == slow.encode()
+    assert yaml.safe_load(fast) == json.loads(output.to_json(document))
+
+
+# The CLI's documents: a mapping (or a list of them) keyed by field names, label keys and the
+# like (not empty, one line, short), any JSON value inside.
+keys = st.text(min_size=1, max_size=40).filter(lambda k: "\r" not in k) | st.sampled_from(
+    [k for k in SPECIAL if k and len(k) <= 40]
+)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text() | st.sampled_from(SPECIAL),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(keys, inner, max_size=4),
+    max_leaves=20,
+)
+cli_documents = st.dictionaries(keys, json_values, max_size=6) | st.lists(
+    st.dictionaries(keys, json_values, max_size=4), max_size=3
+)
+
+
+@given(cli_documents)
+def test_both_dumpers_agree_on_any_cli_document(document: Any) -> None:
+    fast = output.to_yaml(document, dumper=yaml.CSafeDumper)
+    assert fast.encode() == output.to_yaml(document, dumper=yaml.SafeDumper).encode()
+
+
+@pytest.mark.parametrize(
+    "document", [{"": 1}, {"a\rb": 1}, {"k" * 130: 1}, {"é" * 70: 1}, None, "text", 1.5]
+)
+def test_where_the_emitters_differ_both_read_back_the_same(document: Any) -> None:
+    """Outside the CLI's documents the two emitters' texts differ: a key that is empty, holds a
+    carriage return or is long (libyaml counts its bytes, PyYAML its characters) is written in
+    the explicit ``? key`` form by one of them only; a lone scalar gets PyYAML's ``...`` end
+    marker. The value read back is the same."""
+    fast = output.to_yaml(document, dumper=yaml.CSafeDumper)
+    slow = output.to_yaml(document, dumper=yaml.SafeDumper)
+    assert yaml.safe_load(fast) == yaml.safe_load(slow) == document

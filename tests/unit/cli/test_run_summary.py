@@ -13,6 +13,7 @@ from fracpilot_actuator.simulated.autoscaler import NodeGroup
 from fracpilot_actuator.simulated.cluster import STATE_KEY, seed_cluster
 from fracpilot_cli.demo import live_table, summary_table
 from fracpilot_cli.summary import SIMULATED_CLUSTER_KEY, RunSummary, cluster_cards_of
+from fracpilot_libs.contracts import AppSignals
 from fracpilot_libs.pricing import GpuPrices
 
 
@@ -115,3 +116,38 @@ def test_the_demo_summary_shows_cards_within_80_columns() -> None:
     footer = [line for line in lines if "GPUs 3 for 8 workloads" in line]
     assert len(footer) == 1
     assert any("GPU-hours 48.0 of 192.0" in line for line in lines)
+
+
+def test_the_demo_summary_shows_the_memory_a_preallocating_server_gave_back() -> None:
+    """A day of the demo's eight workloads at a quarter each; chat-llama-8b runs vLLM, its flag
+    rewritten for 0.25 to 0.237 of the card, where on a GPU of its own vLLM preallocates its
+    default 0.92."""
+    assert three_cards_for_eight().preallocated.samples == 0  # no such server: no line
+    summary = RunSummary(step_s=60)
+    vllm = AppSignals(kv_cache_usage=0.3, llm_server="vllm", kv_pool_bytes=3 * 1024**3)
+    for m in range(1440):
+        for i, name in enumerate(DEMO_NAMES):
+            llm = name == "chat-llama-8b"
+            summary.add_sample(
+                sample(
+                    minute=m,
+                    name=name,
+                    allocated=0.25,
+                    memory_share=0.237 if llm else 0.1,
+                    signals=vllm if llm else None,
+                    gpu_uuid=f"GPU-{i // 3}",
+                    gpu_model=A100,
+                )
+            )
+    llm = summary.preallocated
+    assert llm.samples == 1440
+    assert llm.alone_gib_hours == pytest.approx(0.92 * 80 * 24)  # 1766.4
+    assert llm.held_gib_hours == pytest.approx(0.237 * 80 * 24, abs=0.01)  # 455.04
+    assert llm.released_gib_hours == pytest.approx(1311.36, abs=0.01)
+    assert llm.released_pct == pytest.approx(74.24, abs=0.01)
+    console = Console(width=80, record=True, file=io.StringIO())
+    console.print(summary_table(summary, 120.0))
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    [row] = [line for line in lines if "LLM memory given back" in line]
+    assert "1,311 of 1,766 GiB-h preallocated (74.2%)" in row

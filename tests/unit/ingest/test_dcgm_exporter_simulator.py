@@ -102,7 +102,7 @@ def test_ingest_reads_back_the_simulated_usage_exactly() -> None:
         if alloc is None:
             continue
         obs = by_pod[alloc.pod]
-        compute, memory = usage_at(w, AT)
+        compute, memory = usage_at(w, AT, alloc.fraction)
         assert obs.exact
         assert obs.pod == PodKey("inference", alloc.pod, "server")
         assert obs.gpu_uuid == alloc.gpu_uuid

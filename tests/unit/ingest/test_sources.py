@@ -98,7 +98,7 @@ def test_settings_groups_keep_the_flat_environment_names(monkeypatch: pytest.Mon
 
 
 def test_a_simulated_sample_is_where_the_allocation_puts_it() -> None:
-    w = demo_workloads()[0]
+    w = next(w for w in demo_workloads() if w.preallocates is None)  # usage not by fraction
     unplaced = simulated_sample(w, START, None)
     assert (unplaced.pod, unplaced.node, unplaced.allocated_fraction) == (w.pod, "", None)
     assert unplaced.attribution is Attribution.EXACT
@@ -198,3 +198,23 @@ async def test_a_failed_prometheus_query_keeps_the_cursor(monkeypatch: pytest.Mo
     assert reading.until is None
     assert source.cursor == cursor
     assert ctx.metrics.source_errors.labels("prometheus")._value.get() == 1
+
+
+def test_a_preallocating_servers_sample_holds_its_allocations_flag_and_says_its_kv_pool() -> None:
+    [w] = [w for w in demo_workloads() if w.preallocates is not None]
+    placed = Allocation(
+        workload=w.workload,
+        pod="chat-x",
+        node="node-a",
+        gpu_uuid="GPU-1",
+        fraction=0.25,
+        device_memory_bytes=80 * 1024**3,
+        updated_at=START,
+    )
+    sample = simulated_sample(w, START, placed)
+    assert sample.memory_used_bytes == int(0.237 * 80 * 1024**3)  # the flag for 0.25
+    assert sample.signals is not None
+    assert sample.signals.llm_server == "vllm"
+    assert sample.signals.kv_pool_bytes == int((0.237 - w.weights_share) * 80 * 1024**3)
+    unplaced = simulated_sample(w, START, None)
+    assert unplaced.memory_used_bytes == int(0.92 * 80 * 1024**3)  # vLLM's default, alone

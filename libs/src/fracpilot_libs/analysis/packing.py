@@ -24,10 +24,10 @@ this account, interval by interval, who is on which card and what they use. Defi
   of its tenants reports: ``card_samples``, ``memory_collision_card_samples``;
   ``memory_collision_pct`` is of card-samples).
 - **moves** are recreates on another card (the planner's ``recreate_elsewhere``, including a
-  move onto a card added for it, and a consolidation: a workload left alone on its card moved
-  to a card in use); **in-place** changes keep the card. Both per workload-day
-  (``whole_card_hours / 24``). Placing a workload that arrives, or returns after a gap, is a
-  *placement*, neither a move nor an in-place change.
+  move onto a card added for it, and a consolidation: a move of the consolidation planner,
+  which empties a card onto cards in use); **in-place** changes keep the card. Both per
+  workload-day (``whole_card_hours / 24``). Placing a workload that arrives, or returns
+  after a gap, is a *placement*, neither a move nor an in-place change.
 - **isolation**: ``shared`` (memory shared on the card: cards sized by their tenants
   together, :mod:`fracpilot_libs.analysis.shared_packing`), ``enforced`` (a per-pod cap), or
   None (not set: today's per-pod sizing). Under ``shared`` a card re-divided among its
@@ -82,8 +82,8 @@ class PackedAccount:
     redivisions: int = 0
     placements: int = 0
     moves: int = 0
-    # of the moves, consolidations of a workload another's change or departure left alone on
-    # its card: moves no decision of that workload asked for
+    # of the moves, consolidations (the consolidation planner's moves; under shared isolation,
+    # of a workload another's change left alone): moves no decision of that workload asked for
     neighbour_moves: int = 0
     in_place: int = 0
     # shared isolation: the moves by cause (SharedCluster.move_causes), the memory moves made

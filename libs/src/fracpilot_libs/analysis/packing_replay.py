@@ -14,9 +14,14 @@ the sizer. A fraction decided on a sample thus applies when that sample's interv
 :func:`fracpilot_libs.analysis.replay.replay_workload`: without ``gpus`` the fractions, overruns
 and resizes are the unpacked replay's, and only the cards are new.
 
-With ``consolidate`` (the default), a workload left alone on its card, by its own resize or
-by a neighbour that moved away or left, moves to the best-fitting card in use that holds it
-(the planner's :func:`~fracpilot_libs.placement.planner.plan_consolidation`), one recreate.
+With ``consolidate`` (the default), the consolidation is the product's: at every instant at
+which a workload left a card or changed its fraction (after the decisions of the instant took
+effect), :func:`~fracpilot_libs.placement.consolidation.consolidation_plan` plans for the
+cluster as it is, and its moves are carried out, each a recreate counted as a move (whole
+cards emptied, onto the card the scheduler's best fit predicts; at most
+:data:`MAX_MOVES_PER_CHECK` a check, and a check that made them checks again at the next
+instant). Under a move budget (enforced isolation) a workload
+that has spent it is a pod that may not be evicted (``safe-to-evict: "false"``).
 
 Cards are identical, with the trace's device memory. Without ``gpus`` a scale-up adds a card;
 with ``gpus`` the cards are fixed and what fits nowhere is refused or left unplaced.
@@ -53,6 +58,12 @@ from fracpilot_libs.analysis.shared_packing import (
 from fracpilot_libs.analysis.trace import TracePoint
 from fracpilot_libs.contracts import PlanKind, Policy, WorkloadRef
 from fracpilot_libs.placement.card_budget import CardRules, Isolation, TenantForecast
+from fracpilot_libs.placement.consolidation import (
+    SAFE_TO_EVICT,
+    ConsolidationStep,
+    apply_consolidation,
+    consolidation_plan,
+)
 from fracpilot_libs.placement.planner import (
     ClusterState,
     Placement,
@@ -60,7 +71,6 @@ from fracpilot_libs.placement.planner import (
     add_node,
     apply_pod_plan,
     move_or_scale_up,
-    plan_consolidation,
     plan_workload,
 )
 from fracpilot_libs.pricing import GpuPrices
@@ -71,23 +81,38 @@ _END, _START = 0, 1  # at one instant, intervals end before samples start
 _DAY_S = 24 * 3600.0
 
 
+# The consolidation rate limit of the replay: moves per check (the planner's ``max_moves``).
+# With 1, each check empties at most one card of one tenant; a card of two waits until one
+# of them leaves or moves. Chosen on half the GenAI trace's pods (docs/sizing.md): with no
+# limit, enforced isolation saved 1.2 points fewer card-hours there at 0.7 more moves per
+# workload-day (budgets spent on cards of two tenants early on).
+MAX_MOVES_PER_CHECK = 1
+
+
 class ReplayCluster:
-    """Identical cards and the workloads on them, changed only through the planner."""
+    """Identical cards and the workloads on them, changed only through the planners: a
+    decision through :func:`~fracpilot_libs.placement.planner.plan_workload`, consolidation
+    through :func:`~fracpilot_libs.placement.consolidation.consolidation_plan` (the
+    actuator's), at each :meth:`consolidate`."""
 
     def __init__(self, memory_bytes: int, gpus: int | None, consolidate: bool = True) -> None:
         self.memory_bytes = memory_bytes
-        self.consolidate = consolidate
+        self.consolidate_cards = consolidate
         self.pinned = gpus is not None
         self.state = ClusterState()
         for _ in range(gpus or 0):
             self._add_card()
         self.card_of: dict[str, str] = {}  # workload key -> GPU uuid
-        self.neighbour_moves = 0  # consolidations of a workload left alone by another's change
-        # Enforced isolation: at most this many moves per workload in any 24 h; a consolidation
-        # beyond it waits, a move a resize needs (it fits nowhere else) is counted, never withheld.
+        # the consolidation planner's moves (no decision of the moved workload asked for them)
+        self.neighbour_moves = 0
+        # At most this many moves per workload in any 24 h (enforced isolation): a workload
+        # that has made them is protected from consolidation; a move a resize needs (it fits
+        # nowhere else) is counted, never withheld. None: no budget.
         self.move_budget: float | None = None
         self.now = 0.0  # the replay's instant (the move budget's clock)
         self.move_times: dict[str, list[float]] = {}
+        self.changed = False  # a card lost share since the last consolidation check
+        self.max_moves = MAX_MOVES_PER_CHECK
 
     def _add_card(self) -> None:
         # Zero-padded so that the planner's tie-break on uuid follows the order cards came in.
@@ -118,12 +143,7 @@ class ReplayCluster:
     def resize(self, workload: WorkloadRef, fraction: float) -> PlanKind:
         """The planner's plan for a new fraction, carried out: ``in_place``,
         ``recreate_elsewhere`` (onto a new card when none fits and cards may be added), or
-        ``scale_up`` when it fits nowhere on pinned cards (refused: nothing changes). When
-        consolidating, a workload left alone on its card then moves to the best-fitting card
-        in use, if one holds it (one recreate in all: ``recreate_elsewhere``), and so does a
-        neighbour the workload left alone on the card it moved from (counted in
-        :attr:`neighbour_moves`)."""
-        left = self.card_of.get(workload.key)
+        ``scale_up`` when it fits nowhere on pinned cards (refused: nothing changes)."""
         pods = tuple(p for p in self.state.placements if p.workload.key == workload.key)
         step = plan_workload(self.state, workload, pods, fraction).steps[0]
         if step.kind is PlanKind.SCALE_UP:
@@ -132,43 +152,46 @@ class ReplayCluster:
             self._add_card()
             step = plan_workload(self.state, workload, pods, fraction).steps[0]
         self.state = apply_pod_plan(self.state, step)
-        kind = step.kind
-        if self.consolidate and (
-            kind is PlanKind.RECREATE_ELSEWHERE or self._may_move(workload.key)
-        ):
-            placement = self.state.placement(workload)
-            assert placement is not None
-            move = plan_consolidation(self.state, placement)
-            if move.kind is PlanKind.RECREATE_ELSEWHERE:
-                self.state = apply_pod_plan(self.state, move)
-                step, kind = move, PlanKind.RECREATE_ELSEWHERE
-        if kind is PlanKind.RECREATE_ELSEWHERE:
+        if step.kind is PlanKind.RECREATE_ELSEWHERE:
             self._moved(workload.key)
         self.card_of[workload.key] = step.gpu_after
-        if left is not None and left != step.gpu_after:
-            self._consolidate_lone(left)
-        return kind
+        self.changed = True
+        return step.kind
 
     def release(self, workload: WorkloadRef) -> None:
-        """The workload leaves its card; when consolidating, a neighbour it leaves alone there
-        moves to the best-fitting card in use, if one holds it."""
+        """The workload leaves its card."""
         placements = tuple(p for p in self.state.placements if p.workload.key != workload.key)
         self.state = self.state.model_copy(update={"placements": placements})
-        self._consolidate_lone(self.card_of.pop(workload.key))
+        self.card_of.pop(workload.key)
+        self.changed = True
 
-    def _consolidate_lone(self, card: str) -> None:
-        """The planner's consolidation for the one workload left on ``card``, if only one is."""
-        if not self.consolidate:
-            return
-        on_card = [p for p in self.state.placements if p.gpu_uuid == card]
-        if len(on_card) != 1 or not self._may_move(on_card[0].workload.key):
-            return
-        move = plan_consolidation(self.state, on_card[0])
-        if move.kind is PlanKind.RECREATE_ELSEWHERE:
-            self.state = apply_pod_plan(self.state, move)
-            self.card_of[move.workload.key] = move.gpu_after
+    def consolidate(self) -> tuple[ConsolidationStep, ...]:
+        """The consolidation planner's plan for the cluster as it is, carried out (when
+        consolidating, and something changed since the last check, or the last check made
+        all the moves the rate limit allows): its moves empty whole cards, each a recreate
+        counted in :attr:`neighbour_moves`; a workload with no move
+        left in its budget is a pod that may not be evicted."""
+        if not self.consolidate_cards or not self.changed:
+            return ()
+        self.changed = False
+        protected = {
+            p.pod_key: {SAFE_TO_EVICT: "false"}
+            for p in self.state.placements
+            if not self._may_move(p.workload.key)
+        }
+        plan = consolidation_plan(
+            self.state,
+            max_moves=self.max_moves,
+            pod_annotations=protected,
+        )
+        self.state = apply_consolidation(self.state, plan)
+        # a plan cut short by the rate limit may have more to free: check again next instant
+        self.changed = len(plan.moves) >= self.max_moves
+        for step in plan.moves:
+            self.card_of[step.placement.workload.key] = step.to_gpu
             self.neighbour_moves += 1
-            self._moved(move.workload.key)
+            self._moved(step.placement.workload.key)
+        return plan.steps
 
     def _may_move(self, key: str) -> bool:
         """Whether one more move keeps the workload within the move budget (always, without)."""
@@ -250,8 +273,8 @@ def replay_packed(
 ) -> PackedReport:
     """Every workload replayed together through ``sizer``, packed on cards of
     ``card_memory_bytes`` (the largest device memory in the trace by default); ``gpus`` pins
-    the number of cards; ``consolidate`` moves a workload left alone on its card (by its
-    resize, or a neighbour's move or departure) onto a card in use that holds it.
+    the number of cards; ``consolidate`` runs the consolidation planner after every change
+    (module docstring).
     ``isolation`` shared: the engine's workloads packed by the card planner under
     ``card_rules`` (a baseline sizer's fractions are packed as fractions whatever the mode).
     A workload whose trace names its own isolation (the ``isolation`` column) is packed with
@@ -368,10 +391,14 @@ def _replay_packed(
         _end_intervals(account, workloads, cluster, [e for e in batch if e[1] == _END])
         if isinstance(cluster, SharedCluster):
             _sync_fractions(workloads, cluster)
+        else:
+            cluster.consolidate()  # the cards as the departures and decisions left them
         starts = [(workloads[w], i) for _, kind, w, i in batch if kind == _START]
         for n, round_ in enumerate(_rounds(starts)):
             if n:  # a workload's earlier sample of this instant decided: it applies now
                 _apply(account, cluster, [wl for wl, _ in round_ if wl.pending is not None])
+                if isinstance(cluster, ReplayCluster):
+                    cluster.consolidate()
             _start_samples(account, workloads, cluster, round_)
             _step_sizers(sizer, round_)
             if forecasts is not None and isinstance(cluster, SharedCluster):

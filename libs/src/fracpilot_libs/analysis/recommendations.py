@@ -7,7 +7,9 @@ share of the device), the fraction held (a whole GPU unless the history says oth
 GPU-hours the engine would have saved over the history, and what holding the recommendation
 saves per month. For the whole set: the cards the workloads hold now and the cards their
 recommended fractions fit on (first-fit decreasing over memory and compute shares), so the
-cards packing would free. Pure.
+cards packing would free; and the nodes: those holding the workloads now, and the nodes those
+cards fill at the most cards a node of that GPU model was seen with (None when the history
+names no nodes). Pure.
 """
 
 from __future__ import annotations
@@ -74,10 +76,18 @@ class Recommendations:
     replay: ReplayReport
     cards_held: int  # distinct GPUs in the workloads' last samples
     cards_packed: int  # the recommended fractions packed first-fit decreasing
+    nodes_held: int | None = None  # distinct nodes in the last samples; None: no node named
+    nodes_packed: int | None = None  # the packed cards on nodes of the model's size
 
     @property
     def cards_freed(self) -> int:
         return max(0, self.cards_held - self.cards_packed)
+
+    @property
+    def nodes_freed(self) -> int | None:
+        if self.nodes_held is None or self.nodes_packed is None:
+            return None
+        return max(0, self.nodes_held - self.nodes_packed)
 
     def as_dict(self) -> dict[str, Any]:
         totals = self.replay.totals
@@ -92,6 +102,9 @@ class Recommendations:
                 "cards_held": self.cards_held,
                 "cards_packed": self.cards_packed,
                 "cards_freed": self.cards_freed,
+                "nodes_held": self.nodes_held,
+                "nodes_packed": self.nodes_packed,
+                "nodes_freed": self.nodes_freed,
             },
         }
 
@@ -145,7 +158,11 @@ def recommend(
                 monthly_saving_usd=(held - account.final_fraction) * hourly * HOURS_PER_MONTH,
             )
         )
-    return Recommendations(out, report, len(last_gpus), _packed_cards(out, history))
+    packed = _packed_cards(out, history)
+    nodes_held, nodes_packed = _nodes(history, packed)
+    return Recommendations(
+        out, report, len(last_gpus), sum(packed.values()), nodes_held, nodes_packed
+    )
 
 
 def _mode(workload: WorkloadRef, pods: set[str], enforced: AbstractSet[tuple[str, str]]) -> str:
@@ -157,9 +174,32 @@ def _mode(workload: WorkloadRef, pods: set[str], enforced: AbstractSet[tuple[str
     return "unknown"
 
 
+def _nodes(
+    history: Mapping[str, Sequence[UsageSample]], packed: Mapping[str, int]
+) -> tuple[int | None, int | None]:
+    """(nodes holding the workloads' last samples, nodes the packed cards fill): a model's
+    cards on nodes of the most cards a node of that model was seen with. (None, None) when a
+    sample names no node (the exporter's Hostname label missing)."""
+    cards_on: dict[tuple[str, str], set[str]] = defaultdict(set)  # (model, node) -> GPUs
+    held: set[str] = set()
+    for series in history.values():
+        if not series:
+            continue
+        if any(not s.node for s in series):
+            return None, None
+        last_at = series[-1].timestamp
+        held |= {s.node for s in series if s.timestamp == last_at}
+        for s in series:
+            cards_on[s.gpu_model, s.node].add(s.gpu_uuid)
+    per_node: dict[str, int] = defaultdict(int)
+    for (model, _node), gpus in cards_on.items():
+        per_node[model] = max(per_node[model], len(gpus))
+    return len(held), sum(-(-cards // per_node[model]) for model, cards in packed.items())
+
+
 def _packed_cards(
     recommendations: Sequence[Recommendation], history: Mapping[str, Sequence[UsageSample]]
-) -> int:
+) -> dict[str, int]:
     """Cards the recommended fractions need, per GPU model (a card holds 1.0 of memory and of
     compute; each pod of a workload holds the workload's fraction)."""
     by_model: dict[str, list[tuple[float, float]]] = defaultdict(list)
@@ -169,4 +209,4 @@ def _packed_cards(
         replicas = len({s.pod for s in series if s.timestamp == last_at})
         f = r.recommended_fraction
         by_model[r.gpu_model].extend([(f, f)] * replicas)
-    return sum(ffd_cards_2d(items) for items in by_model.values())
+    return {model: ffd_cards_2d(items) for model, items in by_model.items()}

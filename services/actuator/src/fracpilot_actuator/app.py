@@ -38,8 +38,10 @@ from fracpilot_libs.nats.kv import KvBucket
 from fracpilot_libs.runtime import ServiceRuntime
 
 if TYPE_CHECKING:
+    from fracpilot_actuator.kube.api import KubeApi
     from fracpilot_actuator.kube.namespaces import NamespaceLabels
     from fracpilot_actuator.policy_sync.controller import PolicySync
+    from fracpilot_actuator.policy_sync.recommendations import RecommendationWriter
 
 log = logging.getLogger(__name__)
 SERVICE = "actuator"
@@ -72,6 +74,8 @@ class ActuatorService:
         self.webhook: WebhookServer | None = None
         self.elector: LeaderElector | None = None
         self.policy_sync: PolicySync | None = None
+        self.recommendations: RecommendationWriter | None = None
+        self._kube: KubeApi | None = None
         self.namespaces: NamespaceLabels | None = None
 
     @property
@@ -158,6 +162,8 @@ class ActuatorService:
         assert self.handler is not None
         if self.settings.backend == "kubernetes" and self.settings.policysync.enabled:
             await self._start_policy_sync()
+        if self._kube is not None and self.settings.policysync.recommendations:
+            self._start_recommendations(self._kube)
         self._tasks.append(asyncio.create_task(self.handler.reconcile_loop(), name="reconcile"))
         await self.runtime.bus.consume(
             stream=subjects.DECISION_STREAM,
@@ -179,6 +185,17 @@ class ActuatorService:
             self._kube_api, self.runtime.bus, self.runtime.registry, self.settings.policysync
         )
         self.policy_sync.start()
+
+    def _start_recommendations(self, api: KubeApi) -> None:
+        """Each workload's last result as a FractionRecommendation, on the leader only."""
+        from fracpilot_actuator.policy_sync.recommendations import RecommendationWriter
+
+        assert self.handler is not None
+        timeout_s = self.settings.policysync.timeout_s
+        writer = RecommendationWriter(api, self.runtime.registry, timeout_s)
+        writer.start()
+        self.handler.on_result = writer.offer
+        self.recommendations = writer
 
     async def _simulated_backend(self, claims: KvBucket) -> SimulatedBackend:
         sim = self.settings.sim
@@ -238,6 +255,7 @@ class ActuatorService:
             retry=ApiRetry(kube.retry_attempts, kube.retry_backoff_s, kube.retry_backoff_max_s),
             on_retry=self.metrics.track_kube_retries(),
         )
+        self._kube = api
         bus = self.runtime.bus
         return KubernetesBackend(
             api,
@@ -259,6 +277,8 @@ class ActuatorService:
     async def stop(self) -> None:
         if self.policy_sync is not None:
             await self.policy_sync.stop()
+        if self.recommendations is not None:
+            await self.recommendations.stop()
         if self.webhook is not None:
             await self.webhook.stop()
         for task in self._tasks:

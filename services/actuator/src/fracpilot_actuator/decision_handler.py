@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import NoReturn
 
 from fracpilot_actuator.actuation import Actuation, ClusterBackend
@@ -60,13 +61,17 @@ class DecisionHandler:
         backend: ClusterBackend,
         metrics: ActuatorMetrics,
         elector: LeaderElector | None = None,
+        on_result: Callable[[FractionDecision, Actuation], None] | None = None,
     ) -> None:
+        """``on_result``: told of every result reported (the FractionRecommendation writer);
+        must not block."""
         self.settings = settings
         self.bus = bus
         self.claims = claims
         self.backend = backend
         self.metrics = metrics
         self.elector = elector
+        self.on_result = on_result
         self.lock = asyncio.Lock()
 
     async def reconcile_loop(self) -> None:
@@ -170,6 +175,8 @@ class DecisionHandler:
         msg_id = f"{decision.decision_id}:result" + (f":{stage}" if stage else "")
         await self.bus.publish(subjects.actuation_subject(decision.workload), result, msg_id)
         self.metrics.actions.labels(a.plan.value, a.outcome.value).inc()
+        if self.on_result is not None:
+            self.on_result(decision, a)
         if a.held_back:
             self.metrics.held_back.labels(a.held_back).inc()
         log.info(

@@ -187,6 +187,11 @@ class PolicySyncSettings(BaseModel):
         description="a full pass at least this often, seconds (also notices NATS policies)",
     )
     timeout_s: float = Field(default=30.0, gt=0, description="how long one API call may take")
+    recommendations: bool = Field(
+        default=True,
+        description="write each workload's last decision as a FractionRecommendation object "
+        "(kubectl get fractionrecommendations -A; needs its CRD and the RBAC the chart installs)",
+    )
 
 
 class OptInSettings(BaseModel):

@@ -268,10 +268,13 @@ def test_frequent_bursts_still_size_soft_compute_by_their_work() -> None:
 
 def test_under_enforced_isolation_consolidation_keeps_the_move_budget() -> None:
     # c holds half of card 0; a alternates between 0.6 (fits card 0 nowhere: a card of its
-    # own) and 0.4 (alone there, it consolidates onto card 0), every 20 minutes. Without a
-    # budget each swing is a move; with 2 a day, the consolidations beyond it wait, and a move
-    # a resize needs (0.6 beside c on card 0) is counted, never withheld.
-    def moves(budget: float | None) -> list[float]:
+    # own) and 0.4 (alone there, the consolidation planner moves it onto card 0), every 20
+    # minutes. Without a budget each swing is a move of a. With 2 a day, a workload that has
+    # spent its budget may not be evicted: after a's consolidation and the resize move it
+    # forced, the planner moves c instead (onto a's card, when a holds 0.4), and a's next 0.6
+    # fits beside c nowhere: a move a resize needs, counted, never withheld. Once c has spent
+    # its budget too, nothing is consolidated and a resizes in place.
+    def moves(budget: float | None) -> list[tuple[int, str, str]]:
         cluster = ReplayCluster(CARD, None)
         cluster.move_budget = budget
         a, c = (WorkloadRef(cluster="t", namespace="ns", owner_name=n) for n in "ac")
@@ -280,16 +283,24 @@ def test_under_enforced_isolation_consolidation_keeps_the_move_budget() -> None:
         out = []
         for i in range(1, 31):
             cluster.now = i * 1200.0
-            kind = cluster.resize(a, 0.4 if i % 2 else 0.6)
-            assert cluster.state.used(cluster.card_of[a.key]) <= 1.0 + 1e-9
-            if kind is PlanKind.RECREATE_ELSEWHERE:
-                out.append(cluster.now)
+            if cluster.resize(a, 0.4 if i % 2 else 0.6) is PlanKind.RECREATE_ELSEWHERE:
+                out.append((i, "a", "resize"))
+            planned = cluster.consolidate()
+            out.extend((i, s.placement.workload.owner_name, "planner") for s in planned)
+            assert not cluster.overcommitted()
+        assert cluster.neighbour_moves == sum(cause == "planner" for _, _, cause in out)
         return out
 
-    assert len(moves(None)) == 30
-    limited = moves(2.0)
-    assert len(limited) == 2  # one consolidation, then the resize it forced; then in place
-    assert all(t - limited[0] < DAY_S for t in limited)
+    free = moves(None)
+    assert free == [(i, "a", "planner" if i % 2 else "resize") for i in range(1, 31)]
+    assert moves(2.0) == [
+        (1, "a", "planner"),
+        (2, "a", "resize"),
+        (3, "c", "planner"),
+        (4, "a", "resize"),
+        (5, "c", "planner"),
+        (6, "a", "resize"),
+    ]
 
 
 def test_the_shared_bound_counts_card_level_collisions_exactly() -> None:
@@ -388,3 +399,26 @@ def test_shared_isolation_meets_the_issues_figures_on_the_genai_trace() -> None:
     assert packed.moves_over_budget <= packed.moves_by_cause.get("overflow", 0) + (
         packed.moves_by_cause.get("grew", 0)
     )
+
+
+@pytest.mark.skipif(not DATA.exists(), reason=f"the GenAI trace is not at {DATA}")
+def test_enforced_isolation_gives_the_figures_measured_on_the_genai_trace() -> None:
+    """Issue 25's `enforced` row, default policy, consolidated by the consolidation planner
+    (one planner, issue 27; docs/sizing.md, "enforced"): 15.41% of card-hours saved (14.99%
+    with the replay's own lone-card moves; the issue asks 20%: missed, the fractions pair
+    badly), 8 memory overruns (0.0091%), 0.43% compute overruns, 1.72 moves and 3.77 resizes
+    per workload-day, 35.65% saved unpacked."""
+    groups = group_by_workload(read_trace(DATA))
+    report = replay_packed(groups, EngineSizer(Policy()), isolation=Isolation.ENFORCED)
+    totals, packed = report.replay.totals, report.packed
+    assert packed.card_hours_saved_pct == pytest.approx(15.41, abs=0.01)
+    assert totals.memory_overrun_samples == 8
+    assert totals.memory_overrun_pct <= 0.01
+    assert totals.compute_overrun_pct <= 0.5
+    assert packed.memory_collision_samples == 0
+    assert packed.contention_pct <= 1.0
+    assert packed.moves_per_workload_day <= 2.0
+    assert totals.resizes_per_workload_day <= 4.0
+    assert totals.savings_pct >= 35.0
+    # every move not asked for by a resize is the consolidation planner's
+    assert packed.neighbour_moves <= packed.moves

@@ -12,13 +12,23 @@ from hypothesis import strategies as st
 
 from fracpilot_libs.analysis.baselines import EngineSizer, Sizer, StaticSizer, VpaSizer
 from fracpilot_libs.analysis.packing import PackedAccount
-from fracpilot_libs.analysis.packing_replay import replay_packed
+from fracpilot_libs.analysis.packing_replay import (
+    MAX_MOVES_PER_CHECK,
+    ReplayCluster,
+    replay_packed,
+)
 from fracpilot_libs.analysis.replay import replay
 from fracpilot_libs.analysis.trace import TracePoint
 from fracpilot_libs.contracts import Policy, UsageSample, WorkloadRef
+from fracpilot_libs.placement.consolidation import (
+    SAFE_TO_EVICT,
+    apply_consolidation,
+    consolidation_plan,
+)
 
 T0 = datetime(2026, 3, 2, tzinfo=UTC)
 CARD = 1000  # bytes of device memory: shares are easy to read
+DAY = 24 * 3600.0
 
 
 def series(
@@ -83,11 +93,13 @@ def test_the_packed_account_is_exact_on_a_hand_made_trace() -> None:
     # Placement, by the planner's best fit:
     #   minute 0: a (0.5) scales up card 0; b (0.5) fits beside it -> card 0 full.
     #   minute 1: c (1.0) fits nowhere -> card 1.
-    #   minute 2: downsizes, in key order: a 0.5->0.25 and b 0.5->0.25 in place on card 0
-    #   (2 in-place); c 1.0->0.5 in place on card 1 leaves it alone there, and card 0 has 0.5
-    #   free: consolidation moves c to card 0 (1 move) and card 1 is empty.
+    #   minute 2: downsizes, in key order, each in place: a 0.5->0.25 and b 0.5->0.25 on
+    #   card 0, c 1.0->0.5 on card 1 (3 in-place). Then the consolidation planner: card 1 (one
+    #   pod, 0.5) is emptied first; the scheduler's best fit for c is card 0 (0.5 free): c
+    #   moves there (1 move) and card 1 is empty.
     #   minute 3: c's last interval ended at minute 3 (a one-minute median step): it leaves.
-    assert (p.placements, p.in_place, p.moves, p.decisions_refused) == (3, 2, 1, 0)
+    assert (p.placements, p.in_place, p.moves, p.decisions_refused) == (3, 3, 1, 0)
+    assert p.neighbour_moves == 1
     # Cards in use: minute 0: 1, minute 1: 2, minute 2: 1, minute 3: 1, minute 4: none.
     assert [n for _, n in p.cards_in_use] == [1, 2, 1, 0]
     assert p.peak_cards == 2
@@ -118,7 +130,7 @@ def test_the_packed_account_is_exact_on_a_hand_made_trace() -> None:
     assert p.peak_card_fraction == pytest.approx(1.0)
     # per workload-day: 600 s is 1/144 of a day
     assert p.moves_per_workload_day == pytest.approx(144.0)
-    assert p.in_place_per_workload_day == pytest.approx(288.0)
+    assert p.in_place_per_workload_day == pytest.approx(432.0)
 
 
 def test_without_consolidation_the_lone_workload_keeps_its_card() -> None:
@@ -303,3 +315,61 @@ def test_pinned_cards_are_never_exceeded(trace: dict[str, list[TracePoint]], gpu
     assert p.peak_cards <= gpus
     assert p.peak_card_fraction <= 1.0 + 1e-9
     assert p.card_hours <= p.whole_card_hours + 1e-9
+
+
+# --- one planner: the replay's consolidation is the product's ----------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    script=st.lists(
+        st.tuples(
+            st.sampled_from(["place", "resize", "release"]),
+            st.integers(0, 7),
+            st.sampled_from([0.1, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.75, 1.0]),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    budget=st.sampled_from([None, 1.0, 2.0]),
+)
+def test_the_replays_consolidation_is_the_planners_plan(
+    script: list[tuple[str, int, float]], budget: float | None
+) -> None:
+    # Workloads arrive, resize and leave; at each check the replay carries out exactly the
+    # plan of consolidation_plan on the cluster as it stood (at most MAX_MOVES_PER_CHECK moves,
+    # pods over their move budget annotated safe-to-evict "false"), and counts its moves.
+    cluster = ReplayCluster(CARD, None)
+    cluster.move_budget = budget
+    refs = [WorkloadRef(cluster="t", namespace="ns", owner_name=f"w{n}") for n in range(8)]
+    moves = 0
+    for n, (action, w, fraction) in enumerate(script):
+        cluster.now = 600.0 * n
+        ref = refs[w]
+        placed = ref.key in cluster.card_of
+        if action == "place" and not placed:
+            assert cluster.place(ref, f"w{w}-0", fraction)
+        elif action == "resize" and placed:
+            cluster.resize(ref, fraction)
+        elif action == "release" and placed:
+            cluster.release(ref)
+        before = cluster.state
+        protected = {
+            p.pod_key: {SAFE_TO_EVICT: "false"}
+            for p in before.placements
+            if budget is not None
+            and sum(1 for t in cluster.move_times.get(p.workload.key, ()) if cluster.now - t < DAY)
+            >= budget
+        }
+        changed = cluster.changed
+        steps = cluster.consolidate()
+        if not changed:
+            assert steps == ()
+            continue
+        plan = consolidation_plan(before, max_moves=MAX_MOVES_PER_CHECK, pod_annotations=protected)
+        assert steps == plan.steps
+        assert cluster.state == apply_consolidation(before, plan)
+        moves += len(plan.moves)
+        assert cluster.neighbour_moves == moves
+        assert cluster.card_of == {p.workload.key: p.gpu_uuid for p in cluster.state.placements}
+        assert not cluster.overcommitted()

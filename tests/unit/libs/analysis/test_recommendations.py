@@ -15,12 +15,15 @@ T0 = datetime(2026, 3, 2, tzinfo=UTC)
 GIB = 1024**3
 
 
-def series(name: str, compute: float, memory_gib: float, n: int = 600) -> list[UsageSample]:
+def series(
+    name: str, compute: float, memory_gib: float, n: int = 600, node: str = "node-a"
+) -> list[UsageSample]:
     ref = workload(name, "genai")
     return [
         sample(
             workload=ref,
             pod=f"{name}-0",
+            node=node,
             gpu_uuid=f"GPU-{name}",
             timestamp=T0 + timedelta(minutes=5 * i),
             compute=compute * (1 + (i % 7) / 10),
@@ -56,3 +59,29 @@ def test_enforced_pods_are_named_so() -> None:
     result = recommend(history, Policy(), enforced_pods={("genai", "a-0")})
     assert result.workloads[0].mode == "enforced"
     assert result.as_dict()["totals"]["cards_freed"] == 0
+
+
+def test_the_nodes_packing_would_free() -> None:
+    """Hand-made: four idle workloads, each on a GPU of its own, two GPUs per node on two
+    nodes; their recommendations fit on one card, so on one node of two GPUs."""
+    history = {
+        s[0].workload.key: s
+        for s in (
+            series("a", 0.1, 10, node="n1"),
+            series("b", 0.1, 10, node="n1"),
+            series("c", 0.1, 10, node="n2"),
+            series("d", 0.1, 10, node="n2"),
+        )
+    }
+    result = recommend(history, Policy())
+    assert sum(r.recommended_fraction for r in result.workloads) <= 1.0
+    assert (result.cards_held, result.cards_packed, result.cards_freed) == (4, 1, 3)
+    assert (result.nodes_held, result.nodes_packed, result.nodes_freed) == (2, 1, 1)
+    totals = result.as_dict()["totals"]
+    assert (totals["nodes_held"], totals["nodes_packed"], totals["nodes_freed"]) == (2, 1, 1)
+
+
+def test_nodes_are_unknown_when_the_history_names_none() -> None:
+    history = {s[0].workload.key: s for s in (series("a", 0.1, 10, node=""),)}
+    result = recommend(history, Policy())
+    assert (result.nodes_held, result.nodes_packed, result.nodes_freed) == (None, None, None)

@@ -218,7 +218,8 @@ def test_the_simulator_queues_a_workload_whose_utilization_looks_low() -> None:
     assert usage_at(w, peak)[0] < w.saturates_at  # utilization says less than it needs
     assert signals_at(w, peak, 0.4).waiting_requests > 0  # type: ignore[union-attr]
     assert signals_at(w, peak, 1.0).waiting_requests == 0  # type: ignore[union-attr]
-    assert all(signals_at(o, peak, 0.1) is None for o in demo_workloads() if o != w)
+    others = [o for o in demo_workloads() if o != w and o.preallocates is None]
+    assert all(signals_at(o, peak, 0.1) is None for o in others)
     # Closed loop with the engine: the queue lifts the fraction above what utilization asks.
     state, held, reasons = WorkloadState(), 1.0, set()
     for minute in range(24 * 60):
@@ -343,8 +344,10 @@ def test_the_default_policy_meets_the_figures_on_the_genai_trace() -> None:
 
     The figures reached (docs/sizing.md, "How the defaults were chosen"): 35.15% saved,
     memory overruns 8 samples (0.0091%), compute overruns 0.43%, 3.90 resizes per
-    workload-day; packed 9.46% of card-hours saved, 0 memory collisions, 0.0068% contention,
-    1.93 moves per workload-day (10.75% before soft sizing left rare bursts out, issue 25).
+    workload-day; packed 10.10% of card-hours saved, 0 memory collisions, 0.0062% contention,
+    1.67 moves per workload-day, consolidated by the consolidation planner (issue 27; 9.46%,
+    1.93 moves with the replay's own lone-card moves; 10.75% before soft sizing left rare
+    bursts out, issue 25).
     The packed target of 40% is not met: this trace's memory peaks (0.22-0.63 of the card, with
     minute-scale spikes) need the 0.1 headroom that keeps overruns within 0.01%, and fractions
     of 0.55-0.65 do not pair on a card (the table in docs/sizing.md gives the frontier)."""
@@ -357,7 +360,7 @@ def test_the_default_policy_meets_the_figures_on_the_genai_trace() -> None:
     assert totals.resizes_per_workload_day <= 4.0
     assert packed.memory_collision_samples == 0
     assert packed.contention_pct <= 1.0
-    assert packed.card_hours_saved_pct >= 9.4  # reached 9.46; the issue asks 40 (missed)
+    assert packed.card_hours_saved_pct >= 10.0  # reached 10.10; the issue asks 40 (missed)
     assert packed.moves_per_workload_day <= 2.0
     assert packed.whole_card_hours == pytest.approx(totals.whole_gpu_hours)
     # The unpacked replay gives the same figures: packing changes the cards, not the sizing.

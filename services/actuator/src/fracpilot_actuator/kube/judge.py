@@ -28,6 +28,11 @@ in this order, what the executor (:mod:`fracpilot_actuator.kube.executor`) is to
 6. plan the workload with the pure planner (in place only for KAI; HAMi pods with HAMi's own
    fit rules, :func:`fracpilot_actuator.kube.hami.fit_rule`; a recreated pod only where
    kube-scheduler's predicates let it go, :meth:`.Inventory.node_ok_for`);
+   an in-place downsize of a pod running an LLM server that preallocates its memory (vLLM,
+   SGLang, TGI, read from the pod spec) is a recreate, its flag rewritten on the new pod,
+   unless its pool already fits the new share; a recreate the guardrails deny leaves the
+   downsize waiting, and the result says why (:mod:`.preallocation`); such a pod is never
+   re-divided as a co-tenant;
    KAI's in-place steps then say accounted vs enforced (:mod:`.enforcement`): an upsize past
    an enforced memory limit is a recreate, a downsize needs the memory floor under the new
    share, and policy ``enforcement=recreate_within_budget`` recreates when the budget allows;
@@ -87,6 +92,7 @@ from fracpilot_actuator.kube.kai import (
 )
 from fracpilot_actuator.kube.object_values import KAI_FRACTION, is_opted_out
 from fracpilot_actuator.kube.placeholders import PendingScaleUp
+from fracpilot_actuator.kube.preallocation import preallocation_rule, server_of, waits
 from fracpilot_actuator.kube.queues import (
     Queue,
     effective_queues,
@@ -400,6 +406,8 @@ def _kept(
         return "not a KAI gpu-fraction pod"
     if is_multi_device(pod.annotations, pod.labels):
         return "a multi-device fraction"
+    if (server := server_of(pod).server) is not None:
+        return f"runs {server}, whose preallocated memory pool does not shrink in place"
     facts = view.co_tenants.get(pod.key)
     if facts is None:
         return "its workload is not known"
@@ -597,6 +605,12 @@ def judge(
                 node_ok_for=view.inventory.node_ok_for(gpu_backend),
             )
             plan = plan.model_copy(update={"reason": f"{bounded.reason}; {plan.reason}"})
+    recreated: tuple[str, ...] = ()
+    if gpu_backend is GpuSharing.KAI:  # a preallocated pool does not shrink in place
+        preallocated = preallocation_rule(plan, {p.name: p for p in live})
+        if isinstance(preallocated, str):
+            return _skipped(preallocated)
+        plan, recreated = preallocated.plan, preallocated.recreated
     if gpu_backend is GpuSharing.KAI:  # accounting moves in place, enforced limits do not
         budget = partial(
             check, subject, disruptive=True, state=guards.state, settings=guards.settings, now=now
@@ -649,10 +663,10 @@ def judge(
             would += f"; but the guardrails would skip it: {verdict.guard}: {verdict.reason}"
         return skipped_plan(Outcome.DRY_RUN, would)
     if not verdict.allowed:
-        return skipped_plan(
-            Outcome.SKIPPED,
-            f"{verdict.guard}: {verdict.reason} (plan was {plan.kind.value}: {plan.reason})",
-        )
+        why = f"{verdict.guard}: {verdict.reason}"
+        if recreated and plan.kind is PlanKind.RECREATE_ELSEWHERE:
+            why = f"{waits(recreated)} ({why})"
+        return skipped_plan(Outcome.SKIPPED, f"{why} (plan was {plan.kind.value}: {plan.reason})")
     return chosen
 
 

@@ -4,6 +4,11 @@ The opt-in rule (:mod:`fracpilot_actuator.opt_in`) holds here as in a real clust
 namespaces' labels (``FRACPILOT_SIM_NAMESPACE_LABELS``) say which are in auto mode, so the demo
 opts its namespace in as a user would label theirs.
 
+A workload whose server preallocates its memory (the simulation's ``PREALLOCATING``, issue 28)
+is downsized by a recreate on its GPU, as the Kubernetes backend does
+(:mod:`fracpilot_actuator.kube.preallocation`): its pool does not shrink in place, and the new
+pod starts with its flag rewritten for the new fraction.
+
 After each decision, on the simulation's clock (the decision's ``decided_at``): a consolidation
 round every ``FRACPILOT_CONSOLIDATION_INTERVAL_S`` (:mod:`.consolidation`, the live planner; its
 report and moves published as the Kubernetes backend's are), then the simulated autoscaler's
@@ -12,7 +17,7 @@ scale-down (:mod:`.autoscaler`)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -34,9 +39,30 @@ from fracpilot_libs.nats import subjects
 from fracpilot_libs.placement.consolidation import ConsolidationStep
 from fracpilot_libs.placement.consolidation_events import consolidation_report, planned_move
 from fracpilot_libs.placement.planner import ResizePlan, plan_resize
+from fracpilot_libs.simulation.workloads import PREALLOCATING
 
 log = logging.getLogger(__name__)
 Publish = Callable[[str, WireModel], Awaitable[object]]  # the bus's publish
+
+
+def preallocated_plan(plan: ResizePlan, preallocating: Collection[str]) -> ResizePlan:
+    """The plan, with an in-place downsize of a workload in ``preallocating`` (owner names)
+    made a recreate on its GPU (see the module docstring)."""
+    before = plan.fraction_before
+    if (
+        plan.kind is not PlanKind.IN_PLACE
+        or before is None
+        or plan.fraction_after >= before
+        or plan.workload.owner_name not in preallocating
+    ):
+        return plan
+    return plan.model_copy(
+        update={
+            "kind": PlanKind.RECREATE_ELSEWHERE,
+            "reason": f"{plan.reason}, but its LLM server preallocated its memory and its pool "
+            "does not shrink in place: recreated with its memory flag rewritten",
+        }
+    )
 
 
 class SimulatedBackend:
@@ -51,6 +77,7 @@ class SimulatedBackend:
         consolidation: ConsolidationSettings | None = None,
         publish: Publish | None = None,
         cluster_name: str = "demo",
+        preallocating: Collection[str] = frozenset(PREALLOCATING),
     ) -> None:
         """``consolidation``: its mode (off: none), interval and moves per hour, on the
         simulation's clock; ``publish``: where its report and moves go (None: nowhere)."""
@@ -64,6 +91,7 @@ class SimulatedBackend:
         self.last_round: datetime | None = None
         self.moves: list[datetime] = []  # when the moves of the last simulated hour were made
         self.last_summary = ""
+        self.preallocating = frozenset(preallocating)  # workloads' owner names
 
     async def start(self, now: datetime | None = None) -> None:
         await self._seed()
@@ -110,7 +138,7 @@ class SimulatedBackend:
             return Actuation(PlanKind.NONE, Outcome.SKIPPED, detail, held_back="off")
         held_back = "dry_run" if dry_run else selected.held_back
         dry_run = dry_run or ("" if selected.applies else selected.reason)
-        plan = plan_resize(self.cluster.state, decision)
+        plan = preallocated_plan(plan_resize(self.cluster.state, decision), self.preallocating)
         if dry_run:
             would = self._actuation(plan, Outcome.DRY_RUN, f"{dry_run}: would {plan.reason}")
             return replace(would, held_back=held_back)

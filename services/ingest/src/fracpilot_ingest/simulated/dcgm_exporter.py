@@ -137,7 +137,7 @@ def dcgm_samples(pods: Iterable[PodOnSimulatedGpu], at: datetime) -> list[DcgmSa
             "Hostname": first.allocation.node,
         }
         total_mib = first.allocation.device_memory_bytes // MIB
-        usage = [usage_at(p.workload, at) for p in on_gpu]
+        usage = [usage_at(p.workload, at, p.allocation.fraction) for p in on_gpu]
         util = [round(compute * 100) for compute, _ in usage]
         used = [memory // MIB for _, memory in usage]
         fb_used = min(total_mib, sum(used))

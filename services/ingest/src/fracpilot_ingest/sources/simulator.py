@@ -29,7 +29,7 @@ def simulated_sample(
     w: SimulatedWorkload, at: datetime, allocation: Allocation | None
 ) -> UsageSample:
     """The workload's sample at simulated time ``at``, where ``allocation`` puts it (pure)."""
-    compute, memory = usage_at(w, at)
+    compute, memory = usage_at(w, at, allocation.fraction if allocation else None)
     return UsageSample(
         sample_id=f"sim|{w.workload.key}|{int(at.timestamp())}",
         workload=w.workload,
