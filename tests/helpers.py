@@ -37,6 +37,7 @@ STREAMS = (
     subjects.DECISION_STREAM,
     subjects.ACTUATION_STREAM,
     subjects.DEADLETTER_STREAM,
+    subjects.CONSOLIDATION_STREAM,
 )
 BUCKETS = (
     subjects.POLICY_BUCKET,

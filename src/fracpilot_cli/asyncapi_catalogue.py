@@ -16,6 +16,8 @@ from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import (
     ActuationResult,
     Allocation,
+    ConsolidationMove,
+    ConsolidationReport,
     DeadLetter,
     FractionDecision,
     Policy,
@@ -40,6 +42,8 @@ MODELS: tuple[type[BaseModel], ...] = (
     PolicyReply,
     Allocation,
     WorkloadTarget,
+    ConsolidationReport,
+    ConsolidationMove,
 )
 TOKEN = (
     "one subject token: the name with every character other than letters, digits, '-' and "
@@ -51,6 +55,7 @@ PARAMETERS = {
     "namespace": f"The workload's Kubernetes namespace as {TOKEN}.",
     "workload": f"The workload's owner name (Deployment, StatefulSet, ...) as {TOKEN}.",
     "service": f"The service that refused the message as {TOKEN}.",
+    "cluster": f"The cluster's name (the actuator's FRACPILOT_CLUSTER) as {TOKEN}.",
     "key": "The KV key (see the bucket's description).",
     "partition": "The usage partition of every sample in the batch (slot mod partitions).",
     "format": "The batch wire format's version (UsageBatchHeader.batch_format).",
@@ -63,6 +68,8 @@ STREAMS = {
     "DECISION_STREAM": "fraction decisions, kept for audit and replay",
     "ACTUATION_STREAM": "actuation results, kept for audit",
     "DEADLETTER_STREAM": "dead letters, kept with the reason and the raw payload",
+    "CONSOLIDATION_STREAM": "consolidation's plans and moves, kept for status and report "
+    "(the results' limits, FRACPILOT_STREAMS_RESULTS_*)",
 }
 CONSUMERS = {
     "DECISION_CONSUMER_PREFIX": "decision's durable consumers, one per usage partition "
@@ -75,6 +82,8 @@ OTHER_NAMES = {
     "USAGE_PARTITIONS_METADATA": "the usage streams' metadata key holding the partition count",
     "LEGACY_USAGE_SUBJECTS": "the subjects the previous layout's usage stream keeps",
     "POLICY_QUEUE": "the queue group decision replicas answer policy requests in",
+    "CONSOLIDATION_REPORTS": "every cluster's consolidation reports (a filter subject)",
+    "CONSOLIDATION_MOVES": "every cluster's consolidation moves (a filter subject)",
 }
 
 
@@ -209,6 +218,25 @@ def channels() -> dict[str, Channel]:
             f"`{s.ACTUATION_STREAM}`; `Nats-Msg-Id` = `<decision_id>:result[:<stage>]`.",
             ("namespace", "workload"),
         ),
+        "consolidationReports": Channel(
+            f"{s.CONSOLIDATION_PREFIX}.report.{{cluster}}",
+            ("ConsolidationReport",),
+            "The actuator's consolidation plan as it stands (recommend and auto mode): what it "
+            "would free (GPUs, nodes) and the moves that would do it, the candidates refused "
+            "and why; published when the plan's summary changes, not every round. Stored in "
+            f"`{s.CONSOLIDATION_STREAM}`; the last one is what `fracpilot status` shows.",
+            ("cluster",),
+        ),
+        "consolidationMoves": Channel(
+            f"{s.CONSOLIDATION_PREFIX}.move.{{cluster}}",
+            ("ConsolidationMove",),
+            "What consolidation did in auto mode: each move's start (the pod evicted), its "
+            "result (verified: the replacement bound where it says; failed), a node's plan "
+            "given up (abandoned), and a node freed of GPU pods (freed: the node and its GPUs, "
+            f"for the autoscaler to remove). Stored in `{s.CONSOLIDATION_STREAM}`; "
+            "`fracpilot report` sums them.",
+            ("cluster",),
+        ),
         "deadLetters": Channel(
             f"{s.DEADLETTER_PREFIX}.{{service}}",
             ("DeadLetter",),
@@ -310,6 +338,28 @@ def operations() -> dict[str, Operation]:
             "actuations",
             ("cli",),
             "`fracpilot demo`, `status`, `explain` and `report` read the results.",
+        ),
+        "actuatorSendsConsolidationReports": Operation(
+            "send",
+            "consolidationReports",
+            ("actuator",),
+            "The leader, when its consolidation plan's summary changes (the simulated cluster "
+            "too, for the demo).",
+        ),
+        "cliReceivesConsolidationReports": Operation(
+            "receive",
+            "consolidationReports",
+            ("cli",),
+            "`fracpilot status` (the latest: would free N GPUs / M nodes) and `report`.",
+        ),
+        "actuatorSendsConsolidationMoves": Operation(
+            "send", "consolidationMoves", ("actuator",), "Auto mode: each move and node freed."
+        ),
+        "cliReceivesConsolidationMoves": Operation(
+            "receive",
+            "consolidationMoves",
+            ("cli",),
+            "`fracpilot status` (freed today), `report` (over its window) and `demo`.",
         ),
         "servicesSendDeadLetters": Operation(
             "send",

@@ -78,6 +78,9 @@ class DemoConfig:
                 "FRACPILOT_SIM_NAMESPACE_LABELS": json.dumps(
                     {self.namespace: {"fracpilot.io/mode": "auto"}}
                 ),
+                # Consolidation moves the opted-in pods off a node so that the simulated
+                # autoscaler removes it (its clock is the simulation's).
+                "FRACPILOT_CONSOLIDATION_MODE": "auto",
             },
             "decision": dict(common),
             "ingest": {
@@ -246,6 +249,11 @@ def summary_table(summary: RunSummary, elapsed_s: float) -> Table:
         t.add_row(
             "cluster GPUs without a pod",
             f"{summary.cluster.without_pods} of {summary.cluster.gpus}",
+        )
+        group = summary.cluster
+        t.add_row(
+            "nodes removed by the autoscaler",
+            f"{group.nodes_removed} ({group.nodes_added} added, {group.nodes} left)",
         )
     for kind, count in sorted(summary.actions.items()):
         t.add_row(f"actions {kind}", str(count))

@@ -42,7 +42,13 @@ from fracpilot_cli.operator_data import (
 )
 from fracpilot_cli.report import build_report
 from fracpilot_cli.settings import CliSettings
-from fracpilot_cli.status import RISK_HELP, StatusRow, build_status_rows
+from fracpilot_cli.status import (
+    RISK_HELP,
+    ConsolidationStatus,
+    StatusRow,
+    build_status_rows,
+    consolidation_status,
+)
 from fracpilot_libs.contracts import WorkloadRef
 from fracpilot_libs.pricing import GpuPrices
 
@@ -147,16 +153,26 @@ def interrupt_flag() -> Iterator[Callable[[], bool]]:
 async def status_rows(
     settings: CliSettings, prices: GpuPrices, namespace: str | None
 ) -> tuple[list[StatusRow], list[str]]:
+    rows, problems, _ = await status_view(settings, prices, namespace)
+    return rows, problems
+
+
+async def status_view(
+    settings: CliSettings, prices: GpuPrices, namespace: str | None
+) -> tuple[list[StatusRow], list[str], ConsolidationStatus | None]:
+    """The rows, the entries that did not decode, and consolidation's line."""
     with bulk():
+        now = datetime.now(UTC)
         nc = await connect(settings)
         try:
-            snapshot, policies = await read_fleet(nc, namespace)
+            snapshot, policies = await read_fleet(nc, namespace, now)
         finally:
             await nc.close()
-        rows = build_status_rows(
-            snapshot, policies.for_workload, prices, datetime.now(UTC), namespace
+        rows = build_status_rows(snapshot, policies.for_workload, prices, now, namespace)
+        consolidation = consolidation_status(
+            snapshot.consolidation_reports, snapshot.consolidation_moves, now
         )
-    return rows, snapshot.problems
+    return rows, snapshot.problems, consolidation
 
 
 DOCUMENTS = ("json", "yaml")  # formats of one document; --watch prints one per refresh
@@ -176,7 +192,7 @@ async def _watch(
         while not interrupted():
             now = datetime.now(UTC)
             try:
-                rows, problems = await status_rows(settings, prices, namespace)
+                rows, problems, consolidation = await status_view(settings, prices, namespace)
             except NatsUnavailableError as exc:  # keep watching: it may come back
                 if interrupted():
                     break
@@ -188,7 +204,7 @@ async def _watch(
                     + "\n\n",
                     style="dim",
                 )
-                listing = render.status_listing(rows, now)
+                listing = render.status_listing(rows, now, consolidation)
                 live.update(Text.assemble(head, output.styled(listing, wide)), refresh=True)
             await asyncio.sleep(interval_s)
 
@@ -217,13 +233,13 @@ def _refresh_document(
     interrupted: Callable[[], bool],
 ) -> None:
     try:
-        rows, problems = asyncio.run(status_rows(settings, prices, namespace))
+        rows, problems, consolidation = asyncio.run(status_view(settings, prices, namespace))
     except NatsUnavailableError as exc:  # keep watching: it may come back
         if not interrupted():
             typer.echo(f"fracpilot status: error: {exc}", err=True)
         return
     _warn_problems("status", problems)
-    listing = render.status_listing(rows, datetime.now(UTC))
+    listing = render.status_listing(rows, datetime.now(UTC), consolidation)
     if fmt == "json":
         sys.stdout.write(json.dumps(listing.document()) + "\n")
     elif fmt == "yaml":
@@ -249,9 +265,13 @@ def status_command(
     month against a whole GPU ((1 - fraction) x the GPU model's hourly price x 730; prices:
     FRACPILOT_GPU_PRICES / FRACPILOT_GPU_DEFAULT_PRICE).
 
+    Under the table, consolidation's line from the actuator's latest plan (the cluster's,
+    whatever -n says): "would free N GPUs / M nodes (K moves)" and the first moves; in auto
+    mode what it freed today (UTC) first.
+
     -o table (default), wide (node, GPU, samples, policy too), json or yaml (a
-    WorkloadStatusList document), csv (one row per item of that document); -n: one
-    namespace's workloads.
+    WorkloadStatusList document, consolidation under its `consolidation` key), csv (one row
+    per item of that document); -n: one namespace's workloads.
 
     {risk}
     """
@@ -277,7 +297,7 @@ def _status(
                         _watch(settings, prices, namespace, fmt, interval, console, interrupted)
                     )
                 raise KeyboardInterrupt  # the watch ends only when interrupted
-        rows, problems = asyncio.run(status_rows(settings, prices, namespace))
+        rows, problems, consolidation = asyncio.run(status_view(settings, prices, namespace))
     except NatsUnavailableError as exc:
         _fail("status", str(exc))
     except KeyboardInterrupt:
@@ -291,7 +311,7 @@ def _status(
             err=True,
         )
         return
-    output.emit(render.status_listing(rows, datetime.now(UTC)), fmt)
+    output.emit(render.status_listing(rows, datetime.now(UTC), consolidation), fmt)
 
 
 if status_command.__doc__:
@@ -457,6 +477,8 @@ def _report(
         since=start,
         until=until,
         generated_at=datetime.now(UTC),
+        consolidation_reports=data.consolidation_reports,
+        consolidation_moves=data.consolidation_moves,
     )
     document, page = render_report(report, charts)
     document, page = with_report_section(document, page, data.samples, settings.policy_json, mig)
@@ -470,6 +492,8 @@ def _report(
     if not report.workloads:
         err.print(f"nothing stored in the last {since} at {settings.nats.url}: an empty report")
     err.print(render.report_summary(report, document), markup=False)
+    if (line := render.report_consolidation(document)) is not None:
+        err.print(line, markup=False)
     if fmt:
         output.emit(render.report_listing(report, document), fmt)
         err.print(f"{out / 'report.html'}\n{out / 'report.json'}", markup=False)

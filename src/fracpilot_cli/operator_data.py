@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -30,10 +30,12 @@ from nats.js.errors import NotFoundError
 from pydantic import BaseModel
 
 from fracpilot_cli.settings import CliSettings
-from fracpilot_cli.status import FleetSnapshot, Recorded, namespace_of_key
+from fracpilot_cli.status import FleetSnapshot, Recorded, namespace_of_key, start_of_day
 from fracpilot_libs.contracts import (
     ActuationResult,
     Allocation,
+    ConsolidationMove,
+    ConsolidationReport,
     FractionDecision,
     Policy,
     UsageSample,
@@ -263,12 +265,47 @@ def _states(entries: dict[str, RawMessage], problems: list[str]) -> dict[str, Wo
     return states
 
 
+async def read_consolidation(
+    nc: NatsClient, since: datetime, problems: list[str]
+) -> tuple[list[ConsolidationReport], list[ConsolidationMove]]:
+    """Each cluster's latest consolidation report, and the moves stored since ``since``
+    (none when the stream is absent: consolidation off, or an actuator before it)."""
+    reports, moves = await asyncio.gather(
+        read_stream(
+            nc,
+            subjects.CONSOLIDATION_STREAM,
+            subjects.CONSOLIDATION_REPORTS,
+            DeliverPolicy.LAST_PER_SUBJECT,
+        ),
+        read_stream(
+            nc,
+            subjects.CONSOLIDATION_STREAM,
+            subjects.CONSOLIDATION_MOVES,
+            DeliverPolicy.BY_START_TIME,
+            since,
+        ),
+    )
+    return (
+        [r.value for r in decode_all(ConsolidationReport, reports, problems)],
+        [r.value for r in decode_all(ConsolidationMove, moves, problems)],
+    )
+
+
 async def read_fleet(
-    nc: NatsClient, namespace: str | None = None
+    nc: NatsClient, namespace: str | None = None, now: datetime | None = None
 ) -> tuple[FleetSnapshot, LivePolicies]:
-    """Everything ``fracpilot status`` shows, read concurrently; ``namespace`` narrows it."""
+    """Everything ``fracpilot status`` shows, read concurrently; ``namespace`` narrows the
+    workloads (consolidation is the cluster's: not narrowed). ``now``: "today" ends there."""
     problems: list[str] = []
-    allocations, states, samples, results, policies = await asyncio.gather(
+    midnight = start_of_day(now or datetime.now(UTC))
+    (
+        allocations,
+        states,
+        samples,
+        results,
+        policies,
+        (reports, moves),
+    ) = await asyncio.gather(
         read_bucket(nc, subjects.ALLOCATION_BUCKET),
         read_bucket(nc, subjects.DECISION_STATE_BUCKET),
         read_usage(nc, DeliverPolicy.LAST_PER_SUBJECT),
@@ -279,6 +316,7 @@ async def read_fleet(
             DeliverPolicy.LAST_PER_SUBJECT,
         ),
         read_policies(nc, problems),
+        read_consolidation(nc, midnight, problems),
     )
     if namespace is not None:
         allocations = {k: v for k, v in allocations.items() if namespace_of_key(k) == namespace}
@@ -288,6 +326,8 @@ async def read_fleet(
     snapshot.states = _states(states, problems)
     snapshot.samples = latest_samples(decode_usage(samples, problems), namespace)
     snapshot.results = latest_per_workload(ActuationResult, results, namespace, problems)
+    snapshot.consolidation_reports = reports
+    snapshot.consolidation_moves = moves
     return snapshot, policies
 
 
@@ -376,17 +416,26 @@ class Window:
     decisions: list[FractionDecision]
     results: list[ActuationResult]
     problems: list[str]
+    consolidation_reports: list[ConsolidationReport] = field(default_factory=list)
+    consolidation_moves: list[ConsolidationMove] = field(default_factory=list)
 
 
 async def read_window(nc: NatsClient, since: datetime, namespace: str | None = None) -> Window:
-    """Samples, decisions and results the server stored since ``since``."""
+    """Samples, decisions, results and consolidation's reports and moves the server stored
+    since ``since`` (consolidation's are the cluster's: not narrowed to ``namespace``)."""
     problems: list[str] = []
     deliver = DeliverPolicy.BY_START_TIME
-    samples, decisions, results = await asyncio.gather(
+    samples, decisions, results, reports, moves = await asyncio.gather(
         read_usage(nc, deliver, since),
         read_stream(nc, subjects.DECISION_STREAM, f"{subjects.DECISION_PREFIX}.>", deliver, since),
         read_stream(
             nc, subjects.ACTUATION_STREAM, f"{subjects.ACTUATION_PREFIX}.>", deliver, since
+        ),
+        read_stream(
+            nc, subjects.CONSOLIDATION_STREAM, subjects.CONSOLIDATION_REPORTS, deliver, since
+        ),
+        read_stream(
+            nc, subjects.CONSOLIDATION_STREAM, subjects.CONSOLIDATION_MOVES, deliver, since
         ),
     )
 
@@ -400,4 +449,6 @@ async def read_window(nc: NatsClient, since: datetime, namespace: str | None = N
         keep(decode_all(FractionDecision, decisions, problems)),
         keep(decode_all(ActuationResult, results, problems)),
         problems,
+        [r.value for r in decode_all(ConsolidationReport, reports, problems)],
+        [r.value for r in decode_all(ConsolidationMove, moves, problems)],
     )

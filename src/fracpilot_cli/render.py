@@ -12,8 +12,8 @@ from typing import Any
 from fracpilot_cli.explain import DecisionTimeline, TimelineEntry
 from fracpilot_cli.output import Column, Listing, align, table_lines, to_json, to_yaml
 from fracpilot_cli.report import Report, WorkloadReport
-from fracpilot_cli.status import Risk, StatusRow, totals
-from fracpilot_libs.contracts import ActuationResult, FractionDecision
+from fracpilot_cli.status import ConsolidationStatus, Risk, StatusRow, totals
+from fracpilot_libs.contracts import ActuationResult, FractionDecision, PlannedMove
 
 __all__ = ["align", "report_listing", "status_listing", "timeline_listing", "to_json", "to_yaml"]
 
@@ -133,15 +133,60 @@ def status_footer(rows: Sequence[StatusRow]) -> str:
     )
 
 
-def status_listing(rows: Sequence[StatusRow], generated_at: datetime) -> Listing[StatusRow]:
+MOVES_SHOWN = 5  # planned moves listed under the table (all of them in -o json)
+
+
+def plural(count: int, one: str) -> str:
+    return f"{count} {one}" if count == 1 else f"{count} {one}s"
+
+
+def consolidation_line(c: ConsolidationStatus) -> str:
+    """ "consolidation: would free N GPUs / M nodes (K moves)"; in auto mode what it freed
+    today first."""
+    would = (
+        f"would free {plural(c.would_free_gpus, 'GPU')} / {plural(c.would_free_nodes, 'node')} "
+        f"({plural(c.move_count, 'move')})"
+    )
+    if not c.auto:
+        return f"consolidation: {would}"
+    t = c.today
+    return (
+        f"consolidation: freed {plural(t.freed_gpus, 'GPU')} / "
+        f"{plural(t.freed_nodes, 'node')} today ({plural(t.verified, 'move')}); {would} more"
+    )
+
+
+def move_text(m: PlannedMove) -> str:
+    if m.kind == "shrink":
+        return f"  shrink {m.pod} to {m.fraction:g} GPU in place on {m.to_node}/{m.to_gpu}"
+    return (
+        f"  move {m.pod} ({m.fraction:g} GPU): {m.from_node}/{m.from_gpu} -> {m.to_node}/{m.to_gpu}"
+    )
+
+
+def consolidation_footer(c: ConsolidationStatus | None) -> list[str]:
+    """The consolidation line and the first :data:`MOVES_SHOWN` planned moves."""
+    if c is None:
+        return []
+    lines = [consolidation_line(c), *(move_text(m) for m in c.moves[:MOVES_SHOWN])]
+    if c.move_count > MOVES_SHOWN:
+        lines.append(f"  ... {c.move_count - MOVES_SHOWN} more (-o json lists them)")
+    return lines
+
+
+def status_listing(
+    rows: Sequence[StatusRow],
+    generated_at: datetime,
+    consolidation: ConsolidationStatus | None = None,
+) -> Listing[StatusRow]:
     """``fracpilot status`` as data: a row per workload; the document is
     :func:`status_document`, each CSV row one of its items."""
     return Listing(
         rows=rows,
         columns=STATUS_COLUMNS,
-        document=lambda: status_document(rows, generated_at),
+        document=lambda: status_document(rows, generated_at, consolidation),
         record=StatusRow.as_dict,
-        footer=[status_footer(rows)],
+        footer=[status_footer(rows), *consolidation_footer(consolidation)],
         style=lambda row: RISK_STYLES[row.risk],
     )
 
@@ -156,11 +201,17 @@ RISK_STYLES = {
 }
 
 
-def status_document(rows: Sequence[StatusRow], generated_at: datetime) -> dict[str, Any]:
+def status_document(
+    rows: Sequence[StatusRow],
+    generated_at: datetime,
+    consolidation: ConsolidationStatus | None = None,
+) -> dict[str, Any]:
+    """``consolidation``: null when no actuator reported a plan."""
     return {
         "kind": "WorkloadStatusList",
         "generated_at": generated_at.isoformat(),
         "totals": dict(totals(rows)),
+        "consolidation": consolidation.as_dict() if consolidation is not None else None,
         "items": [r.as_dict() for r in rows],
     }
 
@@ -349,6 +400,20 @@ def report_summary(report: Report, document: dict[str, Any]) -> str:
     )
 
 
+def report_consolidation(document: dict[str, Any]) -> str | None:
+    """Consolidation over the window, from report.json's numbers (None: none in it)."""
+    c = document.get("consolidation")
+    if not c:
+        return None
+    return (
+        f"consolidation: freed {plural(c['freed_gpus'], 'GPU')} / "
+        f"{plural(c['freed_nodes'], 'node')} with {plural(c['verified'], 'move')} verified "
+        f"({c['failed']} failed, {c['abandoned']} given up); last plan would free "
+        f"{plural(c['would_free_gpus'], 'GPU')} / {plural(c['would_free_nodes'], 'node')} "
+        f"({plural(c['would_move'], 'move')})"
+    )
+
+
 def report_listing(report: Report, document: dict[str, Any]) -> Listing[WorkloadReport]:
     """``fracpilot report`` as data: a row per workload (in the report's order); the document is
     report.json's, each CSV row one of its workloads."""
@@ -357,7 +422,10 @@ def report_listing(report: Report, document: dict[str, Any]) -> Listing[Workload
         columns=REPORT_COLUMNS,
         document=lambda: document,
         record=WorkloadReport.as_dict,
-        footer=[report_summary(report, document)],
+        footer=[
+            report_summary(report, document),
+            *filter(None, [report_consolidation(document)]),
+        ],
     )
 
 

@@ -15,6 +15,11 @@ had a pod on it, whole-card-hours the hours each pod was on a card (one whole GP
 without fractions). At the window's end (the latest sample's instant), ``gpus_whole`` pods are
 on cards, which would take as many whole GPUs, and ``gpus_in_use`` cards hold them: the
 difference is the cards freed. A sample without a GPU counts as a card of its own.
+
+Consolidation (``consolidation`` in the JSON, None when the window holds none of it): the
+actuator's moves over the window (started, verified, failed, plans given up, nodes and GPUs
+freed, from ``ConsolidationMove``) and its latest plan in the window (would free N GPUs / M
+nodes with K moves, from ``ConsolidationReport``); the cluster's, whatever ``-n`` says.
 :meth:`Report.as_dict` is ``report.json``; the HTML shows exactly those numbers.
 """
 
@@ -28,9 +33,17 @@ from datetime import UTC, datetime
 from itertools import pairwise
 from typing import Any
 
+from fracpilot_cli.status import ConsolidationStatus, MoveTally, consolidation_status, tally_moves
 from fracpilot_libs.analysis.accounting import Metrics, WorkloadAccount, sample_intervals
 from fracpilot_libs.analysis.packing import PackedAccount
-from fracpilot_libs.contracts import ActuationResult, FractionDecision, UsageSample, WorkloadRef
+from fracpilot_libs.contracts import (
+    ActuationResult,
+    ConsolidationMove,
+    ConsolidationReport,
+    FractionDecision,
+    UsageSample,
+    WorkloadRef,
+)
 from fracpilot_libs.pricing import GpuPrices
 from fracpilot_libs.usage.mig import card_of
 
@@ -187,6 +200,7 @@ class Report:
     actions_by_outcome: dict[str, int]
     actions_by_plan_outcome: dict[str, int]
     cards: CardUse = field(default_factory=lambda: CardUse(PackedAccount(card_memory_bytes=0)))
+    consolidation: ConsolidationAccount | None = None
 
     def as_dict(self) -> dict[str, Any]:
         t = self.totals
@@ -206,6 +220,9 @@ class Report:
                 "actions_by_plan_outcome": self.actions_by_plan_outcome,
                 "cards": self.cards.as_dict(),
             },
+            "consolidation": (
+                self.consolidation.as_dict() if self.consolidation is not None else None
+            ),
             "workloads": [w.as_dict() for w in self.workloads],
         }
 
@@ -237,6 +254,42 @@ def report_order(w: WorkloadReport) -> tuple[int, float, str]:
     return (0 if overran else 1, -m.fraction_hours, w.workload.key)
 
 
+@dataclass(frozen=True)
+class ConsolidationAccount:
+    """Consolidation over a report's window (the module docstring)."""
+
+    moves: MoveTally
+    freed_nodes: tuple[str, ...]  # the nodes freed, in order
+    plan: ConsolidationStatus | None  # the latest plan reported in the window
+
+    def as_dict(self) -> dict[str, Any]:
+        plan = self.plan
+        return {
+            **self.moves.as_dict(),
+            "freed_node_names": list(self.freed_nodes),
+            "modes": list(plan.modes) if plan else [],
+            "would_free_gpus": plan.would_free_gpus if plan else 0,
+            "would_free_nodes": plan.would_free_nodes if plan else 0,
+            "would_move": plan.move_count if plan else 0,
+            "reported_at": _iso(plan.reported_at) if plan else None,
+        }
+
+
+def consolidation_account(
+    reports: Iterable[ConsolidationReport], moves: Iterable[ConsolidationMove], until: datetime
+) -> ConsolidationAccount | None:
+    """None when the window holds no report and no move."""
+    moves = sorted(moves, key=lambda m: m.at)
+    plan = consolidation_status(reports, (), until)
+    if plan is None and not moves:
+        return None
+    return ConsolidationAccount(
+        moves=tally_moves(moves),
+        freed_nodes=tuple(m.freed_node for m in moves if m.freed_node),
+        plan=plan,
+    )
+
+
 def build_report(
     samples: Iterable[UsageSample],
     decisions: Iterable[FractionDecision],
@@ -245,6 +298,8 @@ def build_report(
     since: datetime,
     until: datetime,
     generated_at: datetime,
+    consolidation_reports: Iterable[ConsolidationReport] = (),
+    consolidation_moves: Iterable[ConsolidationMove] = (),
 ) -> Report:
     """The report of a window from what the streams held for it."""
     samples = list(samples)
@@ -296,6 +351,7 @@ def build_report(
         actions_by_outcome=_counts(a.outcome.value for a in all_actions),
         actions_by_plan_outcome=_counts(f"{a.plan.value}/{a.outcome.value}" for a in all_actions),
         cards=card_use(samples),
+        consolidation=consolidation_account(consolidation_reports, consolidation_moves, until),
     )
 
 

@@ -212,6 +212,30 @@ def _fleet(f: Mapping[str, Any]) -> str:
     return "".join(out)
 
 
+def _consolidation(c: Mapping[str, Any] | None) -> list[str]:
+    """The section, when the window holds consolidation's reports or moves."""
+    if not c:
+        return []
+    rows = [
+        ["GPUs freed (on the nodes freed)", num(c["freed_gpus"])],
+        ["nodes freed", num(c["freed_nodes"])],
+        ["moves started", num(c["started"])],
+        ["moves verified", num(c["verified"])],
+        ["moves failed", num(c["failed"])],
+        ["nodes given up", num(c["abandoned"])],
+        ["last plan: would free GPUs", num(c["would_free_gpus"])],
+        ["last plan: would free nodes", num(c["would_free_nodes"])],
+        ["last plan: moves", num(c["would_move"])],
+        ["mode", html.escape(", ".join(c["modes"]) or "-")],
+    ]
+    freed = ", ".join(c["freed_node_names"]) or "none"
+    return [
+        "<h2>Consolidation</h2>",
+        f'<p class="muted">Nodes freed of GPU pods for the autoscaler: {html.escape(freed)}.</p>',
+        _table(["consolidation", ""], rows),
+    ]
+
+
 _WORKLOAD_COLUMNS = (
     "workload",
     "GPU model",
@@ -306,6 +330,7 @@ def render_html(
         "<h2>Fleet</h2>",
         _img(fleet_png, "fleet: GPUs held against whole GPUs, and actions by plan"),
         _fleet(f),
+        *_consolidation(document.get("consolidation")),
         "<h2>Workloads</h2>",
         '<p class="muted">Workloads with overruns first, then by GPU-hours held.</p>',
         _table(_WORKLOAD_COLUMNS, [_workload_row(w) for w in workloads], 2),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import IntEnum
 from functools import cache
 from typing import Any, Generic, TypeVar
@@ -22,7 +22,11 @@ from fracpilot_libs.analysis.accounting import EPS, overruns
 from fracpilot_libs.contracts import (
     ActuationResult,
     Allocation,
+    ConsolidationMove,
+    ConsolidationReport,
+    MoveState,
     Outcome,
+    PlannedMove,
     Policy,
     UsageSample,
     WorkloadRef,
@@ -185,6 +189,9 @@ class FleetSnapshot:
     samples: dict[str, UsageSample] = field(default_factory=dict)  # the latest per workload
     results: dict[str, ActuationResult] = field(default_factory=dict)  # the latest
     problems: list[str] = field(default_factory=list)  # entries that did not decode
+    # consolidation: each cluster's latest report, and the moves stored since midnight (UTC)
+    consolidation_reports: list[ConsolidationReport] = field(default_factory=list)
+    consolidation_moves: list[ConsolidationMove] = field(default_factory=list)
 
     def workload_keys(self) -> set[str]:
         return set(self.allocations) | set(self.states) | set(self.samples) | set(self.results)
@@ -381,3 +388,101 @@ def totals(rows: Iterable[StatusRow]) -> Mapping[str, float]:
         "saved_usd_month": saved,
         "would_save_usd_month": would_save,
     }
+
+
+# --- consolidation ---------------------------------------------------------------------------
+
+
+def start_of_day(now: datetime) -> datetime:
+    """Midnight UTC of ``now``'s day: "today" in the consolidation line."""
+    return now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+@dataclass(frozen=True, slots=True)
+class MoveTally:
+    """Consolidation's moves and what they freed, summed over some messages."""
+
+    started: int = 0
+    verified: int = 0
+    failed: int = 0
+    abandoned: int = 0  # nodes whose plan was given up
+    freed_nodes: int = 0
+    freed_gpus: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+def tally_moves(moves: Iterable[ConsolidationMove]) -> MoveTally:
+    counts = dict.fromkeys(MoveState, 0)
+    gpus = 0
+    for move in moves:
+        counts[move.state] += 1
+        if move.state is MoveState.FREED:
+            gpus += move.freed_gpus
+    return MoveTally(
+        started=counts[MoveState.STARTED],
+        verified=counts[MoveState.VERIFIED],
+        failed=counts[MoveState.FAILED],
+        abandoned=counts[MoveState.ABANDONED],
+        freed_nodes=counts[MoveState.FREED],
+        freed_gpus=gpus,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ConsolidationStatus:
+    """What ``status`` shows of consolidation: the latest plan of each cluster (summed) and
+    what auto mode freed today."""
+
+    modes: tuple[str, ...]  # "recommend", "auto" (each cluster's, sorted, once each)
+    would_free_gpus: int
+    would_free_nodes: int
+    move_count: int
+    moves: tuple[PlannedMove, ...]  # the plans' moves (each report keeps its first ones)
+    refused_count: int
+    reported_at: datetime | None
+    today: MoveTally
+
+    @property
+    def auto(self) -> bool:
+        return "auto" in self.modes
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "modes": list(self.modes),
+            "would_free_gpus": self.would_free_gpus,
+            "would_free_nodes": self.would_free_nodes,
+            "move_count": self.move_count,
+            "moves": [m.model_dump(mode="json") for m in self.moves],
+            "refused_count": self.refused_count,
+            "reported_at": self.reported_at.isoformat() if self.reported_at else None,
+            "today": self.today.as_dict(),
+        }
+
+
+def consolidation_status(
+    reports: Iterable[ConsolidationReport], moves: Iterable[ConsolidationMove], now: datetime
+) -> ConsolidationStatus | None:
+    """From each cluster's reports (the latest counts) and the moves; None when no actuator
+    reported (consolidation off, or an older actuator)."""
+    latest: dict[str, ConsolidationReport] = {}
+    for report in reports:
+        seen = latest.get(report.cluster)
+        if seen is None or report.reported_at >= seen.reported_at:
+            latest[report.cluster] = report
+    midnight = start_of_day(now)
+    today = tally_moves(m for m in moves if m.at >= midnight)
+    if not latest:
+        return None
+    plans = [latest[c] for c in sorted(latest)]
+    return ConsolidationStatus(
+        modes=tuple(sorted({r.mode.value for r in plans})),
+        would_free_gpus=sum(r.would_free_gpus for r in plans),
+        would_free_nodes=sum(r.would_free_nodes for r in plans),
+        move_count=sum(r.move_count for r in plans),
+        moves=tuple(m for r in plans for m in r.moves),
+        refused_count=sum(r.refused_count for r in plans),
+        reported_at=max(r.reported_at for r in plans),
+        today=today,
+    )

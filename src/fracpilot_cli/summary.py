@@ -5,9 +5,10 @@ holds a whole GPU), priced by its GPU's model; the account is
 :mod:`fracpilot_libs.analysis.accounting`, as in ``fracpilot replay`` and ``report``. Cards
 (GPUs in use for the pods, cards freed, card-hours) are ``report``'s
 (:func:`fracpilot_cli.report.card_use`); the simulated cluster's own state says which of its GPUs
-hold no pod (:func:`cluster_cards`). LLM servers that preallocate (samples whose signals name
-the server) count the memory they gave back: what their server preallocates on a GPU of its own
-(its flag's default) less what they held (:class:`PreallocatedMemory`).
+hold no pod (:func:`cluster_cards`), and its autoscaled node group which nodes the simulated
+autoscaler added and removed over the run. LLM servers that preallocate (samples whose signals
+name the server) count the memory they gave back: what their server preallocates on a GPU of its
+own (its flag's default) less what they held (:class:`PreallocatedMemory`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from fracpilot_cli.report import CardUse, card_use
 from fracpilot_libs.analysis.accounting import Metrics
@@ -162,23 +164,38 @@ class RunSummary:
 
 @dataclass(frozen=True)
 class ClusterCards:
-    """The simulated cluster's GPUs and how many hold a pod."""
+    """The simulated cluster's GPUs and how many hold a pod; its nodes, and those its node
+    group added (scale-ups) and removed (the simulated autoscaler, once consolidation emptied
+    them)."""
 
     gpus: int
     with_pods: int
+    nodes: int = 0
+    nodes_added: int = 0
+    nodes_removed: int = 0
 
     @property
     def without_pods(self) -> int:
         return self.gpus - self.with_pods
 
 
-def cluster_cards(state: ClusterState) -> ClusterCards:
+def cluster_cards(state: ClusterState, node_group: dict[str, Any] | None = None) -> ClusterCards:
     held = {p.gpu_uuid for p in state.placements}
-    return ClusterCards(len(state.gpus), sum(g.uuid in held for g in state.gpus))
+    group = node_group or {}
+    return ClusterCards(
+        len(state.gpus),
+        sum(g.uuid in held for g in state.gpus),
+        nodes=len({g.node for g in state.gpus}),
+        nodes_added=len(group.get("added", ())),
+        nodes_removed=len(group.get("removed", ())),
+    )
 
 
 def cluster_cards_of(stored: bytes) -> ClusterCards:
-    """From the simulated cluster's KV value: ``{"cluster": ..., "applied": [...]}`` or, as
-    written before it carried the decisions, the cluster alone."""
+    """From the simulated cluster's KV value: ``{"cluster": ..., "applied": [...],
+    "node_group": {...}}`` or, as written before it carried the decisions, the cluster
+    alone (the node group's fields are the actuator's
+    ``fracpilot_actuator.simulated.autoscaler.NodeGroup.as_json``)."""
     body = json.loads(stored)
-    return cluster_cards(ClusterState.model_validate(body.get("cluster", body)))
+    state = ClusterState.model_validate(body.get("cluster", body))
+    return cluster_cards(state, body.get("node_group") if "cluster" in body else None)

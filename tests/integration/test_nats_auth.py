@@ -36,11 +36,14 @@ from fracpilot_ingest.settings import IngestSettings
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import (
     ActuationResult,
+    ConsolidationMode,
+    ConsolidationReport,
     DeadLetter,
     FractionDecision,
     Policy,
     PolicyReply,
     UsageSample,
+    utcnow,
 )
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.bus import Bus
@@ -186,6 +189,17 @@ async def test_services_run_the_pipeline_under_their_own_identities(
         as_actuator = await connect_as(secured, "actuator")
         kv = await as_actuator.nc.jetstream().key_value(subjects.ALLOCATION_BUCKET)
         await kv.put("demo/inference/Deployment/broken", b'{"fraction": "lots"}')
+        # Consolidation's event stream: the actuator publishes, the operator reads.
+        report = ConsolidationReport(
+            cluster="demo",
+            mode=ConsolidationMode.RECOMMEND,
+            would_free_gpus=2,
+            would_free_nodes=1,
+            reported_at=utcnow(),
+        )
+        await as_actuator.nc.jetstream().publish(
+            subjects.consolidation_report_subject("demo"), report.to_json(), timeout=5
+        )
         # A policy change by policy-admin, while decision is running.
         admin = await connect_as(secured, "policy-admin")
         reply = await policy_request(
@@ -226,6 +240,11 @@ async def test_services_run_the_pipeline_under_their_own_identities(
     samples = valid(UsageSample, [one for data in usage for one in samples_in(data)])
     decisions = valid(FractionDecision, await read_all(operator, f"{subjects.DECISION_PREFIX}.>"))
     results = valid(ActuationResult, await read_all(operator, f"{subjects.ACTUATION_PREFIX}.>"))
+    reports = valid(ConsolidationReport, await read_all(operator, subjects.CONSOLIDATION_REPORTS))
+    # the actuator service's own (its simulated cluster's plan) and the one published above
+    assert {r.cluster for r in reports} == {"demo"}
+    assert len(reports) >= 2
+    assert 2 in {r.would_free_gpus for r in reports}
     assert len([s for s in samples if s.source == "simulator"]) == 2 * 4 * 60
     assert decisions, "the decision service published no decision"
     assert results, "the actuator published no result"
@@ -267,6 +286,10 @@ async def test_services_run_the_pipeline_under_their_own_identities(
         ("operator", "$JS.API.STREAM.PURGE.FRACPILOT_DECISIONS"),
         ("ingest", "$JS.API.STREAM.DELETE.FRACPILOT_DECISIONS"),
         ("decision", "$JS.API.CONSUMER.DELETE.FRACPILOT_DECISIONS.actuator"),
+        ("ingest", "fracpilot.consolidation.v1.report.demo"),  # only the actuator reports
+        ("decision", "fracpilot.consolidation.v1.move.demo"),
+        ("operator", "fracpilot.consolidation.v1.move.demo"),
+        ("operator", "$JS.API.STREAM.PURGE.FRACPILOT_CONSOLIDATION"),
     ],
 )
 async def test_an_identity_cannot_publish_what_it_does_not_own(

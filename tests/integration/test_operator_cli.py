@@ -121,6 +121,24 @@ async def test_status_rows_match_what_was_published(nats_url: str, recording: Re
     assert items["batch"]["risk"] == "near"
     assert document["totals"]["workloads"] == 5
     assert document["totals"]["gpus_held"] == pytest.approx(2.5)
+    # Consolidation (auto): the latest plan, and what the moves since midnight freed.
+    consolidation = document["consolidation"]
+    assert consolidation["modes"] == ["auto"]
+    assert (consolidation["would_free_gpus"], consolidation["would_free_nodes"]) == (1, 0)
+    [planned] = consolidation["moves"]
+    assert (planned["pod"], planned["to_gpu"], planned["frees_name"]) == (
+        "inference/translate-0",
+        "GPU-b-0",
+        "GPU-b-1",
+    )
+    assert consolidation["today"] == {
+        "started": 3,
+        "verified": 2,
+        "failed": 1,
+        "abandoned": 1,
+        "freed_nodes": 1,
+        "freed_gpus": 2,
+    }
 
 
 async def test_status_table_yaml_and_namespace(nats_url: str, recording: Recording) -> None:
@@ -156,10 +174,13 @@ async def test_status_table_yaml_and_namespace(nats_url: str, recording: Recordi
     # chat's upsize to 0.5 would cost what embed's downsize to 0.25 would save.
     assert lines[1].split()[-1] == "-$620"
     assert lines[5].split()[-1] == "$620"
-    assert lines[-1] == (
+    assert lines[-3:] == [
         "5 workloads, 2.50 GPUs held, $6,205/month saved against whole GPUs, "
-        "$0/month more with the targets applied"
-    )
+        "$0/month more with the targets applied",
+        "consolidation: freed 2 GPUs / 1 node today (2 moves); "
+        "would free 1 GPU / 0 nodes (1 move) more",
+        "  move inference/translate-0 (0.5 GPU): node-b/GPU-b-1 -> node-b/GPU-b-0",
+    ]
     assert "WOULD-SAVE" in lines[0]
 
     as_yaml = await fracpilot(nats_url, "status", "-o", "yaml", "-n", "jobs")
@@ -274,14 +295,36 @@ async def test_report_json_matches_what_was_published(
         (0.5, 0.25),
         (0.25, 0.5),
     ]
+    # Consolidation over the window: every move and node freed, and the last plan.
+    assert report["consolidation"] == {
+        "started": 3,
+        "verified": 2,
+        "failed": 1,
+        "abandoned": 1,
+        "freed_nodes": 1,
+        "freed_gpus": 2,
+        "freed_node_names": ["node-a"],
+        "modes": ["auto"],
+        "would_free_gpus": 1,
+        "would_free_nodes": 0,
+        "would_move": 1,
+        "reported_at": recording.consolidation[-1].reported_at.isoformat(),  # type: ignore[union-attr]
+    }
+    assert (
+        "consolidation: freed 2 GPUs / 1 node with 2 moves verified (1 failed, 1 given up); "
+        "last plan would free 1 GPU / 0 nodes (1 move)"
+    ) in result.stderr
     page = (out / "report.html").read_text()
+    assert "<h2>Consolidation</h2>" in page
+    assert "for the autoscaler: node-a." in page
     assert page.count("data:image/png;base64,") == 1 + 5  # the fleet and every workload
     assert f"{fleet['fraction_hours']}" in page
 
     await asyncio.sleep(1.5)  # a window that ends before now and starts after the publishes
     empty = await fracpilot(nats_url, "report", "--since", "1s", "--out", str(tmp_path / "e"))
     assert empty.exit_code == 0, empty.output
-    assert json.loads((tmp_path / "e" / "report.json").read_text())["workloads"] == []
+    emptied = json.loads((tmp_path / "e" / "report.json").read_text())
+    assert (emptied["workloads"], emptied["consolidation"]) == ([], None)
     bad = await fracpilot(nats_url, "report", "--since", "yesterday")
     assert bad.exit_code == 2
     assert "not a duration" in bad.stderr

@@ -4,9 +4,11 @@ Each workload's usage is a function of the minute; the real decision engine (the
 ``decide``) sizes it sample by sample with the recorded policy, and a decision is answered by
 the result the spec says (applied decisions change the fraction from the next sample on, as
 the simulated cluster does). The recording keeps every sample, decision and result, the final
-allocation and the engine's state of each workload; :func:`publish` puts them on a real NATS
-where the services would have: the usage, decisions and actuations streams, the allocations,
-decision-state and policies buckets.
+allocation and the engine's state of each workload, and the actuator's consolidation in auto
+mode (:func:`consolidation_history`: a node freed, a node given up, the plan left, all "today"
+by the wall clock); :func:`publish` puts them on a real NATS where the services would have: the
+usage, decisions, actuations and consolidation streams, the allocations, decision-state and
+policies buckets.
 """
 
 from __future__ import annotations
@@ -22,9 +24,15 @@ from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import (
     ActuationResult,
     Allocation,
+    ConsolidationMode,
+    ConsolidationMove,
+    ConsolidationRefusal,
+    ConsolidationReport,
     FractionDecision,
+    MoveState,
     Outcome,
     PlanKind,
+    PlannedMove,
     Policy,
     PolicyLevel,
     PolicyScope,
@@ -83,6 +91,7 @@ class Recording:
     results: list[ActuationResult] = field(default_factory=list)
     allocations: dict[str, Allocation] = field(default_factory=dict)
     states: dict[str, WorkloadState] = field(default_factory=dict)
+    consolidation: list[ConsolidationReport | ConsolidationMove] = field(default_factory=list)
 
     def of(
         self, name: str
@@ -156,7 +165,76 @@ def record(specs: list[WorkloadSpec], policy: Policy) -> Recording:
         )
         if spec.engine:
             rec.states[subjects.kv_key(ref)] = state
+    rec.consolidation = consolidation_history(datetime.now(UTC))
     return rec
+
+
+def _planned(name: str, fraction: float, source: str, target: str, frees: str) -> PlannedMove:
+    return PlannedMove(
+        pod=f"inference/{name}-0",
+        workload=WorkloadRef(cluster="test", namespace="inference", owner_name=name),
+        fraction=fraction,
+        from_node=source.split("/")[0],
+        from_gpu=source.split("/")[1],
+        to_node=target.split("/")[0],
+        to_gpu=target.split("/")[1],
+        frees="node" if frees.startswith("node") else "gpu",
+        frees_name=frees,
+    )
+
+
+def consolidation_history(now: datetime) -> list[ConsolidationReport | ConsolidationMove]:
+    """The actuator's consolidation in auto mode, in publishing order, in the last minute (not
+    before midnight: "today"): a plan to empty node-a (chat and embed to node-b, node-c refused
+    by a PDB); both moves verified and node-a freed (2 GPUs); a move off node-c that failed and
+    node-c given up; then the plan left: translate within node-b, freeing one card."""
+    start = max(now - timedelta(seconds=60), now.replace(hour=0, minute=0, second=0, microsecond=0))
+    chat = _planned("chat", 0.25, "node-a/GPU-a-0", "node-b/GPU-b-0", "node-a")
+    embed = _planned("embed", 0.5, "node-a/GPU-a-1", "node-b/GPU-b-0", "node-a")
+    search = _planned("search", 0.5, "node-c/GPU-c-0", "node-b/GPU-b-1", "node-c")
+    translate = _planned("translate", 0.5, "node-b/GPU-b-1", "node-b/GPU-b-0", "GPU-b-1")
+
+    def at(second: int) -> datetime:
+        return start + timedelta(seconds=second)
+
+    def moved(second: int, state: MoveState, node: str, **more: object) -> ConsolidationMove:
+        return ConsolidationMove.model_validate(
+            {"cluster": "test", "state": state, "node": node, "at": at(second), **more}
+        )
+
+    return [
+        ConsolidationReport(
+            cluster="test",
+            mode=ConsolidationMode.AUTO,
+            would_free_gpus=2,
+            would_free_nodes=1,
+            gpus_on_freed_nodes=2,
+            freed_nodes=("node-a",),
+            move_count=2,
+            moves=(chat, embed),
+            refused_count=1,
+            refused=(ConsolidationRefusal(candidate="node", name="node-c", reason="a PDB"),),
+            node="node-a",
+            reported_at=at(0),
+        ),
+        moved(1, MoveState.STARTED, "node-a", move=chat),
+        moved(2, MoveState.VERIFIED, "node-a", move=chat, new_pod="chat-1", to_node="node-b"),
+        moved(3, MoveState.STARTED, "node-a", move=embed),
+        moved(4, MoveState.VERIFIED, "node-a", move=embed, new_pod="embed-1", to_node="node-b"),
+        moved(5, MoveState.FREED, "node-a", freed_node="node-a", freed_gpus=2),
+        moved(6, MoveState.STARTED, "node-c", move=search),
+        moved(7, MoveState.FAILED, "node-c", move=search, detail="not bound within 300 s"),
+        moved(8, MoveState.ABANDONED, "node-c", detail="not bound within 300 s"),
+        ConsolidationReport(
+            cluster="test",
+            mode=ConsolidationMode.AUTO,
+            would_free_gpus=1,
+            would_free_nodes=0,
+            move_count=1,
+            moves=(translate,),
+            reported_at=at(9),
+        ),
+    ]
 
 
 def namespace_policy(namespace: str, revision: int) -> Policy:
@@ -207,6 +285,11 @@ async def publish(
             await states.put(key, dump_state(state))
         for key, raw in (extra_states or {}).items():
             await states.put(key, raw)
+        for event in rec.consolidation:
+            if isinstance(event, ConsolidationReport):
+                await bus.publish(subjects.consolidation_report_subject(event.cluster), event)
+            else:
+                await bus.publish(subjects.consolidation_move_subject(event.cluster), event)
         if rec.policy.scope.level is not PolicyLevel.CLUSTER:
             policies = await bus.kv(subjects.POLICY_BUCKET)
             await policies.put(rec.policy.scope.key, rec.policy.to_json())

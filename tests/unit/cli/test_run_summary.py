@@ -9,6 +9,7 @@ import pytest
 from rich.console import Console
 
 from factories import sample, workload
+from fracpilot_actuator.simulated.autoscaler import NodeGroup
 from fracpilot_actuator.simulated.cluster import STATE_KEY, seed_cluster
 from fracpilot_cli.demo import live_table, summary_table
 from fracpilot_cli.summary import SIMULATED_CLUSTER_KEY, RunSummary, cluster_cards_of
@@ -76,6 +77,7 @@ def test_the_cluster_line_counts_gpus_without_a_pod_from_the_actuators_state() -
     stored = json.dumps({"cluster": state.model_dump(mode="json"), "applied": ["d1"]}).encode()
     cards = cluster_cards_of(stored)
     assert (cards.gpus, cards.with_pods, cards.without_pods) == (4, 2, 2)  # first fit: 4 + 1
+    assert (cards.nodes, cards.nodes_added, cards.nodes_removed) == (2, 0, 0)
     legacy = cluster_cards_of(json.dumps(state.model_dump(mode="json")).encode())
     assert legacy == cards
     assert SIMULATED_CLUSTER_KEY == STATE_KEY  # where the demo reads what the actuator writes
@@ -88,7 +90,11 @@ def test_the_demo_summary_shows_cards_within_80_columns() -> None:
             {
                 "cluster": seed_cluster(
                     2, 2, 80 * 1024**3, [(workload(n), 0.25) for n in DEMO_NAMES]
-                ).model_dump(mode="json")
+                ).model_dump(mode="json"),
+                # the actuator's simulated node group: grew by one, then lost two
+                "node_group": NodeGroup(
+                    added=("sim-node-2",), removed=("sim-node-2", "sim-node-1")
+                ).as_json(),
             }
         ).encode()
     )
@@ -106,6 +112,7 @@ def test_the_demo_summary_shows_cards_within_80_columns() -> None:
     assert rows["GPUs in use"] == "3 (5 cards freed)"
     assert rows["card-hours of whole GPUs"] == "72.00 of 192.00 (62.5% saved)"
     assert rows["cluster GPUs without a pod"] == "2 of 4"
+    assert rows["nodes removed by the autoscaler"] == "2 (1 added, 2 left)"
     footer = [line for line in lines if "GPUs 3 for 8 workloads" in line]
     assert len(footer) == 1
     assert any("GPU-hours 48.0 of 192.0" in line for line in lines)

@@ -1,7 +1,8 @@
 """The streams every deployment has, declared idempotently (created, or updated to the spec).
 
-Decisions, results and dead letters are kept for audit; the usage streams, one per partition
-and bounded in age, are :mod:`fracpilot_libs.nats.usage_streams`. Each may be bounded in bytes and
+Decisions, results (actuations; consolidation's plans and moves, under the results' limits) and
+dead letters are kept for audit; the usage streams, one per partition and bounded in age, are
+:mod:`fracpilot_libs.nats.usage_streams`. Each may be bounded in bytes and
 age (``FRACPILOT_STREAMS_*``); every stream discards its oldest messages at a limit (discard
 policy "old": a publish is never refused for space, the history is shortened). Every stream
 and KV bucket has the same number of replicas (:func:`replicas_for`); one made with fewer, by
@@ -101,6 +102,13 @@ def default_streams(limits: StreamLimitSettings | None = None) -> tuple[StreamSp
             (f"{subjects.ACTUATION_PREFIX}.>",),
             lim.results_max_age_s or None,
             "actuation results, replayable for audit",
+            lim.results_max_bytes or None,
+        ),
+        StreamSpec(  # a result stream too: the results' limits
+            subjects.CONSOLIDATION_STREAM,
+            (f"{subjects.CONSOLIDATION_PREFIX}.>",),
+            lim.results_max_age_s or None,
+            "consolidation plans (would free) and moves (freed), for status and report",
             lim.results_max_bytes or None,
         ),
         StreamSpec(

@@ -17,6 +17,9 @@ USAGE_PREFIX = "fracpilot.usage.v1"
 DECISION_PREFIX = "fracpilot.decision.v1"
 ACTUATION_PREFIX = "fracpilot.actuation.v1"
 DEADLETTER_PREFIX = "fracpilot.deadletter.v1"
+# The actuator's consolidation: ``<prefix>.report.<cluster>`` (ConsolidationReport, the plan as
+# it stands) and ``<prefix>.move.<cluster>`` (ConsolidationMove, what auto mode did).
+CONSOLIDATION_PREFIX = "fracpilot.consolidation.v1"
 POLICY_SET = "fracpilot.policy.v1.set"
 POLICY_GET = "fracpilot.policy.v1.get"
 POLICY_LIST = "fracpilot.policy.v1.list"
@@ -25,6 +28,7 @@ POLICY_QUEUE = "decision-policy"  # queue group: decision replicas share the pol
 DECISION_STREAM = "FRACPILOT_DECISIONS"
 ACTUATION_STREAM = "FRACPILOT_ACTUATIONS"
 DEADLETTER_STREAM = "FRACPILOT_DEADLETTERS"
+CONSOLIDATION_STREAM = "FRACPILOT_CONSOLIDATION"
 
 DECISION_CONSUMER_PREFIX = "decision-p"  # the durable consumer of each usage partition
 ACTUATOR_CONSUMER = "actuator"
@@ -59,6 +63,18 @@ def actuation_subject(workload: WorkloadRef) -> str:
 
 def deadletter_subject(service: str) -> str:
     return f"{DEADLETTER_PREFIX}.{token(service)}"
+
+
+def consolidation_report_subject(cluster: str) -> str:
+    return f"{CONSOLIDATION_PREFIX}.report.{token(cluster)}"
+
+
+def consolidation_move_subject(cluster: str) -> str:
+    return f"{CONSOLIDATION_PREFIX}.move.{token(cluster)}"
+
+
+CONSOLIDATION_REPORTS = f"{CONSOLIDATION_PREFIX}.report.*"  # every cluster's reports
+CONSOLIDATION_MOVES = f"{CONSOLIDATION_PREFIX}.move.*"
 
 
 def kv_key(workload: WorkloadRef) -> str:

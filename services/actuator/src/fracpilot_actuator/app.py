@@ -212,7 +212,13 @@ class ActuatorService:
             parse_seed_pods(sim.pods, sim.cluster),
         )
         return SimulatedBackend(
-            cluster, lambda: cluster.load_or_seed(seed), self.settings.optin, sim.namespace_labels
+            cluster,
+            lambda: cluster.load_or_seed(seed),
+            self.settings.optin,
+            sim.namespace_labels,
+            consolidation=self.settings.consolidation,
+            publish=self.runtime.bus.publish,
+            cluster_name=sim.cluster,
         )
 
     async def _kubernetes_backend(self, claims: KvBucket) -> ClusterBackend:
@@ -261,6 +267,7 @@ class ActuatorService:
             namespaces=self.namespaces,
             pending_recreates=KvPendingRecreates(claims),
             consolidation_metrics=ConsolidationMetrics(self.runtime.registry),
+            consolidation_events=bus.publish,
         )
 
     async def _report_finished(self, decision: FractionDecision, actuation: Actuation) -> None:

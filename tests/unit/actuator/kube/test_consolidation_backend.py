@@ -24,7 +24,15 @@ from fracpilot_actuator.kube.settings import KubeBackendSettings
 from fracpilot_actuator.metrics import ConsolidationMetrics
 from fracpilot_actuator.settings import ConsolidationSettings, EvictionSettings
 from fracpilot_actuator.stores.memory import MemoryTargetStore
-from fracpilot_libs.contracts import FractionDecision
+from fracpilot_libs.contracts import (
+    ConsolidationMode,
+    ConsolidationMove,
+    ConsolidationReport,
+    FractionDecision,
+    MoveState,
+    WireModel,
+)
+from fracpilot_libs.nats import subjects
 from support.kube_objects import node, pod, reservation
 from support.recording_kube import AUTO, NOW, RecordingApi
 
@@ -93,8 +101,22 @@ class ClusterApi(RecordingApi):
         return [t["key"] for t in (stored.get("spec") or {}).get("taints") or ()]
 
 
+class Published(list[tuple[str, WireModel]]):
+    """What consolidation published, in order (the bus's publish as the backend calls it)."""
+
+    async def __call__(self, subject: str, message: WireModel) -> bool:
+        self.append((subject, message))
+        return True
+
+    def moves(self) -> list[ConsolidationMove]:
+        return [m for _, m in self if isinstance(m, ConsolidationMove)]
+
+    def reports(self) -> list[ConsolidationReport]:
+        return [m for _, m in self if isinstance(m, ConsolidationReport)]
+
+
 def backend_on(
-    api: ClusterApi, mode: str = "auto", **limits: Any
+    api: ClusterApi, mode: str = "auto", published: Published | None = None, **limits: Any
 ) -> tuple[KubernetesBackend, CollectorRegistry]:
     async def report(_decision: FractionDecision, _actuation: Actuation) -> None:
         return None
@@ -120,6 +142,7 @@ def backend_on(
         report,
         instance="unit",
         consolidation_metrics=ConsolidationMetrics(registry),
+        consolidation_events=published,
     )
     return backend, registry
 
@@ -211,3 +234,63 @@ def test_the_disruption_budget_holds_a_move_back() -> None:
     asyncio.run(backend.reconcile(NOW))
     assert ("evict", "chat-0") not in api.writes
     assert api.taints("n1") == [MARK_TAINT]  # marked; the move waits for the budget
+
+
+def test_recommend_mode_reports_its_plan_once_until_it_changes() -> None:
+    api = ClusterApi()
+    published = Published()
+    backend, _ = backend_on(api, mode="recommend", published=published)
+    asyncio.run(backend.reconcile(NOW))
+    asyncio.run(backend.reconcile(NOW + timedelta(seconds=1)))  # the same plan: not again
+    [(subject, report)] = published
+    assert subject == subjects.consolidation_report_subject("test")
+    assert isinstance(report, ConsolidationReport)
+    assert report.mode is ConsolidationMode.RECOMMEND
+    assert (report.would_free_gpus, report.would_free_nodes, report.move_count) == (1, 1, 1)
+    [move] = report.moves
+    assert (move.pod, move.from_node, move.to_node, move.fraction) == (
+        "inference/chat-0",
+        "n1",
+        "n2",
+        0.25,
+    )
+    assert (move.from_gpu, move.to_gpu) == (UUID_A, UUID_B)
+    api.pdbs[0]["status"]["disruptionsAllowed"] = 0  # now nothing may move: a new summary
+    asyncio.run(backend.reconcile(NOW + timedelta(seconds=2)))
+    last = published.reports()[-1]
+    assert (len(published), last.would_free_nodes, last.refused_count) == (
+        2,
+        0,
+        4,
+    )  # 2 nodes, 2 cards
+    assert "disruption" in last.refused[0].reason.lower()
+
+
+def test_auto_mode_publishes_each_move_and_the_node_freed() -> None:
+    api = ClusterApi()
+    published = Published()
+    backend, _ = backend_on(api, published=published)
+    asyncio.run(backend.reconcile(NOW))
+    [report] = published.reports()
+    assert (report.mode, report.node) == (ConsolidationMode.AUTO, "n1")
+    api.pods.append(chat("chat-2", "n2", "g2"))  # the ReplicaSet's new pod, bound by KAI
+    asyncio.run(backend.reconcile(NOW + timedelta(seconds=10)))
+    moves = published.moves()
+    assert [m.state for m in moves] == [MoveState.STARTED, MoveState.VERIFIED, MoveState.FREED]
+    started, verified, freed = moves
+    assert started.move is not None
+    assert started.move.pod == "inference/chat-0"
+    assert (verified.new_pod, verified.to_node) == ("chat-2", "n2")
+    assert (freed.freed_node, freed.freed_gpus, freed.move) == ("n1", 2, None)
+    assert all(s == subjects.consolidation_move_subject("test") for s, m in published if m in moves)
+
+
+def test_a_refused_eviction_is_published_as_failed_then_abandoned() -> None:
+    api = ClusterApi()
+    api.refuse_evictions = True
+    api.refusal = TransientKubeError("(429)", status=429, message="disruption budget")
+    published = Published()
+    backend, _ = backend_on(api, published=published)
+    asyncio.run(backend.reconcile(NOW))
+    assert [m.state for m in published.moves()] == [MoveState.FAILED, MoveState.ABANDONED]
+    assert "refused" in published.moves()[0].detail

@@ -52,7 +52,7 @@ from fracpilot_actuator.actuation import Actuation, Report
 from fracpilot_actuator.guardrails import Disruption, GuardState
 from fracpilot_actuator.kube.api import KubeApi
 from fracpilot_actuator.kube.cache import InventoryCache
-from fracpilot_actuator.kube.consolidation import Consolidator
+from fracpilot_actuator.kube.consolidation import Consolidator, Publish
 from fracpilot_actuator.kube.enforcement import (
     NOT_ENFORCED,
     Enforcement,
@@ -127,13 +127,15 @@ class KubernetesBackend:
         namespaces: NamespaceLabels | None = None,
         pending_recreates: PendingRecreates | None = None,
         consolidation_metrics: ConsolidationMetrics | None = None,
+        consolidation_events: Publish | None = None,
     ) -> None:
         """``history``: where the recent disruptive actions are kept across restarts (None:
         in memory only); ``allocations``: None publishes none; ``namespaces``: the namespace
         labels the opt-in rule reads (started and stopped by whoever made it; None: no
         namespace has labels, so the default mode decides); ``pending_recreates``: where the
         recreates waiting for their replacements are kept across restarts (None: in memory
-        only)."""
+        only); ``consolidation_events``: publishes consolidation's reports and moves (None:
+        none)."""
         self.api = api
         self.targets = targets
         self.allocations = allocations
@@ -149,7 +151,7 @@ class KubernetesBackend:
         )
         self.scale_ups = ScaleUps(self, pending_recreates)
         self.cards = SharedCards(api)  # shared isolation: co-tenants' forecasts (judge.py)
-        self.consolidation = Consolidator(self, consolidation_metrics)
+        self.consolidation = Consolidator(self, consolidation_metrics, consolidation_events)
 
     @property
     def cache(self) -> InventoryCache | None:

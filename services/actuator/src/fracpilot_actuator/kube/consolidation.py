@@ -5,8 +5,9 @@ reconcile loop). Every ``interval_s`` (every call while a node is being emptied)
 cluster (nodes and pods from the inventory cache when it is current, KAI's BindRequests and
 PodGroups, PodDisruptionBudgets, the namespaces' labels), asks the round what to do, and:
 
-- sets the gauges ``fracpilot_consolidation_would_free_gpus`` / ``_nodes`` and logs the
-  plan's summary when it changed (recommend and auto alike);
+- sets the gauges ``fracpilot_consolidation_would_free_gpus`` / ``_nodes``, and logs the
+  plan's summary and publishes it (a ``ConsolidationReport``, when the backend was given a
+  publisher) when it changed (recommend and auto alike);
 - auto: marks the node to empty (the NoSchedule taint ``fracpilot.io/consolidating=true``, the
   annotation ``fracpilot.io/consolidating-reason`` and an Event on the node), then moves its
   pods one at a time, make before break: a move is allowed by the guardrails (the disruption
@@ -17,7 +18,9 @@ PodGroups, PodDisruptionBudgets, the namespaces' labels), asks the round what to
 - takes the mark off (with an Event) when the node is empty, or the plan is given up: a refusal
   of the round, an eviction refused, a replacement not bound within ``move_timeout_s``.
 
-What waits is kept in memory: a new leader finds the marked node by its taint and carries on
+Each move's start and result, a plan given up and a node freed go on the event stream too
+(``ConsolidationMove``, :data:`~fracpilot_libs.nats.subjects.CONSOLIDATION_STREAM`). What waits is
+kept in memory: a new leader finds the marked node by its taint and carries on
 (or takes the mark off), and a move in flight is then simply re-planned.
 """
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -48,10 +52,23 @@ from fracpilot_actuator.kube.reader import ClusterReader
 from fracpilot_actuator.kube.settings import KubeBackendSettings
 from fracpilot_actuator.metrics import ConsolidationMetrics
 from fracpilot_actuator.stores.ports import DisruptionHistory
+from fracpilot_libs.contracts import (
+    ConsolidationMode,
+    ConsolidationMove,
+    ConsolidationReport,
+    MoveState,
+    WireModel,
+)
+from fracpilot_libs.nats import subjects
 from fracpilot_libs.owners import top_owner
-from fracpilot_libs.placement.consolidation import ConsolidationStep, StepKind
+from fracpilot_libs.placement.consolidation import ConsolidationPlan, ConsolidationStep, StepKind
+from fracpilot_libs.placement.consolidation_events import consolidation_report, planned_move
 
 log = logging.getLogger(__name__)
+
+Publish = Callable[[str, WireModel], Awaitable[object]]
+"""Publishes a message on a subject (the bus's ``publish``: JetStream, trace context in the
+headers)."""
 
 
 class ConsolidationHost(Protocol):
@@ -71,9 +88,15 @@ class ConsolidationHost(Protocol):
 class Consolidator:
     """The backend's consolidation: the node being emptied and the move in flight."""
 
-    def __init__(self, backend: ConsolidationHost, metrics: ConsolidationMetrics | None) -> None:
+    def __init__(
+        self,
+        backend: ConsolidationHost,
+        metrics: ConsolidationMetrics | None,
+        publish: Publish | None = None,
+    ) -> None:
         self.backend = backend
         self.metrics = metrics
+        self.publish = publish
         self.move: MoveInFlight | None = None
         self.moves: list[datetime] = []  # when each move of the last hour started
         self.last_round: datetime | None = None
@@ -107,15 +130,14 @@ class Consolidator:
             recent_moves=self.moves,
             now=now,
         )
-        self._publish(chosen.would_free_gpus, chosen.would_free_nodes, chosen.would.summary())
+        await self._report(chosen.would, "" if chosen.unmark else chosen.node, now)
         if chosen.unmark:
             freed = chosen.done
+            gpus = sum(1 for g in view.inventory.state.gpus if g.node == chosen.node)
             if freed and self.metrics is not None:
                 self.metrics.freed_nodes.inc()
-                self.metrics.freed_gpus.inc(
-                    sum(1 for g in view.inventory.state.gpus if g.node == chosen.node)
-                )
-            await self._unmark(view, chosen.node, chosen.unmark, done=freed)
+                self.metrics.freed_gpus.inc(gpus)
+            await self._unmark(view, chosen.node, chosen.unmark, done=freed, gpus=gpus)
             return
         if chosen.held_back or chosen.step is None:
             if chosen.held_back and chosen.node:
@@ -160,15 +182,58 @@ class Consolidator:
             namespace_labels=labels,
         )
 
-    def _publish(self, gpus: int, nodes: int, summary: str) -> None:
+    async def _report(self, would: ConsolidationPlan, node: str, now: datetime) -> None:
+        gpus, nodes, summary = would.cards_freed, len(would.freed_nodes), would.summary()
         if self.metrics is not None:
             self.metrics.would_free_gpus.set(gpus)
             self.metrics.would_free_nodes.set(nodes)
-        if summary != self.last_summary:
-            self.last_summary = summary
-            log.info(
-                "consolidation plan",
-                extra={"summary": summary, "would_free_gpus": gpus, "would_free_nodes": nodes},
+        if summary == self.last_summary:
+            return  # published when it changes, not every round
+        self.last_summary = summary
+        log.info(
+            "consolidation plan",
+            extra={"summary": summary, "would_free_gpus": gpus, "would_free_nodes": nodes},
+        )
+        cluster = self.backend.settings.cluster
+        report: ConsolidationReport = consolidation_report(
+            would, cluster=cluster, mode=self._mode(), at=now, node=node
+        )
+        await self._send(subjects.consolidation_report_subject(cluster), report)
+
+    def _mode(self) -> ConsolidationMode:
+        auto = self.backend.settings.consolidation.mode == "auto"
+        return ConsolidationMode.AUTO if auto else ConsolidationMode.RECOMMEND
+
+    async def _moved(
+        self,
+        state: MoveState,
+        node: str,
+        step: ConsolidationStep | None = None,
+        detail: str = "",
+        **result: Any,
+    ) -> None:
+        """A move's start or result, a plan given up or a node freed, on the event stream."""
+        cluster = self.backend.settings.cluster
+        event = ConsolidationMove(
+            cluster=cluster,
+            state=state,
+            node=node,
+            move=planned_move(step) if step is not None else None,
+            detail=detail[:4000],
+            at=datetime.now(UTC),
+            **result,
+        )
+        await self._send(subjects.consolidation_move_subject(cluster), event)
+
+    async def _send(self, subject: str, message: WireModel) -> None:
+        if self.publish is None:
+            return
+        try:
+            await self.publish(subject, message)
+        except Exception as exc:  # the event stream is a view: consolidation carries on
+            log.warning(
+                "consolidation event not published",
+                extra={"subject": subject, "error": str(exc)[:300]},
             )
 
     # --- the mark ---------------------------------------------------------------------------
@@ -196,7 +261,7 @@ class Consolidator:
         return True
 
     async def _unmark(
-        self, view: ConsolidationView, node: str, why: str, done: bool = False
+        self, view: ConsolidationView, node: str, why: str, done: bool = False, gpus: int = 0
     ) -> None:
         raw = view.nodes.get(node)
         if raw is None:
@@ -224,10 +289,12 @@ class Consolidator:
             text = f"node {node} emptied of GPU pods by consolidation: {why}"
             log.info("consolidation freed a node", extra={"node": node})
             await self._node_event(raw, "ConsolidationDone", text)
+            await self._moved(MoveState.FREED, node, None, text, freed_node=node, freed_gpus=gpus)
         else:
             text = f"consolidation of node {node} given up: {why}"
             log.warning("consolidation given up", extra={"node": node, "reason": why})
             await self._node_event(raw, "ConsolidationAbandoned", text, warning=True)
+            await self._moved(MoveState.ABANDONED, node, None, text)
 
     async def _node_event(
         self, raw: dict[str, Any] | Any, reason: str, message: str, warning: bool = False
@@ -302,9 +369,11 @@ class Consolidator:
         if failure is not None:
             if self.metrics is not None:
                 self.metrics.moves.labels("failed").inc()
+            await self._moved(MoveState.FAILED, node, step, f"the eviction failed: {failure}")
             await self._unmark(view, node, f"the eviction of {pod.key} failed: {failure}")
             return
         self.moves.append(now)
+        await self._moved(MoveState.STARTED, node, step, explanation)
         assert pod.controller is not None  # the round moves only pods a controller recreates
         self.move = MoveInFlight(
             step=step,
@@ -336,6 +405,14 @@ class Consolidator:
                 "consolidation move verified",
                 extra={"pod": step.pod_key, "node": verdict.node, "detail": verdict.reason},
             )
+            await self._moved(
+                MoveState.VERIFIED,
+                step.from_node,
+                step,
+                verdict.reason,
+                new_pod=verdict.pod,
+                to_node=verdict.node,
+            )
             new = view.inventory.pods.get(f"{move.namespace}/{verdict.pod}")
             if new is not None:
                 text = f"replaces {step.pod_key}, moved off node {step.from_node}: {verdict.reason}"
@@ -343,5 +420,6 @@ class Consolidator:
             return True
         if self.metrics is not None:
             self.metrics.moves.labels("failed").inc()
+        await self._moved(MoveState.FAILED, step.from_node, step, verdict.reason)
         await self._unmark(view, step.from_node, verdict.reason)
         return True

@@ -7,21 +7,42 @@ opts its namespace in as a user would label theirs.
 A workload whose server preallocates its memory (the simulation's ``PREALLOCATING``, issue 28)
 is downsized by a recreate on its GPU, as the Kubernetes backend does
 (:mod:`fracpilot_actuator.kube.preallocation`): its pool does not shrink in place, and the new
-pod starts with its flag rewritten for the new fraction."""
+pod starts with its flag rewritten for the new fraction.
+
+After each decision, on the simulation's clock (the decision's ``decided_at``): a consolidation
+round every ``FRACPILOT_CONSOLIDATION_INTERVAL_S`` (:mod:`.consolidation`, the live planner; its
+report and moves published as the Kubernetes backend's are), then the simulated autoscaler's
+scale-down (:mod:`.autoscaler`)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from fracpilot_actuator.actuation import Actuation
 from fracpilot_actuator.opt_in import Automation, automation_of
-from fracpilot_actuator.settings import OptInSettings
+from fracpilot_actuator.settings import ConsolidationSettings, OptInSettings
 from fracpilot_actuator.simulated.cluster import SimulatedCluster
-from fracpilot_libs.contracts import FractionDecision, Outcome, PlanKind
+from fracpilot_actuator.simulated.consolidation import automation, simulated_round
+from fracpilot_libs.contracts import (
+    ConsolidationMode,
+    ConsolidationMove,
+    FractionDecision,
+    MoveState,
+    Outcome,
+    PlanKind,
+    WireModel,
+)
+from fracpilot_libs.nats import subjects
+from fracpilot_libs.placement.consolidation import ConsolidationStep
+from fracpilot_libs.placement.consolidation_events import consolidation_report, planned_move
 from fracpilot_libs.placement.planner import ResizePlan, plan_resize
 from fracpilot_libs.simulation.workloads import PREALLOCATING
+
+log = logging.getLogger(__name__)
+Publish = Callable[[str, WireModel], Awaitable[object]]  # the bus's publish
 
 
 def preallocated_plan(plan: ResizePlan, preallocating: Collection[str]) -> ResizePlan:
@@ -53,12 +74,23 @@ class SimulatedBackend:
         seed: Callable[[], Awaitable[None]],
         opt_in: OptInSettings | None = None,
         namespace_labels: Mapping[str, Mapping[str, str]] | None = None,
+        consolidation: ConsolidationSettings | None = None,
+        publish: Publish | None = None,
+        cluster_name: str = "demo",
         preallocating: Collection[str] = frozenset(PREALLOCATING),
     ) -> None:
+        """``consolidation``: its mode (off: none), interval and moves per hour, on the
+        simulation's clock; ``publish``: where its report and moves go (None: nowhere)."""
         self.cluster = cluster
         self._seed = seed
         self.opt_in = opt_in or OptInSettings()
         self.namespace_labels = dict(namespace_labels or {})
+        self.consolidation = consolidation or ConsolidationSettings()
+        self.publish = publish
+        self.cluster_name = cluster_name
+        self.last_round: datetime | None = None
+        self.moves: list[datetime] = []  # when the moves of the last simulated hour were made
+        self.last_summary = ""
         self.preallocating = frozenset(preallocating)  # workloads' owner names
 
     async def start(self, now: datetime | None = None) -> None:
@@ -74,6 +106,16 @@ class SimulatedBackend:
         return None
 
     async def actuate(
+        self, decision: FractionDecision, *, dry_run: str, now: datetime, resumed: bool = False
+    ) -> Actuation:
+        actuation = await self._actuate(decision, dry_run=dry_run, now=now, resumed=resumed)
+        try:
+            await self.after_decision(decision.decided_at)
+        except Exception:  # the decision's result stands; the next decision tries again
+            log.exception("simulated consolidation or autoscaling failed")
+        return actuation
+
+    async def _actuate(
         self, decision: FractionDecision, *, dry_run: str, now: datetime, resumed: bool = False
     ) -> Actuation:
         if resumed and self.cluster.has_applied(decision.decision_id):
@@ -106,8 +148,107 @@ class SimulatedBackend:
             plan,
             f"{decision.workload.owner_name}-{decision.decision_id[:5]}",
             decision.decision_id,
+            decision.decided_at,
         )
         return self._actuation(executed, Outcome.APPLIED, executed.reason)
+
+    async def after_decision(self, now: datetime) -> None:
+        """Consolidation (every interval) and the autoscaler, at ``now`` on the simulation's
+        clock."""
+        settings = self.consolidation
+        due = self.last_round is None or now - self.last_round >= timedelta(
+            seconds=settings.interval_s
+        )
+        if settings.mode != "off" and due:
+            self.last_round = now
+            await self._consolidate(now)
+        await self.cluster.autoscale(now)
+
+    async def _consolidate(self, now: datetime) -> None:
+        self.moves = [t for t in self.moves if now - t < timedelta(hours=1)]
+
+        def new_pod(step: ConsolidationStep, n: int) -> str:
+            return f"{step.placement.workload.owner_name}-m{now:%H%M}{n}"
+
+        labels, opt_in = self.namespace_labels, self.opt_in
+        done = simulated_round(
+            self.cluster.state,
+            self.consolidation,
+            lambda w: automation(w, labels, opt_in),
+            self.moves,
+            now,
+            new_pod,
+        )
+        summary = done.would.summary()
+        if summary != self.last_summary:  # reported when it changes, not every round
+            self.last_summary = summary
+            auto = self.consolidation.mode == "auto"
+            mode = ConsolidationMode.AUTO if auto else ConsolidationMode.RECOMMEND
+            report = consolidation_report(done.would, cluster=self.cluster_name, mode=mode, at=now)
+            await self._send(subjects.consolidation_report_subject(self.cluster_name), report)
+        if not done.moved:
+            return
+        before = self.cluster.state
+        await self.cluster.replace_state(
+            done.state, [m.step.placement.workload for m in done.moved]
+        )
+        for moved in done.moved:
+            self.moves.append(now)
+            step = moved.step
+            target = done.state.gpu(step.to_gpu)
+            for state in (MoveState.STARTED, MoveState.VERIFIED):
+                verified = state is MoveState.VERIFIED
+                await self._moved(
+                    state,
+                    step.from_node,
+                    now,
+                    step=step,
+                    new_pod=moved.new_pod if verified else "",
+                    to_node=(target.node if target else "") if verified else "",
+                    detail=step.reason,
+                )
+        for node in done.freed_nodes:
+            gpus = sum(1 for g in before.gpus if g.node == node)
+            log.info("consolidation freed a node", extra={"node": node, "gpus": gpus})
+            await self._moved(
+                MoveState.FREED,
+                node,
+                now,
+                freed_node=node,
+                freed_gpus=gpus,
+                detail=f"node {node} emptied of GPU pods by consolidation",
+            )
+
+    async def _moved(
+        self,
+        state: MoveState,
+        node: str,
+        now: datetime,
+        step: ConsolidationStep | None = None,
+        **result: str | int,
+    ) -> None:
+        event = ConsolidationMove.model_validate(
+            {
+                "cluster": self.cluster_name,
+                "state": state,
+                "node": node,
+                "move": planned_move(step) if step is not None else None,
+                "at": now,
+                **result,
+            }
+        )
+        await self._send(subjects.consolidation_move_subject(self.cluster_name), event)
+
+    async def _send(self, subject: str, message: WireModel) -> None:
+        if self.publish is None:
+            return
+        try:
+            await self.publish(subject, message)
+        except Exception as exc:  # a view: the simulation carries on
+            log.warning(
+                "consolidation event not published",
+                extra={"subject": subject, "error": str(exc)[:300]},
+            )
 
     def _actuation(self, plan: ResizePlan, outcome: Outcome, detail: str) -> Actuation:
         state = self.cluster.state

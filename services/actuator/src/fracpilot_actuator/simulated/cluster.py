@@ -6,17 +6,24 @@ scale-up adds a node first and then moves the pod onto it. It also publishes eac
 ``Allocation`` to the allocations bucket, which ingest and the CLI read. The Kubernetes
 backend arrives with its own issue; this one stays for the demo.
 
-The state is one KV value holding the cluster and the ids of the decisions executed on it
-(the last :data:`APPLIED_KEPT`), written together: an actuator that crashed after executing a
-decision but before recording it done sees on its next attempt that the cluster already
-carries it, and does not execute it again.
+The nodes form one autoscaled node group (:mod:`.autoscaler`, a simulated cluster-autoscaler):
+a scale-up adds a node, and a node left empty (by consolidation, :mod:`.consolidation`) is
+removed after a while.
+
+The state is one KV value holding the cluster, the node group and the ids of the decisions
+executed on it (the last :data:`APPLIED_KEPT`), written together: an actuator that crashed
+after executing a decision but before recording it done sees on its next attempt that the
+cluster already carries it, and does not execute it again.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
+from datetime import datetime
 
+from fracpilot_actuator.simulated.autoscaler import NodeGroup, grown, next_node, scale_down
 from fracpilot_libs.contracts import PlanKind, WorkloadRef, utcnow
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.kv import KvBucket
@@ -83,6 +90,7 @@ class SimulatedCluster:
         self._gpus_per_node = gpus_per_node
         self._gpu_memory = gpu_memory_bytes
         self.state = ClusterState()
+        self.group = NodeGroup()
         self.applied: list[str] = []  # decision ids executed, oldest first
 
     def has_applied(self, decision_id: str) -> bool:
@@ -95,6 +103,7 @@ class SimulatedCluster:
             if "cluster" in body:
                 self.state = ClusterState.model_validate(body["cluster"])
                 self.applied = [str(i) for i in body.get("applied", [])]
+                self.group = NodeGroup.from_json(body.get("node_group", {}))
             else:  # written before the state carried the executed decisions
                 self.state = ClusterState.model_validate(body)
             log.info("simulated cluster restored", extra={"gpus": len(self.state.gpus)})
@@ -108,15 +117,23 @@ class SimulatedCluster:
         for placement in self.state.placements:
             await self._publish_allocation(placement.workload)
 
-    async def execute(self, plan: ResizePlan, new_pod: str, decision_id: str = "") -> ResizePlan:
+    async def execute(
+        self,
+        plan: ResizePlan,
+        new_pod: str,
+        decision_id: str = "",
+        now: datetime | None = None,
+    ) -> ResizePlan:
         """Carry out the plan; a scale-up returns the plan as executed, with its target GPU.
 
-        ``decision_id`` is recorded in the same write as the change."""
+        ``decision_id`` is recorded in the same write as the change; ``now``: the simulation's
+        clock (a scale-up holds the node group's scale-down off for a while after it)."""
         if plan.kind is PlanKind.NONE:
             return plan
         executed = plan
         if plan.kind is PlanKind.SCALE_UP:
-            node = f"sim-node-{len(self.state.nodes)}"
+            node = next_node(self.state, self.group)
+            self.group = grown(self.group, node, now)
             self.state = add_node(self.state, node, self._gpus_per_node, self._gpu_memory)
             target = next(g for g in self.state.gpus if g.node == node)
             executed = plan.model_copy(
@@ -132,8 +149,30 @@ class SimulatedCluster:
         await self._save(executed.workload)
         return executed
 
+    async def replace_state(self, state: ClusterState, moved: Iterable[WorkloadRef]) -> None:
+        """The cluster after consolidation's moves; the moved workloads' allocations published."""
+        self.state = state
+        await self._save(None)
+        for workload in moved:
+            await self._publish_allocation(workload)
+
+    async def autoscale(self, now: datetime) -> tuple[str, ...]:
+        """The simulated autoscaler's scale-down at ``now`` (simulated): the nodes removed."""
+        result = scale_down(self.state, self.group, now)
+        changed = result.group != self.group or result.removed
+        self.state, self.group = result.state, result.group
+        if changed:
+            await self._save(None)
+        for node in result.removed:
+            log.info("simulated autoscaler removed an empty node", extra={"node": node})
+        return result.removed
+
     async def _save(self, changed: WorkloadRef | None) -> None:
-        body = {"cluster": self.state.model_dump(mode="json"), "applied": self.applied}
+        body = {
+            "cluster": self.state.model_dump(mode="json"),
+            "applied": self.applied,
+            "node_group": self.group.as_json(),
+        }
         await self._state_kv.put(STATE_KEY, json.dumps(body).encode())
         if changed is not None:
             await self._publish_allocation(changed)
