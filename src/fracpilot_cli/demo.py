@@ -267,7 +267,9 @@ async def run_demo(config: DemoConfig, console: Console) -> RunSummary:
     external = os.environ.get("FRACPILOT_NATS_URL")
     server = None if external else EmbeddedNats().start()
     url = external or (server.url if server else "")
-    console.print(f"NATS: {url}{' (embedded)' if server else ''}; service logs in {log_dir}")
+    # The embedded server listens on loopback only and asks for no credentials: say so.
+    where = " (embedded: loopback only, no authentication)" if server else ""
+    console.print(f"NATS: {url}{where}; service logs in {log_dir}")
     example = demo_workloads(config.namespace, config.cluster)[0].workload.display
     hint = operator_hint(url, example, server is not None)
     console.print(hint, markup=False, highlight=False, soft_wrap=True)  # whole commands
