@@ -221,6 +221,33 @@ def ready(pod: Any) -> bool:
 # --- the API ---------------------------------------------------------------------------------
 
 
+def context_namespace(kubeconfig: str | None = None, context: str | None = None) -> str:
+    """kubectl's namespace when none is given: the namespace of ``context`` (else of the
+    current context) in the kubeconfig (``kubeconfig``, else ``KUBECONFIG``, whose files are
+    read in order, else ``~/.kube/config``), else ``default``. Reads the files only: no
+    client, no connection."""
+    import yaml
+
+    listed = kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
+    configs = []
+    for path in listed.split(os.pathsep):
+        try:
+            loaded = yaml.safe_load(Path(path).expanduser().read_text())
+        except (OSError, yaml.YAMLError):
+            continue
+        if isinstance(loaded, dict):
+            configs.append(loaded)
+    current = context or next(
+        (c.get("current-context") for c in configs if c.get("current-context")), None
+    )
+    for config in configs:
+        for entry in config.get("contexts") or ():
+            if isinstance(entry, dict) and entry.get("name") == current:
+                namespace = (entry.get("context") or {}).get("namespace")
+                return str(namespace) if namespace else "default"
+    return "default"
+
+
 def api_client(target: KubeTarget) -> tuple[Any, str | None]:
     """An ApiClient for the kubeconfig and context, and the context's namespace."""
     from kubernetes import config

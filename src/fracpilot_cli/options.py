@@ -71,12 +71,19 @@ class GlobalOptions:
             )
 
     def namespaces(self) -> str | None:
-        """The namespace a listing is narrowed to (None: every namespace). -n one namespace,
-        -A every one, as kubectl; neither: every one too, since fracpilot reads what its
-        services published cluster-wide, not a context's namespace (docs/cli.md)."""
+        """The namespace a listing is narrowed to (None: every namespace), as kubectl: -n one
+        namespace, -A every one; neither: through the kubeconfig (``kubectl fracpilot``, or a
+        kubeconfig option), the context's namespace, else ``default``; straight to NATS
+        (``--nats-url``, no context), every namespace (docs/cli.md)."""
         if self.all_namespaces and self.namespace:
             raise OptionsError("-n and -A: give one or the other")
-        return None if self.all_namespaces else self.namespace
+        if self.all_namespaces:
+            return None
+        if self.namespace or not self.kube:
+            return self.namespace
+        from fracpilot_cli.kube_access import context_namespace
+
+        return context_namespace(self.kubeconfig, self.context)
 
     def format(self) -> str | None:
         """``-o``, with ``--json`` as its alias; both given and different: an error."""

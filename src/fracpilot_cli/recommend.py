@@ -16,7 +16,6 @@ refusal), 2 for options that do not parse.
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fracpilot_cli import options, output, render
+from fracpilot_cli.kube_access import context_namespace
 from fracpilot_cli.prometheus_history import PrometheusHistory, PrometheusReadError
 from fracpilot_cli.replay import load_policy
 from fracpilot_cli.settings import CliSettings
@@ -78,27 +78,6 @@ def auto_step(since_s: float) -> float:
     (rounded up to a whole minute: 14 days read at 5 minutes)."""
     steps = max(MIN_STEP_S, since_s / AUTO_STEPS)
     return float(-(-steps // 60) * 60)
-
-
-def kube_namespace() -> str:
-    """kubectl's namespace when none is given: the current context's, else ``default``."""
-    import yaml
-
-    paths = (os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")).split(
-        os.pathsep
-    )
-    for path in paths:
-        try:
-            config = yaml.safe_load(Path(path).read_text()) or {}
-        except (OSError, yaml.YAMLError):
-            continue
-        current = config.get("current-context")
-        for entry in config.get("contexts") or ():
-            if isinstance(entry, dict) and entry.get("name") == current:
-                namespace = (entry.get("context") or {}).get("namespace")
-                if namespace:
-                    return str(namespace)
-    return "default"
 
 
 def _headers(pairs: list[str]) -> dict[str, str]:
@@ -285,7 +264,11 @@ def recommend_command(
         _fail(str(exc))
     if step_s <= 0 or since_s <= 0:
         _fail("--since and --step must be positive")
-    namespace = None if all_namespaces else (given.namespace or kube_namespace())
+    namespace = (
+        None
+        if all_namespaces
+        else (given.namespace or context_namespace(given.kubeconfig, given.context))
+    )
     policy = load_policy(policy_file) if policy_file is not None else Policy()
     try:
         prices = CliSettings().prices

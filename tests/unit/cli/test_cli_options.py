@@ -15,6 +15,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from fracpilot_cli import options
 from fracpilot_cli.main import app
 from fracpilot_libs.server_process import free_port
 
@@ -180,3 +181,24 @@ def test_replay_prints_each_format_with_the_same_data(trace: Path, first: bool) 
     assert f"{document['totals']['workloads']} workloads" in wide[-1]
     table = replay(trace, ["-o", "table"], first).stdout
     assert "replay of trace.csv" in table  # the totals table as before
+
+
+def test_through_the_kubeconfig_a_listing_keeps_to_the_contexts_namespace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kubectl's rule for ``kubectl fracpilot`` (or a kubeconfig option): -n, -A, else the
+    context's namespace; straight to NATS there is no context: every namespace."""
+    config = tmp_path / "config"
+    config.write_text(
+        "current-context: a\ncontexts:\n"
+        "- name: a\n  context: {namespace: team-a}\n- name: b\n  context: {}\n"
+    )
+    monkeypatch.setenv("KUBECONFIG", str(config))
+    assert options.GlobalOptions(nats_url=CLOSED).namespaces() is None
+    assert options.GlobalOptions(kubeconfig=str(config)).namespaces() == "team-a"
+    assert options.GlobalOptions(context="b").namespaces() == "default"
+    assert options.GlobalOptions(context="a", all_namespaces=True).namespaces() is None
+    assert options.GlobalOptions(context="a", namespace="x").namespaces() == "x"
+    monkeypatch.setattr(options, "_via_kubeconfig", True)
+    assert options.GlobalOptions().namespaces() == "team-a"
+    assert options.GlobalOptions(nats_url=CLOSED).namespaces() is None

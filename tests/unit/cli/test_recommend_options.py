@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from fracpilot_cli.recommend import auto_step, kube_namespace, parse_duration
+from fracpilot_cli.kube_access import context_namespace
+from fracpilot_cli.recommend import auto_step, parse_duration
 
 
 @pytest.mark.parametrize(
@@ -39,8 +40,16 @@ def test_the_namespace_is_the_contexts_else_default(
         "- name: b\n  context: {namespace: inference}\n"
     )
     monkeypatch.setenv("KUBECONFIG", str(config))
-    assert kube_namespace() == "inference"
+    assert context_namespace() == "inference"
     config.write_text("current-context: a\ncontexts:\n- name: a\n  context: {}\n")
-    assert kube_namespace() == "default"
+    assert context_namespace() == "default"
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
-    assert kube_namespace() == "default"
+    assert context_namespace() == "default"
+    # --kubeconfig and --context win over KUBECONFIG and the current context.
+    config.write_text(
+        "current-context: a\ncontexts:\n"
+        "- name: a\n  context: {namespace: not-this}\n"
+        "- name: b\n  context: {namespace: team-b}\n"
+    )
+    assert context_namespace(str(config), "b") == "team-b"
+    assert context_namespace(str(config)) == "not-this"
