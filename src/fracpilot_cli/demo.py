@@ -20,6 +20,7 @@ from pathlib import Path
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
+from rich import box
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
@@ -27,7 +28,7 @@ from rich.table import Table
 from fracpilot_cli.operator_cli import operator_hint
 from fracpilot_cli.processes import ServiceProcess
 from fracpilot_cli.settings import CliSettings
-from fracpilot_cli.summary import SIMULATED_CLUSTER_KEY, RunSummary, cluster_cards_of
+from fracpilot_cli.summary import SIMULATED_CLUSTER_KEY, RunSummary, WorkloadView, cluster_cards_of
 from fracpilot_libs.analysis.accounting import overruns
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import ActuationResult, UsageSample
@@ -167,32 +168,57 @@ class StreamFollower:
             await self.nc.close()
 
 
+# The live table's short words for a plan and an outcome (80 columns, names kept whole).
+_PLAN_WORDS = {"in_place": "in place", "recreate_elsewhere": "moved", "scale_up": "scale-up"}
+_OUTCOME_WORDS = {"applied": "", "dry_run": " dry run"}
+
+
+def short_action(view: WorkloadView) -> str:
+    """``in place 0.5->0.25``, ``moved 0.5->0.75 (pending)``, ``scale-up ... failed``."""
+    if not view.last_plan:
+        return view.last_action
+    plan = _PLAN_WORDS.get(view.last_plan, view.last_plan)
+    outcome = _OUTCOME_WORDS.get(view.last_outcome, f" {view.last_outcome}")
+    return f"{plan} {view.last_change}".strip() + outcome
+
+
 def live_table(summary: RunSummary, sim_hours_done: float, sim_hours: float) -> Group:
-    table = Table(title=f"fracpilot demo - simulated hour {sim_hours_done:4.1f} of {sim_hours:g}")
+    views = sorted(summary.workloads.values(), key=lambda v: v.name)
+    # One namespace (the demo's): said once in the title, so that names fit whole in 80 columns.
+    spaces = {v.name.partition("/")[0] for v in views if "/" in v.name}
+    one = spaces.pop() if len(spaces) == 1 and all("/" in v.name for v in views) else None
+    title = f"fracpilot demo - simulated hour {sim_hours_done:4.1f} of {sim_hours:g}"
+    table = Table(
+        title=title + (f", namespace {one}" if one else ""),
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        padding=(0, 1),
+        collapse_padding=True,
+    )
     for col, justify in (
         ("workload", "left"),
         ("compute", "right"),
         ("memory", "right"),
-        ("fraction", "right"),
+        ("share", "right"),
         ("saved", "right"),
         ("node", "left"),
         ("last action", "left"),
     ):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
-    for view in sorted(summary.workloads.values(), key=lambda v: v.name):
-        frac = f"{view.fraction:.3f}" if view.fraction is not None else "-"
+        table.add_column(col, justify=justify, no_wrap=col != "last action")  # type: ignore[arg-type]
+    for view in views:
+        frac = f"{view.fraction:.2f}" if view.fraction is not None else "-"
         hot = view.fraction is not None and (
             overruns(view.compute, view.fraction) or overruns(view.memory_share, view.fraction)
         )
         style = "bold red" if hot else ""
         table.add_row(
-            view.name,
+            view.name.partition("/")[2] if one else view.name,
             f"{view.compute:.0%}",
             f"{view.memory_share:.0%}",
             frac,
-            f"${view.cost_saved_usd:,.2f}",
+            f"${view.cost_saved_usd:,.0f}",
             view.node,
-            view.last_action,
+            short_action(view),
             style=style,
         )
     footer = Table.grid(padding=(0, 2))  # two rows: each fits 80 columns with a day's numbers

@@ -42,6 +42,9 @@ class WorkloadView:
     node: str = ""
     card: str = ""  # the GPU of its latest sample (a MIG instance's card)
     last_action: str = ""
+    last_plan: str = ""  # the latest result's, for the live table's short form
+    last_outcome: str = ""
+    last_change: str = ""  # "0.5->0.15"
     samples: int = 0
     metrics: Metrics = field(default_factory=Metrics)
 
@@ -151,6 +154,7 @@ class RunSummary:
         view = self.workloads.setdefault(r.workload.key, WorkloadView(r.workload.display))
         arrow = f"{r.fraction_before:g}->{r.fraction_after:g}" if r.fraction_before else ""
         view.last_action = f"{r.plan.value} {arrow} {r.outcome.value}".strip()
+        view.last_plan, view.last_outcome, view.last_change = r.plan.value, r.outcome.value, arrow
 
     @property
     def cards_now(self) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+from datetime import UTC, datetime
 
 import pytest
 from rich.console import Console
@@ -13,7 +14,7 @@ from fracpilot_actuator.simulated.autoscaler import NodeGroup
 from fracpilot_actuator.simulated.cluster import STATE_KEY, seed_cluster
 from fracpilot_cli.demo import live_table, summary_table
 from fracpilot_cli.summary import SIMULATED_CLUSTER_KEY, RunSummary, cluster_cards_of
-from fracpilot_libs.contracts import AppSignals
+from fracpilot_libs.contracts import ActuationResult, AppSignals, Outcome, PlanKind
 from fracpilot_libs.pricing import GpuPrices
 
 
@@ -151,3 +152,29 @@ def test_the_demo_summary_shows_the_memory_a_preallocating_server_gave_back() ->
     assert max(len(line) for line in lines) <= 80
     [row] = [line for line in lines if "LLM memory given back" in line]
     assert "1,311 of 1,766 GiB-h preallocated (74.2%)" in row
+
+
+def test_the_live_table_keeps_workload_names_whole_at_80_columns() -> None:
+    """Issue 30: the names were cut to ``inference/…``; the one namespace goes in the title."""
+    summary = three_cards_for_eight(minutes=60)
+    for i, name in enumerate(DEMO_NAMES):
+        summary.add_result(
+            ActuationResult(
+                decision_id=f"d{i}",
+                workload=workload(name),
+                plan=PlanKind.IN_PLACE,
+                outcome=Outcome.APPLIED,
+                fraction_before=0.55,
+                fraction_after=0.25,
+                node_after="sim-node-10",
+                finished_at=datetime(2026, 1, 1, tzinfo=UTC),
+            )
+        )
+    console = Console(width=80, record=True, file=io.StringIO())
+    console.print(live_table(summary, 3.0, 24))
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert "namespace inference" in lines[0]
+    rows = [line.split() for line in lines if line.split() and line.split()[0] in DEMO_NAMES]
+    assert sorted(row[0] for row in rows) == sorted(DEMO_NAMES)  # whole, one row each
+    assert all(row[-3:] == ["in", "place", "0.55->0.25"] for row in rows)
