@@ -171,9 +171,14 @@ def divide_card(
             f"headroom come to {_g(need)} of it ({len(moving)} re-divisible, {len(kept)} "
             f"keeping {_g(fixed)}; {peaks})"
         )
-    shares = divide(moving, rules)
-    if sum(shares.values()) + fixed > 1.0 + EPS:  # never: fits() holds; kept as a guard
-        return f"the division would sum to {_g(sum(shares.values()) + fixed)} of the card"
+    # A share of the budget in proportion to the needs is 0 for a workload that needs nothing
+    # yet: every pod holds at least one step of the grid (a fraction is never 0).
+    shares = {k: max(v, STEP) for k, v in divide(moving, rules).items()}
+    if sum(shares.values()) + fixed > 1.0 + EPS:
+        return (
+            f"the card does not hold its tenants at one step each at least: the division "
+            f"would sum to {_g(sum(shares.values()) + fixed)} of it ({peaks})"
+        )
     target = shares.pop(pod)
     before = {t.pod: t.fraction for t in co_tenants}
     changed = tuple(
