@@ -81,8 +81,9 @@ def nats_pod(docs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def container(pod: dict[str, Any], name: str) -> dict[str, Any]:
-    (found,) = [c for c in pod["containers"] if c["name"] == name]
-    return found
+    found: list[dict[str, Any]] = [c for c in pod["containers"] if c["name"] == name]
+    (only,) = found
+    return only
 
 
 # --- rendered ----------------------------------------------------------------------------------
@@ -173,8 +174,12 @@ def test_the_reloader_signals_the_server_on_a_changed_certificate() -> None:
 
 
 def test_your_issuer_and_the_fallbacks() -> None:
-    issuer = ("--set", "nats.tls.certManager.issuerRef.name=corp-ca")
-    issuer += ("--set", "nats.tls.certManager.issuerRef.kind=ClusterIssuer")
+    issuer = (
+        "--set",
+        "nats.tls.certManager.issuerRef.name=corp-ca",
+        "--set",
+        "nats.tls.certManager.issuerRef.kind=ClusterIssuer",
+    )
     docs = render(*ON, *issuer)
     assert {(k, n) for k, n in named(docs, "Certificate", "Issuer") if "nats" in n} == {
         ("Certificate", f"{PREFIX}-nats")
