@@ -9,10 +9,12 @@ objects: test_helm_chart.py, with cert-manager's CRDs.)
 
 Run for real: three nats-servers started from the rendered ConfigMap with a certificate as
 cert-manager writes it; the files are replaced by a certificate of a new CA, the servers get
-SIGHUP (what the reloader sends: nats-server's signal handler reloads the configuration, TLS
-included: server/signal.go handleSignals, syscall.SIGHUP -> s.Reload(); server/reload.go
-tlsOption, nats-io/nats-server v2.11), and without a restart a client trusting only the new CA
-gets in while one trusting only the old CA is refused.
+SIGHUP (what the reloader sends: nats-server reloads its configuration, TLS included:
+nats-io/nats-server server/signal.go, ``case syscall.SIGHUP: s.Reload()``; server/reload.go,
+``tlsOption`` for clients and ``clusterOption`` for routes, whose handshakes read the reloaded
+options' ``Cluster.TLSConfig`` in server/route.go; commit 1787eee0), and without a restart a
+client trusting only the new CA gets in while one trusting only the old CA is refused; a server
+restarted on the new files routes to the reloaded ones again.
 """
 
 from __future__ import annotations
@@ -308,6 +310,17 @@ async def test_a_renewed_certificate_is_reloaded_without_a_restart(tmp_path: Pat
             assert n.proc.poll() is None
             assert int((n.store_dir / "nats.pid").read_text()) == pids[n.name]
             assert route_peers(n.monitor_port) == peers[n.name]
+        # The routes' mutual TLS took the new CA too: a server started afresh on the new files
+        # joins the two reloaded ones again (new route handshakes, both ways).
+        restarted = cluster.nodes[0]
+        restarted.kill()
+        cluster.restart(restarted)
+        for n in cluster.nodes:
+            wait_for(
+                lambda n=n: True if route_peers(n.monitor_port) == peers[n.name] else None,
+                timeout=30,
+                what=f"{n.name} routed to the others over the new certificate",
+            )
         credentials = identity_env(docs)
         settings = ServiceSettings(
             nats={
