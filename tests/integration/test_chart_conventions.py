@@ -92,7 +92,10 @@ def env_of(docs: list[dict[str, Any]], component: str) -> dict[str, str]:
 # --- global.imageRegistry -------------------------------------------------------------------
 
 # Hook Jobs (secretGeneration job) and the helm test pods (tests.enabled, the default) too.
-EVERY_IMAGE = ("--set", "secretGeneration=job,nats.metrics.enabled=true")
+EVERY_IMAGE = (
+    "--set",
+    "secretGeneration=job,nats.metrics.enabled=true,nats.reloader.enabled=true",
+)
 
 
 def test_global_image_registry_replaces_the_registry_of_every_image() -> None:
@@ -105,6 +108,7 @@ def test_global_image_registry_replaces_the_registry_of_every_image() -> None:
     assert kinds >= {"Deployment", "StatefulSet", "Job", "Pod"}, kinds
     assert any(i.startswith("nats:") for i in own.values())
     assert any(i.startswith("natsio/prometheus-nats-exporter:") for i in own.values())
+    assert any(i.startswith("natsio/nats-server-config-reloader:") for i in own.values())
     expected_paths = {
         "ghcr.io/fracpilot/": "fracpilot/",  # a registry host: replaced
         "nats:": "nats:",  # Docker Hub, no host: the path as written

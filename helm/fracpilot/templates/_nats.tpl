@@ -112,14 +112,47 @@ deploy/nats/nats-server.conf uses). */}}
 {{- .Values.nats.tls.existingSecret | default (printf "%s-nats-tls" (include "fracpilot.fullname" .)) -}}
 {{- end -}}
 
+{{/* true when cert-manager issues the built-in NATS's certificate: asked for
+(nats.tls.certManager.enabled), its API served, and no Secret of yours. */}}
+{{- define "fracpilot.natsCertManager" -}}
+{{- $tls := .Values.nats.tls -}}
+{{- if and (include "fracpilot.natsBuiltinTls" .) $tls.certManager.enabled (not $tls.existingSecret) (.Capabilities.APIVersions.Has "cert-manager.io/v1/Certificate") -}}true{{- end -}}
+{{- end -}}
+
+{{/* true when the chart makes the built-in NATS's CA and certificate itself (helm at render
+time, or the release-secrets hook): neither a Secret of yours nor cert-manager. */}}
+{{- define "fracpilot.natsChartMadeTls" -}}
+{{- if and (include "fracpilot.natsBuiltinTls" .) (not .Values.nats.tls.existingSecret) (not (include "fracpilot.natsCertManager" .)) -}}true{{- end -}}
+{{- end -}}
+
 {{/* The Secret the clients read the CA from: the chart's CA-only Secret when it makes the
-certificate (so that reading the CA never gives the server's key), else nats.tls.existingSecret. */}}
+certificate (so that reading the CA never gives the server's key); with cert-manager its
+Secret (the pods mount its ca.crt alone; cert-manager keeps it current on renewal); else
+nats.tls.existingSecret. */}}
 {{- define "fracpilot.natsClientCaSecretName" -}}
-{{- if and (include "fracpilot.natsBuiltinTls" .) (not .Values.nats.tls.existingSecret) -}}
+{{- if include "fracpilot.natsChartMadeTls" . -}}
 {{- printf "%s-nats-ca" (include "fracpilot.fullname" .) -}}
+{{- else if include "fracpilot.natsCertManager" . -}}
+{{- include "fracpilot.natsServerTlsSecretName" . -}}
 {{- else -}}
 {{- .Values.nats.tls.existingSecret -}}
 {{- end -}}
+{{- end -}}
+
+{{/* true when the config reloader sidecar runs beside the built-in server
+(nats.reloader.enabled; auto: when its certificate can change under it). */}}
+{{- define "fracpilot.natsReloader" -}}
+{{- $enabled := .Values.nats.reloader.enabled -}}
+{{- if eq (toString $enabled) "auto" -}}
+{{- if and (include "fracpilot.natsBuiltinTls" .) (or (include "fracpilot.natsCertManager" .) .Values.nats.tls.existingSecret) -}}true{{- end -}}
+{{- else if $enabled -}}true
+{{- end -}}
+{{- end -}}
+
+{{/* The config reloader's image. */}}
+{{- define "fracpilot.natsReloaderImage" -}}
+{{- $image := .Values.nats.reloader.image -}}
+{{- include "fracpilot.imageRef" (list . $image.repository $image.tag $image.digest) -}}
 {{- end -}}
 
 {{/* true when the clients mount a CA (nats-tls volume) and set FRACPILOT_NATS_TLS_CA_FILE. */}}

@@ -287,6 +287,39 @@ def test_the_apiserver_accepts_every_object(
     assert len(docs) >= 15
 
 
+@pytest.mark.usefixtures("crds_installed")
+def test_the_apiserver_accepts_the_nats_certificate_chain(
+    helm: Helm, kube_admin: client.ApiClient, kube_namespace: str
+) -> None:
+    """nats.tls.certManager without an issuerRef (builtin-nats-values.yaml has one): the
+    chart's self-signed Issuer, CA Certificate, CA Issuer, the servers' Certificate and the
+    StatefulSet with its reloader, through cert-manager's CRDs and the apiserver."""
+    dynamic = DynamicClient(kube_admin)
+    docs = helm.template("default", kube_namespace, "--set", "nats.tls.certManager.enabled=true")
+    chain = [
+        d
+        for d in docs
+        if d["kind"] in {"Certificate", "Issuer", "StatefulSet"}
+        and "-nats" in d["metadata"]["name"]
+    ]
+    assert len(chain) == 5
+    for doc in chain:
+        resource = dynamic.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+        try:
+            applied = dynamic.server_side_apply(
+                resource,
+                body=doc,
+                name=doc["metadata"]["name"],
+                namespace=doc["metadata"]["namespace"],
+                field_manager="fracpilot-chart-test",
+                force_conflicts=True,
+                dry_run="All",
+            )
+        except client.ApiException as exc:
+            raise AssertionError(f"{doc['kind']} {doc['metadata']['name']}: {exc.body}") from exc
+        assert applied.spec.to_dict()  # the object as the apiserver would keep it
+
+
 # --- values.schema.json and the chart's own checks ---------------------------------------------
 
 
@@ -670,6 +703,12 @@ def test_pods_are_locked_down(rendered: dict[str, list[dict[str, Any]]]) -> None
                 assert sc["capabilities"]["drop"] == ["ALL"]
                 assert container["resources"]["requests"]["cpu"]
                 assert container["resources"]["requests"]["memory"]
+                if container["name"] == "reloader":
+                    # The NATS config reloader serves nothing (no port, no probe), as in the
+                    # official chart; it only signals the server.
+                    assert "ports" not in container
+                    assert "readinessProbe" not in container
+                    continue
                 path = container["readinessProbe"]["httpGet"]["path"]
                 # the NATS metrics exporter sidecar serves its scrape path only
                 assert (
