@@ -25,9 +25,10 @@ reader (:mod:`fracpilot_actuator.kube.reader`).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -60,6 +61,7 @@ log = logging.getLogger(__name__)
 
 COMPONENT = "fracpilot.io/actuator"
 TEMPLATE_KINDS = ("Deployment", "StatefulSet")  # whose pod template targets_via=template patches
+PRIORITY_CLASS_WAIT_S = 10.0  # how long a new PriorityClass may be unknown to admission
 
 
 def _retry_eviction(exc: BaseException) -> bool:
@@ -322,7 +324,7 @@ class StepExecutor:
                 image=self.settings.placeholder_image,
             )
             try:
-                version = await self.api.create_pod(namespace, body)
+                version = await self._create_placeholder(namespace, body)
                 self._fence(Fence("pods", version))
             except KubeError as exc:
                 if exc.status != 409:  # 409: it is there from an earlier attempt
@@ -337,6 +339,22 @@ class StepExecutor:
                 f"{decision.explanation} (decision {decision.decision_id})",
             )
         return pending
+
+    async def _create_placeholder(self, namespace: str, body: Mapping[str, Any]) -> int | None:
+        """Create a placeholder pod. The apiserver's Priority admission reads PriorityClasses
+        from an informer: right after the class is created it may refuse the pod with 403 "no
+        PriorityClass with name ... was found" for a moment, so that refusal is tried again
+        for up to PRIORITY_CLASS_WAIT_S."""
+        waited = 0.0
+        while True:
+            try:
+                return await self.api.create_pod(namespace, body)
+            except KubeError as exc:
+                lagging = exc.status == 403 and "PriorityClass" in (exc.message or str(exc))
+                if not lagging or waited >= PRIORITY_CLASS_WAIT_S:
+                    raise
+            await asyncio.sleep(0.25)
+            waited += 0.25
 
     async def delete_placeholder(self, namespace: str, name: str) -> None:
         await self.api.delete_pod(namespace, name)
