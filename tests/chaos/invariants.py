@@ -29,7 +29,9 @@ Invariants (each breach counted in :class:`Findings`):
    decision time: its peak memory share over the samples of the last ``memory_window_s``
    (sample time) plus ``max(memory_margin x peak, memory_min_headroom)``, rounded up to the
    grid and capped at ``max_fraction``; every APPLIED result holds its decision's fraction
-   (``floor_breaches``).
+   (``floor_breaches``). For an LLM server that preallocates and reports its KV pool, the
+   memory a sample counts is what docs/sizing.md ("Preallocating LLM servers") says it needs:
+   the memory in use less the pool, plus the pool's share in use (:func:`_needed_share`).
 
 The fifth is derived from the :class:`~fracpilot_libs.contracts.Policy` documentation, not from
 the engine's code, so an engine that lost part of a workload's history breaks it. Readiness
@@ -226,12 +228,24 @@ def _applied_once_per_decision(results: list[ActuationResult], f: Findings) -> N
             f.note(f"decision {decision_id} has {n} APPLIED results")
 
 
+def _needed_share(s: UsageSample) -> float:
+    """The share of the device a sample's pod needs, by the documented rule (not the engine's
+    code): a preallocating server with a known pool (no larger than its memory in use) and a
+    KV usage in 0..1 needs its fixed part plus the used KV; anything else its memory in use."""
+    signals = s.signals
+    pool = signals.kv_pool_bytes if signals is not None else None
+    usage = signals.kv_cache_usage if signals is not None else None
+    if pool is None or usage is None or not 0.0 <= usage <= 1.0 or pool > s.memory_used_bytes:
+        return s.memory_share
+    return (s.memory_used_bytes - pool + pool * usage) / s.memory_total_bytes
+
+
 def _floor(
     decisions: list[FractionDecision], samples: list[UsageSample], policy: Policy, f: Findings
 ) -> None:
     by_workload: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for s in samples:
-        by_workload[s.workload.key].append((s.timestamp.timestamp(), s.memory_share))
+        by_workload[s.workload.key].append((s.timestamp.timestamp(), _needed_share(s)))
     for series in by_workload.values():
         series.sort()
     for d in decisions:
