@@ -8,15 +8,12 @@ admission, and here its queuecontroller), kwok and kube-controller-manager do th
 
 from __future__ import annotations
 
-import contextlib
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.client.exceptions import ApiException
-from kubernetes.utils import parse_quantity
 
 from factories import decision
 from fracpilot_libs.contracts import Outcome, PlanKind, WorkloadRef, utcnow
@@ -28,7 +25,8 @@ from support.fracpilot_on_stack import (
     in_thread,
     kai_deployment,
     kai_pod_body,
-    replacement,
+    queue_allocated,
+    wait_replacement,
     wait_running,
 )
 from support.gpu_stack import DEFAULT_QUEUE, GPU_FRACTION, GpuStack
@@ -36,45 +34,6 @@ from support.gpu_stack import DEFAULT_QUEUE, GPU_FRACTION, GpuStack
 pytestmark = pytest.mark.integration
 
 GPU = "nvidia.com/gpu"
-QUEUES = "scheduling.run.ai/v2"
-
-
-def queue_allocated(stack: GpuStack, name: str, gpus: float) -> bool | None:
-    """True once KAI's queuecontroller wrote ``gpus`` allocated into the Queue's status."""
-    queue = stack.get("Queue", name, api_version=QUEUES)
-    allocated = (queue.get("status") or {}).get("allocated") or {}
-    found = [float(parse_quantity(v)) for k, v in allocated.items() if k.endswith("gpu")]  # type: ignore[no-untyped-call]
-    return True if found == [gpus] else None
-
-
-@pytest.fixture
-def half_gpu_queue(gpu_stack: GpuStack, gpu_namespace: str) -> Iterator[str]:
-    """A leaf queue (under kai-setup.yaml's default-parent-queue) limited to half a GPU, and
-    KAI's controllers that fill its status."""
-    gpu_stack.start_queue_controllers()
-    name = f"q-{gpu_namespace}"
-    unbounded = {"quota": 0, "limit": -1, "overQuotaWeight": 1}
-    try:
-        gpu_stack.create(
-            {
-                "apiVersion": QUEUES,
-                "kind": "Queue",
-                "metadata": {"name": name},
-                "spec": {
-                    "parentQueue": "default-parent-queue",
-                    "resources": {
-                        "cpu": unbounded,
-                        "memory": unbounded,
-                        "gpu": {"quota": 0, "limit": 0.5, "overQuotaWeight": 1},
-                    },
-                },
-            }
-        )
-        yield name
-    finally:
-        gpu_stack.stop_queue_controllers()
-        with contextlib.suppress(ApiException):
-            gpu_stack.dynamic.resources.get(api_version=QUEUES, kind="Queue").delete(name=name)
 
 
 @pytest.mark.timeout(300)
@@ -138,12 +97,7 @@ async def test_a_target_of_a_whole_gpu_ends_with_a_pod_kai_accepts_and_binds(
 
         # The ReplicaSet's new pod, made a whole-GPU pod by fracpilot's webhook, accepted by
         # KAI's, bound by KAI's binder on the one GPU.
-        new = await in_thread(
-            stack.wait,
-            lambda: replacement(stack, ns, "chat", chat["metadata"]["uid"]),
-            "the recreated chat pod Running",
-            120,
-        )
+        new = await wait_replacement(stack, ns, "chat", chat, "the recreated chat pod Running")
         assert new["spec"]["nodeName"] == node
         assert GPU_FRACTION not in new["metadata"]["annotations"]
         assert new["spec"]["containers"][0]["resources"]["limits"][GPU] == "1"

@@ -25,7 +25,7 @@ from support.fracpilot_on_stack import (
     decide,
     in_thread,
     publish,
-    replacement,
+    wait_replacement,
     wait_results,
 )
 from support.gpu_stack import GPU_FRACTION, GpuStack
@@ -78,12 +78,8 @@ async def scale_up(stack: GpuStack, ns: str, nats_url: str, chat: dict[str, Any]
     limits = placeholder["spec"]["containers"][0]["resources"]["limits"]
     assert limits == {"nvidia.com/gpu": "1"}
 
-    new = await in_thread(
-        stack.wait,
-        lambda: replacement(stack, ns, "chat", chat["metadata"]["uid"]),
-        "chat recreated and Running on a node cluster-autoscaler added",
-        300,
-    )
+    what = "chat recreated and Running on a node cluster-autoscaler added"
+    new = await wait_replacement(stack, ns, "chat", chat, what, 300)
     to_running = time.monotonic() - published
     print(f"\nscale-up: decision -> recreated pod Running in {to_running:.1f} s")
 

@@ -29,8 +29,8 @@ from support.fracpilot_on_stack import (
     decide,
     in_thread,
     kai_pod_body,
-    replacement,
     running_pods,
+    wait_replacement,
 )
 from support.gpu_stack import GPU_FRACTION, GpuStack
 
@@ -84,12 +84,7 @@ async def test_with_the_webhook_down_the_results_say_the_replacements_real_fract
 
         made = decide(ns, "chat", chat["metadata"]["name"], 0.5, 0.75)
         evicted, born, correction = await apply(nats_url, made, count=3, timeout=150)
-        new = await in_thread(
-            stack.wait,
-            lambda: replacement(stack, ns, "chat", chat["metadata"]["uid"]),
-            "the recreated chat pod Running",
-            60,
-        )
+        new = await wait_replacement(stack, ns, "chat", chat, "the recreated chat pod Running", 60)
         # Admitted without fracpilot: the template's share, no target annotation.
         assert TARGET_ANNOTATION not in new["metadata"]["annotations"]
 

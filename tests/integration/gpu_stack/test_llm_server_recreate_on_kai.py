@@ -25,7 +25,7 @@ from support.fracpilot_on_stack import (
     gpu_portions,
     in_thread,
     kai_deployment,
-    replacement,
+    wait_replacement,
     wait_running,
 )
 from support.gpu_stack import GPU_FRACTION, GpuStack
@@ -90,12 +90,7 @@ async def test_a_vllm_downsize_is_a_recreate_whose_pod_comes_back_with_the_rewri
             Outcome.APPLIED,
         ), verified
 
-        new = await in_thread(
-            stack.wait,
-            lambda: replacement(stack, ns, "chat", chat["metadata"]["uid"]),
-            "the recreated vLLM pod Running",
-            120,
-        )
+        new = await wait_replacement(stack, ns, "chat", chat, "the recreated vLLM pod Running")
         # Recreated, not patched in place: a new pod, the old one gone.
         assert new["metadata"]["name"] != chat["metadata"]["name"]
         assert new["metadata"]["annotations"][GPU_FRACTION] == "0.25"
