@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import time
 import uuid
@@ -164,6 +165,26 @@ async def actuator_on_stack(
 
 
 # --- workloads as users write them ---------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class KaiScenario:
+    """What a scenario of fracpilot on the real KAI stack starts from (the ``kai`` fixture):
+    the stack, the test's namespace, NATS, the actuator's working directory and a way to add
+    kwok GPU nodes."""
+
+    stack: GpuStack
+    ns: str
+    nats_url: str
+    workdir: Path
+    make_gpu_node: Callable[[int], str]
+
+    async def add_gpu_node(self, gpus: int = 1) -> str:
+        return await in_thread(self.make_gpu_node, gpus)
+
+    def actuator(self, **changes: Any) -> contextlib.AbstractAsyncContextManager[ActuatorService]:
+        """:func:`actuator_on_stack` for the scenario's namespace."""
+        return actuator_on_stack(self.stack, self.nats_url, self.ns, self.workdir, **changes)
 
 
 def kai_pod_body(name: str, fraction: str, queue: str = DEFAULT_QUEUE) -> dict[str, Any]:
@@ -315,6 +336,12 @@ def queue_allocated(stack: GpuStack, name: str, gpus: float) -> bool | None:
     gpu = [v for k, v in allocated.items() if k.endswith("gpu")]
     found = [float(parse_quantity(v)) for v in gpu]  # type: ignore[no-untyped-call]
     return True if found == [gpus] else None
+
+
+async def wait_queue_allocated(stack: GpuStack, name: str, gpus: float) -> None:
+    """Until KAI's queuecontroller has written ``gpus`` allocated into Queue ``name``'s status."""
+    what = f"queue {name} status allocated {gpus:g} GPU"
+    await in_thread(stack.wait, lambda: queue_allocated(stack, name, gpus), what, 60)
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ import pytest
 from kubernetes import client
 
 from k8s_control_plane import ControlPlane
-from support.fracpilot_on_stack import limited_queue
+from support.fracpilot_on_stack import KaiScenario, limited_queue
 from support.gpu_stack import GoMissingError, GpuStack, GpuStackError, ensure_gpu_stack_testbin
 
 _BIN = pytest.StashKey[Path]()
@@ -108,3 +108,15 @@ def half_gpu_queue(gpu_stack: GpuStack, gpu_namespace: str) -> Iterator[str]:
     test."""
     with limited_queue(gpu_stack, f"q-{gpu_namespace}", gpu_limit=0.5) as name:
         yield name
+
+
+@pytest.fixture
+def kai(
+    gpu_stack: GpuStack,
+    gpu_namespace: str,
+    make_gpu_node: Callable[[int], str],
+    nats_url: str,
+    tmp_path: Path,
+) -> KaiScenario:
+    """A scenario of fracpilot's actuator on the stack (tests/support/fracpilot_on_stack.py)."""
+    return KaiScenario(gpu_stack, gpu_namespace, nats_url, tmp_path, make_gpu_node)

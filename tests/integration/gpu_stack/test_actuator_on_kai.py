@@ -10,15 +10,12 @@ Blocking calls go through ``in_thread``: the webhook is served from the test's e
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
-
 import pytest
 
 from fracpilot_actuator.admission import TARGET_ANNOTATION
 from fracpilot_libs.contracts import Outcome, PlanKind
 from support.fracpilot_on_stack import (
-    actuator_on_stack,
+    KaiScenario,
     allocation_of,
     apply,
     chat_and_other_sharing_a_gpu,
@@ -28,8 +25,8 @@ from support.fracpilot_on_stack import (
     kai_deployment,
     kai_pod_body,
     pdb,
-    queue_allocated,
     unschedulable,
+    wait_queue_allocated,
     wait_replacement,
     wait_running,
 )
@@ -40,15 +37,11 @@ pytestmark = pytest.mark.integration
 
 @pytest.mark.timeout(300)
 async def test_a_downsize_in_place_frees_a_share_that_kai_gives_to_a_pending_pod(
-    gpu_stack: GpuStack,
-    gpu_namespace: str,
-    make_gpu_node: Callable[[int], str],
-    nats_url: str,
-    tmp_path: Path,
+    kai: KaiScenario,
 ) -> None:
-    stack, ns = gpu_stack, gpu_namespace
-    node = await in_thread(make_gpu_node, 1)  # one GPU: the freed share is the only room
-    async with actuator_on_stack(stack, nats_url, ns, tmp_path):
+    stack, ns, nats_url = kai.stack, kai.ns, kai.nats_url
+    node = await kai.add_gpu_node()  # one GPU: the freed share is the only room
+    async with kai.actuator():
         chat, other = await chat_and_other_sharing_a_gpu(stack, ns)
         group = chat["metadata"]["labels"][GPU_GROUP]
         assert other["metadata"]["labels"][GPU_GROUP] == group
@@ -84,18 +77,14 @@ def disruptions_allowed(stack: GpuStack, ns: str, name: str, allowed: int) -> bo
 
 @pytest.mark.timeout(300)
 async def test_an_upsize_that_does_not_fit_is_evicted_within_the_pdb_and_recreated_elsewhere(
-    gpu_stack: GpuStack,
-    gpu_namespace: str,
-    make_gpu_node: Callable[[int], str],
-    nats_url: str,
-    tmp_path: Path,
+    kai: KaiScenario,
 ) -> None:
-    stack, ns = gpu_stack, gpu_namespace
-    full = await in_thread(make_gpu_node, 1)
-    async with actuator_on_stack(stack, nats_url, ns, tmp_path):
+    stack, ns, nats_url = kai.stack, kai.ns, kai.nats_url
+    full = await kai.add_gpu_node()
+    async with kai.actuator():
         chat, _ = await chat_and_other_sharing_a_gpu(stack, ns)
         assert chat["spec"]["nodeName"] == full
-        spare = await in_thread(make_gpu_node, 1)  # empty: where 0.75 fits
+        spare = await kai.add_gpu_node()  # empty: where 0.75 fits
         await in_thread(stack.create, pdb("chat", max_unavailable=0), ns)
         await in_thread(
             stack.wait, lambda: disruptions_allowed(stack, ns, "chat", 0), "PDB status", 30
@@ -140,25 +129,15 @@ async def test_an_upsize_that_does_not_fit_is_evicted_within_the_pdb_and_recreat
 
 @pytest.mark.timeout(300)
 async def test_no_upsize_in_place_takes_a_kai_queue_past_its_limit(
-    gpu_stack: GpuStack,
-    gpu_namespace: str,
-    make_gpu_node: Callable[[int], str],
-    half_gpu_queue: str,
-    nats_url: str,
-    tmp_path: Path,
+    kai: KaiScenario, half_gpu_queue: str
 ) -> None:
-    stack, ns = gpu_stack, gpu_namespace
-    node = await in_thread(make_gpu_node, 1)
-    async with actuator_on_stack(stack, nats_url, ns, tmp_path):
+    stack, ns, nats_url = kai.stack, kai.ns, kai.nats_url
+    node = await kai.add_gpu_node()
+    async with kai.actuator():
         await in_thread(stack.create, kai_deployment("chat", "0.5", queue=half_gpu_queue), ns)
         [chat] = await in_thread(wait_running, stack, ns, "chat")
         assert chat["spec"]["nodeName"] == node
-        await in_thread(
-            stack.wait,
-            lambda: queue_allocated(stack, half_gpu_queue, 0.5),
-            "queue status allocated 0.5 GPU",
-            60,
-        )
+        await wait_queue_allocated(stack, half_gpu_queue, 0.5)
 
         # 0.75 fits on the GPU (alone on it), but not in the queue: KAI would not notice.
         made = decide(ns, "chat", chat["metadata"]["name"], 0.5, 0.75)

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from fracpilot_libs.contracts import Outcome, PlanKind
 from support.fracpilot_on_stack import (
-    actuator_on_stack,
+    KaiScenario,
     chat_and_other_sharing_a_gpu,
     decide,
     in_thread,
@@ -51,15 +50,11 @@ async def autoscaling(stack: GpuStack) -> AsyncIterator[None]:
 
 @pytest.mark.timeout(420)
 async def test_an_upsize_that_fits_nowhere_gets_a_node_from_the_autoscaler(
-    gpu_stack: GpuStack,
-    gpu_namespace: str,
-    make_gpu_node: Callable[[int], str],
-    nats_url: str,
-    tmp_path: Path,
+    kai: KaiScenario,
 ) -> None:
-    stack, ns = gpu_stack, gpu_namespace
-    full = await in_thread(make_gpu_node, 1)
-    async with actuator_on_stack(stack, nats_url, ns, tmp_path):
+    stack, ns, nats_url = kai.stack, kai.ns, kai.nats_url
+    full = await kai.add_gpu_node()
+    async with kai.actuator():
         chat, _ = await chat_and_other_sharing_a_gpu(stack, ns)
         assert chat["spec"]["nodeName"] == full
         async with autoscaling(stack):
