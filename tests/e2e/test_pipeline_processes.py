@@ -15,7 +15,6 @@ identity may lack a permission on the way (the server logs each violation).
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -25,48 +24,11 @@ from fracpilot_cli.demo import DemoConfig
 from fracpilot_cli.processes import ServiceProcess
 from fracpilot_libs.contracts import ActuationResult, Allocation, FractionDecision, Outcome
 from fracpilot_libs.nats import subjects
-from fracpilot_libs.nats.decision_backlog import decision_backlog
-from helpers import NatsAccess, connect, read_stream, read_usage
+from helpers import connect, read_stream, read_usage
 from support.nats_auth import SecuredNats, chart_tls_files
+from support.pipeline_idle import wait_pipeline_idle
 
 pytestmark = pytest.mark.e2e
-
-
-async def consumer_caught_up(url: NatsAccess, stream: str, durable: str) -> bool:
-    nc = await connect(url)
-    js = nc.jetstream()
-    try:
-        info = await js.consumer_info(stream, durable)
-        last = (await js.stream_info(stream)).state.last_seq
-    finally:
-        await nc.close()
-    return info.num_pending == 0 and info.num_ack_pending == 0 and info.ack_floor.stream_seq == last
-
-
-async def decision_caught_up(url: NatsAccess) -> bool:
-    """Every usage partition's consumer has acknowledged (checkpointed) every sample."""
-    nc = await connect(url)
-    try:
-        backlog = await decision_backlog(nc.jetstream())
-    finally:
-        await nc.close()
-    return backlog is not None and backlog.caught_up
-
-
-async def wait_decision_caught_up(url: NatsAccess, within_s: float = 60) -> None:
-    deadline = time.monotonic() + within_s
-    while not await decision_caught_up(url):
-        if time.monotonic() > deadline:
-            raise TimeoutError("the decision replicas did not catch up on the usage stream")
-        await asyncio.sleep(0.2)
-
-
-async def wait_caught_up(url: NatsAccess, stream: str, durable: str, within_s: float = 60) -> None:
-    deadline = time.monotonic() + within_s
-    while not await consumer_caught_up(url, stream, durable):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{durable} did not catch up on {stream}")
-        await asyncio.sleep(0.2)
 
 
 async def test_load_becomes_actions_and_a_decision_restart_loses_nothing(tmp_path: Path) -> None:
@@ -88,8 +50,7 @@ async def test_load_becomes_actions_and_a_decision_restart_loses_nothing(tmp_pat
         await asyncio.sleep(2.0)  # ingest keeps publishing while decision is down
         procs["decision"].start().wait_for_log("service ready", timeout_s=60)
         procs["ingest"].wait_for_log("simulation finished", timeout_s=120)
-        await wait_decision_caught_up(nats_url)
-        await wait_caught_up(nats_url, subjects.DECISION_STREAM, subjects.ACTUATOR_CONSUMER)
+        await wait_pipeline_idle(nats_url, within_s=120)
 
         samples = await read_usage(nats_url)
         decisions = [
@@ -107,7 +68,7 @@ async def test_load_becomes_actions_and_a_decision_restart_loses_nothing(tmp_pat
         nc = await connect(bus.settings("decision"))
         await nc.jetstream().publish(subjects.decision_subject(again.workload), again.to_json())
         await nc.close()
-        await wait_caught_up(nats_url, subjects.DECISION_STREAM, subjects.ACTUATOR_CONSUMER)
+        await wait_pipeline_idle(nats_url)
         results_after = await read_stream(nats_url, subjects.ACTUATION_STREAM)
         assert procs["actuator"].log_contains("decision already handled")
 

@@ -16,7 +16,6 @@ expression must also run in that Prometheus and return data.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import time
 from collections.abc import Iterator
@@ -32,10 +31,11 @@ from fracpilot_libs.contracts import ActuationResult, Outcome, WorkloadRef
 from fracpilot_libs.nats import subjects
 from helpers import read_stream
 from support.compose_stack import OUR_SERVICES, ComposeStack, scrape
+from support.grafana_dashboard import dashboard, with_variables
+from support.grafana_dashboard import panel as dashboard_panel
 from support.prometheus_server import PrometheusError
 
 ROOT = Path(__file__).resolve().parents[2]
-DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "fracpilot.json"
 PROVISIONING = ROOT / "deploy" / "grafana" / "provisioning"
 
 # Counters that count only faults: the stack runs without any, so these are declared (HELP and
@@ -48,19 +48,6 @@ KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "boo
 KEYWORDS |= {"and", "or", "unless", "inf", "nan"}
 DATASOURCE = "${datasource}"
 COUNTER_SERIES = re.compile(r"_(total|bucket|sum|count)$")
-GRAFANA_VARIABLES = {
-    "__rate_interval": "1m",
-    "__interval": "15s",
-    "__range": "5m",
-    "cluster": ".*",  # All: matches series without the label too (a single Prometheus)
-    "namespace": ".*",
-    "workload": ".*",
-}
-
-
-def dashboard() -> dict[str, Any]:
-    loaded: dict[str, Any] = json.loads(DASHBOARD.read_text())
-    return loaded
 
 
 def expressions(board: dict[str, Any]) -> list[str]:
@@ -105,14 +92,6 @@ def metric_names(expr: str) -> set[str]:
             continue
         names.add(word)
     return names
-
-
-def with_variables(expr: str) -> str:
-    def one(match: re.Match[str]) -> str:
-        name = match.group(1) or match.group(2)
-        return GRAFANA_VARIABLES[name]
-
-    return re.sub(r"\$\{(\w+)\}|\$(\w+)", one, expr)
 
 
 # --- the dashboard's JSON --------------------------------------------------------------------
@@ -242,8 +221,8 @@ def test_the_dashboard_shows_what_the_issue_asks_for() -> None:
 
 
 def test_held_recommended_and_used_share_one_panel() -> None:
-    (panel,) = [p for p in dashboard()["panels"] if p["title"].startswith("Held vs recommended")]
-    names = set().union(*(metric_names(t["expr"]) for t in panel["targets"]))
+    held = dashboard_panel("Held vs recommended")
+    names = set().union(*(metric_names(t["expr"]) for t in held["targets"]))
     assert names == {
         "fracpilot_workload_allocated_ratio",
         "fracpilot_workload_recommended_ratio",

@@ -12,7 +12,7 @@ import nats
 import pytest
 
 from factories import sample
-from fracpilot_decision.forecasts import keep_jump, keep_profile
+from fracpilot_decision.forecasts import keep_jump
 from fracpilot_decision.service import DecisionService
 from fracpilot_decision.settings import DecisionSettings
 from fracpilot_libs.contracts import DeadLetter, Policy, UsageBatchHeader, UsageSample
@@ -71,7 +71,7 @@ def expected_order(messages: list[Payload]) -> list[UsageSample]:
 
 def engine_histories(samples: list[UsageSample]) -> dict[str, WorkloadState]:
     """The states the engine makes of ``samples``, with what the service keeps beside them
-    (the jump statistic and the peak profile: forecasts.py)."""
+    (the jump statistic: forecasts.py)."""
     states: dict[str, WorkloadState] = {}
     policy = Policy()
     for s in samples:
@@ -79,8 +79,7 @@ def engine_histories(samples: list[UsageSample]) -> dict[str, WorkloadState]:
         before = states.get(key)
         new, _ = decide(before or WorkloadState(), s, policy)
         now = s.timestamp.timestamp()
-        new = keep_jump(before, new, s.memory_share, now, policy)
-        states[key] = keep_profile(before, new, s.memory_share, now, policy)
+        states[key] = keep_jump(before, new, s.memory_share, now, policy)
     return states
 
 

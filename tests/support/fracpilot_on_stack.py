@@ -17,15 +17,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import nats
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from kubernetes.utils import parse_quantity
 
 from factories import decision
 from fracpilot_actuator.admission import webhook_configuration
@@ -53,6 +56,7 @@ from support.gpu_stack import (
 
 CLUSTER = "test"
 OPT_IN = {"fracpilot.io/mode": "auto"}
+QUEUES = "scheduling.run.ai/v2"  # KAI's Queue apiVersion
 T = TypeVar("T")
 
 
@@ -163,6 +167,26 @@ async def actuator_on_stack(
 # --- workloads as users write them ---------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class KaiScenario:
+    """What a scenario of fracpilot on the real KAI stack starts from (the ``kai`` fixture):
+    the stack, the test's namespace, NATS, the actuator's working directory and a way to add
+    kwok GPU nodes."""
+
+    stack: GpuStack
+    ns: str
+    nats_url: str
+    workdir: Path
+    make_gpu_node: Callable[[int], str]
+
+    async def add_gpu_node(self, gpus: int = 1) -> str:
+        return await in_thread(self.make_gpu_node, gpus)
+
+    def actuator(self, **changes: Any) -> contextlib.AbstractAsyncContextManager[ActuatorService]:
+        """:func:`actuator_on_stack` for the scenario's namespace."""
+        return actuator_on_stack(self.stack, self.nats_url, self.ns, self.workdir, **changes)
+
+
 def kai_pod_body(name: str, fraction: str, queue: str = DEFAULT_QUEUE) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
@@ -251,6 +275,17 @@ def replacement(stack: GpuStack, namespace: str, app: str, old_uid: str) -> dict
     return pods[0] if pods else None
 
 
+async def wait_replacement(
+    stack: GpuStack, namespace: str, app: str, old: dict[str, Any], what: str, timeout: float = 120
+) -> dict[str, Any]:
+    """The pod of ``app`` that replaced ``old``, once Running (``what`` names it in a timeout)."""
+    uid = old["metadata"]["uid"]
+    new: dict[str, Any] = await in_thread(
+        stack.wait, lambda: replacement(stack, namespace, app, uid), what, timeout
+    )
+    return new
+
+
 async def chat_and_other_sharing_a_gpu(
     stack: GpuStack, namespace: str
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -264,7 +299,8 @@ async def chat_and_other_sharing_a_gpu(
 
 
 def gpu_portions(stack: GpuStack, pod: dict[str, Any]) -> list[str]:
-    """GPU_PORTION in the ConfigMaps KAI's binder made for ``pod`` (owned by it)."""
+    """GPU_PORTION in the ConfigMaps KAI's binder made for ``pod`` (owned by it; the other one,
+    ``<name>-evar``, holds no GPU_PORTION)."""
     uid = pod["metadata"]["uid"]
     return [
         cm["data"][GPU_PORTION]
@@ -272,6 +308,54 @@ def gpu_portions(stack: GpuStack, pod: dict[str, Any]) -> list[str]:
         if any(ref["uid"] == uid for ref in cm["metadata"].get("ownerReferences") or [])
         and GPU_PORTION in (cm.get("data") or {})
     ]
+
+
+def kai_queue(name: str, gpu_limit: float) -> dict[str, Any]:
+    """A leaf queue under scripts/gpu-stack/manifests/kai-setup.yaml's default-parent-queue,
+    limited to ``gpu_limit`` GPUs."""
+    unbounded = {"quota": 0, "limit": -1, "overQuotaWeight": 1}
+    return {
+        "apiVersion": QUEUES,
+        "kind": "Queue",
+        "metadata": {"name": name},
+        "spec": {
+            "parentQueue": "default-parent-queue",
+            "resources": {
+                "cpu": unbounded,
+                "memory": unbounded,
+                "gpu": {"quota": 0, "limit": gpu_limit, "overQuotaWeight": 1},
+            },
+        },
+    }
+
+
+def queue_allocated(stack: GpuStack, name: str, gpus: float) -> bool | None:
+    """True once KAI's queuecontroller wrote ``gpus`` allocated into the Queue's status."""
+    queue = stack.get("Queue", name, api_version=QUEUES)
+    allocated = (queue.get("status") or {}).get("allocated") or {}
+    gpu = [v for k, v in allocated.items() if k.endswith("gpu")]
+    found = [float(parse_quantity(v)) for v in gpu]  # type: ignore[no-untyped-call]
+    return True if found == [gpus] else None
+
+
+async def wait_queue_allocated(stack: GpuStack, name: str, gpus: float) -> None:
+    """Until KAI's queuecontroller has written ``gpus`` allocated into Queue ``name``'s status."""
+    what = f"queue {name} status allocated {gpus:g} GPU"
+    await in_thread(stack.wait, lambda: queue_allocated(stack, name, gpus), what, 60)
+
+
+@contextlib.contextmanager
+def limited_queue(stack: GpuStack, name: str, gpu_limit: float) -> Iterator[str]:
+    """Queue ``name`` (:func:`kai_queue`) and KAI's controllers that fill its status, for the
+    block: the queue is deleted and the controllers stopped after it."""
+    stack.start_queue_controllers()
+    try:
+        stack.create(kai_queue(name, gpu_limit))
+        yield name
+    finally:
+        stack.stop_queue_controllers()
+        with contextlib.suppress(ApiException):
+            stack.dynamic.resources.get(api_version=QUEUES, kind="Queue").delete(name=name)
 
 
 def unschedulable(stack: GpuStack, namespace: str, name: str) -> dict[str, Any] | None:

@@ -1,6 +1,7 @@
 """The Grafana dashboard (deploy/grafana/dashboards/fracpilot.json) as a test reads it: its
 panels by title, and a panel's PromQL with Grafana's template variables filled in as the
-dashboard's "All" would (the same values as tests/integration/test_dashboard_metrics.py)."""
+dashboard's "All" would (tests/integration/test_dashboard_metrics.py runs every expression so in
+Prometheus; tests/e2e/test_recommend_only_metrics.py reads panels' figures)."""
 
 from __future__ import annotations
 

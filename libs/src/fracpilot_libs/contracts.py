@@ -2,12 +2,14 @@
 
 Each model is frozen, forbids unknown fields and carries a ``schema_version`` so that a
 consumer can refuse a payload it does not understand instead of guessing. JSON on the wire.
-The subjects these models travel on live in :mod:`fracpilot_libs.nats.subjects`.
+The subjects these models travel on live in :mod:`fracpilot_libs.nats.subjects`. The base
+types (:mod:`fracpilot_libs.contracts_base`), the usage batch's header
+(:mod:`fracpilot_libs.contracts_usage_batch`) and consolidation's messages
+(:mod:`fracpilot_libs.contracts_consolidation`) live in modules of their own, re-exported here.
 """
 
 from __future__ import annotations
 
-import math
 from datetime import UTC, datetime
 from enum import StrEnum
 from itertools import pairwise
@@ -23,54 +25,32 @@ from pydantic import (
     model_validator,
 )
 
-SCHEMA_VERSION: Literal[1] = 1
+# Re-exported (``X as X``): importers keep importing them from here.
+from fracpilot_libs.contracts_base import SCHEMA_VERSION as SCHEMA_VERSION
+from fracpilot_libs.contracts_base import Bytes as Bytes
+from fracpilot_libs.contracts_base import FiniteFloat as FiniteFloat
+from fracpilot_libs.contracts_base import Fraction as Fraction
+from fracpilot_libs.contracts_base import Share as Share
+from fracpilot_libs.contracts_base import UtcDatetime as UtcDatetime
+from fracpilot_libs.contracts_base import WireModel as WireModel
+from fracpilot_libs.contracts_base import WorkloadRef as WorkloadRef
+from fracpilot_libs.contracts_base import must_be_finite
+from fracpilot_libs.contracts_consolidation import (
+    CONSOLIDATION_MOVES_KEPT as CONSOLIDATION_MOVES_KEPT,
+)
+from fracpilot_libs.contracts_consolidation import (
+    CONSOLIDATION_REFUSALS_KEPT as CONSOLIDATION_REFUSALS_KEPT,
+)
+from fracpilot_libs.contracts_consolidation import ConsolidationMode as ConsolidationMode
+from fracpilot_libs.contracts_consolidation import ConsolidationMove as ConsolidationMove
+from fracpilot_libs.contracts_consolidation import ConsolidationRefusal as ConsolidationRefusal
+from fracpilot_libs.contracts_consolidation import ConsolidationReport as ConsolidationReport
+from fracpilot_libs.contracts_consolidation import MoveState as MoveState
+from fracpilot_libs.contracts_consolidation import PlannedMove as PlannedMove
+from fracpilot_libs.contracts_usage_batch import USAGE_BATCH_FORMAT as USAGE_BATCH_FORMAT
+from fracpilot_libs.contracts_usage_batch import UsageBatchHeader as UsageBatchHeader
+
 MIB = 1024 * 1024
-
-
-def _finite(value: float) -> float:
-    if not math.isfinite(value):
-        raise ValueError("must be a finite number (NaN and infinity are rejected)")
-    return value
-
-
-def _aware_utc(value: datetime) -> datetime:
-    if value.tzinfo is None:
-        raise ValueError("timestamp must carry a timezone (UTC)")
-    return value.astimezone(UTC)
-
-
-FiniteFloat = Annotated[float, AfterValidator(_finite)]
-Share = Annotated[float, Field(ge=0.0, le=1.0), AfterValidator(_finite)]
-Fraction = Annotated[float, Field(gt=0.0, le=1.0), AfterValidator(_finite)]
-UtcDatetime = Annotated[datetime, AfterValidator(_aware_utc)]
-Bytes = Annotated[int, Field(ge=0)]
-
-
-class WireModel(BaseModel):
-    """Base of every message: immutable, strict about unknown fields, JSON on the wire."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
-    def to_json(self) -> bytes:
-        return self.model_dump_json().encode()
-
-
-class WorkloadRef(WireModel):
-    """The owner a pod belongs to: decisions are per workload, not per pod."""
-
-    cluster: str = Field(default="default", min_length=1, max_length=253)
-    namespace: str = Field(min_length=1, max_length=63)
-    owner_kind: str = Field(default="Deployment", min_length=1, max_length=63)
-    owner_name: str = Field(min_length=1, max_length=253)
-
-    @property
-    def key(self) -> str:
-        """Stable identity: ``cluster/namespace/kind/name``."""
-        return f"{self.cluster}/{self.namespace}/{self.owner_kind}/{self.owner_name}"
-
-    @property
-    def display(self) -> str:
-        return f"{self.namespace}/{self.owner_name}"
 
 
 class Attribution(StrEnum):
@@ -130,24 +110,6 @@ class UsageSample(WireModel):
     @property
     def memory_share(self) -> float:
         return self.memory_used_bytes / self.memory_total_bytes
-
-
-USAGE_BATCH_FORMAT: Literal[1] = 1
-
-
-class UsageBatchHeader(WireModel):
-    """The first line of a usage batch: the samples of one partition from one scrape instant,
-    one ``UsageSample`` JSON per line after it (:mod:`fracpilot_libs.nats.usage_batch`)."""
-
-    batch_format: Literal[1] = Field(
-        default=USAGE_BATCH_FORMAT, description="the batch wire format's version"
-    )
-    batch_id: str = Field(
-        min_length=1, max_length=200, description="also the message's Nats-Msg-Id"
-    )
-    partition: int = Field(ge=0, description="the usage partition the samples belong to")
-    partitions: int = Field(ge=1, description="the partition count the publisher grouped by")
-    samples: int = Field(ge=0, description="how many sample lines follow")
 
 
 class Direction(StrEnum):
@@ -416,16 +378,16 @@ class MemoryHeadroom(BaseModel):
         "workload; learned: per workload, factor x its largest jump above its own peak over "
         "memory_window_s so far, within [floor, cap], raised at once by an overrun",
     )
-    factor: Annotated[float, Field(ge=1.0, le=8.0), AfterValidator(_finite)] = Field(
+    factor: Annotated[float, Field(ge=1.0, le=8.0), AfterValidator(must_be_finite)] = Field(
         default=1.5, description="learned: safety factor on the largest jump seen (1.5)"
     )
-    floor: Annotated[float, Field(gt=0.0, le=0.2), AfterValidator(_finite)] = Field(
+    floor: Annotated[float, Field(gt=0.0, le=0.2), AfterValidator(must_be_finite)] = Field(
         default=0.03, description="learned: least headroom, share of the device (0.03)"
     )
-    cap: Annotated[float, Field(ge=0.2, le=1.0), AfterValidator(_finite)] = Field(
+    cap: Annotated[float, Field(ge=0.2, le=1.0), AfterValidator(must_be_finite)] = Field(
         default=0.25, description="learned: most headroom, share of the device (0.25)"
     )
-    warmup: Annotated[float, Field(ge=0.0), AfterValidator(_finite)] = Field(
+    warmup: Annotated[float, Field(ge=0.0), AfterValidator(must_be_finite)] = Field(
         default=2 * 3600.0,
         description="learned: seconds of history before the learned headroom replaces the "
         "uniform one (7200)",
@@ -676,88 +638,3 @@ class WorkloadTarget(WireModel):
     backend: GpuSharing
     decision_id: str = Field(min_length=1, max_length=200)
     updated_at: UtcDatetime
-
-
-# --- consolidation (the actuator's, on subjects.CONSOLIDATION_STREAM) ------------------------
-
-CONSOLIDATION_MOVES_KEPT = 200  # planned moves a report lists (the counts are of them all)
-CONSOLIDATION_REFUSALS_KEPT = 20  # refused candidates a report names
-
-
-class ConsolidationMode(StrEnum):
-    """The actuator's consolidation mode (``FRACPILOT_CONSOLIDATION_MODE``; off publishes
-    nothing)."""
-
-    RECOMMEND = "recommend"  # plans and reports, moves nothing
-    AUTO = "auto"  # empties the plan's nodes, one pod at a time
-
-
-class PlannedMove(WireModel):
-    """One step of a consolidation plan: the pod, where it is, where the scheduler is predicted
-    to put it, and what the step frees."""
-
-    pod: str = Field(min_length=1, max_length=317)  # namespace/name
-    workload: WorkloadRef
-    kind: Literal["move", "shrink"] = "move"  # shrink: in place on the target card, first
-    fraction: Fraction  # what it holds after the step
-    from_node: str = Field(default="", max_length=253)
-    from_gpu: str = Field(default="", max_length=128)
-    to_node: str = Field(default="", max_length=253)
-    to_gpu: str = Field(default="", max_length=128)
-    frees: Literal["node", "gpu"] = "node"  # what the step is for
-    frees_name: str = Field(default="", max_length=253)  # that node's name or that card's uuid
-
-
-class ConsolidationRefusal(WireModel):
-    """A candidate the plan leaves, and why (a PDB, an opt-out, no room ...)."""
-
-    candidate: Literal["node", "gpu"]
-    name: str = Field(max_length=253)
-    reason: str = Field(max_length=1000)
-
-
-class ConsolidationReport(WireModel):
-    """The actuator's consolidation plan as it stands: what it would free and the moves that
-    would do it. Published when the summary changes (not every round); the latest is what
-    ``fracpilot status`` shows."""
-
-    schema_version: Literal[1] = SCHEMA_VERSION
-    cluster: str = Field(min_length=1, max_length=253)
-    mode: ConsolidationMode
-    would_free_gpus: Annotated[int, Field(ge=0)]  # cards in use before minus after
-    would_free_nodes: Annotated[int, Field(ge=0)]
-    gpus_on_freed_nodes: Annotated[int, Field(ge=0)] = 0  # what the autoscaler gives back
-    freed_nodes: tuple[str, ...] = Field(default=(), max_length=1000)  # the nodes it would empty
-    move_count: Annotated[int, Field(ge=0)] = 0  # every move of the plan
-    moves: tuple[PlannedMove, ...] = Field(default=(), max_length=CONSOLIDATION_MOVES_KEPT)
-    refused_count: Annotated[int, Field(ge=0)] = 0
-    refused: tuple[ConsolidationRefusal, ...] = Field(
-        default=(), max_length=CONSOLIDATION_REFUSALS_KEPT
-    )
-    node: str = Field(default="", max_length=253)  # auto: the node being emptied ("" none)
-    reported_at: UtcDatetime
-
-
-class MoveState(StrEnum):
-    STARTED = "started"  # the pod was evicted; its replacement is awaited
-    VERIFIED = "verified"  # the replacement is bound, where the result says
-    FAILED = "failed"  # the eviction failed, or the replacement was not bound in time
-    ABANDONED = "abandoned"  # the node's plan was given up (the mark came off)
-    FREED = "freed"  # the node holds no GPU pod any more: the autoscaler may remove it
-
-
-class ConsolidationMove(WireModel):
-    """What consolidation did in auto mode: a move's start and result, a node's plan given up,
-    or a node freed (``freed_node``, ``freed_gpus``; no pod)."""
-
-    schema_version: Literal[1] = SCHEMA_VERSION
-    cluster: str = Field(min_length=1, max_length=253)
-    state: MoveState
-    node: str = Field(min_length=1, max_length=253)  # the node being emptied
-    move: PlannedMove | None = None  # the planned step (None: about the node only)
-    new_pod: str = Field(default="", max_length=253)  # verified: the replacement
-    to_node: str = Field(default="", max_length=253)  # verified: where it was bound
-    freed_node: str = Field(default="", max_length=253)  # freed: the node given back
-    freed_gpus: Annotated[int, Field(ge=0)] = 0  # freed: the GPUs on it
-    detail: str = Field(default="", max_length=4000)
-    at: UtcDatetime

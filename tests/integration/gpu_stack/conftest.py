@@ -20,6 +20,7 @@ import pytest
 from kubernetes import client
 
 from k8s_control_plane import ControlPlane
+from support.fracpilot_on_stack import KaiScenario, limited_queue
 from support.gpu_stack import GoMissingError, GpuStack, GpuStackError, ensure_gpu_stack_testbin
 
 _BIN = pytest.StashKey[Path]()
@@ -99,3 +100,23 @@ def autoscaler(gpu_stack: GpuStack) -> Iterator[GpuStack]:
         yield gpu_stack
     finally:
         gpu_stack.stop_autoscaler()
+
+
+@pytest.fixture
+def half_gpu_queue(gpu_stack: GpuStack, gpu_namespace: str) -> Iterator[str]:
+    """A KAI queue limited to half a GPU, and KAI's controllers that fill its status, for one
+    test."""
+    with limited_queue(gpu_stack, f"q-{gpu_namespace}", gpu_limit=0.5) as name:
+        yield name
+
+
+@pytest.fixture
+def kai(
+    gpu_stack: GpuStack,
+    gpu_namespace: str,
+    make_gpu_node: Callable[[int], str],
+    nats_url: str,
+    tmp_path: Path,
+) -> KaiScenario:
+    """A scenario of fracpilot's actuator on the stack (tests/support/fracpilot_on_stack.py)."""
+    return KaiScenario(gpu_stack, gpu_namespace, nats_url, tmp_path, make_gpu_node)

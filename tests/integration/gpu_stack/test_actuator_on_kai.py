@@ -10,58 +10,38 @@ Blocking calls go through ``in_thread``: the webhook is served from the test's e
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
-
 import pytest
-from kubernetes.client.exceptions import ApiException
-from kubernetes.utils import parse_quantity
 
 from fracpilot_actuator.admission import TARGET_ANNOTATION
 from fracpilot_libs.contracts import Outcome, PlanKind
 from support.fracpilot_on_stack import (
-    actuator_on_stack,
+    KaiScenario,
     allocation_of,
     apply,
     chat_and_other_sharing_a_gpu,
     decide,
+    gpu_portions,
     in_thread,
     kai_deployment,
     kai_pod_body,
     pdb,
-    replacement,
     unschedulable,
+    wait_queue_allocated,
+    wait_replacement,
     wait_running,
 )
-from support.gpu_stack import GPU_FRACTION, GPU_GROUP, GPU_PORTION, GpuStack
+from support.gpu_stack import GPU_FRACTION, GPU_GROUP, GpuStack
 
 pytestmark = pytest.mark.integration
 
 
-def gpu_portions(stack: GpuStack, pod: dict[str, Any]) -> list[str]:
-    """GPU_PORTION in the ConfigMaps KAI's binder made for ``pod`` (owned by it)."""
-    uid = pod["metadata"]["uid"]
-    return [
-        cm["data"][GPU_PORTION]
-        for cm in stack.items("ConfigMap", pod["metadata"]["namespace"])
-        if any(ref["uid"] == uid for ref in cm["metadata"].get("ownerReferences") or [])
-        and GPU_PORTION in (cm.get("data") or {})
-    ]
-
-
 @pytest.mark.timeout(300)
 async def test_a_downsize_in_place_frees_a_share_that_kai_gives_to_a_pending_pod(
-    gpu_stack: GpuStack,
-    gpu_namespace: str,
-    make_gpu_node: Callable[[int], str],
-    nats_url: str,
-    tmp_path: Path,
+    kai: KaiScenario,
 ) -> None:
-    stack, ns = gpu_stack, gpu_namespace
-    node = await in_thread(make_gpu_node, 1)  # one GPU: the freed share is the only room
-    async with actuator_on_stack(stack, nats_url, ns, tmp_path):
+    stack, ns, nats_url = kai.stack, kai.ns, kai.nats_url
+    node = await kai.add_gpu_node()  # one GPU: the freed share is the only room
+    async with kai.actuator():
         chat, other = await chat_and_other_sharing_a_gpu(stack, ns)
         group = chat["metadata"]["labels"][GPU_GROUP]
         assert other["metadata"]["labels"][GPU_GROUP] == group
@@ -97,18 +77,14 @@ def disruptions_allowed(stack: GpuStack, ns: str, name: str, allowed: int) -> bo
 
 @pytest.mark.timeout(300)
 async def test_an_upsize_that_does_not_fit_is_evicted_within_the_pdb_and_recreated_elsewhere(
-    gpu_stack: GpuStack,
-    gpu_namespace: str,
-    make_gpu_node: Callable[[int], str],
-    nats_url: str,
-    tmp_path: Path,
+    kai: KaiScenario,
 ) -> None:
-    stack, ns = gpu_stack, gpu_namespace
-    full = await in_thread(make_gpu_node, 1)
-    async with actuator_on_stack(stack, nats_url, ns, tmp_path):
+    stack, ns, nats_url = kai.stack, kai.ns, kai.nats_url
+    full = await kai.add_gpu_node()
+    async with kai.actuator():
         chat, _ = await chat_and_other_sharing_a_gpu(stack, ns)
         assert chat["spec"]["nodeName"] == full
-        spare = await in_thread(make_gpu_node, 1)  # empty: where 0.75 fits
+        spare = await kai.add_gpu_node()  # empty: where 0.75 fits
         await in_thread(stack.create, pdb("chat", max_unavailable=0), ns)
         await in_thread(
             stack.wait, lambda: disruptions_allowed(stack, ns, "chat", 0), "PDB status", 30
@@ -139,12 +115,7 @@ async def test_an_upsize_that_does_not_fit_is_evicted_within_the_pdb_and_recreat
 
         # The ReplicaSet's new pod: sized by fracpilot's webhook before KAI's saw it, placed
         # by KAI on the spare GPU, started with the new portion.
-        new = await in_thread(
-            stack.wait,
-            lambda: replacement(stack, ns, "chat", chat["metadata"]["uid"]),
-            "the recreated chat pod Running",
-            120,
-        )
+        new = await wait_replacement(stack, ns, "chat", chat, "the recreated chat pod Running")
         assert new["spec"]["nodeName"] == spare
         assert new["metadata"]["annotations"][GPU_FRACTION] == "0.75"
         assert TARGET_ANNOTATION in new["metadata"]["annotations"]
@@ -156,72 +127,17 @@ async def test_an_upsize_that_does_not_fit_is_evicted_within_the_pdb_and_recreat
         assert template["spec"]["template"]["metadata"]["annotations"][GPU_FRACTION] == "0.5"
 
 
-def kai_queue(name: str, gpu_limit: float) -> dict[str, Any]:
-    """A leaf queue under scripts/gpu-stack/manifests/kai-setup.yaml's default-parent-queue."""
-    unbounded = {"quota": 0, "limit": -1, "overQuotaWeight": 1}
-    return {
-        "apiVersion": "scheduling.run.ai/v2",
-        "kind": "Queue",
-        "metadata": {"name": name},
-        "spec": {
-            "parentQueue": "default-parent-queue",
-            "resources": {
-                "cpu": unbounded,
-                "memory": unbounded,
-                "gpu": {"quota": 0, "limit": gpu_limit, "overQuotaWeight": 1},
-            },
-        },
-    }
-
-
-def queue_allocated(stack: GpuStack, name: str, gpus: float) -> bool | None:
-    """True once the queuecontroller wrote ``gpus`` allocated into the Queue's status."""
-    queue = stack.get("Queue", name, api_version="scheduling.run.ai/v2")
-    allocated = (queue.get("status") or {}).get("allocated") or {}
-    gpu = [v for k, v in allocated.items() if k.endswith("gpu")]
-    found = [float(parse_quantity(v)) for v in gpu]  # type: ignore[no-untyped-call]
-    return True if found == [gpus] else None
-
-
-@pytest.fixture
-def limited_queue(gpu_stack: GpuStack, gpu_namespace: str) -> Iterator[str]:
-    """A KAI queue with a limit of half a GPU, and KAI's controllers that fill its status
-    (for this test only: the podgroupcontroller holds :8080, which nodescaleadjuster needs)."""
-    gpu_stack.start_queue_controllers()
-    name = f"q-{gpu_namespace}"
-    try:
-        gpu_stack.create(kai_queue(name, gpu_limit=0.5))
-        yield name
-    finally:
-        gpu_stack.stop_queue_controllers()
-        with contextlib.suppress(ApiException):
-            resource = gpu_stack.dynamic.resources.get(
-                api_version="scheduling.run.ai/v2", kind="Queue"
-            )
-            resource.delete(name=name)
-
-
 @pytest.mark.timeout(300)
 async def test_no_upsize_in_place_takes_a_kai_queue_past_its_limit(
-    gpu_stack: GpuStack,
-    gpu_namespace: str,
-    make_gpu_node: Callable[[int], str],
-    limited_queue: str,
-    nats_url: str,
-    tmp_path: Path,
+    kai: KaiScenario, half_gpu_queue: str
 ) -> None:
-    stack, ns = gpu_stack, gpu_namespace
-    node = await in_thread(make_gpu_node, 1)
-    async with actuator_on_stack(stack, nats_url, ns, tmp_path):
-        await in_thread(stack.create, kai_deployment("chat", "0.5", queue=limited_queue), ns)
+    stack, ns, nats_url = kai.stack, kai.ns, kai.nats_url
+    node = await kai.add_gpu_node()
+    async with kai.actuator():
+        await in_thread(stack.create, kai_deployment("chat", "0.5", queue=half_gpu_queue), ns)
         [chat] = await in_thread(wait_running, stack, ns, "chat")
         assert chat["spec"]["nodeName"] == node
-        await in_thread(
-            stack.wait,
-            lambda: queue_allocated(stack, limited_queue, 0.5),
-            "queue status allocated 0.5 GPU",
-            60,
-        )
+        await wait_queue_allocated(stack, half_gpu_queue, 0.5)
 
         # 0.75 fits on the GPU (alone on it), but not in the queue: KAI would not notice.
         made = decide(ns, "chat", chat["metadata"]["name"], 0.5, 0.75)
@@ -229,7 +145,7 @@ async def test_no_upsize_in_place_takes_a_kai_queue_past_its_limit(
         # Held back as a recommendation (the judge's queue_limit), the reason in the result.
         assert (result.plan, result.outcome) == (PlanKind.IN_PLACE, Outcome.DRY_RUN), result
         assert "past its limit 0.5" in result.detail, result
-        assert limited_queue in result.detail
+        assert half_gpu_queue in result.detail
         pod = await in_thread(stack.get, "Pod", chat["metadata"]["name"], ns)
         assert pod["metadata"]["annotations"][GPU_FRACTION] == "0.5"
         assert not pod["metadata"].get("deletionTimestamp")

@@ -8,99 +8,46 @@ admission, and here its queuecontroller), kwok and kube-controller-manager do th
 
 from __future__ import annotations
 
-import contextlib
 import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.client.exceptions import ApiException
-from kubernetes.utils import parse_quantity
 
 from factories import decision
 from fracpilot_libs.contracts import Outcome, PlanKind, WorkloadRef, utcnow
 from support.fracpilot_on_stack import (
     CLUSTER,
-    actuator_on_stack,
+    KaiScenario,
     apply,
     decide,
     in_thread,
     kai_deployment,
     kai_pod_body,
-    replacement,
+    wait_queue_allocated,
+    wait_replacement,
     wait_running,
 )
-from support.gpu_stack import DEFAULT_QUEUE, GPU_FRACTION, GpuStack
+from support.gpu_stack import DEFAULT_QUEUE, GPU_FRACTION
 
 pytestmark = pytest.mark.integration
 
 GPU = "nvidia.com/gpu"
-QUEUES = "scheduling.run.ai/v2"
-
-
-def queue_allocated(stack: GpuStack, name: str, gpus: float) -> bool | None:
-    """True once KAI's queuecontroller wrote ``gpus`` allocated into the Queue's status."""
-    queue = stack.get("Queue", name, api_version=QUEUES)
-    allocated = (queue.get("status") or {}).get("allocated") or {}
-    found = [float(parse_quantity(v)) for k, v in allocated.items() if k.endswith("gpu")]  # type: ignore[no-untyped-call]
-    return True if found == [gpus] else None
-
-
-@pytest.fixture
-def half_gpu_queue(gpu_stack: GpuStack, gpu_namespace: str) -> Iterator[str]:
-    """A leaf queue (under kai-setup.yaml's default-parent-queue) limited to half a GPU, and
-    KAI's controllers that fill its status."""
-    gpu_stack.start_queue_controllers()
-    name = f"q-{gpu_namespace}"
-    unbounded = {"quota": 0, "limit": -1, "overQuotaWeight": 1}
-    try:
-        gpu_stack.create(
-            {
-                "apiVersion": QUEUES,
-                "kind": "Queue",
-                "metadata": {"name": name},
-                "spec": {
-                    "parentQueue": "default-parent-queue",
-                    "resources": {
-                        "cpu": unbounded,
-                        "memory": unbounded,
-                        "gpu": {"quota": 0, "limit": 0.5, "overQuotaWeight": 1},
-                    },
-                },
-            }
-        )
-        yield name
-    finally:
-        gpu_stack.stop_queue_controllers()
-        with contextlib.suppress(ApiException):
-            gpu_stack.dynamic.resources.get(api_version=QUEUES, kind="Queue").delete(name=name)
 
 
 @pytest.mark.timeout(300)
 async def test_an_upsize_by_recreate_past_a_queues_limit_is_a_recommendation_and_the_pod_runs(
-    gpu_stack: GpuStack,
-    gpu_namespace: str,
-    make_gpu_node: Callable[[int], str],
-    half_gpu_queue: str,
-    nats_url: str,
-    tmp_path: Path,
+    kai: KaiScenario, half_gpu_queue: str
 ) -> None:
-    stack, ns = gpu_stack, gpu_namespace
-    full = await in_thread(make_gpu_node, 1)
-    async with actuator_on_stack(stack, nats_url, ns, tmp_path):
+    stack, ns, nats_url = kai.stack, kai.ns, kai.nats_url
+    full = await kai.add_gpu_node()
+    async with kai.actuator():
         await in_thread(stack.create, kai_deployment("chat", "0.5", queue=half_gpu_queue), ns)
         await in_thread(stack.create, kai_pod_body("other", "0.5"), ns)  # the default queue
         [chat] = await in_thread(wait_running, stack, ns, "chat")
         await in_thread(wait_running, stack, ns, "other")
         assert chat["spec"]["nodeName"] == full
-        await in_thread(make_gpu_node, 1)  # where 0.75 fits: only a recreate gets there
-        await in_thread(
-            stack.wait,
-            lambda: queue_allocated(stack, half_gpu_queue, 0.5),
-            "queue status allocated 0.5 GPU",
-            60,
-        )
+        await kai.add_gpu_node()  # where 0.75 fits: only a recreate gets there
+        await wait_queue_allocated(stack, half_gpu_queue, 0.5)
 
         made = decide(ns, "chat", chat["metadata"]["name"], 0.5, 0.75)
         [result] = await apply(nats_url, made)
@@ -115,15 +62,11 @@ async def test_an_upsize_by_recreate_past_a_queues_limit_is_a_recommendation_and
 
 @pytest.mark.timeout(300)
 async def test_a_target_of_a_whole_gpu_ends_with_a_pod_kai_accepts_and_binds(
-    gpu_stack: GpuStack,
-    gpu_namespace: str,
-    make_gpu_node: Callable[[int], str],
-    nats_url: str,
-    tmp_path: Path,
+    kai: KaiScenario,
 ) -> None:
-    stack, ns = gpu_stack, gpu_namespace
-    node = await in_thread(make_gpu_node, 1)
-    async with actuator_on_stack(stack, nats_url, ns, tmp_path):
+    stack, ns, nats_url = kai.stack, kai.ns, kai.nats_url
+    node = await kai.add_gpu_node()
+    async with kai.actuator():
         await in_thread(stack.create, kai_deployment("chat", "0.5"), ns)
         [chat] = await in_thread(wait_running, stack, ns, "chat")
 
@@ -138,12 +81,7 @@ async def test_a_target_of_a_whole_gpu_ends_with_a_pod_kai_accepts_and_binds(
 
         # The ReplicaSet's new pod, made a whole-GPU pod by fracpilot's webhook, accepted by
         # KAI's, bound by KAI's binder on the one GPU.
-        new = await in_thread(
-            stack.wait,
-            lambda: replacement(stack, ns, "chat", chat["metadata"]["uid"]),
-            "the recreated chat pod Running",
-            120,
-        )
+        new = await wait_replacement(stack, ns, "chat", chat, "the recreated chat pod Running")
         assert new["spec"]["nodeName"] == node
         assert GPU_FRACTION not in new["metadata"]["annotations"]
         assert new["spec"]["containers"][0]["resources"]["limits"][GPU] == "1"
@@ -160,16 +98,12 @@ def gang_member(name: str, group: str) -> dict[str, Any]:
 
 @pytest.mark.timeout(300)
 async def test_an_eviction_that_takes_a_gang_below_its_min_member_is_refused(
-    gpu_stack: GpuStack,
-    gpu_namespace: str,
-    make_gpu_node: Callable[[int], str],
-    nats_url: str,
-    tmp_path: Path,
+    kai: KaiScenario,
 ) -> None:
-    stack, ns = gpu_stack, gpu_namespace
-    full = await in_thread(make_gpu_node, 1)
+    stack, ns, nats_url = kai.stack, kai.ns, kai.nats_url
+    full = await kai.add_gpu_node()
     group = "pg-gang"
-    async with actuator_on_stack(stack, nats_url, ns, tmp_path):
+    async with kai.actuator():
         await in_thread(
             stack.create,
             {
@@ -184,7 +118,7 @@ async def test_an_eviction_that_takes_a_gang_below_its_min_member_is_refused(
             await in_thread(stack.create, gang_member(f"gang-{i}", group), ns)
         pods = await in_thread(wait_running, stack, ns, "gang", 2)
         assert {p["spec"]["nodeName"] for p in pods} == {full}  # KAI put the gang on one GPU
-        await in_thread(make_gpu_node, 1)  # where 0.75 would fit: only a recreate gets there
+        await kai.add_gpu_node()  # where 0.75 would fit: only a recreate gets there
 
         wl = WorkloadRef(cluster=CLUSTER, namespace=ns, owner_kind="Pod", owner_name="gang-0")
         made = decision(

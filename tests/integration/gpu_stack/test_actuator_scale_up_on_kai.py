@@ -12,20 +12,19 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from fracpilot_libs.contracts import Outcome, PlanKind
 from support.fracpilot_on_stack import (
-    actuator_on_stack,
+    KaiScenario,
     chat_and_other_sharing_a_gpu,
     decide,
     in_thread,
     publish,
-    replacement,
+    wait_replacement,
     wait_results,
 )
 from support.gpu_stack import GPU_FRACTION, GpuStack
@@ -51,15 +50,11 @@ async def autoscaling(stack: GpuStack) -> AsyncIterator[None]:
 
 @pytest.mark.timeout(420)
 async def test_an_upsize_that_fits_nowhere_gets_a_node_from_the_autoscaler(
-    gpu_stack: GpuStack,
-    gpu_namespace: str,
-    make_gpu_node: Callable[[int], str],
-    nats_url: str,
-    tmp_path: Path,
+    kai: KaiScenario,
 ) -> None:
-    stack, ns = gpu_stack, gpu_namespace
-    full = await in_thread(make_gpu_node, 1)
-    async with actuator_on_stack(stack, nats_url, ns, tmp_path):
+    stack, ns, nats_url = kai.stack, kai.ns, kai.nats_url
+    full = await kai.add_gpu_node()
+    async with kai.actuator():
         chat, _ = await chat_and_other_sharing_a_gpu(stack, ns)
         assert chat["spec"]["nodeName"] == full
         async with autoscaling(stack):
@@ -78,12 +73,8 @@ async def scale_up(stack: GpuStack, ns: str, nats_url: str, chat: dict[str, Any]
     limits = placeholder["spec"]["containers"][0]["resources"]["limits"]
     assert limits == {"nvidia.com/gpu": "1"}
 
-    new = await in_thread(
-        stack.wait,
-        lambda: replacement(stack, ns, "chat", chat["metadata"]["uid"]),
-        "chat recreated and Running on a node cluster-autoscaler added",
-        300,
-    )
+    what = "chat recreated and Running on a node cluster-autoscaler added"
+    new = await wait_replacement(stack, ns, "chat", chat, what, 300)
     to_running = time.monotonic() - published
     print(f"\nscale-up: decision -> recreated pod Running in {to_running:.1f} s")
 

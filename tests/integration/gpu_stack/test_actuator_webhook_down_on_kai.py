@@ -11,8 +11,6 @@ if the pod really holds it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,14 +21,14 @@ from fracpilot_actuator.app import ActuatorService
 from fracpilot_libs.contracts import Outcome, PlanKind
 from fracpilot_libs.server_process import free_port
 from support.fracpilot_on_stack import (
-    actuator_on_stack,
+    KaiScenario,
     apply,
     chat_and_other_sharing_a_gpu,
     decide,
     in_thread,
     kai_pod_body,
-    replacement,
     running_pods,
+    wait_replacement,
 )
 from support.gpu_stack import GPU_FRACTION, GpuStack
 
@@ -67,29 +65,20 @@ def webhook_down(stack: GpuStack, service: ActuatorService, namespace: str) -> N
 
 @pytest.mark.timeout(300)
 async def test_with_the_webhook_down_the_results_say_the_replacements_real_fraction(
-    gpu_stack: GpuStack,
-    gpu_namespace: str,
-    make_gpu_node: Callable[[int], str],
-    nats_url: str,
-    tmp_path: Path,
+    kai: KaiScenario,
 ) -> None:
-    stack, ns = gpu_stack, gpu_namespace
-    full = await in_thread(make_gpu_node, 1)
+    stack, ns, nats_url = kai.stack, kai.ns, kai.nats_url
+    full = await kai.add_gpu_node()
     changes: dict[str, Any] = {"max_disruptions": 1, "verify": {"timeout_s": 120}}
-    async with actuator_on_stack(stack, nats_url, ns, tmp_path, **changes) as service:
+    async with kai.actuator(**changes) as service:
         chat, _ = await chat_and_other_sharing_a_gpu(stack, ns)
         assert chat["spec"]["nodeName"] == full
-        await in_thread(make_gpu_node, 1)  # an empty GPU: where 0.75 fits
+        await kai.add_gpu_node()  # an empty GPU: where 0.75 fits
         await in_thread(webhook_down, stack, service, ns)
 
         made = decide(ns, "chat", chat["metadata"]["name"], 0.5, 0.75)
         evicted, born, correction = await apply(nats_url, made, count=3, timeout=150)
-        new = await in_thread(
-            stack.wait,
-            lambda: replacement(stack, ns, "chat", chat["metadata"]["uid"]),
-            "the recreated chat pod Running",
-            60,
-        )
+        new = await wait_replacement(stack, ns, "chat", chat, "the recreated chat pod Running", 60)
         # Admitted without fracpilot: the template's share, no target annotation.
         assert TARGET_ANNOTATION not in new["metadata"]["annotations"]
 

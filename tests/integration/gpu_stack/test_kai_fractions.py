@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from support.fracpilot_on_stack import gpu_portions
 from support.gpu_stack import (
     GPU_GROUP,
-    GPU_PORTION,
     RESERVATION_APP,
     RESERVATION_NS,
     GpuStack,
@@ -31,18 +31,6 @@ def _running(stack: GpuStack, namespace: str, name: str) -> dict[str, Any]:
 
     pod: dict[str, Any] = stack.wait(running, f"pod {namespace}/{name} Running", timeout=120)
     return pod
-
-
-def _gpu_portions(stack: GpuStack, pod: dict[str, Any]) -> list[str]:
-    """GPU_PORTION in the ConfigMaps KAI's binder made for ``pod`` (owned by it; the other one,
-    ``<name>-evar``, holds no GPU_PORTION)."""
-    uid = pod["metadata"]["uid"]
-    return [
-        cm["data"][GPU_PORTION]
-        for cm in stack.items("ConfigMap", pod["metadata"]["namespace"])
-        if any(ref["uid"] == uid for ref in cm["metadata"].get("ownerReferences") or [])
-        and GPU_PORTION in (cm.get("data") or {})
-    ]
 
 
 def _reservation_nodes(stack: GpuStack, group: str) -> list[str]:
@@ -70,14 +58,14 @@ def test_fraction_pods_share_a_reserved_gpu_and_an_oversized_pod_stays_unschedul
     group = first["metadata"].get("labels", {}).get(GPU_GROUP)
     assert group, f"KAI set no {GPU_GROUP} label: {first['metadata'].get('labels')}"
     assert _reservation_nodes(gpu_stack, group) == [gpu_node]
-    assert _gpu_portions(gpu_stack, first) == ["0.50"]
+    assert gpu_portions(gpu_stack, first) == ["0.50"]
 
     gpu_stack.create(kai_pod("half-b", fraction="0.5"), gpu_namespace)
     second = _running(gpu_stack, gpu_namespace, "half-b")
     assert second["spec"]["nodeName"] == gpu_node
     assert second["metadata"]["labels"].get(GPU_GROUP) == group  # shares the first one's GPU
     assert _reservation_nodes(gpu_stack, group) == [gpu_node]  # still one reservation
-    assert _gpu_portions(gpu_stack, second) == ["0.50"]
+    assert gpu_portions(gpu_stack, second) == ["0.50"]
 
     gpu_stack.create(kai_pod("too-big", gpus=8), gpu_namespace)  # the only node has 4 GPUs
     pod = gpu_stack.wait(

@@ -10,8 +10,6 @@ KAI (admission, scheduler, binder), kwok and kube-controller-manager do the rest
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,16 +17,16 @@ import pytest
 from fracpilot_actuator.admission import TARGET_ANNOTATION
 from fracpilot_libs.contracts import Outcome, PlanKind
 from support.fracpilot_on_stack import (
-    actuator_on_stack,
+    KaiScenario,
     apply,
     decide,
     gpu_portions,
     in_thread,
     kai_deployment,
-    replacement,
+    wait_replacement,
     wait_running,
 )
-from support.gpu_stack import GPU_FRACTION, GpuStack
+from support.gpu_stack import GPU_FRACTION
 
 pytestmark = pytest.mark.integration
 
@@ -66,15 +64,11 @@ def vllm_deployment(name: str, fraction: str) -> dict[str, Any]:
 
 @pytest.mark.timeout(300)
 async def test_a_vllm_downsize_is_a_recreate_whose_pod_comes_back_with_the_rewritten_flag(
-    gpu_stack: GpuStack,
-    gpu_namespace: str,
-    make_gpu_node: Callable[[int], str],
-    nats_url: str,
-    tmp_path: Path,
+    kai: KaiScenario,
 ) -> None:
-    stack, ns = gpu_stack, gpu_namespace
-    node = await in_thread(make_gpu_node, 1)
-    async with actuator_on_stack(stack, nats_url, ns, tmp_path):
+    stack, ns, nats_url = kai.stack, kai.ns, kai.nats_url
+    node = await kai.add_gpu_node()
+    async with kai.actuator():
         await in_thread(stack.create, vllm_deployment("chat", "0.5"), ns)
         [chat] = await in_thread(wait_running, stack, ns, "chat")
         assert chat["spec"]["containers"][0]["args"] == VLLM_ARGS  # 0.475 fits 0.5: untouched
@@ -90,12 +84,7 @@ async def test_a_vllm_downsize_is_a_recreate_whose_pod_comes_back_with_the_rewri
             Outcome.APPLIED,
         ), verified
 
-        new = await in_thread(
-            stack.wait,
-            lambda: replacement(stack, ns, "chat", chat["metadata"]["uid"]),
-            "the recreated vLLM pod Running",
-            120,
-        )
+        new = await wait_replacement(stack, ns, "chat", chat, "the recreated vLLM pod Running")
         # Recreated, not patched in place: a new pod, the old one gone.
         assert new["metadata"]["name"] != chat["metadata"]["name"]
         assert new["metadata"]["annotations"][GPU_FRACTION] == "0.25"

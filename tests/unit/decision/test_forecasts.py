@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from factories import sample
-from fracpilot_decision.forecasts import card_forecast, keep_jump, keep_profile, prior_of
+from fracpilot_decision.forecasts import card_forecast, keep_jump, prior_of
 from fracpilot_libs.analysis.shared_packing import TenantSizer
 from fracpilot_libs.contracts import Policy
 from fracpilot_libs.sizing.engine import decide
@@ -92,8 +92,7 @@ def test_the_kept_profile_is_the_replays_and_survives_a_checkpoint(
         s = sample(memory_share=share, minute=minute)
         now = s.timestamp.timestamp()
         replay, _ = sizer.step(replay, s)
-        new, _ = decide(state, s, POLICY)
-        state = keep_profile(state, new, s.memory_share, now, POLICY)
+        state, _ = decide(state, s, POLICY)
         assert list(state.memory_profile) == list(replay.profile)
     restored = load_state(dump_state(state))
     assert list(restored.memory_profile) == list(state.memory_profile)
@@ -111,8 +110,7 @@ def test_a_young_workload_carries_no_profile_and_a_seasoned_one_its_peaks() -> N
     state = WorkloadState()
     for minute, share in enumerate([0.2, 0.3, 0.25]):
         s = sample(memory_share=share, minute=minute * 50)  # periods 0, 0 and 1 of T0's hour
-        new, _ = decide(state, s, POLICY)
-        state = keep_profile(state, new, s.memory_share, s.timestamp.timestamp(), POLICY)
+        state, _ = decide(state, s, POLICY)
     now = sample(minute=101).timestamp.timestamp()
     assert card_forecast(state, POLICY, now).profile is None  # has not shown its peaks
     f = card_forecast(state, POLICY, now + POLICY.memory_headroom.warmup)
@@ -122,27 +120,24 @@ def test_a_young_workload_carries_no_profile_and_a_seasoned_one_its_peaks() -> N
     assert card_forecast(state, short, now + POLICY.memory_headroom.warmup).profile is None
 
 
-def test_a_sample_below_its_periods_peak_copies_nothing() -> None:
+def test_a_sample_below_its_periods_peak_copies_no_profile() -> None:
     state = WorkloadState()
     for minute, share in enumerate([0.2, 0.2, 0.1]):
         s = sample(memory_share=share, minute=minute)
         new, _ = decide(state, s, POLICY)
-        kept = keep_profile(state, new, s.memory_share, s.timestamp.timestamp(), POLICY)
-        assert kept is new  # set on the engine's fresh state, not a copy of it
         if minute:
-            assert kept.memory_profile is state.memory_profile  # the same profile
-        state = kept
-    again = keep_profile(state, state, 0.9, sample(minute=3).timestamp.timestamp(), POLICY)
-    assert again is not state  # a state that is the one before is never changed in place
-    assert state.memory_profile[-1] == 0.2
+            assert new.memory_profile is state.memory_profile  # the same profile
+        state = new
+    higher, _ = decide(state, sample(memory_share=0.9, minute=3), POLICY)
+    assert higher.memory_profile[-1] == 0.9
+    assert state.memory_profile[-1] == 0.2  # the state before is never changed in place
 
 
 def test_a_checkpoint_with_a_profile_out_of_shape_does_not_load() -> None:
     state = WorkloadState()
     for minute in (0, 70, 140):
         s = sample(memory_share=0.2, minute=minute)
-        new, _ = decide(state, s, POLICY)
-        state = keep_profile(state, new, s.memory_share, s.timestamp.timestamp(), POLICY)
+        state, _ = decide(state, s, POLICY)
     body = json.loads(dump_state(state))
     assert len(body["memory_profile"]) == 3
     older = {k: v for k, v in body.items() if k != "memory_profile"}  # written before profiles

@@ -216,51 +216,6 @@ def move_or_scale_up(
     )
 
 
-def plan_consolidation(state: ClusterState, placement: Placement) -> ResizePlan:
-    """A recreate that empties a GPU: the pod is alone on its GPU and fits on another GPU that
-    is in use (best fit, as :func:`move_or_scale_up`); ``none`` otherwise. Moving onto an empty
-    GPU would free nothing, so empty GPUs are not candidates. Not used by the actuator (it
-    changes pods only when a decision asks); ``fracpilot replay --pack`` uses it to show what
-    consolidating after a resize (or after a neighbour moved away or left) saves in cards, and
-    what it costs in moves."""
-    gpu, key, fraction = placement.gpu_uuid, placement.pod_key, placement.fraction
-    base: dict[str, Any] = {
-        "workload": placement.workload,
-        "pod": placement.pod,
-        "fraction_before": fraction,
-        "fraction_after": fraction,
-        "gpu_before": gpu,
-    }
-    if state.used(gpu, excluding_pod=key) > EPSILON:
-        return ResizePlan(
-            kind=PlanKind.NONE,
-            gpu_after=gpu,
-            **base,
-            reason=f"{gpu} is shared: moving frees nothing",
-        )
-    in_use = {p.gpu_uuid for p in state.placements if p.pod_key != key}
-    candidates = [
-        g
-        for g in state.gpus
-        if g.uuid != gpu and g.uuid in in_use and state.free(g.uuid) + EPSILON >= fraction
-    ]
-    if not candidates:
-        return ResizePlan(
-            kind=PlanKind.NONE,
-            gpu_after=gpu,
-            **base,
-            reason=f"{fraction:g} fits on no other GPU in use",
-        )
-    best = min(candidates, key=lambda g: (state.free(g.uuid), g.uuid))
-    return ResizePlan(
-        kind=PlanKind.RECREATE_ELSEWHERE,
-        gpu_after=best.uuid,
-        **base,
-        reason=f"{placement.pod} is alone on {gpu}; best fit in use is {best.uuid} "
-        f"({state.free(best.uuid):g} free): the move frees {gpu}",
-    )
-
-
 def apply_plan(state: ClusterState, plan: ResizePlan, pod: str | None = None) -> ClusterState:
     """The cluster after the plan; ``plan.gpu_after`` must name an existing GPU."""
     if plan.kind is PlanKind.NONE or not plan.gpu_after:

@@ -38,6 +38,7 @@ from fracpilot_libs.sizing.histogram import (
 )
 from fracpilot_libs.sizing.kv_memory import needed_memory_share
 from fracpilot_libs.sizing.need import Need
+from fracpilot_libs.sizing.peak_profile import with_peak
 from fracpilot_libs.sizing.state import BUCKETS, MEMORY_SLOTS, WorkloadState, evolve
 
 _MAX_EXPONENT = 40.0  # rescale decaying weights before they grow past 2**40
@@ -79,8 +80,8 @@ def observe(
     position: int | None = None,
     memory_prior: float | None = None,
 ) -> WorkloadState:
-    """Add a sample to the history: decayed compute weight, memory slot peak, recent samples,
-    the application's queue.
+    """Add a sample to the history: decayed compute weight, memory slot peak, peak profile,
+    recent samples, the application's queue.
 
     While requests wait (vLLM's queue is non-empty) the workload's compute demand is above the
     fraction it holds, whatever the utilization says: the sample counts in the compute history
@@ -140,6 +141,10 @@ def observe(
         kept.append(share)
         slots = kept
 
+    # The peak per period of the clock all workloads share (sizing/peak_profile.py, for the
+    # card planner; a period is a memory slot), of the memory in use, as the replay keeps it.
+    profile = with_peak(state.memory_profile, sample.memory_share, now, slot_len)
+
     jump, learned = state.memory_jump, None  # the learned headroom (sizing/headroom.py)
     if policy.memory_headroom.mode is _LEARNED:  # from the slots before this sample's
         oom = signals is not None and signals.oom_event
@@ -169,6 +174,7 @@ def observe(
         jump,
         learned,
         state.resize_times,
+        profile,
     )
 
 

@@ -5,9 +5,9 @@ held together in any one period (:func:`fracpilot_libs.placement.card_budget.joi
 That needs each tenant's peak per period on one clock: period ``k`` is ``[k, k + 1)`` periods
 since the epoch, a period is the engine's memory slot (:func:`profile_period`: 1 h of a 24 h
 window). The engine's own slots start where a workload's samples fell, so they cannot give it
-exactly; the profile is kept beside them, sample by sample, by :func:`with_peak`. The replay
-(``shared_packing.TenantSizer``) and the decision service (``fracpilot_decision.forecasts``)
-both keep it with this function, and read it with :func:`in_window`.
+exactly; the profile is kept beside them, sample by sample, by :func:`with_peak`: the engine's
+``observe`` keeps it in the state (so the decision service's states carry it), the replay's
+``shared_packing.TenantSizer`` beside the state; both read it with :func:`in_window`.
 
 A profile is flat, as the engine's slots are: ``array('d')`` of period, peak, period, peak...,
 oldest first, holding the periods a window read now or later may still need (at most

@@ -66,8 +66,7 @@ class WorkloadState:
     # When the fraction changed within the last day, oldest first (the resize budget).
     resize_times: tuple[float, ...] = ()
     # The memory peak per period of the clock all workloads share, flat: period, peak...,
-    # oldest first (sizing/peak_profile.py; kept by the decision service beside the engine,
-    # for the card planner; the engine itself does not carry it from state to state).
+    # oldest first (sizing/peak_profile.py, kept by the engine's observe; for the card planner).
     memory_profile: array[float] = field(default_factory=lambda: _NO_SLOTS)
 
     @property

@@ -10,9 +10,10 @@ vGPUmonitor in the v2.9+ and legacy names, vLLM).
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -133,178 +134,75 @@ class MetricMapping(BaseModel):
 MIB = 1024 * 1024
 PERCENT = 0.01
 
+
+def _rows_of(family: str, **common: Any) -> Callable[..., MetricMapping]:
+    """The row builder of one family: a row is its metric, its quantity and what it sets beyond
+    what all the family's rows share (``common``)."""
+
+    def row(metric: str, quantity: Quantity, **own: Any) -> MetricMapping:
+        return MetricMapping(metric=metric, quantity=quantity, family=family, **common, **own)
+
+    return row
+
+
 # dcgm-exporter: device series (copied to every sharing pod with a ``vgpu`` label under
 # time-slicing), and since 4.5.3 per-process series for GPU_UTIL and FB_USED with ``pod_uid``.
+_dcgm = _rows_of("dcgm", level=Level.DEVICE, excludes_labels=("pod_uid",))
 DCGM = (
-    MetricMapping(
-        metric="DCGM_FI_PROF_GR_ENGINE_ACTIVE",
-        quantity=Quantity.COMPUTE,
-        level=Level.DEVICE,
-        family="dcgm",
-        excludes_labels=("pod_uid",),
-    ),
-    MetricMapping(
-        metric="DCGM_FI_DEV_GPU_UTIL",
-        quantity=Quantity.COMPUTE,
-        level=Level.DEVICE,
-        scale=PERCENT,
-        family="dcgm",
-        excludes_labels=("pod_uid",),
-    ),
-    MetricMapping(
-        metric="DCGM_FI_DEV_FB_USED",
-        quantity=Quantity.MEMORY_USED,
-        level=Level.DEVICE,
-        scale=MIB,
-        family="dcgm",
-        excludes_labels=("pod_uid",),
-    ),
-    MetricMapping(
-        metric="DCGM_FI_DEV_FB_FREE",
-        quantity=Quantity.MEMORY_FREE,
-        level=Level.DEVICE,
-        scale=MIB,
-        family="dcgm",
-        excludes_labels=("pod_uid",),
-    ),
+    _dcgm("DCGM_FI_PROF_GR_ENGINE_ACTIVE", Quantity.COMPUTE),
+    _dcgm("DCGM_FI_DEV_GPU_UTIL", Quantity.COMPUTE, scale=PERCENT),
+    _dcgm("DCGM_FI_DEV_FB_USED", Quantity.MEMORY_USED, scale=MIB),
+    _dcgm("DCGM_FI_DEV_FB_FREE", Quantity.MEMORY_FREE, scale=MIB),
     # Exported by default since 4.3.1-4.4.0: without it used + free is short by the driver's reserve
     # (447 MiB of a T4's 15360). FB_TOTAL is not in the default counters but is used when a
     # counters file adds it.
-    MetricMapping(
-        metric="DCGM_FI_DEV_FB_RESERVED",
-        quantity=Quantity.MEMORY_RESERVED,
-        level=Level.DEVICE,
-        scale=MIB,
-        family="dcgm",
-        excludes_labels=("pod_uid",),
-    ),
-    MetricMapping(
-        metric="DCGM_FI_DEV_FB_TOTAL",
-        quantity=Quantity.MEMORY_TOTAL,
-        level=Level.DEVICE,
-        scale=MIB,
-        family="dcgm",
-        excludes_labels=("pod_uid",),
-    ),
+    _dcgm("DCGM_FI_DEV_FB_RESERVED", Quantity.MEMORY_RESERVED, scale=MIB),
+    _dcgm("DCGM_FI_DEV_FB_TOTAL", Quantity.MEMORY_TOTAL, scale=MIB),
 )
+_dcgm_process = _rows_of("dcgm-process", level=Level.PROCESS, requires_labels=("pod_uid",))
 DCGM_PROCESS = (
-    MetricMapping(
-        metric="DCGM_FI_DEV_GPU_UTIL",
-        quantity=Quantity.COMPUTE,
-        level=Level.PROCESS,
-        scale=PERCENT,
-        family="dcgm-process",
-        requires_labels=("pod_uid",),
-    ),
-    MetricMapping(
-        metric="DCGM_FI_DEV_FB_USED",
-        quantity=Quantity.MEMORY_USED,
-        level=Level.PROCESS,
-        scale=MIB,
-        family="dcgm-process",
-        requires_labels=("pod_uid",),
-    ),
+    _dcgm_process("DCGM_FI_DEV_GPU_UTIL", Quantity.COMPUTE, scale=PERCENT),
+    _dcgm_process("DCGM_FI_DEV_FB_USED", Quantity.MEMORY_USED, scale=MIB),
 )
 # HAMi vGPUmonitor, v2.9+ names: host (device) and per-container series.
+_hami = _rows_of("hami")
 HAMI = (
-    MetricMapping(
-        metric="hami_host_gpu_utilization_ratio",
-        quantity=Quantity.COMPUTE,
-        level=Level.DEVICE,
-        scale=PERCENT,
-        family="hami",
-    ),
-    MetricMapping(
-        metric="hami_host_gpu_memory_used_bytes",
-        quantity=Quantity.MEMORY_USED,
-        level=Level.DEVICE,
-        family="hami",
-    ),
-    MetricMapping(
-        metric="hami_container_device_utilization_ratio",
-        quantity=Quantity.COMPUTE,
+    _hami("hami_host_gpu_utilization_ratio", Quantity.COMPUTE, level=Level.DEVICE, scale=PERCENT),
+    _hami("hami_host_gpu_memory_used_bytes", Quantity.MEMORY_USED, level=Level.DEVICE),
+    _hami(
+        "hami_container_device_utilization_ratio",
+        Quantity.COMPUTE,
         level=Level.CONTAINER,
         scale=PERCENT,
-        family="hami",
     ),
-    MetricMapping(
-        metric="hami_vgpu_memory_used_bytes",
-        quantity=Quantity.MEMORY_USED,
-        level=Level.CONTAINER,
-        family="hami",
-    ),
+    _hami("hami_vgpu_memory_used_bytes", Quantity.MEMORY_USED, level=Level.CONTAINER),
     # HAMi's scheduler (``:9395``, scraped by HAMi's chart's ServiceMonitor like vGPUmonitor):
     # each GPU's registered memory in bytes, the only device total HAMi exports (NVML memory
     # times ``deviceMemoryScaling``: above the card when HAMi oversubscribes).
-    MetricMapping(
-        metric="hami_gpu_memory_limit_bytes",
-        quantity=Quantity.MEMORY_TOTAL,
-        level=Level.DEVICE,
-        family="hami",
-    ),
+    _hami("hami_gpu_memory_limit_bytes", Quantity.MEMORY_TOTAL, level=Level.DEVICE),
 )
 # HAMi up to v2.8 (and v2.9+ with --legacy-metrics): the same series under older names.
+_hami_legacy = _rows_of("hami-legacy")
 HAMI_LEGACY = (
-    MetricMapping(
-        metric="HostCoreUtilization",
-        quantity=Quantity.COMPUTE,
-        level=Level.DEVICE,
-        scale=PERCENT,
-        family="hami-legacy",
-    ),
-    MetricMapping(
-        metric="HostGPUMemoryUsage",
-        quantity=Quantity.MEMORY_USED,
-        level=Level.DEVICE,
-        family="hami-legacy",
-    ),
-    MetricMapping(
-        metric="Device_utilization_desc_of_container",
-        quantity=Quantity.COMPUTE,
+    _hami_legacy("HostCoreUtilization", Quantity.COMPUTE, level=Level.DEVICE, scale=PERCENT),
+    _hami_legacy("HostGPUMemoryUsage", Quantity.MEMORY_USED, level=Level.DEVICE),
+    _hami_legacy(
+        "Device_utilization_desc_of_container",
+        Quantity.COMPUTE,
         level=Level.CONTAINER,
         scale=PERCENT,
-        family="hami-legacy",
     ),
-    MetricMapping(
-        metric="vGPU_device_memory_usage_in_bytes",
-        quantity=Quantity.MEMORY_USED,
-        level=Level.CONTAINER,
-        family="hami-legacy",
-    ),
-    MetricMapping(
-        metric="GPUDeviceMemoryLimit",
-        quantity=Quantity.MEMORY_TOTAL,
-        level=Level.DEVICE,
-        family="hami-legacy",
-    ),
+    _hami_legacy("vGPU_device_memory_usage_in_bytes", Quantity.MEMORY_USED, level=Level.CONTAINER),
+    _hami_legacy("GPUDeviceMemoryLimit", Quantity.MEMORY_TOTAL, level=Level.DEVICE),
 )
 # vLLM's own metrics: application signals, per pod.
+_vllm = _rows_of("vllm", level=Level.APP)
 VLLM = (
-    MetricMapping(
-        metric="vllm:kv_cache_usage_perc",
-        quantity=Quantity.KV_CACHE,
-        level=Level.APP,
-        family="vllm",
-    ),
-    MetricMapping(
-        metric="vllm:gpu_cache_usage_perc",
-        quantity=Quantity.KV_CACHE,
-        level=Level.APP,
-        family="vllm",
-    ),
-    MetricMapping(
-        metric="vllm:num_requests_waiting",
-        quantity=Quantity.WAITING,
-        level=Level.APP,
-        family="vllm",
-    ),
+    _vllm("vllm:kv_cache_usage_perc", Quantity.KV_CACHE),
+    _vllm("vllm:gpu_cache_usage_perc", Quantity.KV_CACHE),
+    _vllm("vllm:num_requests_waiting", Quantity.WAITING),
     # A counter (``model_name``, V1 ``engine``): requests preempted for want of KV-cache room.
-    MetricMapping(
-        metric="vllm:num_preemptions_total",
-        quantity=Quantity.PREEMPTIONS,
-        level=Level.APP,
-        family="vllm",
-    ),
+    _vllm("vllm:num_preemptions_total", Quantity.PREEMPTIONS),
 )
 
 # vLLM's KV pool (vllm/v1/metrics/loggers.py ``log_metrics_info``, at commit 005a810b): an info
@@ -314,19 +212,13 @@ VLLM = (
 # pool in bytes when ``--kv-cache-memory-bytes`` set it ("None" otherwise: vLLM exports no
 # pool size in bytes of its own, the bytes per token being the model's).
 VLLM_KV_POOL = (
-    MetricMapping(
-        metric="vllm:cache_config_info",
-        quantity=Quantity.KV_CAPACITY_TOKENS,
-        level=Level.APP,
-        family="vllm",
+    _vllm(
+        "vllm:cache_config_info",
+        Quantity.KV_CAPACITY_TOKENS,
         value_labels=("num_gpu_blocks", "block_size"),
     ),
-    MetricMapping(
-        metric="vllm:cache_config_info",
-        quantity=Quantity.KV_POOL_BYTES,
-        level=Level.APP,
-        family="vllm",
-        value_labels=("kv_cache_memory_bytes",),
+    _vllm(
+        "vllm:cache_config_info", Quantity.KV_POOL_BYTES, value_labels=("kv_cache_memory_bytes",)
     ),
 )
 # SGLang (python/sglang/srt/metrics/collector.py ``SchedulerMetricsCollector`` at 00ae9c15;
@@ -334,43 +226,20 @@ VLLM_KV_POOL = (
 # ``sglang:token_usage`` is the KV pool's share in use, 0..1; ``sglang:num_used_tokens`` and
 # ``sglang:max_total_num_tokens`` ("Maximum total number of tokens in the KV cache pool") the
 # same in tokens. No pool size in bytes is exported.
+_sglang = _rows_of("sglang", level=Level.APP)
 SGLANG = (
-    MetricMapping(
-        metric="sglang:token_usage",
-        quantity=Quantity.KV_CACHE,
-        level=Level.APP,
-        family="sglang",
-    ),
-    MetricMapping(
-        metric="sglang:num_used_tokens",
-        quantity=Quantity.KV_USED_TOKENS,
-        level=Level.APP,
-        family="sglang",
-    ),
-    MetricMapping(
-        metric="sglang:max_total_num_tokens",
-        quantity=Quantity.KV_CAPACITY_TOKENS,
-        level=Level.APP,
-        family="sglang",
-    ),
+    _sglang("sglang:token_usage", Quantity.KV_CACHE),
+    _sglang("sglang:num_used_tokens", Quantity.KV_USED_TOKENS),
+    _sglang("sglang:max_total_num_tokens", Quantity.KV_CAPACITY_TOKENS),
 )
 # TGI (backends/v3/src/lib.rs and backend.rs at db931fcf, no labels): no KV usage gauge.
 # ``tgi_batch_max_total_tokens`` is the token capacity warmup found room for (set once, v3 only)
 # and ``tgi_batch_current_max_tokens`` the tokens the running batch may reach (0 when idle), so
 # their ratio is the share of the pool the batch reserves: at or above what it uses.
+_tgi = _rows_of("tgi", level=Level.APP)
 TGI = (
-    MetricMapping(
-        metric="tgi_batch_current_max_tokens",
-        quantity=Quantity.KV_USED_TOKENS,
-        level=Level.APP,
-        family="tgi",
-    ),
-    MetricMapping(
-        metric="tgi_batch_max_total_tokens",
-        quantity=Quantity.KV_CAPACITY_TOKENS,
-        level=Level.APP,
-        family="tgi",
-    ),
+    _tgi("tgi_batch_current_max_tokens", Quantity.KV_USED_TOKENS),
+    _tgi("tgi_batch_max_total_tokens", Quantity.KV_CAPACITY_TOKENS),
 )
 
 BUILT_IN: dict[str, tuple[MetricMapping, ...]] = {

@@ -22,7 +22,7 @@ from itertools import repeat
 
 from pydantic import ValidationError
 
-from fracpilot_decision.forecasts import card_forecast, keep_jump, keep_profile, prior_of
+from fracpilot_decision.forecasts import card_forecast, keep_jump, prior_of
 from fracpilot_decision.metrics import DecisionMetrics, RecommendationMetrics
 from fracpilot_decision.partition_state import Partition
 from fracpilot_decision.routing import (
@@ -223,7 +223,6 @@ class Decider:
         now = sample.timestamp.timestamp()
         share = sample.memory_share
         new = keep_jump(state, new, share, now, policy)
-        new = keep_profile(state, new, share, now, policy)  # the card planner's peak profile
         if decision is not None:
             forecast = card_forecast(new, policy, now, self._prior(part, now, policy))
             update = {"forecast": forecast, "isolation": policy.isolation}

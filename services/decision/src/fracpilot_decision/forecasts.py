@@ -5,8 +5,8 @@ isolation: :mod:`fracpilot_libs.placement.card_budget`); it needs each workload'
 its jump statistic and a compute summary (:class:`~fracpilot_libs.contracts.CardForecast`).
 The engine stays per workload: :func:`keep_jump` keeps the jump statistic in the state's
 ``memory_jump`` (checkpointed with it), which the engine itself updates only under a learned
-headroom; :func:`keep_profile` keeps the workload's exact memory peak per period of the shared
-clock in its ``memory_profile`` (checkpointed too) with the replay's own function
+headroom; the engine keeps the workload's exact memory peak per period of the shared clock in
+the state's ``memory_profile`` (checkpointed too) with the replay's own function
 (:func:`fracpilot_libs.sizing.peak_profile.with_peak`); and :func:`card_forecast` reads the
 forecast from the state (:mod:`fracpilot_libs.sizing.forecast`, as ``fracpilot replay --pack
 --isolation shared`` does), with the profile over the window, so that the actuator budgets a
@@ -32,13 +32,7 @@ from fracpilot_libs.sizing.forecast import (
     jump_after,
     population_prior,
 )
-from fracpilot_libs.sizing.peak_profile import (
-    NO_PROFILE,
-    in_window,
-    profile_period,
-    window_first,
-    with_peak,
-)
+from fracpilot_libs.sizing.peak_profile import in_window, profile_period, window_first
 from fracpilot_libs.sizing.state import WorkloadState, evolve
 
 _LEARNED = MemoryHeadroomMode.LEARNED
@@ -62,32 +56,6 @@ def keep_jump(
         return after
     new = jump_after(jump, before, share, now, policy)
     return after if new == after.memory_jump else evolve(after, memory_jump=new)
-
-
-def keep_profile(
-    before: WorkloadState | None,
-    after: WorkloadState,
-    share: float,
-    now: float,
-    policy: Policy,
-) -> WorkloadState:
-    """``after`` (the engine's state once it observed a sample of ``share`` memory at ``now``)
-    with the peak profile of ``before`` updated by that sample (a new profile only when the
-    peak rose).
-
-    The engine does not carry the profile from state to state (``observe`` builds its state
-    positionally, without it), so it is put on ``after`` here, *in place*: ``after`` is the
-    state :func:`~fracpilot_libs.sizing.engine.decide` just made, which nothing else holds
-    yet, and a copy of it per sample would cost as much again as the engine's own state. A
-    state that is ``before`` itself is copied."""
-    old = before.memory_profile if before is not None else NO_PROFILE
-    profile = with_peak(old, share, now, profile_period(policy))
-    if after.memory_profile is profile:
-        return after
-    if after is before:
-        return evolve(after, memory_profile=profile)
-    object.__setattr__(after, "memory_profile", profile)  # frozen, but fresh: see above
-    return after
 
 
 def _share(value: float) -> float:

@@ -14,9 +14,7 @@ from fracpilot_libs.placement.planner import (
     Placement,
     add_node,
     apply_plan,
-    apply_pod_plan,
     fits,
-    plan_consolidation,
     plan_resize,
 )
 
@@ -202,40 +200,6 @@ def test_nodes_are_unique_and_ordered() -> None:
     assert state.nodes == ("n1", "n2")
     assert state.gpu("GPU-n2-0") is not None
     assert state.gpu("GPU-n3-0") is None
-
-
-# --- plan_consolidation (replay --pack only) --------------------------------------------------
-
-
-def _placed(state: ClusterState, name: str) -> Placement:
-    placement = state.placement(workload(name))
-    assert placement is not None
-    return placement
-
-
-def test_consolidation_moves_a_lone_pod_to_the_fullest_gpu_in_use_that_holds_it() -> None:
-    state = cluster(
-        ("a", [("lone", 0.25)]),
-        ("b", [("x", 0.5)]),  # 0.5 free
-        ("c", [("y", 0.75)]),  # 0.25 free: the best fit
-        ("d", []),  # empty: moving there frees nothing
-    )
-    plan = plan_consolidation(state, _placed(state, "lone"))
-    assert plan.kind is PlanKind.RECREATE_ELSEWHERE
-    assert (plan.gpu_before, plan.gpu_after) == ("GPU-a", "GPU-c")
-    assert plan.fraction_before == plan.fraction_after == 0.25
-    after = apply_pod_plan(state, plan)
-    assert after.used("GPU-a") == 0.0
-    assert after.used("GPU-c") == pytest.approx(1.0)
-
-
-def test_no_consolidation_for_a_shared_gpu_or_without_room_in_use() -> None:
-    shared = cluster(("a", [("p", 0.25), ("q", 0.25)]), ("b", [("x", 0.25)]))
-    assert plan_consolidation(shared, _placed(shared, "p")).kind is PlanKind.NONE
-    full = cluster(("a", [("lone", 0.5)]), ("b", [("x", 0.75)]), ("c", []))
-    plan = plan_consolidation(full, _placed(full, "lone"))
-    assert plan.kind is PlanKind.NONE
-    assert plan.gpu_after == "GPU-a"
 
 
 # --- property: plans never overcommit a GPU ------------------------------------------------------
