@@ -3,7 +3,7 @@ with ``--cluster``, R3 on a three-node JetStream cluster next to R1 on one serve
 
 Usage: python bench/e2e.py [--workloads 1000 10000 100000] [--rounds 8 | --duration S]
                            [--interval 15] [--hot 100] [--backlog 200000] [--partitions 16]
-                           [--profile DIR] [--cluster [--pairs 1]]
+                           [--profile DIR] [--cluster [--pairs 1]] [--wire sample|batch|both]
 
 For each workload count, on a fresh embedded nats-server, with one decision replica and the
 actuator on the simulated cluster (each a process, as deployed):
@@ -22,6 +22,11 @@ actuator on the simulated cluster (each a process, as deployed):
    ``Nats-Msg-Id`` header) published to a plain JetStream stream on the same server, then
    drained by a nats-py pull consumer (fetch in batches of ``--batch``, ack each message):
    the baseline, and the ratio of (2) to it.
+
+``--wire batch`` publishes the paced samples as ingest does by default, in usage batches (one
+message per partition and round, :mod:`fracpilot_libs.nats.usage_batch`); ``--wire both`` runs
+each paced row once a sample a message (the old format) and once in batches, side by side. The
+backlog then counts the samples due at the paced rate, not the messages stored.
 
 ``--cluster`` runs (1) and (2) twice for each workload count, in one run: on one nats-server
 (streams and buckets R1, as the services choose on a single server) and on three nats-server
@@ -84,6 +89,7 @@ from support.nats_cluster import NatsCluster, replicas_of
 LAG = "fracpilot_decision_sample_lag_seconds"
 SAMPLES = "fracpilot_decision_samples_total"
 BACKLOG_EVERY_S = 2.0
+WIRE_LABEL = {"sample": "one sample a message", "batch": "usage batches"}
 
 
 @dataclass(frozen=True)
@@ -141,6 +147,7 @@ class Paced:
     backlog: list[float] = field(default_factory=list)  # at 1/4, 1/2, 3/4, end of publishing
     replicas: str = ""
     nats: str = ""
+    wire: str = "sample"  # one sample a message, or usage batches
 
 
 @dataclass
@@ -180,8 +187,12 @@ def start_pipeline(
     return actuator, decision, port
 
 
-async def watch_backlog(url: str, port: int, base: float, out: list[tuple[float, float]]) -> None:
-    """Every few seconds: (monotonic time, samples stored in the usage streams not yet decided)."""
+async def watch_backlog(
+    url: str, port: int, base: float, out: list[tuple[float, float]], due: Due | None = None
+) -> None:
+    """Every few seconds: (monotonic time, samples stored in the usage streams not yet decided).
+    With usage batches a stored message holds many samples: the samples due by then at the
+    paced rate (``due``) stand for those stored."""
     nc = await nats.connect(url.split(","))
     js = nc.jetstream()
     try:
@@ -190,15 +201,31 @@ async def watch_backlog(url: str, port: int, base: float, out: list[tuple[float,
                 # decided first, stored second: a sample is stored before it is decided
                 snapshot = await asyncio.to_thread(scrape, port)  # off the loop: the observer
                 infos = await js.streams_info()
-                stored = sum(
-                    i.state.messages
-                    for i in infos
-                    if str(i.config.name).startswith(subjects.USAGE_STREAM_PREFIX)
+                stored = (
+                    due.at(time.monotonic())
+                    if due is not None
+                    else sum(
+                        i.state.messages
+                        for i in infos
+                        if str(i.config.name).startswith(subjects.USAGE_STREAM_PREFIX)
+                    )
                 )
                 out.append((time.monotonic(), stored - (metric(snapshot, SAMPLES) - base)))
             await asyncio.sleep(BACKLOG_EVERY_S)
     finally:
         await nc.close()
+
+
+@dataclass(frozen=True)
+class Due:
+    """The samples due by a moment at the paced rate, from the publisher's start."""
+
+    started: float
+    rate: float
+    total: int
+
+    def at(self, now: float) -> float:
+        return min(float(self.total), max(0.0, (now - self.started) * self.rate))
 
 
 def backlog_at_quarters(
@@ -226,15 +253,17 @@ async def declare(url: str, partitions: int, attempts: int = 6) -> None:
             print(f"    making the streams timed out (attempt {attempt + 1}); again", flush=True)
 
 
-async def paced(workloads: int, args: argparse.Namespace) -> Paced:
+async def paced(workloads: int, args: argparse.Namespace, wire: str = "sample") -> Paced:
     with one_server() as nut:
-        return await paced_on(nut, workloads, args)
+        return await paced_on(nut, workloads, args, wire)
 
 
-async def paced_on(nut: NatsUnderTest, workloads: int, args: argparse.Namespace) -> Paced:
+async def paced_on(
+    nut: NatsUnderTest, workloads: int, args: argparse.Namespace, wire: str = "sample"
+) -> Paced:
     hot = hot_set(workloads, args.hot)
     await declare(nut.url, args.partitions)
-    tag = f"paced-{nut.label.replace(' ', '-')}"
+    tag = f"paced-{nut.label.replace(' ', '-')}-{wire}"
     actuator, decision, port = start_pipeline(nut.url, workloads, hot, args, tag)
     observer = Observer()
     points: list[tuple[float, float]] = []
@@ -249,10 +278,14 @@ async def paced_on(nut: NatsUnderTest, workloads: int, args: argparse.Namespace)
         cpu0, srv0 = cpu_seconds(decision.proc.pid), nut.cpu_seconds()
         target = workloads / args.interval
         total = workloads * args.rounds
-        plan = PublishPlan(nut.url, workloads, tuple(hot), args.rounds, rate=target)
+        batches_of = args.partitions if wire == "batch" else 0
+        plan = PublishPlan(
+            nut.url, workloads, tuple(hot), args.rounds, rate=target, batches_of=batches_of
+        )
         proc, pipe = start_publisher(plan)
         started = time.monotonic()
-        watcher = asyncio.create_task(watch_backlog(nut.url, port, base, points))
+        due = Due(started, target, total) if batches_of else None
+        watcher = asyncio.create_task(watch_backlog(nut.url, port, base, points, due))
         published: dict[str, float] = await asyncio.to_thread(pipe.recv)
         proc.join()
         ended = time.monotonic()
@@ -295,6 +328,7 @@ async def paced_on(nut: NatsUnderTest, workloads: int, args: argparse.Namespace)
             backlog=backlog_at_quarters(points, ended - publishing_s, publishing_s),
             replicas=await stream_replicas(nut.url),
             nats=nut.label,
+            wire=wire,
         )
     finally:
         await observer.close()
@@ -410,7 +444,8 @@ def report(paced_rows: list[Paced], drains: list[Drain]) -> None:
         )
         behind = "caught up" if p.caught_up_s is not None else "NOT caught up"
         print(
-            f"{'':>10}  publisher {p.publish_rate:,.0f}/s; after the last publish: {behind}"
+            f"{'':>10}  {WIRE_LABEL[p.wire]}; publisher {p.publish_rate:,.0f}/s; "
+            f"after the last publish: {behind}"
             f"{f' in {p.caught_up_s:.1f} s' if p.caught_up_s is not None else ''}; "
             f"{p.results:,} results timed; CPU: decision service {p.decision_cores:.2f} "
             f"cores ({p.decision_cpu_us:.0f} us/sample), nats-server {p.server_cores:.2f} cores "
@@ -480,7 +515,8 @@ def report_pair(pair: Pair) -> None:
 
     print(
         f"\npaced, {pair.workloads:,} workloads, a sample each every {interval_of(a):g} s "
-        f"(target {a.target:,.0f}/s), {a.publishing_s:.0f} s of publishing, one decision replica"
+        f"(target {a.target:,.0f}/s), {a.publishing_s:.0f} s of publishing, one decision replica, "
+        f"{WIRE_LABEL[a.wire]}"
     )
     print(f"{'':<46}{a.replicas + ' ' + a.nats:>16}{b.replicas + ' ' + b.nats:>16}{'R3/R1':>9}")
     row("sample -> decision p50 ms", a.to_decision[0], b.to_decision[0])
@@ -514,18 +550,19 @@ def report_pair(pair: Pair) -> None:
 
 async def cluster_main(args: argparse.Namespace) -> None:
     pairs: list[Pair] = []
-    for w in args.workloads:
+    for w, wire in ((w, wire) for w in args.workloads for wire in wires_of(args)):
         for n in range(args.pairs):
             runs: dict[str, tuple[Paced, Drain | None]] = {}
             for name, nats_under_test in (("R1", one_server), ("R3", three_nodes)):
-                print(f"... paced, {w:,} workloads, {name} (pair {n + 1})", flush=True)
+                label = f"{w:,} workloads, {WIRE_LABEL[wire]}, {name} (pair {n + 1})"
+                print(f"... paced, {label}", flush=True)
                 with nats_under_test() as nut:
-                    p = await paced_on(nut, w, args)
+                    p = await paced_on(nut, w, args, wire)
                 print(f"    p99 -> decision {ms(p.to_decision[1])} ms, decided "
                       f"{p.decided_while_publishing:,.0f}/s while publishing, backlog "
                       f"{', '.join(f'{b:,.0f}' for b in p.backlog)}", flush=True)  # fmt: skip
                 d = None
-                if not args.skip_drain:
+                if not args.skip_drain and wire == "sample":
                     print(f"... backlog, {w:,} workloads, {name}", flush=True)
                     with nats_under_test() as nut:
                         d = await drain_on(nut, w, args)
@@ -536,6 +573,10 @@ async def cluster_main(args: argparse.Namespace) -> None:
         print("\nall pairs")
         for pair in pairs:
             report_pair(pair)
+
+
+def wires_of(args: argparse.Namespace) -> tuple[str, ...]:
+    return ("sample", "batch") if args.wire == "both" else (args.wire,)
 
 
 async def main() -> None:
@@ -566,6 +607,13 @@ async def main() -> None:
         help="a setting of the decision service (repeat)",
     )
     parser.add_argument("--profile", type=Path, help="write the decision service's cProfile")
+    parser.add_argument(
+        "--wire",
+        choices=("sample", "batch", "both"),
+        default="sample",
+        help="paced samples one a message (the old format), in usage batches (what ingest "
+        "publishes by default), or both side by side; the backlog drain stays one a message",
+    )
     args = parser.parse_args()
     logging.getLogger("fracpilot_libs").setLevel(logging.ERROR)  # the bench's own bus clients
     if args.workloads is None:
@@ -583,8 +631,9 @@ async def main() -> None:
         return
     paced_rows, drains = [], []
     for w in args.workloads:
-        print(f"... paced, {w:,} workloads", flush=True)
-        paced_rows.append(await paced(w, args))
+        for wire in wires_of(args):
+            print(f"... paced, {w:,} workloads, {WIRE_LABEL[wire]}", flush=True)
+            paced_rows.append(await paced(w, args, wire))
         if not args.skip_drain:
             print(f"... backlog, {w:,} workloads", flush=True)
             drains.append(await drain(w, args))
