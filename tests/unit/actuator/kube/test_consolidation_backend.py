@@ -23,7 +23,7 @@ from fracpilot_actuator.kube.errors import TransientKubeError
 from fracpilot_actuator.kube.settings import KubeBackendSettings
 from fracpilot_actuator.metrics import ConsolidationMetrics
 from fracpilot_actuator.settings import ConsolidationSettings, EvictionSettings
-from fracpilot_actuator.stores.memory import MemoryTargetStore
+from fracpilot_actuator.stores.memory import MemoryConsolidationProgress, MemoryTargetStore
 from fracpilot_libs.contracts import (
     ConsolidationMode,
     ConsolidationMove,
@@ -116,7 +116,11 @@ class Published(list[tuple[str, WireModel]]):
 
 
 def backend_on(
-    api: ClusterApi, mode: str = "auto", published: Published | None = None, **limits: Any
+    api: ClusterApi,
+    mode: str = "auto",
+    published: Published | None = None,
+    progress: MemoryConsolidationProgress | None = None,
+    **limits: Any,
 ) -> tuple[KubernetesBackend, CollectorRegistry]:
     async def report(_decision: FractionDecision, _actuation: Actuation) -> None:
         return None
@@ -143,6 +147,7 @@ def backend_on(
         instance="unit",
         consolidation_metrics=ConsolidationMetrics(registry),
         consolidation_events=published,
+        consolidation_progress=progress,
     )
     return backend, registry
 
@@ -294,3 +299,103 @@ def test_a_refused_eviction_is_published_as_failed_then_abandoned() -> None:
     asyncio.run(backend.reconcile(NOW))
     assert [m.state for m in published.moves()] == [MoveState.FAILED, MoveState.ABANDONED]
     assert "refused" in published.moves()[0].detail
+
+
+# --- a single card: node n1 keeps a pod, its GPU A is emptied onto GPU B -----------------------
+
+
+class OneNodeApi(ClusterApi):
+    def __init__(self) -> None:
+        super().__init__()
+        self.nodes = [node("n1")]
+        self.pods = [
+            reservation("g1", UUID_A, "n1"),
+            reservation("g2", UUID_B, "n1"),
+            chat("chat-0", "n1", "g1"),
+            chat("chat-1", "n1", "g2"),
+        ]
+
+
+def test_a_card_is_emptied_without_a_taint_and_its_move_verified_on_the_predicted_gpu() -> None:
+    api = OneNodeApi()
+    published = Published()
+    backend, registry = backend_on(api, published=published)
+    asyncio.run(backend.reconcile(NOW))
+    assert api.taints("n1") == []  # a card carries no mark
+    assert api.writes == [
+        ("event:ConsolidationCardStarted", "n1"),
+        ("event:ConsolidationMove", "chat-0"),
+        ("evict", "chat-0"),
+    ]
+    assert "empties GPU GPU-a on node n1" in api.node_events[0]
+    api.pods.append(chat("chat-2", "n1", "g2"))  # KAI binds the replacement on GPU B
+    asyncio.run(backend.reconcile(NOW + timedelta(seconds=10)))
+    assert api.writes[3:] == [
+        ("event:ConsolidationMoveVerified", "chat-2"),
+        ("event:ConsolidationCardDone", "n1"),
+    ]
+    moves = published.moves()
+    assert [m.state for m in moves] == [MoveState.STARTED, MoveState.VERIFIED, MoveState.FREED]
+    assert "bound on n1, GPU GPU-b (as predicted)" in moves[1].detail
+    assert (moves[2].node, moves[2].freed_node, moves[2].freed_gpus) == ("n1", "", 1)
+    assert value(registry, "fracpilot_consolidation_freed_gpus_total") == 1
+    assert value(registry, "fracpilot_consolidation_freed_nodes_total") == 0
+    assert backend.consolidation.card == ""
+
+
+def test_a_card_move_that_kai_did_not_place_as_predicted_gives_the_card_up() -> None:
+    api = OneNodeApi()
+    published = Published()
+    backend, _ = backend_on(api, published=published)
+    asyncio.run(backend.reconcile(NOW))
+    api.pods.append(chat("chat-2", "n1", "g1"))  # back onto GPU A, the card being emptied
+    asyncio.run(backend.reconcile(NOW + timedelta(seconds=10)))
+    assert [m.state for m in published.moves()] == [
+        MoveState.STARTED,
+        MoveState.VERIFIED,
+        MoveState.ABANDONED,
+    ]
+    assert api.node_events[-1].startswith("ConsolidationCardAbandoned: ")
+    assert "not GPU-b as predicted" in api.node_events[-1]
+    assert backend.consolidation.card == ""
+
+
+def test_a_new_leader_resumes_the_card_and_verifies_the_move_in_flight() -> None:
+    api = OneNodeApi()
+    store = MemoryConsolidationProgress()
+    published = Published()
+    first, _ = backend_on(api, published=published, progress=store)
+    asyncio.run(first.reconcile(NOW))
+    assert '"card": "GPU-a"' in store.text
+    assert '"move": {' in store.text
+    second, _ = backend_on(api, published=published, progress=store)
+    asyncio.run(second.resume(NOW + timedelta(seconds=5)))
+    assert second.consolidation.card == UUID_A
+    assert second.consolidation.move is not None
+    assert len(second.consolidation.moves) == 1  # the rate limit's count goes on
+    assert second.guards.in_flight  # the moving workload stays busy under the new leader
+    api.pods.append(chat("chat-2", "n1", "g2"))
+    asyncio.run(second.reconcile(NOW + timedelta(seconds=10)))
+    assert [m.state for m in published.moves()] == [
+        MoveState.STARTED,
+        MoveState.VERIFIED,
+        MoveState.FREED,
+    ]
+    assert api.writes.count(("evict", "chat-0")) == 1  # not re-planned: nothing evicted twice
+    assert store.text == ""  # nothing in flight any more
+
+
+def test_a_new_leader_gives_up_what_no_longer_matches_the_cluster() -> None:
+    api = ClusterApi()
+    store = MemoryConsolidationProgress()
+    first, _ = backend_on(api, progress=store)
+    asyncio.run(first.reconcile(NOW))  # n1 marked, chat-0 evicted
+    api.nodes[0]["spec"]["taints"] = []  # someone takes the mark off
+    published = Published()
+    second, _ = backend_on(api, published=published, progress=store)
+    asyncio.run(second.resume(NOW + timedelta(seconds=5)))
+    assert (second.consolidation.marked, second.consolidation.move) == ("", None)
+    [abandoned] = published.moves()
+    assert abandoned.state is MoveState.ABANDONED
+    assert "no longer carries the mark" in abandoned.detail
+    assert store.text == ""
