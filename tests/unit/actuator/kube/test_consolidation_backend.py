@@ -14,23 +14,26 @@ from typing import Any, cast
 
 from prometheus_client import CollectorRegistry
 
+from factories import decision
 from fracpilot_actuator.actuation import Actuation
 from fracpilot_actuator.guardrails import GuardrailSettings
 from fracpilot_actuator.kube.api import KubeApi
 from fracpilot_actuator.kube.backend import KubernetesBackend
 from fracpilot_actuator.kube.consolidation_round import MARK_REASON, MARK_TAINT
-from fracpilot_actuator.kube.errors import TransientKubeError
+from fracpilot_actuator.kube.errors import PermanentKubeError, TransientKubeError
 from fracpilot_actuator.kube.settings import KubeBackendSettings
 from fracpilot_actuator.metrics import ConsolidationMetrics
 from fracpilot_actuator.settings import ConsolidationSettings, EvictionSettings
 from fracpilot_actuator.stores.memory import MemoryConsolidationProgress, MemoryTargetStore
 from fracpilot_libs.contracts import (
+    CardForecast,
     ConsolidationMode,
     ConsolidationMove,
     ConsolidationReport,
     FractionDecision,
     MoveState,
     WireModel,
+    WorkloadRef,
 )
 from fracpilot_libs.nats import subjects
 from support.kube_objects import node, pod, reservation
@@ -399,3 +402,62 @@ def test_a_new_leader_gives_up_what_no_longer_matches_the_cluster() -> None:
     assert abandoned.state is MoveState.ABANDONED
     assert "no longer carries the mark" in abandoned.detail
     assert store.text == ""
+
+
+def decide_on(replica_set: str, forecast: CardForecast) -> FractionDecision:
+    """A decision for the pods of a ReplicaSet with no Deployment above it, with a forecast."""
+    ref = WorkloadRef(
+        cluster="test", namespace="inference", owner_kind="ReplicaSet", owner_name=replica_set
+    )
+    return decision(0.8, 0.4, workload=ref, forecast=forecast, decided_at=NOW)
+
+
+def test_a_shrink_is_patched_in_place_read_back_and_explained_before_the_move() -> None:
+    api = OneNodeApi()  # GPU B: chat-1 (0.25) and big-0 (0.6); 0.15 free, chat-0 needs 0.25
+    api.pods.append(
+        pod(
+            "big-0",
+            node_name="n1",
+            annotations={"gpu-fraction": "0.6"},
+            labels={"runai-gpu-group": "g2", "app": "big"},
+            owner=("ReplicaSet", "big-rs"),
+        )
+    )
+    backend, registry = backend_on(api)
+    backend.cards.book.record(
+        decide_on("big-rs", CardForecast(memory_peak=0.3, memory_jump=0.02, compute=0.3))
+    )
+    asyncio.run(backend.reconcile(NOW))
+    assert api.writes == [
+        ("event:ConsolidationCardStarted", "n1"),
+        ("patch", "big-0"),
+        ("event:FractionRedivided", "big-0"),
+    ]
+    [stored] = [p for p in api.pods if p["metadata"]["name"] == "big-0"]
+    shrunk = float(stored["metadata"]["annotations"]["gpu-fraction"])
+    assert 0.3 <= shrunk <= 0.5  # its predicted need at least; room for chat-0
+    assert ("evict", "chat-0") not in api.writes  # the move waits for the next round
+    asyncio.run(backend.reconcile(NOW + timedelta(seconds=1)))
+    assert api.writes[3:] == [("event:ConsolidationMove", "chat-0"), ("evict", "chat-0")]
+    assert value(registry, "fracpilot_consolidation_moves_total", result="verified") == 0
+
+
+def test_a_shrink_refused_gives_the_card_up() -> None:
+    api = OneNodeApi()
+    api.pods[3] = pod(
+        "big-0",
+        node_name="n1",
+        annotations={"gpu-fraction": "0.8"},
+        labels={"runai-gpu-group": "g2", "app": "big"},
+        owner=("ReplicaSet", "big-rs"),
+    )
+    api.refuse_patches = PermanentKubeError("(403)", status=403, message="forbidden")
+    backend, _ = backend_on(api)
+    backend.cards.book.record(
+        decide_on("big-rs", CardForecast(memory_peak=0.3, memory_jump=0.02, compute=0.3))
+    )
+    asyncio.run(backend.reconcile(NOW))
+    assert ("evict", "chat-0") not in api.writes
+    assert api.node_events[-1].startswith("ConsolidationCardAbandoned: ")
+    assert "not re-divided" in api.node_events[-1]
+    assert backend.consolidation.card == ""

@@ -64,13 +64,17 @@ from fracpilot_actuator.kube.inventory import build_inventory, owner_parents
 from fracpilot_actuator.kube.namespaces import NamespaceLabels
 from fracpilot_actuator.kube.reader import ClusterReader
 from fracpilot_actuator.kube.settings import KubeBackendSettings
-from fracpilot_actuator.kube.shared_cards import patch_share
+from fracpilot_actuator.kube.shared_cards import SharedCards, patch_share
 from fracpilot_actuator.metrics import ConsolidationMetrics
 from fracpilot_actuator.stores.ports import ConsolidationProgress, DisruptionHistory
 from fracpilot_libs.contracts import (
+    CardForecast,
     ConsolidationMode,
     ConsolidationMove,
     ConsolidationReport,
+    GpuSharing,
+    MemoryIsolation,
+    Mode,
     MoveState,
     WireModel,
 )
@@ -98,6 +102,7 @@ class ConsolidationHost(Protocol):
     history: DisruptionHistory
     namespaces: NamespaceLabels | None
     instance: str
+    cards: SharedCards  # the forecasts of the decisions seen (shared isolation's shrinks)
 
 
 class Consolidator:
@@ -158,6 +163,8 @@ class Consolidator:
             recent_moves=self.moves,
             now=now,
             card=self.card,
+            card_node=self.card_node,
+            forecasts=await self._forecasts(view, now),
         )
         await self._report(chosen.would, "" if chosen.unmark else chosen.node, now)
         if chosen.unmark and chosen.card:
@@ -321,6 +328,30 @@ class Consolidator:
             pod_groups=kai.pod_groups,
             namespace_labels=labels,
         )
+
+    async def _forecasts(self, view: ConsolidationView, now: datetime) -> dict[str, CardForecast]:
+        """Each KAI pod's card forecast, its workload's last decision's (the decisions seen by
+        this process: :class:`~fracpilot_actuator.stores.forecasts.ForecastBook`), when that
+        decision's policy is auto and its isolation not ``enforced``."""
+        book = self.backend.cards.book
+        if not len(book):
+            return {}
+        parents: dict[str, Any] = {}
+        out: dict[str, CardForecast] = {}
+        for pod in view.inventory.pods.values():
+            if pod.backend is not GpuSharing.KAI or pod.terminating:
+                continue
+            if pod.namespace not in parents:
+                replica_sets, _ = await self.backend.api.list_owners(pod.namespace)
+                parents[pod.namespace] = owner_parents(replica_sets, "ReplicaSet")
+            kind, name = top_owner(pod.namespace, pod.controller, parents[pod.namespace], pod.name)
+            known = book.get((pod.namespace, kind, name), now)
+            if known is None or known.mode is not Mode.AUTO:
+                continue
+            if known.isolation is MemoryIsolation.ENFORCED:
+                continue
+            out[pod.key] = known.forecast
+        return out
 
     async def _report(self, would: ConsolidationPlan, node: str, now: datetime) -> None:
         gpus, nodes, summary = would.cards_freed, len(would.freed_nodes), would.summary()

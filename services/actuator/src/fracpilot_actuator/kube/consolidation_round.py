@@ -43,6 +43,12 @@ The rules:
   what is left; a marked node waits for the next move), no node is started in the quiet hours
   (a marked one is given up then), and the guardrails' disruption budget (the backend checks
   it for each move, as for a decision).
+- **Shared isolation** (:func:`shared_card_budget`): a tenant whose workload's last decision
+  carried a card forecast (the policy auto, its isolation not ``enforced``), opted in to auto,
+  and whose memory nothing enforces (KAI without HAMi-core) has a budgeted share of its card;
+  the planner may shrink it in place to that share to make room for a move (a ``shrink``
+  step, done live as an annotation patch). A card none of whose tenants is such keeps the
+  plain fit rule: each tenant keeps its fraction.
 - **Autoscaler and gang rules**: the planner's (``scale-down-disabled``, ``do-not-disrupt``,
   ``safe-to-evict``, PDBs' ``disruptionsAllowed``, KAI PodGroups' ``minMember``).
 
@@ -58,15 +64,19 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
+from fracpilot_actuator.kube.card_division import LIVE_RULES, STEP, fixed_need, tenant_forecast
+from fracpilot_actuator.kube.enforcement import enforcement_of
 from fracpilot_actuator.kube.gangs import PodGroup, group_of
 from fracpilot_actuator.kube.inventory import Inventory, PodInfo
 from fracpilot_actuator.kube.kai import is_multi_device
 from fracpilot_actuator.kube.object_values import KAI_FRACTION, is_opted_out
 from fracpilot_actuator.opt_in import Automation, automation_of
 from fracpilot_actuator.settings import ConsolidationSettings, OptInSettings
-from fracpilot_libs.contracts import GpuSharing, Mode
+from fracpilot_libs.contracts import CardForecast, GpuSharing, Mode
+from fracpilot_libs.placement.card_budget import TenantForecast, divide, fits
 from fracpilot_libs.placement.consolidation import (
     Candidate,
+    CardBudget,
     ConsolidationPlan,
     ConsolidationStep,
     DisruptionBudget,
@@ -244,11 +254,55 @@ def pins(view: ConsolidationView, opt_in: OptInSettings) -> tuple[dict[str, str]
     return always, unless_opted_in
 
 
+def shrinkable(
+    view: ConsolidationView,
+    forecasts: Mapping[str, CardForecast],
+    always: Mapping[str, str],
+    unless_opted_in: Mapping[str, str],
+) -> dict[str, TenantForecast]:
+    """The pods that may shrink in place, with their forecasts: a forecast given (the caller
+    keeps only an auto policy's, isolation not ``enforced``), a pod that may move (not
+    pinned by :func:`pins`) and whose memory nothing enforces (a limit it refers to and that
+    is not read here counts as enforced)."""
+    out: dict[str, TenantForecast] = {}
+    for key, forecast in forecasts.items():
+        pod = view.inventory.pods.get(key)
+        if pod is None or key in always or key in unless_opted_in:
+            continue
+        enforced = enforcement_of(pod, {}, 0)
+        if enforced.enforced or enforced.unknown:
+            continue
+        out[key] = tenant_forecast(forecast)
+    return out
+
+
+def shared_card_budget(tenants: Mapping[str, TenantForecast]) -> CardBudget:
+    """The planner's card budget from the shrinkable ``tenants`` (:func:`shrinkable`): on a
+    card that holds one, the card planner's division with the peaks summed (each keeps at
+    least its predicted need: :data:`~.card_division.LIVE_RULES`), every other tenant a fixed
+    need that keeps its fraction; a card without one is not budgeted (each keeps its own)."""
+
+    def budget(gpu_uuid: str, held: Mapping[str, float]) -> Mapping[str, float] | None:
+        del gpu_uuid  # every card is one whole GPU
+        if not any(k in tenants for k in held):
+            return dict(held)
+        known = {k: tenants.get(k) or fixed_need(f) for k, f in held.items()}
+        if not fits(known.values(), LIVE_RULES):
+            return None
+        shares = divide(known, LIVE_RULES)
+        return {k: max(STEP, shares[k]) if k in tenants else f for k, f in held.items()}
+
+    return budget
+
+
 # --- the round -------------------------------------------------------------------------------
 
 
 def _plan(
-    view: ConsolidationView, pinned: Mapping[str, str], max_moves: int = UNLIMITED
+    view: ConsolidationView,
+    pinned: Mapping[str, str],
+    max_moves: int = UNLIMITED,
+    card_budget: CardBudget | None = None,
 ) -> ConsolidationPlan:
     inventory = view.inventory
     return consolidation_plan(
@@ -263,6 +317,7 @@ def _plan(
         gangs=gangs_of(inventory.pods.values(), view.pod_groups),
         spread=False,  # KAI places fraction pods: no topology spread
         pinned=pinned,
+        card_budget=card_budget,
     )
 
 
@@ -317,22 +372,30 @@ def consolidation_round(
     recent_moves: Sequence[datetime],
     now: datetime,
     card: str = "",
+    card_node: str = "",
+    forecasts: Mapping[str, CardForecast] | None = None,
 ) -> Round:
     """This round's answer (the module docstring); ``marked``: the node carrying our mark ("":
-    none); ``card``: the card being emptied ("": none; ignored while a node is marked);
-    ``recent_moves``: when the moves of the last hour started."""
+    none); ``card``: the card being emptied ("": none; ignored while a node is marked) and
+    ``card_node`` its node; ``recent_moves``: when the moves of the last hour started;
+    ``forecasts``: the card forecasts of pods under shared isolation, by ``namespace/name``
+    (:func:`shrinkable`)."""
     always, unless_opted_in = pins(view, opt_in)
-    would = _plan(view, always)
+    tenants = shrinkable(view, forecasts or {}, always, unless_opted_in)
+    budget = shared_card_budget(tenants) if tenants else None
+    would = _plan(view, always, card_budget=budget)
     card = "" if marked else card
     if settings.mode != "auto":
         unmark = f"consolidation is {settings.mode}" if marked or card else ""
-        node = marked or (_node_of(view, card) if card else "")
+        node = marked or card_node
         return Round(would, node=node, card=card, unmark=unmark, held_back=f"{settings.mode} mode")
     pinned = {**always, **unless_opted_in}
     left = max(0, settings.max_moves_per_hour - moves_in_last_hour(recent_moves, now))
     quiet = settings.quiet_at(now.hour)
     if card:
-        return _card_round(view, settings, would, pinned, card, left=left, quiet=quiet)
+        return _card_round(
+            view, settings, would, pinned, card, card_node, left=left, quiet=quiet, budget=budget
+        )
     if marked:
         on_node = [
             p for p in view.inventory.state.placements if _node_of(view, p.gpu_uuid) == marked
@@ -356,7 +419,7 @@ def consolidation_round(
             for p in view.inventory.state.placements
             if _node_of(view, p.gpu_uuid) != marked
         }
-        plan = _plan(view, {**others, **pinned})
+        plan = _plan(view, {**others, **pinned}, card_budget=budget)
         steps = _node_steps(plan, marked)
         if marked not in plan.freed_nodes or not steps:
             return Round(would, node=marked, unmark=_refusal(plan, marked))
@@ -369,7 +432,7 @@ def consolidation_round(
         return Round(would, node=marked, step=steps[0])
     if quiet:
         return Round(would, held_back="quiet hours")
-    plan = _plan(view, pinned)
+    plan = _plan(view, pinned, card_budget=budget)
     for node in dict.fromkeys(s.frees_name for s in plan.steps if s.frees is Candidate.NODE):
         steps = _node_steps(plan, node)
         moves = sum(1 for s in steps if s.kind is StepKind.MOVE)
@@ -390,7 +453,7 @@ def consolidation_round(
         )
     for uuid in dict.fromkeys(s.frees_name for s in plan.steps if s.frees is Candidate.GPU):
         node = _node_of(view, uuid)
-        alone = _plan(view, {**_alone(view, uuid), **pinned})
+        alone = _plan(view, {**_alone(view, uuid), **pinned}, card_budget=budget)
         steps = _card_steps(alone, uuid, node)
         moves = sum(1 for s in steps if s.kind is StepKind.MOVE)
         if uuid not in alone.emptied_gpus or not steps or moves > left:
@@ -417,14 +480,18 @@ def _card_round(
     would: ConsolidationPlan,
     pinned: Mapping[str, str],
     card: str,
+    card_node: str,
     *,
     left: int,
     quiet: bool,
+    budget: CardBudget | None,
 ) -> Round:
-    """The next step on the card being emptied, or why it is given up (or done)."""
-    node = _node_of(view, card)
-    if not node:
-        return Round(would, card=card, unmark=f"GPU {card} is not in the cluster any more")
+    """The next step on the card being emptied, or why it is given up (or done). A KAI card
+    is known by its GPU group's reservation pod, which KAI deletes when the card's last
+    tenant goes: an id no pod holds any more is a card emptied, on a node still there."""
+    node = _node_of(view, card) or card_node
+    if node not in view.nodes:
+        return Round(would, node=node, card=card, unmark=f"node {node} is not in the cluster")
     on_card = [p for p in view.inventory.state.placements if p.gpu_uuid == card]
     if not on_card:
         return Round(
@@ -441,7 +508,7 @@ def _card_round(
         return Round(
             would, node=node, card=card, unmark="quiet hours began", held_back="quiet hours"
         )
-    plan = _plan(view, {**_alone(view, card), **pinned})
+    plan = _plan(view, {**_alone(view, card), **pinned}, card_budget=budget)
     steps = _card_steps(plan, card, node)
     if card not in plan.emptied_gpus or not steps:
         return Round(would, node=node, card=card, unmark=_card_refusal(plan, card))
@@ -630,11 +697,11 @@ def progress_of(text: str) -> Progress:
 def resume_refusal(progress: Progress, view: ConsolidationView) -> str | None:
     """Why a new leader does not go on with the saved progress (None: it does; the round then
     checks the plan itself, as every round does): a node that no longer carries our mark
-    (taken off by someone, or by the last leader just before it stopped), or a card that is
-    not in the cluster any more."""
-    if progress.card:
-        if not _node_of(view, progress.card):
-            return f"GPU {progress.card} is not in the cluster any more"
+    (taken off by someone, or by the last leader just before it stopped), or a card whose node
+    is not in the cluster any more."""
+    if progress.card:  # an emptied KAI card leaves the inventory (_card_round): its node stays
+        if progress.node not in view.nodes:
+            return f"node {progress.node} of GPU {progress.card} is not in the cluster any more"
         return None
     if progress.node not in marked_nodes(view.nodes):
         return f"node {progress.node} no longer carries the mark {MARK_TAINT}"
