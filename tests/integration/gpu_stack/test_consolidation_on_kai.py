@@ -45,9 +45,11 @@ from fracpilot_actuator.app import ActuatorService
 from fracpilot_actuator.kube.backend import KubernetesBackend
 from fracpilot_actuator.kube.consolidation_round import MARK_TAINT
 from fracpilot_actuator.kube.object_values import KAI_GROUP
+from fracpilot_libs.contracts import CardForecast
 from fracpilot_libs.placement.consolidation import SCALE_DOWN_DISABLED
 from support.fracpilot_on_stack import (
     actuator_on_stack,
+    decide,
     in_thread,
     kai_deployment,
     kai_pod_body,
@@ -399,3 +401,75 @@ async def test_fracpilot_empties_one_card_and_kai_binds_the_move_where_predicted
         assert sample(service, "fracpilot_consolidation_freed_nodes_total") == 0
         raw = await in_thread(stack.get, "Node", node)
         assert MARK_TAINT not in {t["key"] for t in raw["spec"].get("taints") or []}
+
+
+def a_shared_card_and_a_lone_one(stack: GpuStack, ns: str) -> dict[str, list[dict[str, Any]]]:
+    """GPU X: chat's first pod (0.25) and big (0.6), 0.15 free; GPU Y: chat's second pod alone
+    (it does not fit on X). KAI binpacks big onto chat's card, then the second chat pod onto the
+    idle one."""
+    stack.create(kai_deployment("chat", "0.25"), ns)
+    [first] = wait_running(stack, ns, "chat")
+    stack.create(kai_deployment("big", "0.6"), ns)
+    [big] = wait_running(stack, ns, "big")
+    assert group_of(big) == group_of(first)
+    client.AppsV1Api(stack.api).patch_namespaced_deployment_scale(
+        "chat", ns, {"spec": {"replicas": 2}}
+    )
+    pods = wait_running(stack, ns, "chat", count=2)
+    assert len({group_of(p) for p in pods}) == 2
+    stack.create(pdb("chat", 1), ns)
+
+    def budget_known() -> bool | None:
+        status = stack.get("PodDisruptionBudget", "chat", ns, "policy/v1").get("status") or {}
+        return True if status.get("disruptionsAllowed") == 1 else None
+
+    stack.wait(budget_known, "PDB chat allowing 1", 60)
+    return {"chat": pods, "big": [big]}
+
+
+@pytest.mark.timeout(300)
+async def test_under_shared_isolation_a_tenant_shrinks_in_place_then_the_lone_pod_moves(
+    gpu_stack: GpuStack,
+    gpu_namespace: str,
+    nats_url: str,
+    tmp_path: Path,
+    make_gpu_node: Callable[[int], str],
+) -> None:
+    """big's workload decided with a card forecast (need 0.3): the planner shrinks big in place
+    to its card budget on GPU X (KAI re-reads the annotation: accounting only, no restart), which
+    makes room for chat's lone pod on GPU Y; KAI binds its replacement on X, as predicted."""
+    stack, ns = gpu_stack, gpu_namespace
+    node = await in_thread(make_gpu_node, 2)
+    before = await in_thread(a_shared_card_and_a_lone_one, stack, ns)
+    [big] = before["big"]
+    old_uids = {p["metadata"]["uid"] for p in before["chat"]}
+    async with actuator_on_stack(
+        stack, nats_url, ns, tmp_path, consolidation=consolidation("auto")
+    ) as service:
+        forecast = CardForecast(memory_peak=0.3, memory_jump=0.02, compute=0.3)
+        made = decide(ns, "big", big["metadata"]["name"], 0.6, 0.4)  # recorded, not sent
+        backend_of(service).cards.book.record(made.model_copy(update={"forecast": forecast}))
+        with ReadyWatch(stack, ns) as ready:
+            [done] = await in_thread(
+                stack.wait,
+                lambda: events(stack, "default", "ConsolidationCardDone", [node]) or None,
+                "fracpilot to report the card emptied",
+                180,
+            )
+        assert ready.fewest >= 1
+        [redivided] = await in_thread(events, stack, ns, "FractionRedivided")
+        assert redivided["involvedObject"]["name"] == big["metadata"]["name"]
+        now_big = await in_thread(stack.get, "Pod", big["metadata"]["name"], ns)
+        assert now_big["metadata"]["uid"] == big["metadata"]["uid"]  # in place: no restart
+        shrunk = float(now_big["metadata"]["annotations"]["gpu-fraction"])
+        assert 0.3 <= shrunk <= 0.5
+        pods = await in_thread(running_pods, stack, ns, "chat")
+        assert len(pods) == 2
+        assert {group_of(p) for p in pods} == {group_of(big)}  # all on GPU X now
+        [moved] = [p for p in pods if p["metadata"]["uid"] not in old_uids]
+        [verified] = await in_thread(events, stack, ns, "ConsolidationMoveVerified")
+        assert verified["involvedObject"]["name"] == moved["metadata"]["name"]
+        assert f"{group_of(big)} (as predicted)" in verified["message"]
+        assert "holds no pod any more" in done["message"]
+        assert sample(service, "fracpilot_consolidation_freed_gpus_total") == 1
+        print(f"\nshared isolation: big shrunk in place 0.6 -> {shrunk:g}; {done['message']}")

@@ -152,6 +152,8 @@ class Consolidator:
         view = await self._read()
         marked = marked_nodes(view.nodes)  # a new leader's first round finds the mark here
         self.marked = marked[0] if marked else ""
+        if self.marked and self.card:  # one at a time: a marked node (a leftover) goes first
+            await self._release_card(view, f"node {self.marked} is being emptied")
         for extra in marked[1:]:  # one node at a time: any other mark is a leftover
             await self._unmark(view, extra, "another node is being emptied")
         self.moves = [t for t in self.moves if now - t < timedelta(hours=1)]
