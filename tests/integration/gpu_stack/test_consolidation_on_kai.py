@@ -18,6 +18,15 @@ is short because both nodes are unremovable (not underutilized) until fracpilot 
 Variants, same set-up: recommend mode, both nodes annotated scale-down-disabled, a PDB allowing
 0: nothing moves and ``fracpilot_consolidation_would_free_gpus`` / ``_nodes`` say what would be
 freed (1 and 1 in recommend mode, 0 and 0 when nothing may go).
+
+A single card (a GPU of a node that keeps other pods): one kwok node with 2 GPUs; ``chat``'s two
+pods each alone on its own card (KAI would binpack them onto one: a 0.75 filler pod fills the
+first pod's card while the second is placed, then goes), a PDB allowing one disruption. No other
+node can take a pod, so no node can be emptied: fracpilot empties one card without a taint,
+evicting its pod; KAI's binpack binds the replacement on the other card, the one the planner
+predicted (the emptied card is all released and takes no shared pod: ``IsTaskFitOnGpuGroup``,
+``pkg/scheduler/api/node_info/gpu_sharing_node_info.go``, KAI v0.12.0); KAI deletes the emptied
+card's reservation pod, and the card is reported freed.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +44,15 @@ from kubernetes import client
 from fracpilot_actuator.app import ActuatorService
 from fracpilot_actuator.kube.backend import KubernetesBackend
 from fracpilot_actuator.kube.consolidation_round import MARK_TAINT
+from fracpilot_actuator.kube.object_values import KAI_GROUP
+from fracpilot_libs.contracts import CardForecast
 from fracpilot_libs.placement.consolidation import SCALE_DOWN_DISABLED
 from support.fracpilot_on_stack import (
     actuator_on_stack,
+    decide,
     in_thread,
     kai_deployment,
+    kai_pod_body,
     pdb,
     running_pods,
     wait_running,
@@ -240,7 +253,8 @@ async def test_fracpilot_empties_a_node_and_the_autoscaler_removes_it(
             assert all(p["metadata"]["uid"] not in moved for p in pods)
             # Verified from the replacement, where the planner predicted KAI would put it.
             [verified] = await in_thread(events, stack, ns, "ConsolidationMoveVerified")
-            assert f"bound on {left} (as predicted)" in verified["message"]
+            assert f"bound on {left}, GPU " in verified["message"]
+            assert "(as predicted)" in verified["message"]
             assert verified["involvedObject"]["name"] in {p["metadata"]["name"] for p in pods}
             [move] = await in_thread(events, stack, ns, "ConsolidationMove")
             assert "autoscaler can remove it" in move["message"]
@@ -303,3 +317,159 @@ async def test_nothing_moves_when_it_may_not_and_the_would_free_gauges_say_so(
                 assert MARK_TAINT not in {t["key"] for t in taints}
             assert await in_thread(events, stack, ns, "ConsolidationMove") == []
             assert sample(service, "fracpilot_consolidation_moves_total", result="verified") == 0
+
+
+# --- a single card --------------------------------------------------------------------------
+
+
+def group_of(pod: dict[str, Any]) -> str:
+    return str((pod["metadata"].get("labels") or {}).get(KAI_GROUP, ""))
+
+
+def one_pod_on_each_card(stack: GpuStack, ns: str) -> list[dict[str, Any]]:
+    """chat's two pods on the node's two cards (module docstring)."""
+    stack.create(kai_deployment("chat", "0.25"), ns)
+    [first] = wait_running(stack, ns, "chat")
+    stack.create(kai_pod_body("filler", "0.75"), ns)
+    [filler] = wait_running(stack, ns, "filler")
+    assert group_of(filler) == group_of(first)  # binpack: the fuller card
+    client.AppsV1Api(stack.api).patch_namespaced_deployment_scale(
+        "chat", ns, {"spec": {"replicas": 2}}
+    )
+    pods = wait_running(stack, ns, "chat", count=2)
+    client.CoreV1Api(stack.api).delete_namespaced_pod("filler", ns, grace_period_seconds=0)
+    stack.wait(
+        lambda: True if not stack.items("Pod", ns, selector="app=filler") else None,
+        "the filler pod gone",
+        60,
+    )
+    assert len({group_of(p) for p in pods}) == 2
+    stack.create(pdb("chat", 1), ns)
+
+    def budget_known() -> bool | None:
+        status = stack.get("PodDisruptionBudget", "chat", ns, "policy/v1").get("status") or {}
+        return True if status.get("disruptionsAllowed") == 1 else None
+
+    stack.wait(budget_known, "PDB chat allowing 1", 60)
+    return pods
+
+
+@pytest.mark.timeout(300)
+async def test_fracpilot_empties_one_card_and_kai_binds_the_move_where_predicted(
+    gpu_stack: GpuStack,
+    gpu_namespace: str,
+    nats_url: str,
+    tmp_path: Path,
+    make_gpu_node: Callable[[int], str],
+) -> None:
+    stack, ns = gpu_stack, gpu_namespace
+    node = await in_thread(make_gpu_node, 2)
+    before = await in_thread(one_pod_on_each_card, stack, ns)
+    old_uids = {p["metadata"]["uid"] for p in before}
+    async with actuator_on_stack(
+        stack, nats_url, ns, tmp_path, consolidation=consolidation("auto")
+    ) as service:
+        with ReadyWatch(stack, ns) as ready:
+            [done] = await in_thread(
+                stack.wait,
+                lambda: events(stack, "default", "ConsolidationCardDone", [node]) or None,
+                "fracpilot to report the card emptied",
+                180,
+            )
+        assert ready.polls > 5
+        assert ready.fewest >= 1  # never zero Running pods
+        pods = await in_thread(running_pods, stack, ns, "chat")
+        assert len(pods) == 2
+        assert len({group_of(p) for p in pods}) == 1  # both on one card now
+        [moved] = [p for p in pods if p["metadata"]["uid"] not in old_uids]
+        [stayed] = [p for p in pods if p["metadata"]["uid"] in old_uids]
+        assert group_of(moved) == group_of(stayed)
+        [verified] = await in_thread(events, stack, ns, "ConsolidationMoveVerified")
+        assert verified["involvedObject"]["name"] == moved["metadata"]["name"]
+        # the GPU the stayed pod is on (its group's reservation pod names it), as predicted
+        assert f"bound on {node}, GPU " in verified["message"]
+        assert f"{group_of(stayed)} (as predicted)" in verified["message"]
+        [move] = await in_thread(events, stack, ns, "ConsolidationMove")
+        assert "so that the whole GPU is free" in move["message"]
+        [started] = await in_thread(events, stack, "default", "ConsolidationCardStarted", [node])
+        assert f"on node {node}" in started["message"]
+        assert "holds no pod any more" in done["message"]
+        assert await in_thread(events, stack, "default", "ConsolidationCardAbandoned", [node]) == []
+        assert sample(service, "fracpilot_consolidation_moves_total", result="verified") == 1
+        assert sample(service, "fracpilot_consolidation_moves_total", result="failed") == 0
+        assert sample(service, "fracpilot_consolidation_freed_gpus_total") == 1
+        assert sample(service, "fracpilot_consolidation_freed_nodes_total") == 0
+        raw = await in_thread(stack.get, "Node", node)
+        assert MARK_TAINT not in {t["key"] for t in raw["spec"].get("taints") or []}
+
+
+def a_shared_card_and_a_lone_one(stack: GpuStack, ns: str) -> dict[str, list[dict[str, Any]]]:
+    """GPU X: chat's first pod (0.25) and big (0.6), 0.15 free; GPU Y: chat's second pod alone
+    (it does not fit on X). KAI binpacks big onto chat's card, then the second chat pod onto the
+    idle one."""
+    stack.create(kai_deployment("chat", "0.25"), ns)
+    [first] = wait_running(stack, ns, "chat")
+    stack.create(kai_deployment("big", "0.6"), ns)
+    [big] = wait_running(stack, ns, "big")
+    assert group_of(big) == group_of(first)
+    client.AppsV1Api(stack.api).patch_namespaced_deployment_scale(
+        "chat", ns, {"spec": {"replicas": 2}}
+    )
+    pods = wait_running(stack, ns, "chat", count=2)
+    assert len({group_of(p) for p in pods}) == 2
+    stack.create(pdb("chat", 1), ns)
+
+    def budget_known() -> bool | None:
+        status = stack.get("PodDisruptionBudget", "chat", ns, "policy/v1").get("status") or {}
+        return True if status.get("disruptionsAllowed") == 1 else None
+
+    stack.wait(budget_known, "PDB chat allowing 1", 60)
+    return {"chat": pods, "big": [big]}
+
+
+@pytest.mark.timeout(300)
+async def test_under_shared_isolation_a_tenant_shrinks_in_place_then_the_lone_pod_moves(
+    gpu_stack: GpuStack,
+    gpu_namespace: str,
+    nats_url: str,
+    tmp_path: Path,
+    make_gpu_node: Callable[[int], str],
+) -> None:
+    """big's workload decided with a card forecast (need 0.3): the planner shrinks big in place
+    to its card budget on GPU X (KAI re-reads the annotation: accounting only, no restart), which
+    makes room for chat's lone pod on GPU Y; KAI binds its replacement on X, as predicted."""
+    stack, ns = gpu_stack, gpu_namespace
+    node = await in_thread(make_gpu_node, 2)
+    before = await in_thread(a_shared_card_and_a_lone_one, stack, ns)
+    [big] = before["big"]
+    old_uids = {p["metadata"]["uid"] for p in before["chat"]}
+    async with actuator_on_stack(
+        stack, nats_url, ns, tmp_path, consolidation=consolidation("auto")
+    ) as service:
+        forecast = CardForecast(memory_peak=0.3, memory_jump=0.02, compute=0.3)
+        made = decide(ns, "big", big["metadata"]["name"], 0.6, 0.4)  # recorded, not sent
+        backend_of(service).cards.book.record(made.model_copy(update={"forecast": forecast}))
+        with ReadyWatch(stack, ns) as ready:
+            [done] = await in_thread(
+                stack.wait,
+                lambda: events(stack, "default", "ConsolidationCardDone", [node]) or None,
+                "fracpilot to report the card emptied",
+                180,
+            )
+        assert ready.fewest >= 1
+        [redivided] = await in_thread(events, stack, ns, "FractionRedivided")
+        assert redivided["involvedObject"]["name"] == big["metadata"]["name"]
+        now_big = await in_thread(stack.get, "Pod", big["metadata"]["name"], ns)
+        assert now_big["metadata"]["uid"] == big["metadata"]["uid"]  # in place: no restart
+        shrunk = float(now_big["metadata"]["annotations"]["gpu-fraction"])
+        assert 0.3 <= shrunk <= 0.5
+        pods = await in_thread(running_pods, stack, ns, "chat")
+        assert len(pods) == 2
+        assert {group_of(p) for p in pods} == {group_of(big)}  # all on GPU X now
+        [moved] = [p for p in pods if p["metadata"]["uid"] not in old_uids]
+        [verified] = await in_thread(events, stack, ns, "ConsolidationMoveVerified")
+        assert verified["involvedObject"]["name"] == moved["metadata"]["name"]
+        assert f"{group_of(big)} (as predicted)" in verified["message"]
+        assert "holds no pod any more" in done["message"]
+        assert sample(service, "fracpilot_consolidation_freed_gpus_total") == 1
+        print(f"\nshared isolation: big shrunk in place 0.6 -> {shrunk:g}; {done['message']}")

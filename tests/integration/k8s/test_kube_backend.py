@@ -34,8 +34,10 @@ from fracpilot_actuator.settings import ActuatorSettings
 from fracpilot_libs.contracts import (
     ActuationResult,
     Allocation,
+    ConsolidationMove,
     FractionDecision,
     GpuSharing,
+    MoveState,
     Outcome,
     PlanKind,
     WorkloadRef,
@@ -912,3 +914,66 @@ async def test_the_inventory_cache_sees_new_pods_and_our_own_last_write(
         assert cache.relists == relists  # picked up by watch events, not by a list
     else:
         assert sorted(set(lists)) == ["list_nodes", "list_owners", "list_pods"]
+
+
+# --- consolidation: a new leader goes on with the card being emptied ------------------------------
+
+
+async def test_a_new_leader_resumes_the_card_being_emptied_and_verifies_its_move(
+    nats_url: str, kube_admin: client.ApiClient, cluster: Cluster
+) -> None:
+    """The first actuator starts emptying GPU A (chat-0 evicted; chat-1 on GPU B stays) and stops
+    before the replacement exists; the next one reads the progress from the state bucket,
+    verifies the move in flight (nothing evicted twice) and reports the card freed."""
+    node = cluster.node("cards", gpus=2)
+    gpu_a, gpu_b = f"GPU-a-{cluster.ns}", f"GPU-b-{cluster.ns}"
+    cluster.reservation("g1", node, gpu_a)
+    cluster.reservation("g2", node, gpu_b)
+    owner = cluster.deployment("chat")
+    cluster.kai_pod("chat-0", node, owner, "0.25", "g1")
+    cluster.kai_pod("chat-1", node, owner, "0.25", "g2")
+    cluster.pdb("chat", 1)
+    auto = {"mode": "auto", "interval_s": 0.2, "move_timeout_s": 60}
+    async with actuator(nats_url, kube_admin, cluster, consolidation=auto) as first:
+        await wait_for(lambda: cluster.evicted("chat-0"), timeout=20)
+        assert first.backend.consolidation.card == gpu_a  # type: ignore[union-attr]
+    nc = await nats.connect(nats_url)
+    try:
+        state = await nc.jetstream().key_value(subjects.ACTUATOR_STATE_BUCKET)
+        saved = json.loads((await state.get("consolidation.progress")).value or b"")
+        assert (saved["card"], saved["node"]) == (gpu_a, node)
+        assert saved["move"]["step"]["placement"]["pod"] == "chat-0"
+        assert saved["move"]["step"]["to_gpu"] == gpu_b
+        service = ActuatorService(
+            settings_for(nats_url, cluster, consolidation=auto), kube_api=kube_admin
+        )
+        async with running(service):
+            backend = service.backend
+            await wait_for(lambda: backend.consolidation.card == gpu_a, timeout=10)  # type: ignore[union-attr]
+            assert backend.consolidation.move is not None  # type: ignore[union-attr]
+            cluster.gone("chat-0")  # the kubelet finishes the eviction
+            cluster.kai_pod("chat-2", node, owner, "0.25", "g2")  # KAI binds it on GPU B
+            core = client.CoreV1Api(kube_admin)
+
+            def card_done() -> bool:
+                listed = core.list_namespaced_event(
+                    "default", field_selector=f"involvedObject.name={node}"
+                )
+                return any(e.reason == "ConsolidationCardDone" for e in listed.items)
+
+            await wait_for(card_done, timeout=20)
+            assert not cluster.evicted("chat-1")
+            assert not cluster.evicted("chat-2")
+        saved_after = await state.get("consolidation.progress")
+        assert (saved_after.value or b"") == b""  # nothing in flight any more
+    finally:
+        await nc.close()
+    moves = [
+        ConsolidationMove.model_validate_json(data)
+        for subject, data in await read_stream(nats_url, subjects.CONSOLIDATION_STREAM)
+        if subject == subjects.consolidation_move_subject("test")
+    ]
+    assert [m.state for m in moves] == [MoveState.STARTED, MoveState.VERIFIED, MoveState.FREED]
+    assert f"GPU {gpu_b} (as predicted)" in moves[1].detail
+    events = cluster.events("chat-2")
+    assert "ConsolidationMoveVerified" in events

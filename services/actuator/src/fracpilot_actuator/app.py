@@ -27,6 +27,7 @@ from fracpilot_actuator.simulated.backend import SimulatedBackend
 from fracpilot_actuator.simulated.cluster import SimulatedCluster, parse_seed_pods, seed_cluster
 from fracpilot_actuator.stores.nats_kv import (
     KvAllocationStore,
+    KvConsolidationProgress,
     KvDisruptionHistory,
     KvPendingRecreates,
     KvTargetStore,
@@ -268,6 +269,7 @@ class ActuatorService:
             pending_recreates=KvPendingRecreates(claims),
             consolidation_metrics=ConsolidationMetrics(self.runtime.registry),
             consolidation_events=bus.publish,
+            consolidation_progress=KvConsolidationProgress(claims),
         )
 
     async def _report_finished(self, decision: FractionDecision, actuation: Actuation) -> None:

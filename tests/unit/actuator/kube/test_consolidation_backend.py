@@ -14,23 +14,26 @@ from typing import Any, cast
 
 from prometheus_client import CollectorRegistry
 
+from factories import decision
 from fracpilot_actuator.actuation import Actuation
 from fracpilot_actuator.guardrails import GuardrailSettings
 from fracpilot_actuator.kube.api import KubeApi
 from fracpilot_actuator.kube.backend import KubernetesBackend
 from fracpilot_actuator.kube.consolidation_round import MARK_REASON, MARK_TAINT
-from fracpilot_actuator.kube.errors import TransientKubeError
+from fracpilot_actuator.kube.errors import PermanentKubeError, TransientKubeError
 from fracpilot_actuator.kube.settings import KubeBackendSettings
 from fracpilot_actuator.metrics import ConsolidationMetrics
 from fracpilot_actuator.settings import ConsolidationSettings, EvictionSettings
-from fracpilot_actuator.stores.memory import MemoryTargetStore
+from fracpilot_actuator.stores.memory import MemoryConsolidationProgress, MemoryTargetStore
 from fracpilot_libs.contracts import (
+    CardForecast,
     ConsolidationMode,
     ConsolidationMove,
     ConsolidationReport,
     FractionDecision,
     MoveState,
     WireModel,
+    WorkloadRef,
 )
 from fracpilot_libs.nats import subjects
 from support.kube_objects import node, pod, reservation
@@ -116,7 +119,11 @@ class Published(list[tuple[str, WireModel]]):
 
 
 def backend_on(
-    api: ClusterApi, mode: str = "auto", published: Published | None = None, **limits: Any
+    api: ClusterApi,
+    mode: str = "auto",
+    published: Published | None = None,
+    progress: MemoryConsolidationProgress | None = None,
+    **limits: Any,
 ) -> tuple[KubernetesBackend, CollectorRegistry]:
     async def report(_decision: FractionDecision, _actuation: Actuation) -> None:
         return None
@@ -143,6 +150,7 @@ def backend_on(
         instance="unit",
         consolidation_metrics=ConsolidationMetrics(registry),
         consolidation_events=published,
+        consolidation_progress=progress,
     )
     return backend, registry
 
@@ -294,3 +302,162 @@ def test_a_refused_eviction_is_published_as_failed_then_abandoned() -> None:
     asyncio.run(backend.reconcile(NOW))
     assert [m.state for m in published.moves()] == [MoveState.FAILED, MoveState.ABANDONED]
     assert "refused" in published.moves()[0].detail
+
+
+# --- a single card: node n1 keeps a pod, its GPU A is emptied onto GPU B -----------------------
+
+
+class OneNodeApi(ClusterApi):
+    def __init__(self) -> None:
+        super().__init__()
+        self.nodes = [node("n1")]
+        self.pods = [
+            reservation("g1", UUID_A, "n1"),
+            reservation("g2", UUID_B, "n1"),
+            chat("chat-0", "n1", "g1"),
+            chat("chat-1", "n1", "g2"),
+        ]
+
+
+def test_a_card_is_emptied_without_a_taint_and_its_move_verified_on_the_predicted_gpu() -> None:
+    api = OneNodeApi()
+    published = Published()
+    backend, registry = backend_on(api, published=published)
+    asyncio.run(backend.reconcile(NOW))
+    assert api.taints("n1") == []  # a card carries no mark
+    assert api.writes == [
+        ("event:ConsolidationCardStarted", "n1"),
+        ("event:ConsolidationMove", "chat-0"),
+        ("evict", "chat-0"),
+    ]
+    assert "empties GPU GPU-a on node n1" in api.node_events[0]
+    api.pods.append(chat("chat-2", "n1", "g2"))  # KAI binds the replacement on GPU B
+    asyncio.run(backend.reconcile(NOW + timedelta(seconds=10)))
+    assert api.writes[3:] == [
+        ("event:ConsolidationMoveVerified", "chat-2"),
+        ("event:ConsolidationCardDone", "n1"),
+    ]
+    moves = published.moves()
+    assert [m.state for m in moves] == [MoveState.STARTED, MoveState.VERIFIED, MoveState.FREED]
+    assert "bound on n1, GPU GPU-b (as predicted)" in moves[1].detail
+    assert (moves[2].node, moves[2].freed_node, moves[2].freed_gpus) == ("n1", "", 1)
+    assert value(registry, "fracpilot_consolidation_freed_gpus_total") == 1
+    assert value(registry, "fracpilot_consolidation_freed_nodes_total") == 0
+    assert backend.consolidation.card == ""
+
+
+def test_a_card_move_that_kai_did_not_place_as_predicted_gives_the_card_up() -> None:
+    api = OneNodeApi()
+    published = Published()
+    backend, _ = backend_on(api, published=published)
+    asyncio.run(backend.reconcile(NOW))
+    api.pods.append(chat("chat-2", "n1", "g1"))  # back onto GPU A, the card being emptied
+    asyncio.run(backend.reconcile(NOW + timedelta(seconds=10)))
+    assert [m.state for m in published.moves()] == [
+        MoveState.STARTED,
+        MoveState.VERIFIED,
+        MoveState.ABANDONED,
+    ]
+    assert api.node_events[-1].startswith("ConsolidationCardAbandoned: ")
+    assert "not GPU-b as predicted" in api.node_events[-1]
+    assert backend.consolidation.card == ""
+
+
+def test_a_new_leader_resumes_the_card_and_verifies_the_move_in_flight() -> None:
+    api = OneNodeApi()
+    store = MemoryConsolidationProgress()
+    published = Published()
+    first, _ = backend_on(api, published=published, progress=store)
+    asyncio.run(first.reconcile(NOW))
+    assert '"card": "GPU-a"' in store.text
+    assert '"move": {' in store.text
+    second, _ = backend_on(api, published=published, progress=store)
+    asyncio.run(second.resume(NOW + timedelta(seconds=5)))
+    assert second.consolidation.card == UUID_A
+    assert second.consolidation.move is not None
+    assert len(second.consolidation.moves) == 1  # the rate limit's count goes on
+    assert second.guards.in_flight  # the moving workload stays busy under the new leader
+    api.pods.append(chat("chat-2", "n1", "g2"))
+    asyncio.run(second.reconcile(NOW + timedelta(seconds=10)))
+    assert [m.state for m in published.moves()] == [
+        MoveState.STARTED,
+        MoveState.VERIFIED,
+        MoveState.FREED,
+    ]
+    assert api.writes.count(("evict", "chat-0")) == 1  # not re-planned: nothing evicted twice
+    assert store.text == ""  # nothing in flight any more
+
+
+def test_a_new_leader_gives_up_what_no_longer_matches_the_cluster() -> None:
+    api = ClusterApi()
+    store = MemoryConsolidationProgress()
+    first, _ = backend_on(api, progress=store)
+    asyncio.run(first.reconcile(NOW))  # n1 marked, chat-0 evicted
+    api.nodes[0]["spec"]["taints"] = []  # someone takes the mark off
+    published = Published()
+    second, _ = backend_on(api, published=published, progress=store)
+    asyncio.run(second.resume(NOW + timedelta(seconds=5)))
+    assert (second.consolidation.marked, second.consolidation.move) == ("", None)
+    [abandoned] = published.moves()
+    assert abandoned.state is MoveState.ABANDONED
+    assert "no longer carries the mark" in abandoned.detail
+    assert store.text == ""
+
+
+def decide_on(replica_set: str, forecast: CardForecast) -> FractionDecision:
+    """A decision for the pods of a ReplicaSet with no Deployment above it, with a forecast."""
+    ref = WorkloadRef(
+        cluster="test", namespace="inference", owner_kind="ReplicaSet", owner_name=replica_set
+    )
+    return decision(0.8, 0.4, workload=ref, forecast=forecast, decided_at=NOW)
+
+
+def test_a_shrink_is_patched_in_place_read_back_and_explained_before_the_move() -> None:
+    api = OneNodeApi()  # GPU B: chat-1 (0.25) and big-0 (0.6); 0.15 free, chat-0 needs 0.25
+    api.pods.append(
+        pod(
+            "big-0",
+            node_name="n1",
+            annotations={"gpu-fraction": "0.6"},
+            labels={"runai-gpu-group": "g2", "app": "big"},
+            owner=("ReplicaSet", "big-rs"),
+        )
+    )
+    backend, registry = backend_on(api)
+    backend.cards.book.record(
+        decide_on("big-rs", CardForecast(memory_peak=0.3, memory_jump=0.02, compute=0.3))
+    )
+    asyncio.run(backend.reconcile(NOW))
+    assert api.writes == [
+        ("event:ConsolidationCardStarted", "n1"),
+        ("patch", "big-0"),
+        ("event:FractionRedivided", "big-0"),
+    ]
+    [stored] = [p for p in api.pods if p["metadata"]["name"] == "big-0"]
+    shrunk = float(stored["metadata"]["annotations"]["gpu-fraction"])
+    assert 0.3 <= shrunk <= 0.5  # its predicted need at least; room for chat-0
+    assert ("evict", "chat-0") not in api.writes  # the move waits for the next round
+    asyncio.run(backend.reconcile(NOW + timedelta(seconds=1)))
+    assert api.writes[3:] == [("event:ConsolidationMove", "chat-0"), ("evict", "chat-0")]
+    assert value(registry, "fracpilot_consolidation_moves_total", result="verified") == 0
+
+
+def test_a_shrink_refused_gives_the_card_up() -> None:
+    api = OneNodeApi()
+    api.pods[3] = pod(
+        "big-0",
+        node_name="n1",
+        annotations={"gpu-fraction": "0.8"},
+        labels={"runai-gpu-group": "g2", "app": "big"},
+        owner=("ReplicaSet", "big-rs"),
+    )
+    api.refuse_patches = PermanentKubeError("(403)", status=403, message="forbidden")
+    backend, _ = backend_on(api)
+    backend.cards.book.record(
+        decide_on("big-rs", CardForecast(memory_peak=0.3, memory_jump=0.02, compute=0.3))
+    )
+    asyncio.run(backend.reconcile(NOW))
+    assert ("evict", "chat-0") not in api.writes
+    assert api.node_events[-1].startswith("ConsolidationCardAbandoned: ")
+    assert "not re-divided" in api.node_events[-1]
+    assert backend.consolidation.card == ""

@@ -16,12 +16,18 @@ from fracpilot_actuator.kube.consolidation_round import (
     MARK_TAINT,
     ConsolidationView,
     MoveInFlight,
+    Progress,
     consolidation_round,
     disruption_budgets,
     move_verdict,
+    progress_json,
+    progress_of,
+    resume_refusal,
+    shrinkable,
 )
 from fracpilot_actuator.kube.inventory import Inventory, build_inventory
 from fracpilot_actuator.settings import ConsolidationSettings, OptInSettings
+from fracpilot_libs.contracts import CardForecast
 from fracpilot_libs.placement.consolidation import SCALE_DOWN_DISABLED, StepKind
 from support.kube_objects import T0, node, pod, reservation
 
@@ -255,3 +261,185 @@ def test_quiet_hours(hours: str, quiet: list[int], busy: list[int]) -> None:
 def test_quiet_hours_that_are_not_hours_are_refused() -> None:
     with pytest.raises(ValueError, match="quiet hours"):
         ConsolidationSettings(quiet_hours="22-25")
+
+
+# --- a single card: one node n1 with GPUs A and B, chat-0 on A, chat-1 on B ------------------
+
+
+def one_node(pods: list[dict[str, Any]] | None = None, allowed: int = 1) -> ConsolidationView:
+    nodes = {"n1": node("n1", gpus=2)}
+    if pods is None:
+        pods = [chat("chat-0", "n1", "g1"), chat("chat-1", "n1", "g2")]
+    objects = [reservation("g1", UUID_A, "n1"), reservation("g2", UUID_B, "n1"), *pods]
+    inventory = build_inventory(
+        list(nodes.values()), objects, cluster="test", default_gpu_memory_mib=81920
+    )
+    return ConsolidationView(
+        inventory=inventory,
+        nodes=nodes,
+        budgets=disruption_budgets([pdb(allowed)], inventory.pods.values()),
+        namespace_labels=AUTO_NS,
+    )
+
+
+def card_round(v: ConsolidationView, card: str = "", **kw: Any) -> Any:
+    settings = kw.pop("settings", AUTO)
+    return consolidation_round(
+        v,
+        settings,
+        OPT_IN,
+        marked="",
+        recent_moves=kw.pop("recent", ()),
+        now=NOW,
+        card=card,
+        card_node=kw.pop("card_node", "n1" if card else ""),
+    )
+
+
+def test_with_no_node_to_empty_a_card_is_emptied_onto_the_fuller_card_without_a_taint() -> None:
+    done = card_round(one_node())
+    assert (done.would_free_gpus, done.would_free_nodes) == (1, 0)
+    assert (done.card, done.node) == (UUID_A, "n1")
+    assert "empties GPU GPU-a on node n1" in done.mark
+    step = done.step
+    assert step is not None
+    assert (step.kind, step.pod_key, step.to_gpu, step.to_node) == (
+        StepKind.MOVE,
+        "inference/chat-0",
+        UUID_B,
+        "n1",
+    )
+
+
+def test_a_card_waits_for_the_rate_limit_and_for_its_evicted_tenant() -> None:
+    held = card_round(one_node(), recent=(NOW - timedelta(minutes=5),) * 4)
+    assert (held.card, held.step) == ("", None)
+    assert "fewer than any card needs" in held.held_back
+    going = chat("chat-0", "n1", "g1")
+    going["metadata"]["deletionTimestamp"] = NOW.isoformat()
+    waits = card_round(one_node([going, chat("chat-1", "n1", "g2")]), card=UUID_A)
+    assert (waits.card, waits.unmark, waits.step) == (UUID_A, "", None)
+    assert "terminating" in waits.held_back
+
+
+def test_a_card_being_emptied_goes_on_then_is_done_once_empty() -> None:
+    on = card_round(one_node(), card=UUID_A)
+    assert (on.card, on.mark, on.unmark) == (UUID_A, "", "")
+    assert on.step is not None
+    assert on.step.pod_key == "inference/chat-0"
+    empty = card_round(
+        one_node([chat("chat-1", "n1", "g2"), chat("chat-2", "n1", "g2")]), card=UUID_A
+    )
+    assert (empty.card, empty.done) == (UUID_A, True)
+    assert "holds no pod any more" in empty.unmark
+
+
+def test_a_card_whose_tenants_can_no_longer_go_is_given_up_and_so_is_one_in_recommend() -> None:
+    refused = card_round(one_node(allowed=0), card=UUID_A)
+    assert (refused.card, refused.done) == (UUID_A, False)
+    assert "PodDisruptionBudget" in refused.unmark
+    recommend = card_round(one_node(), card=UUID_A, settings=ConsolidationSettings())
+    assert (recommend.card, recommend.unmark) == (UUID_A, "consolidation is recommend")
+    # KAI deletes an emptied card's reservation pod: its id leaves the inventory, its node stays
+    gone = card_round(one_node(), card="n1/group/gone", card_node="n1")
+    assert (gone.done, gone.unmark) == (True, "GPU n1/group/gone holds no pod any more")
+    node_gone = card_round(one_node(), card="n9/group/g", card_node="n9")
+    assert (node_gone.done, node_gone.unmark) == (False, "node n9 is not in the cluster")
+
+
+def test_a_replacement_on_the_right_node_but_another_card_is_not_as_predicted() -> None:
+    step = card_round(one_node()).step
+    assert step is not None
+    move = MoveInFlight(
+        step=step,
+        namespace="inference",
+        controller=("ReplicaSet", "chat-rs"),
+        known_uids=frozenset({"uid-chat-0", "uid-chat-1"}),
+        started_at=NOW,
+    )
+    back = one_node([chat("chat-1", "n1", "g2"), chat("chat-2", "n1", "g1")])
+    verdict = move_verdict(move, back.inventory, NOW, 60)
+    assert (verdict.state, verdict.gpu, verdict.as_predicted) == ("verified", UUID_A, False)
+    assert "GPU GPU-a, not GPU-b as predicted" in verdict.reason
+    right = one_node([chat("chat-1", "n1", "g2"), chat("chat-2", "n1", "g2")])
+    assert move_verdict(move, right.inventory, NOW, 60).as_predicted
+
+
+def test_progress_is_saved_and_read_back_whole_and_checked_against_the_cluster() -> None:
+    step = card_round(one_node()).step
+    assert step is not None
+    move = MoveInFlight(step, "inference", ("ReplicaSet", "chat-rs"), frozenset({"u1"}), NOW)
+    saved = Progress(node="n1", card=UUID_A, move=move, workload="w", moves=(NOW,))
+    assert progress_of(progress_json(saved)) == saved
+    assert resume_refusal(saved, one_node()) is None
+    assert resume_refusal(Progress(node="n1", card="n1/group/gone"), one_node()) is None
+    assert "node n9 of GPU GPU-a is not in the cluster" in str(
+        resume_refusal(Progress(node="n9", card=UUID_A), one_node())
+    )
+    assert "no longer carries the mark" in str(resume_refusal(Progress(node="n1"), one_node()))
+    assert resume_refusal(Progress(node="n1"), view(marked="n1")) is None
+    with pytest.raises(ValueError, match="unreadable"):
+        progress_of('{"card": "x"}')
+
+
+# --- shared isolation: room made on the target card by shrinking its tenant in place ---------
+
+
+def big(name: str, fraction: str, group: str) -> dict[str, Any]:
+    return pod(
+        name,
+        node_name="n1",
+        annotations={"gpu-fraction": fraction},
+        labels={"runai-gpu-group": group, "app": "big"},
+        owner=("ReplicaSet", "big-rs"),
+    )
+
+
+BIG_FORECAST = {"inference/big-0": CardForecast(memory_peak=0.3, memory_jump=0.02, compute=0.3)}
+
+
+def test_under_shared_isolation_the_target_tenant_shrinks_in_place_before_the_move() -> None:
+    cramped = one_node([chat("chat-0", "n1", "g1"), big("big-0", "0.6", "g2")])
+    plain = card_round(cramped)  # no forecast: GPU B has 0.4 free, chat-0 (0.25) fits anyway
+    assert plain.step is not None
+    assert plain.step.kind is StepKind.MOVE
+    half = one_node([chat("chat-0", "n1", "g1"), big("big-0", "0.8", "g2")])
+    assert card_round(half).card == ""  # 0.2 free on B: no room without a shrink
+    shrink = consolidation_round(
+        half, AUTO, OPT_IN, marked="", recent_moves=(), now=NOW, forecasts=BIG_FORECAST
+    )
+    assert shrink.card == UUID_A
+    step = shrink.step
+    assert step is not None
+    assert (step.kind, step.pod_key, step.to_gpu) == (StepKind.SHRINK, "inference/big-0", UUID_B)
+    assert 0.3 <= step.fraction <= 0.75  # its need at least, and room for chat-0's 0.25
+    shrunk = one_node([chat("chat-0", "n1", "g1"), big("big-0", f"{step.fraction:g}", "g2")])
+    then = consolidation_round(
+        shrunk,
+        AUTO,
+        OPT_IN,
+        marked="",
+        recent_moves=(),
+        now=NOW,
+        card=UUID_A,
+        card_node="n1",
+        forecasts=BIG_FORECAST,
+    )
+    assert then.step is not None
+    assert (then.step.kind, then.step.pod_key, then.step.to_gpu) == (
+        StepKind.MOVE,
+        "inference/chat-0",
+        UUID_B,
+    )
+
+
+def test_a_tenant_that_is_not_opted_in_or_is_enforced_never_shrinks() -> None:
+    half = one_node([chat("chat-0", "n1", "g1"), big("big-0", "0.8", "g2")])
+    inventory = half.inventory
+    assert shrinkable(half, BIG_FORECAST, {}, {}) != {}
+    assert shrinkable(half, BIG_FORECAST, {}, {"inference/big-0": "recommend"}) == {}
+    enforced = big("big-0", "0.8", "g2")
+    enforced["spec"]["containers"][0]["env"] = [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "8g"}]
+    limited = one_node([chat("chat-0", "n1", "g1"), enforced])
+    assert shrinkable(limited, BIG_FORECAST, {}, {}) == {}
+    assert inventory.pods["inference/big-0"].share is not None

@@ -74,6 +74,7 @@ from fracpilot_actuator.metrics import ConsolidationMetrics
 from fracpilot_actuator.stores.memory import MemoryDisruptionHistory
 from fracpilot_actuator.stores.ports import (
     AllocationStore,
+    ConsolidationProgress,
     DisruptionHistory,
     PendingRecreates,
     TargetStore,
@@ -128,6 +129,7 @@ class KubernetesBackend:
         pending_recreates: PendingRecreates | None = None,
         consolidation_metrics: ConsolidationMetrics | None = None,
         consolidation_events: Publish | None = None,
+        consolidation_progress: ConsolidationProgress | None = None,
     ) -> None:
         """``history``: where the recent disruptive actions are kept across restarts (None:
         in memory only); ``allocations``: None publishes none; ``namespaces``: the namespace
@@ -135,7 +137,8 @@ class KubernetesBackend:
         namespace has labels, so the default mode decides); ``pending_recreates``: where the
         recreates waiting for their replacements are kept across restarts (None: in memory
         only); ``consolidation_events``: publishes consolidation's reports and moves (None:
-        none)."""
+        none); ``consolidation_progress``: where the node or card being emptied is kept for
+        the next leader (None: in memory only)."""
         self.api = api
         self.targets = targets
         self.allocations = allocations
@@ -151,7 +154,9 @@ class KubernetesBackend:
         )
         self.scale_ups = ScaleUps(self, pending_recreates)
         self.cards = SharedCards(api)  # shared isolation: co-tenants' forecasts (judge.py)
-        self.consolidation = Consolidator(self, consolidation_metrics, consolidation_events)
+        self.consolidation = Consolidator(
+            self, consolidation_metrics, consolidation_events, consolidation_progress
+        )
 
     @property
     def cache(self) -> InventoryCache | None:
@@ -212,6 +217,10 @@ class KubernetesBackend:
             self.guards = self.guards.begin(key)
         if self.pending:
             log.info("resuming scale-ups", extra={"workloads": sorted(self.pending)})
+        try:
+            await self.consolidation.resume(now)
+        except Exception:
+            log.exception("consolidation not resumed; a marked node is found by its taint")
 
     def close(self) -> None:
         """Stop the cache's watches."""

@@ -18,10 +18,20 @@ PodGroups, PodDisruptionBudgets, the namespaces' labels), asks the round what to
 - takes the mark off (with an Event) when the node is empty, or the plan is given up: a refusal
   of the round, an eviction refused, a replacement not bound within ``move_timeout_s``.
 
-Each move's start and result, a plan given up and a node freed go on the event stream too
-(``ConsolidationMove``, :data:`~fracpilot_libs.nats.subjects.CONSOLIDATION_STREAM`). What waits is
-kept in memory: a new leader finds the marked node by its taint and carries on
-(or takes the mark off), and a move in flight is then simply re-planned.
+- auto, when no node can be emptied: empties one card (a GPU on a node that keeps other pods)
+  the same way, without a taint (why: :mod:`.consolidation_round`), with Events on its node
+  (``ConsolidationCardStarted``, ``ConsolidationCardDone`` / ``ConsolidationCardAbandoned``); a
+  card move whose replacement KAI did not bind on the predicted GPU gives the card up;
+- under shared isolation, a ``shrink`` step of the plan (room made on the target card) is an
+  in-place annotation patch of the tenant's ``gpu-fraction``, read back, with a
+  ``FractionRedivided`` Event (:func:`.shared_cards.patch_share`), before the move.
+
+Each move's start and result, a plan given up and a node (card) freed go on the event stream too
+(``ConsolidationMove``, :data:`~fracpilot_libs.nats.subjects.CONSOLIDATION_STREAM`). The node or
+card being emptied, the move in flight and the recent moves are saved at each change
+(``progress``: the actuator's state bucket): a new leader (:meth:`Consolidator.resume`) goes on
+with them, verifying the move in flight, or gives them up when the cluster no longer matches.
+Without a store, a new leader finds a marked node by its taint and re-plans it.
 """
 
 from __future__ import annotations
@@ -40,22 +50,31 @@ from fracpilot_actuator.kube.consolidation_round import (
     MARK_TAINT,
     ConsolidationView,
     MoveInFlight,
+    Progress,
     consolidation_round,
     disruption_budgets,
     marked_nodes,
     move_verdict,
+    progress_json,
+    progress_of,
+    resume_refusal,
 )
 from fracpilot_actuator.kube.executor import COMPONENT, StepExecutor
 from fracpilot_actuator.kube.inventory import build_inventory, owner_parents
 from fracpilot_actuator.kube.namespaces import NamespaceLabels
 from fracpilot_actuator.kube.reader import ClusterReader
 from fracpilot_actuator.kube.settings import KubeBackendSettings
+from fracpilot_actuator.kube.shared_cards import SharedCards, patch_share
 from fracpilot_actuator.metrics import ConsolidationMetrics
-from fracpilot_actuator.stores.ports import DisruptionHistory
+from fracpilot_actuator.stores.ports import ConsolidationProgress, DisruptionHistory
 from fracpilot_libs.contracts import (
+    CardForecast,
     ConsolidationMode,
     ConsolidationMove,
     ConsolidationReport,
+    GpuSharing,
+    MemoryIsolation,
+    Mode,
     MoveState,
     WireModel,
 )
@@ -83,6 +102,7 @@ class ConsolidationHost(Protocol):
     history: DisruptionHistory
     namespaces: NamespaceLabels | None
     instance: str
+    cards: SharedCards  # the forecasts of the decisions seen (shared isolation's shrinks)
 
 
 class Consolidator:
@@ -93,10 +113,18 @@ class Consolidator:
         backend: ConsolidationHost,
         metrics: ConsolidationMetrics | None,
         publish: Publish | None = None,
+        progress: ConsolidationProgress | None = None,
     ) -> None:
+        """``progress``: where the node or card being emptied and its move in flight are
+        saved for the next leader (None: in memory only; a new leader then finds a marked node
+        by its taint and re-plans it)."""
         self.backend = backend
         self.metrics = metrics
         self.publish = publish
+        self.progress = progress
+        self.saved = ""  # the progress as last saved
+        self.card = ""  # the card being emptied (its GPU uuid)
+        self.card_node = ""  # its node
         self.move: MoveInFlight | None = None
         self.moves: list[datetime] = []  # when each move of the last hour started
         self.last_round: datetime | None = None
@@ -108,17 +136,24 @@ class Consolidator:
         settings = self.backend.settings.consolidation
         if settings.mode == "off":
             return
-        if self.move is not None and not await self._verify(now):
-            return  # make before break: the next move waits for the replacement
+        if self.move is not None:
+            busy = self.card or self.marked
+            if not await self._verify(now):
+                return  # make before break: the next move waits for the replacement
+            if busy and not (self.card or self.marked):
+                self.last_round = now  # given up: the next plan waits for the next interval
+                return
         due = self.last_round is None or now - self.last_round >= timedelta(
             seconds=settings.interval_s
         )
-        if not due and not self.marked:
-            return  # a node being emptied goes on at every call; else every interval_s
+        if not due and not self.marked and not self.card:
+            return  # a node (card) being emptied goes on at every call; else every interval_s
         self.last_round = now
         view = await self._read()
         marked = marked_nodes(view.nodes)  # a new leader's first round finds the mark here
         self.marked = marked[0] if marked else ""
+        if self.marked and self.card:  # one at a time: a marked node (a leftover) goes first
+            await self._release_card(view, f"node {self.marked} is being emptied")
         for extra in marked[1:]:  # one node at a time: any other mark is a leftover
             await self._unmark(view, extra, "another node is being emptied")
         self.moves = [t for t in self.moves if now - t < timedelta(hours=1)]
@@ -129,8 +164,14 @@ class Consolidator:
             marked=marked[0] if marked else "",
             recent_moves=self.moves,
             now=now,
+            card=self.card,
+            card_node=self.card_node,
+            forecasts=await self._forecasts(view, now),
         )
         await self._report(chosen.would, "" if chosen.unmark else chosen.node, now)
+        if chosen.unmark and chosen.card:
+            await self._release_card(view, chosen.unmark, done=chosen.done)
+            return
         if chosen.unmark:
             freed = chosen.done
             gpus = sum(1 for g in view.inventory.state.gpus if g.node == chosen.node)
@@ -146,11 +187,119 @@ class Consolidator:
                     extra={"node": chosen.node, "reason": chosen.held_back},
                 )
             return
-        if chosen.mark:
+        if chosen.mark and chosen.card:  # no taint on a card (consolidation_round's docstring)
+            self.card, self.card_node = chosen.card, chosen.node
+            log.info("consolidating card", extra={"gpu": chosen.card, "reason": chosen.mark})
+            await self._node_event(
+                view.nodes.get(chosen.node) or {"metadata": {"name": chosen.node}},
+                "ConsolidationCardStarted",
+                chosen.mark,
+            )
+            await self._save()
+        elif chosen.mark:
             if not await self._mark(view, chosen.node, chosen.mark):
                 return
             self.marked = chosen.node
+            await self._save()
         await self._carry_out(view, chosen.node, chosen.step, now)
+
+    # --- leader change ----------------------------------------------------------------------
+
+    async def resume(self, now: datetime) -> None:
+        """Take up what the previous leader saved: the node or card being emptied, the move in
+        flight (its replacement is verified as if this process had evicted it) and the recent
+        moves (the rate limit); or give it up when the cluster no longer matches
+        (:func:`.consolidation_round.resume_refusal`). What this process held is replaced."""
+        self.move, self.workload, self.card, self.card_node = None, "", "", ""
+        self.marked, self.moves, self.last_round = "", [], None
+        if self.progress is None or self.backend.settings.consolidation.mode == "off":
+            return
+        try:
+            self.saved = await self.progress.load()
+            saved = progress_of(self.saved) if self.saved else None
+        except Exception as exc:  # a marked node is still found by its taint
+            log.warning("consolidation progress not read", extra={"error": str(exc)[:300]})
+            return
+        if saved is None:
+            return
+        view = await self._read()
+        self.moves = [t for t in saved.moves if now - t < timedelta(hours=1)]
+        why = resume_refusal(saved, view)
+        if why is not None:
+            log.warning("consolidation not resumed", extra={"node": saved.node, "reason": why})
+            if saved.card:
+                self.card, self.card_node = saved.card, saved.node
+                await self._release_card(view, why)
+            else:  # no mark to take off
+                await self._moved(
+                    MoveState.ABANDONED, saved.node, None, f"not resumed by a new leader: {why}"
+                )
+            await self._save()
+            return
+        if saved.card:
+            self.card, self.card_node = saved.card, saved.node
+        else:
+            self.marked = saved.node
+        if saved.move is not None:
+            self.move, self.workload = saved.move, saved.workload
+            self.backend.guards = self.backend.guards.begin(saved.workload)
+        log.info(
+            "consolidation resumed",
+            extra={"node": saved.node, "gpu": saved.card, "in_flight": saved.move is not None},
+        )
+        await self._save()
+
+    async def _save(self) -> None:
+        """Save the progress when it changed; a failure is logged (this leader goes on; a new
+        one would re-plan from the taint)."""
+        if self.progress is None:
+            return
+        node = self.card_node if self.card else self.marked
+        text = ""
+        if node:
+            progress = Progress(
+                node=node,
+                card=self.card,
+                move=self.move,
+                workload=self.workload if self.move is not None else "",
+                moves=tuple(self.moves),
+            )
+            text = progress_json(progress)
+        if text == self.saved:
+            return
+        try:
+            await self.progress.save(text)
+        except Exception as exc:
+            log.warning("consolidation progress not saved", extra={"error": str(exc)[:300]})
+            return
+        self.saved = text
+
+    async def _give_up(self, view: ConsolidationView, node: str, why: str) -> None:
+        """Give up the card or node being emptied."""
+        if self.card:
+            await self._release_card(view, why)
+        else:
+            await self._unmark(view, node, why)
+
+    async def _release_card(self, view: ConsolidationView, why: str, done: bool = False) -> None:
+        """The card is empty (``done``), or its plan is given up: an Event on its node and the
+        event stream say so (no taint to take off)."""
+        card, node = self.card, self.card_node or self.card
+        self.card, self.card_node = "", ""
+        raw = view.nodes.get(node) or {"metadata": {"name": node}}
+        if done:
+            text = f"GPU {card} on node {node} emptied by consolidation: {why}"
+            log.info("consolidation freed a card", extra={"gpu": card, "node": node})
+            if self.metrics is not None:
+                self.metrics.freed_gpus.inc()
+            await self._node_event(raw, "ConsolidationCardDone", text)
+            await self._moved(MoveState.FREED, node, None, text, freed_gpus=1)
+        else:
+            text = f"consolidation of GPU {card} on node {node} given up: {why}"
+            log.warning("consolidation given up", extra={"gpu": card, "reason": why})
+            await self._node_event(raw, "ConsolidationCardAbandoned", text, warning=True)
+            await self._moved(MoveState.ABANDONED, node, None, text)
+        await self._save()
 
     # --- reading --------------------------------------------------------------------------
 
@@ -181,6 +330,30 @@ class Consolidator:
             pod_groups=kai.pod_groups,
             namespace_labels=labels,
         )
+
+    async def _forecasts(self, view: ConsolidationView, now: datetime) -> dict[str, CardForecast]:
+        """Each KAI pod's card forecast, its workload's last decision's (the decisions seen by
+        this process: :class:`~fracpilot_actuator.stores.forecasts.ForecastBook`), when that
+        decision's policy is auto and its isolation not ``enforced``."""
+        book = self.backend.cards.book
+        if not len(book):
+            return {}
+        parents: dict[str, Any] = {}
+        out: dict[str, CardForecast] = {}
+        for pod in view.inventory.pods.values():
+            if pod.backend is not GpuSharing.KAI or pod.terminating:
+                continue
+            if pod.namespace not in parents:
+                replica_sets, _ = await self.backend.api.list_owners(pod.namespace)
+                parents[pod.namespace] = owner_parents(replica_sets, "ReplicaSet")
+            kind, name = top_owner(pod.namespace, pod.controller, parents[pod.namespace], pod.name)
+            known = book.get((pod.namespace, kind, name), now)
+            if known is None or known.mode is not Mode.AUTO:
+                continue
+            if known.isolation is MemoryIsolation.ENFORCED:
+                continue
+            out[pod.key] = known.forecast
+        return out
 
     async def _report(self, would: ConsolidationPlan, node: str, now: datetime) -> None:
         gpus, nodes, summary = would.cards_freed, len(would.freed_nodes), would.summary()
@@ -285,6 +458,7 @@ class Consolidator:
         self.backend.reader.fence(Fence("nodes", version))
         if node == self.marked:
             self.marked = ""
+            await self._save()
         if done:
             text = f"node {node} emptied of GPU pods by consolidation: {why}"
             log.info("consolidation freed a node", extra={"node": node})
@@ -329,8 +503,8 @@ class Consolidator:
         backend = self.backend
         inventory = view.inventory
         pod = inventory.pods[step.pod_key]
-        if step.kind is StepKind.SHRINK:  # shared isolation's room on the target: not live yet
-            await self._unmark(view, node, f"{step.reason}: shrinking in place is not live yet")
+        if step.kind is StepKind.SHRINK:
+            await self._shrink(view, node, step, now)
             return
         replica_sets, _ = await backend.api.list_owners(pod.namespace)
         parents = owner_parents(replica_sets, "ReplicaSet")
@@ -359,10 +533,11 @@ class Consolidator:
         disruption = Disruption(workload, pod.namespace, now)
         backend.guards = backend.guards.record(disruption, settings.window_s)
         await backend.history.save(backend.guards.recent)
-        explanation = (
-            f"consolidation moves {pod.key} ({step.fraction:g} GPU) off node {node} so that the "
-            f"autoscaler can remove it: {step.reason}"
-        )
+        if self.card:
+            what = f"off GPU {self.card} on node {node} so that the whole GPU is free"
+        else:
+            what = f"off node {node} so that the autoscaler can remove it"
+        explanation = f"consolidation moves {pod.key} ({step.fraction:g} GPU) {what}: {step.reason}"
         await backend.executor.event(pod, "ConsolidationMove", explanation)
         log.info("consolidation move", extra={"pod": pod.key, "node": node, "reason": step.reason})
         failure = await backend.executor.evict_pod(pod)
@@ -370,7 +545,7 @@ class Consolidator:
             if self.metrics is not None:
                 self.metrics.moves.labels("failed").inc()
             await self._moved(MoveState.FAILED, node, step, f"the eviction failed: {failure}")
-            await self._unmark(view, node, f"the eviction of {pod.key} failed: {failure}")
+            await self._give_up(view, node, f"the eviction of {pod.key} failed: {failure}")
             return
         self.moves.append(now)
         await self._moved(MoveState.STARTED, node, step, explanation)
@@ -384,6 +559,30 @@ class Consolidator:
         )
         backend.guards = backend.guards.begin(workload)
         self.workload = workload
+        await self._save()
+
+    async def _shrink(
+        self, view: ConsolidationView, node: str, step: ConsolidationStep, now: datetime
+    ) -> None:
+        """Shared isolation: a tenant of the target card shrinks in place to its budgeted
+        share (scheduler accounting only, no restart), read back before the move that needs
+        the room; not a disruption, and not a move of the rate limit."""
+        pod = view.inventory.pods.get(step.pod_key)
+        if pod is None:
+            await self._give_up(view, node, f"{step.pod_key} to shrink is not in the cluster")
+            return
+        log.info("consolidation shrink", extra={"pod": pod.key, "reason": step.reason})
+        error = await patch_share(
+            self.backend.executor,
+            self.backend.reader.fence,
+            pod,
+            step.placement.fraction,
+            step.fraction,
+            f"consolidation: {step.reason}",
+            now=now,
+        )
+        if error is not None:
+            await self._give_up(view, node, error)
 
     async def _verify(self, now: datetime) -> bool:
         """Whether the move in flight is over (verified, or given up)."""
@@ -397,6 +596,7 @@ class Consolidator:
             return False
         self.move = None
         self.backend.guards = self.backend.guards.end(self.workload)
+        await self._save()
         step = move.step
         if verdict.state == "verified":
             if self.metrics is not None:
@@ -417,9 +617,14 @@ class Consolidator:
             if new is not None:
                 text = f"replaces {step.pod_key}, moved off node {step.from_node}: {verdict.reason}"
                 await self.backend.executor.event(new, "ConsolidationMoveVerified", text)
+            if self.card and not verdict.as_predicted:
+                # the plan's next steps assume KAI put it where predicted: stop, re-plan later
+                await self._release_card(
+                    view, f"KAI did not place it as predicted: {verdict.reason}"
+                )
             return True
         if self.metrics is not None:
             self.metrics.moves.labels("failed").inc()
         await self._moved(MoveState.FAILED, step.from_node, step, verdict.reason)
-        await self._unmark(view, step.from_node, verdict.reason)
+        await self._give_up(view, step.from_node, verdict.reason)
         return True

@@ -22,6 +22,7 @@ from fracpilot_actuator.kube.api import KubeApi
 from fracpilot_actuator.kube.cache import Fence
 from fracpilot_actuator.kube.errors import KubeError
 from fracpilot_actuator.kube.executor import StepExecutor
+from fracpilot_actuator.kube.inventory import PodInfo
 from fracpilot_actuator.kube.judge import ActuationPlan, ClusterView, CoTenant
 from fracpilot_actuator.kube.object_values import (
     DECISION_ID,
@@ -99,51 +100,80 @@ async def redivide(
     """Patch the co-tenants that shrink (``shrinking``) or grow; (notes, the first error of
     a shrink: the deciding pod must not grow into room that was not freed). A grow that fails
     is noted and logged: the co-tenant keeps less than its share, never more."""
-    decision, api = chosen.decision, executor.api
+    decision = chosen.decision
     notes: list[str] = []
     for r in chosen.redivision:
         if r.shrinks != shrinking:
             continue
         pod, step = r.pod, r.step
-        value = f"{step.fraction_after:g}"
-        annotations = {
-            KAI_FRACTION: value,
-            RESIZED_AT: now.isoformat(),
-            DECISION_ID: decision.decision_id,
-        }
-        try:
-            version = await api.patch_pod_annotations(
-                pod.namespace,
-                pod.name,
-                annotations,
-                resource_version=pod.resource_version,
-                uid=pod.uid,
-            )
-            fence(Fence("pods", version, None if version else (pod.namespace, pod.name)))
-            raw = await api.read_pod(pod.namespace, pod.name)
-            held = str(
-                (((raw or {}).get("metadata") or {}).get("annotations") or {}).get(KAI_FRACTION, "")
-            )
-            error = None if held == value else f"read back {KAI_FRACTION}={held or 'nothing'}"
-        except KubeError as exc:
-            error = f"refused ({exc.status}): {exc.message}"
+        error = await patch_share(
+            executor,
+            fence,
+            pod,
+            step.fraction_before,
+            step.fraction_after,
+            step.reason,
+            decision_id=decision.decision_id,
+            now=now,
+        )
         if error is not None:
-            error = f"co-tenant {pod.key} not re-divided to {value}: {error}"
-            await executor.event(pod, "FractionRedivideFailed", error, warning=True)
-            log.warning("co-tenant not re-divided", extra={"pod": pod.key, "error": error})
             if shrinking:
                 return notes, error
             notes.append(error)
             continue
-        await executor.event(
-            pod,
-            "FractionRedivided",
-            f"GPU share {step.fraction_before:g} -> {step.fraction_after:g} in KAI's "
-            f"accounting (memory not enforced: the container is not limited by it): "
-            f"{step.reason}",
-        )
         notes.append(
             f"co-tenant {pod.key} re-divided in place {step.fraction_before:g} -> "
             f"{step.fraction_after:g}"
         )
     return notes, None
+
+
+async def patch_share(
+    executor: StepExecutor,
+    fence: Callable[[Fence], None],
+    pod: PodInfo,
+    before: float | None,
+    after: float,
+    reason: str,
+    *,
+    now: datetime,
+    decision_id: str = "",
+) -> str | None:
+    """Set a KAI pod's accounted ``gpu-fraction`` in place (shared isolation: scheduler
+    accounting only, no restart): a patch conditional on the pod as read, read back, and a
+    ``FractionRedivided`` Event on the pod (``FractionRedivideFailed`` and the error when it
+    did not take). Used by a decision's card re-division and by consolidation's shrinks."""
+    api = executor.api
+    value = f"{after:g}"
+    annotations = {KAI_FRACTION: value, RESIZED_AT: now.isoformat()}
+    if decision_id:
+        annotations[DECISION_ID] = decision_id
+    try:
+        version = await api.patch_pod_annotations(
+            pod.namespace,
+            pod.name,
+            annotations,
+            resource_version=pod.resource_version,
+            uid=pod.uid,
+        )
+        fence(Fence("pods", version, None if version else (pod.namespace, pod.name)))
+        raw = await api.read_pod(pod.namespace, pod.name)
+        held = str(
+            (((raw or {}).get("metadata") or {}).get("annotations") or {}).get(KAI_FRACTION, "")
+        )
+        error = None if held == value else f"read back {KAI_FRACTION}={held or 'nothing'}"
+    except KubeError as exc:
+        error = f"refused ({exc.status}): {exc.message}"
+    if error is not None:
+        error = f"co-tenant {pod.key} not re-divided to {value}: {error}"
+        await executor.event(pod, "FractionRedivideFailed", error, warning=True)
+        log.warning("co-tenant not re-divided", extra={"pod": pod.key, "error": error})
+        return error
+    was = "?" if before is None else f"{before:g}"
+    await executor.event(
+        pod,
+        "FractionRedivided",
+        f"GPU share {was} -> {after:g} in KAI's accounting (memory not enforced: the "
+        f"container is not limited by it): {reason}",
+    )
+    return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from fracpilot_libs.contracts import CardForecast, FractionDecision, Mode
+from fracpilot_libs.contracts import CardForecast, FractionDecision, MemoryIsolation, Mode
 
 MAX_AGE = timedelta(hours=24)  # an older forecast is not trusted to shrink a co-tenant
 OwnerKey = tuple[str, str, str]  # namespace, kind, name
@@ -21,6 +21,7 @@ class KnownForecast:
     forecast: CardForecast
     decided_at: datetime
     mode: Mode  # the policy's, as the decision carried it
+    isolation: MemoryIsolation = MemoryIsolation.AUTO  # the policy's (consolidation's shrinks)
 
 
 class ForecastBook:
@@ -36,7 +37,12 @@ class ForecastBook:
         key = (wl.namespace, wl.owner_kind, wl.owner_name)
         known = self._latest.get(key)
         if known is None or known.decided_at <= decision.decided_at:
-            self._latest[key] = KnownForecast(forecast, decision.decided_at, decision.mode)
+            self._latest[key] = KnownForecast(
+                forecast, decision.decided_at, decision.mode, decision.isolation
+            )
+
+    def __len__(self) -> int:
+        return len(self._latest)
 
     def get(self, key: OwnerKey, now: datetime) -> KnownForecast | None:
         known = self._latest.get(key)

@@ -56,3 +56,16 @@ class MemoryPendingRecreates:
     async def save(self, records: Mapping[str, str]) -> None:
         self.records = dict(records)
         self.saves += 1
+
+
+class MemoryConsolidationProgress:
+    def __init__(self, text: str = "") -> None:
+        self.text = text
+        self.saves = 0
+
+    async def load(self) -> str:
+        return self.text
+
+    async def save(self, text: str) -> None:
+        self.text = text
+        self.saves += 1

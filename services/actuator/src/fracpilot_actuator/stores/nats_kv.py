@@ -6,7 +6,9 @@
 - allocations: ``subjects.ALLOCATION_BUCKET``, one :class:`Allocation` per workload;
 - pending recreates: the actuator's state bucket, key ``verification.recreates``, a JSON object
   of workload key -> record (one key: the leader writes the whole set, and a restart reads it
-  with one get, not a scan of the bucket's decision claims).
+  with one get, not a scan of the bucket's decision claims);
+- consolidation progress: the actuator's state bucket, key ``consolidation.progress``, the JSON
+  text of :class:`~fracpilot_actuator.kube.consolidation_round.Progress` ("" nothing in flight).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from fracpilot_libs.nats.kv import KvBucket
 
 DISRUPTIONS_KEY = "guardrails.disruptions"  # in the state bucket: recent disruptive actions
 RECREATES_KEY = "verification.recreates"  # in the state bucket: recreates waiting to be verified
+PROGRESS_KEY = "consolidation.progress"  # in the state bucket: the node or card being emptied
 
 
 class KvTargetStore:
@@ -94,3 +97,15 @@ class KvPendingRecreates:
         # Nested as objects, not strings, so that `nats kv get` shows them readably.
         body = {key: json.loads(record) for key, record in records.items()}
         await self.kv.put(RECREATES_KEY, json.dumps(body).encode())
+
+
+class KvConsolidationProgress:
+    def __init__(self, kv: KvBucket) -> None:
+        self.kv = kv
+
+    async def load(self) -> str:
+        entry = await self.kv.get(PROGRESS_KEY)
+        return "" if entry is None else (entry.value or b"").decode()
+
+    async def save(self, text: str) -> None:
+        await self.kv.put(PROGRESS_KEY, text.encode())

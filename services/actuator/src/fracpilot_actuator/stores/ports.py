@@ -6,7 +6,9 @@
   across restarts and leader changes;
 - :class:`AllocationStore`: where a workload's pod runs once an action is done, for ingest;
 - :class:`PendingRecreates`: the recreates waiting for their replacements, so a restarted
-  actuator or a new leader still verifies them and publishes their final results.
+  actuator or a new leader still verifies them and publishes their final results;
+- :class:`ConsolidationProgress`: the node or card being emptied and its move in flight, so a
+  new leader goes on with the plan rather than re-planning.
 
 The NATS KV adapters are in :mod:`fracpilot_actuator.stores.nats_kv`, in-memory stores (for
 running without NATS, and for tests) in :mod:`fracpilot_actuator.stores.memory`.
@@ -57,3 +59,14 @@ class PendingRecreates(Protocol):
         :class:`UnreadableHistoryError` when what is stored cannot be read."""
 
     async def save(self, records: Mapping[str, str]) -> None: ...
+
+
+class ConsolidationProgress(Protocol):
+    """The node or card consolidation is emptying, with its move in flight: one JSON text
+    (written and read by :mod:`fracpilot_actuator.kube.consolidation_round`), saved whole at
+    each change; "" when nothing is in flight."""
+
+    async def load(self) -> str:
+        """The saved text; "" when none was saved."""
+
+    async def save(self, text: str) -> None: ...
