@@ -229,6 +229,16 @@ def _without_rare_bursts(state: WorkloadState, need: Need, policy: Policy) -> fl
     return clamp_to_policy(max(level, need.recent_need, need.memory_need), policy)
 
 
+def _level_step(policy: Policy) -> float:
+    """One histogram bucket, as a need: the compute level moves in such steps as its
+    percentile crosses a bucket edge from one sample to the next. An upsize on the level alone
+    waits for more than one step above the fraction, so that a stationary workload whose need
+    sits on a grid edge is not downsized and upsized again a few minutes later (the samples in
+    a row above the fraction still upsize at once)."""
+    step = 1.0 / 100
+    return step / policy.target_utilization if policy.compute_sizing is not _SOFT else step
+
+
 def upsize_target(need: Need, policy: Policy) -> float:
     """Where an upsize goes: half ``downsize_min_change`` above the need, so that a need
     creeping up (a memory peak, a busier day) does not resize at every step of a fine grid,
@@ -295,7 +305,10 @@ def decide(
     elif moving is _UP and (
         memory_over >= policy.memory_upsize_confirmations
         or need.recent_need > current + EPS
-        or (need.compute_need > current + EPS and not rare_bursts_above(state, policy, current))
+        or (
+            need.compute_need > current + _level_step(policy)
+            and not rare_bursts_above(state, policy, current)
+        )
     ):
         if memory_over >= policy.memory_upsize_confirmations:
             rule = "upsize at once: memory need exceeds the fraction"
