@@ -46,7 +46,10 @@ def kv_rule(
     else:
         usage = f"peak KV usage {max(peak_kv, 0.0) / pool:.0%} of the {_gib(pool)} pool"
     floor = {-2.0: "", -1.0: "; minimum pool unknown"}.get(low, f"; minimum pool {_gib(low)}")
-    return f"memory by the KV cache (pool {how}): fixed part {_gib(fixed)} + {usage}{floor}; "
+    learning = note.split("; ", 1)[1] if "; " in note else ""  # e.g. conflicting facts
+    return f"memory by the KV cache (pool {how}): fixed part {_gib(fixed)} + {usage}{floor}; " + (
+        f"{learning}; " if learning else ""
+    )
 
 
 def numbers(need: Need, policy: Policy, current: float, target: float, kv: str = "") -> str:

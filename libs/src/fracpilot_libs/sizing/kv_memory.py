@@ -30,7 +30,8 @@ is known three ways (:class:`PoolSource`):
 - **learned**: the size in tokens times the bytes per token learned from two observations of
   the workload at different pool sizes (a recreate with a new flag changes the pool and the
   memory in use by the same bytes, the fixed part staying): ``(memory 2 - memory 1) / (tokens
-  2 - tokens 1)`` (:func:`learn_bytes_per_token`), kept in the workload's state;
+  2 - tokens 1)`` (:func:`learn_bytes_per_token`), kept in the workload's state and dropped
+  when a later pair of sizes disagrees with it (the fixed part moved);
 - **unknown**: neither yet (one pool size seen so far): the need is the memory in use, today's
   rule, and :attr:`KvMemory.reason` says why.
 
@@ -58,6 +59,8 @@ from fracpilot_libs.contracts import AppSignals, UsageSample
 # Two pool sizes this far apart (relative) teach the bytes per token; closer, the memory in
 # use's own noise (allocator slack, a few MiB) would dominate the difference.
 MIN_POOL_CHANGE = 0.05
+# A second slope this close (relative) to the learned one agrees with it (allocator slack).
+SLOPE_TOLERANCE = 0.1
 
 
 class PoolSource(StrEnum):
@@ -165,9 +168,12 @@ def learn_bytes_per_token(
 
     A pool read in bytes gives the bytes per token outright. Otherwise a pool size at least
     :data:`MIN_POOL_CHANGE` away from the anchor's gives the slope of memory in use over pool
-    tokens, if it is a possible one: positive, and the pool it implies no larger than the
-    memory in use at either size (else the facts conflict: the old value is kept and the new
-    size becomes the anchor). A pool of the anchor's size only refreshes the anchor's memory.
+    tokens, if it is a possible one: positive, the pool it implies no larger than the memory in
+    use at either size, and within :data:`SLOPE_TOLERANCE` of a value learned before (a model's
+    bytes per token do not change; a slope that does says the fixed part moved). Else the facts
+    conflict: the learned value is dropped, so the pool is unknown (memory in use, the safe
+    side) until the next pool size teaches it again, and the new size becomes the anchor. A
+    pool of the anchor's size only refreshes the anchor's memory.
     """
     if pool_tokens is None or pool_tokens <= 0:
         return learning, "" if pool_tokens is None else f"pool of {pool_tokens} tokens ignored"
@@ -180,11 +186,18 @@ def learn_bytes_per_token(
     if abs(pool_tokens - tokens) < MIN_POOL_CHANGE * max(pool_tokens, tokens):
         return anchored, ""
     slope = (memory_used_bytes - memory) / (pool_tokens - tokens)
-    if slope <= 0 or slope * pool_tokens > memory_used_bytes or slope * tokens > memory:
-        return anchored, (
-            f"bytes per token not learned: memory in use went from {_gib(memory)} to "
+    known = learning.bytes_per_token
+    if (
+        slope <= 0
+        or slope * pool_tokens > memory_used_bytes
+        or slope * tokens > memory
+        or (known is not None and abs(slope - known) > SLOPE_TOLERANCE * known)
+    ):
+        return PoolLearning(pool_tokens, memory_used_bytes, None), (
+            f"bytes per token unknown: memory in use went from {_gib(memory)} to "
             f"{_gib(memory_used_bytes)} as the pool went from {tokens:.0f} to {pool_tokens} "
-            "tokens (conflicting facts)"
+            "tokens (conflicting facts"
+            + (f" with the {known:.0f} B per token learned before)" if known else ")")
         )
     return PoolLearning(pool_tokens, memory_used_bytes, slope), ""
 

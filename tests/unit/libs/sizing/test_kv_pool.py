@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from factories import GIB, sample, v1_policy
 from fracpilot_libs.contracts import AppSignals, Direction, UsageSample
 from fracpilot_libs.sizing.engine import decide, need_of, observe
+from fracpilot_libs.sizing.explanations import kv_rule
 from fracpilot_libs.sizing.kv_memory import (
     PoolLearning,
     PoolSource,
@@ -103,12 +104,27 @@ def test_conflicting_facts_learn_nothing_and_say_why() -> None:
     # the pool shrank but the memory in use grew: another process, or another model
     second, note = learn_bytes_per_token(first, TOKENS_05, USED_092 + GIB)
     assert "conflicting facts" in note
-    assert second.bytes_per_token == PER_TOKEN  # the old value is kept
+    assert second.bytes_per_token is None  # dropped: the pool is unknown, the safe side
     assert second.anchor_tokens == TOKENS_05  # the new size is the next anchor
+    # the next pool size teaches it again, from the new anchor (its fixed part 1 GiB larger
+    # and then some: another process came with it)
+    grown = USED_092 + GIB + (TOKENS_092 - TOKENS_05) * PER_TOKEN
+    third, note = learn_bytes_per_token(second, TOKENS_092, grown)
+    assert note == ""
+    assert third.bytes_per_token == pytest.approx(PER_TOKEN)
     # a slope that would make the pool larger than the memory in use
-    third, note = learn_bytes_per_token(PoolLearning(1000, GIB), 2000, 10 * GIB)
+    fourth, note = learn_bytes_per_token(PoolLearning(1000, GIB), 2000, 10 * GIB)
     assert "conflicting facts" in note
-    assert third.bytes_per_token is None
+    assert fourth.bytes_per_token is None
+    # a positive slope 20% off the one learned: the fixed part moved
+    learned = PoolLearning(TOKENS_05, USED_05, PER_TOKEN)
+    fifth, note = learn_bytes_per_token(learned, TOKENS_092, USED_092 - 6 * GIB)
+    assert "with the 131072 B per token learned before" in note
+    assert fifth.bytes_per_token is None
+    # within 10%: agrees, the newer slope is kept
+    sixth, note = learn_bytes_per_token(learned, TOKENS_092, USED_092 + 64 * 2**20)
+    assert note == ""
+    assert sixth.bytes_per_token == pytest.approx(PER_TOKEN, rel=0.01)
 
 
 @pytest.mark.parametrize("tokens", [None, 0, -5])
@@ -336,3 +352,23 @@ def test_old_samples_without_the_token_fields_still_size_from_a_pool_read_in_byt
     signals = AppSignals(kv_cache_usage=0.25, llm_server="vllm", kv_pool_bytes=56 * GIB)
     s = sample(0.2, 72 / 80, signals=signals)
     assert needed_memory_share(s) == pytest.approx(30 / 80)
+
+
+def test_conflicting_facts_after_learning_fall_back_to_memory_in_use_and_say_why() -> None:
+    policy = v1_policy(downsize_hold_s=600, cooldown_s=600, min_history_s=300)
+    state = WorkloadState()
+    for minute in range(0, 60, 5):  # learn at 0.92, then at 0.5
+        state, _ = decide(state, at(USED_092, vllm(0.02), minute), policy)
+    state, _ = decide(state, at(USED_05, vllm(0.05, TOKENS_05), 60), policy)
+    assert state.kv_bytes_per_token == pytest.approx(PER_TOKEN)
+    # back at the 0.92 pool, but using 6 GiB less than before: not the same fixed part
+    for minute in range(65, 3 * 24 * 60, 5):
+        state, _ = decide(state, at(USED_092 - 6 * GIB, vllm(0.6), minute), policy)
+        if minute == 65:
+            assert "conflicting facts" in state.kv_note
+    assert state.kv_bytes_per_token is None  # dropped: memory in use sizes it
+    assert state.kv_sized is None
+    need = need_of(state, policy)
+    assert need.memory_peak == pytest.approx((USED_092 - 6 * GIB) / TOTAL)
+    words = kv_rule(state.kv_sized, state.kv_note, TOTAL, need.memory_peak)
+    assert words.startswith("memory of an LLM server by its memory in use (the KV pool holds")
