@@ -40,9 +40,12 @@ pool: it fixes the sum of pool and fixed part, not how they split.
 
 **The minimum pool.** vLLM refuses to start when its pool cannot hold one request of
 ``max_model_len`` tokens (``check_enough_kv_cache_memory``, "To serve at least one request with
-the models's max seq len ...", same file and commit), so the need never goes below the fixed
-part plus the pool that sequence needs, when the server's longest sequence is known
-(``kv_max_sequence_tokens``). Unknown, the need is not floored and the reason says so.
+the models's max seq len ...", same file and commit), and TGI v3's router when
+``max_total_tokens`` or ``max_batch_prefill_tokens`` is above ``max_batch_total_tokens``
+(``backends/v3/src/main.rs`` at huggingface/text-generation-inference db931fcf), so the need
+never goes below the fixed part plus the pool that sequence needs, when the server's longest
+sequence is known (``kv_max_sequence_tokens``). Unknown, the need is not floored and the reason
+says so.
 
 Without the pool's size or usage, or with facts that do not add up (a pool larger than the
 memory in use, a minimum pool larger than the pool, memory that falls as the pool grows), the
