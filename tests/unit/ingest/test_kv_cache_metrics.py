@@ -231,6 +231,13 @@ def test_tgi_has_no_usage_gauge_its_batch_reservation_over_capacity_stands_for_i
     assert idle.kv_cache_usage == 0.0
 
 
+def test_a_pool_of_zero_tokens_is_no_pool_size() -> None:
+    obs, rejections = observe(tgi_text(0, 0))  # a gauge at 0: before warmup set it
+    assert rejections == []
+    assert obs.kv_pool_tokens is None
+    assert obs.kv_cache_usage is None
+
+
 def test_a_longest_sequence_mapped_by_the_user_reaches_the_sample() -> None:
     # No server exports its max_model_len by default: a row of the user's own maps it.
     extra = MetricMapping(
