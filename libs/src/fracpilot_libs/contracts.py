@@ -72,6 +72,12 @@ class AppSignals(WireModel):
     kv_pool_bytes: Bytes | None = Field(
         default=None, description="the server's KV-cache pool on this GPU, bytes, when known"
     )
+    # The pool's size in tokens (vLLM num_gpu_blocks x block_size, SGLang max_total_num_tokens,
+    # TGI max batch total tokens) and the longest sequence the server must hold at once (vLLM
+    # max_model_len): the engine learns the pool's bytes and its minimum from them
+    # (sizing/kv_memory.py). Absent on older publishers.
+    kv_pool_tokens: Annotated[int, Field(gt=0)] | None = None
+    kv_max_sequence_tokens: Annotated[int, Field(gt=0)] | None = None
 
 
 class UsageSample(WireModel):

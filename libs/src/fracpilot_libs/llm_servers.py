@@ -23,9 +23,32 @@ Each server's flag, as its source defines it:
   leaves ``(1 - fraction) * total`` free (``server/text_generation_server/utils/
   import_utils.py`` ``get_cuda_free_memory``). clap reads the argument before the env.
 
-"Total" is what CUDA reports inside the container: the whole card under KAI's fractions, the
-container's limit under HAMi's memory limits (HAMi-core reports its limit as the total). So
-the rewrite takes ``visible_share``, the share of the physical card that CUDA reports as total.
+"Total" is what CUDA reports inside the container: the whole card under KAI's fractions alone,
+the container's limit wherever HAMi-core enforces one (HAMi's ``nvidia.com/gpumem``, and KAI with
+its hamicore plugin, ``CUDA_DEVICE_MEMORY_LIMIT``). HAMi-core hooks ``cuMemGetInfo_v2`` to
+return ``total = min(limit, physical)`` and ``free = total - usage``, and ``cuDeviceTotalMem_v2``
+to return the limit (Project-HAMi/HAMi-core 8f3a89c67b037d8fdfe6c4cd4d8c4f0cd6504811:
+``src/cuda/memory.c``, ``src/cuda/device.c``; ``HOOK_MEMINFO_ENABLE`` is on in ``build.sh``),
+and hands its hooks to the CUDA runtime through ``cuGetProcAddress`` (``src/cuda/hook.c``).
+Each server reads its total there:
+
+- vLLM ``MemorySnapshot.measure``: ``free_memory, total_memory = torch.cuda.mem_get_info()``
+  (``vllm/utils/mem_utils.py`` at a6d5c39009eb73797b276cc557ca9659c396ca14), the total the
+  flag is a share of;
+- SGLang ``get_available_gpu_memory``: ``torch.cuda.mem_get_info``'s free
+  (``python/sglang/srt/utils/common.py`` at 4e75f4684b6b67cbb5a02b4106cf1b629d616dba), which
+  HAMi-core makes ``limit - usage``;
+- TGI ``get_cuda_free_memory``: ``mem_get_info``'s free and
+  ``get_device_properties().total_memory`` (``server/text_generation_server/utils/
+  import_utils.py`` at db931fcf42da018a3657580c64bf2720f167f9ab), and torch's per-process
+  fraction is of ``cudaMemGetInfo``'s total. ``total_memory`` comes from the runtime's
+  ``cudaGetDeviceProperties``, closed source: that it reaches the hooked
+  ``cuDeviceTotalMem_v2`` is inferred, not read. Were it the whole card, TGI would keep
+  ``(1 - fraction) x card`` back from a smaller limit: a smaller pool, never an overrun.
+
+So the rewrite takes ``visible_share``, the share of the physical card that CUDA reports as
+total, and keeps the server within the smaller of its fraction and that share, less its margin
+(:func:`flag_value`).
 
 Anything not read with certainty is left untouched with a reason (a :class:`FlagReading` or
 :class:`FlagRewrite` with ``problem`` set, never an exception): a shell script that starts the
@@ -348,11 +371,23 @@ def read_pod(spec: Mapping[str, Any]) -> FlagReading:
 
 def flag_value(server: LlmServer, fraction: float, visible_share: float = 1.0) -> float:
     """The flag value that keeps ``server`` within ``fraction`` of the physical card, with its
-    margin, when CUDA reports ``visible_share`` of the card as the total. Rounded down to
-    three places so that the server never gets more; 0 when nothing is left."""
+    margin, when CUDA reports ``visible_share`` of the card as the total (a HAMi-core limit
+    below the fraction holds it to the limit instead: KAI's hundredths make 0.125 a 0.12
+    limit). Rounded down to three places so that the server never gets more; 0 when nothing
+    is left."""
     flag = FLAGS[server]
-    wanted = fraction * (1.0 - flag.margin) / visible_share
+    held = fraction if fraction < visible_share else visible_share
+    wanted = held * (1.0 - flag.margin) / visible_share
     return min(math.floor(wanted * 1000 + 1e-9) / 1000, 1.0)
+
+
+def kai_hamicore_share(fraction: float) -> float:
+    """The share of the card a KAI pod with a HAMi-core limit sees as CUDA's total: KAI's
+    binder writes ``CUDA_DEVICE_MEMORY_LIMIT = int(card MiB x portion)`` with the portion
+    formatted ``%.2f`` (kai-scheduler d5bc503a ``pkg/binder/plugins/hamicore/hami_core.go``,
+    ``pkg/scheduler/cache/cache.go``), never below a hundredth here (a nonzero fraction)."""
+    portion = float(f"{min(max(fraction, 0.0), 1.0):.2f}")
+    return portion if portion > 0.0 else 0.01
 
 
 def format_value(value: float) -> str:

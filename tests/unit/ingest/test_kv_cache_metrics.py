@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from fracpilot_ingest.sources.scrape import parse_exposition
 from fracpilot_libs.contracts import AppSignals, UsageSample, WorkloadRef
 from fracpilot_libs.usage.attribution import GpuInventory, MetricPoint, Observation, observe_points
-from fracpilot_libs.usage.mappings import MappingTable
+from fracpilot_libs.usage.mappings import Level, MappingTable, MetricMapping, Quantity
 from fracpilot_libs.usage.samples import PublishedSeries, to_sample
 
 GIB = 1024**3
@@ -132,14 +132,15 @@ def dcgm(used_gib: float, free_gib: float) -> list[MetricPoint]:
     ]
 
 
-def scraped(text: str) -> list[MetricPoint]:
+def scraped(text: str, table: MappingTable = TABLE) -> list[MetricPoint]:
     """The server's points as the scrape source reads them, with the pod's labels added."""
-    points = parse_exposition(text, set(TABLE.metric_names), "10.0.4.2:8000", T)
+    points = parse_exposition(text, set(table.metric_names), "10.0.4.2:8000", T)
     return [MetricPoint(p.metric, {**p.labels, **POD}, p.value, p.timestamp) for p in points]
 
 
-def observe(text: str) -> tuple[Observation, list[str]]:
-    observations, rejections = observe_points(dcgm(72, 8) + scraped(text), TABLE, GpuInventory())
+def observe(text: str, table: MappingTable = TABLE) -> tuple[Observation, list[str]]:
+    points = dcgm(72, 8) + scraped(text, table)
+    observations, rejections = observe_points(points, table, GpuInventory())
     (obs,) = observations
     return obs, [r.reason for r in rejections]
 
@@ -160,8 +161,9 @@ def test_vllm_usage_and_server_are_read_and_the_pool_in_bytes_is_unknown_by_defa
     assert obs.kv_cache_usage == pytest.approx(0.35)
     assert obs.llm_server == "vllm"
     assert obs.kv_pool_bytes is None  # kv_cache_memory_bytes="None": vLLM does not say it
+    assert obs.kv_pool_tokens == 27264 * 16  # num_gpu_blocks x block_size
     signals = sample_of(obs).signals
-    assert signals == AppSignals(kv_cache_usage=0.35, llm_server="vllm")
+    assert signals == AppSignals(kv_cache_usage=0.35, llm_server="vllm", kv_pool_tokens=27264 * 16)
 
 
 def test_vllm_pool_in_bytes_comes_from_kv_cache_memory_bytes_when_it_set_the_pool() -> None:
@@ -186,6 +188,7 @@ def test_vllm_cache_config_before_profiling_gives_no_value_and_no_rejection() ->
     obs, rejections = observe(vllm_text(0.0, config))
     assert rejections == []
     assert obs.kv_cache_usage == 0.0
+    assert obs.kv_pool_tokens is None
 
 
 def test_cache_config_info_is_one_series_read_by_two_rows() -> None:
@@ -205,6 +208,7 @@ def test_sglang_token_usage_is_the_kv_usage_and_the_fullest_rank_speaks() -> Non
     assert obs.kv_cache_usage == pytest.approx(0.5)
     assert obs.llm_server == "sglang"
     assert obs.kv_pool_bytes is None  # SGLang exports its pool in tokens only
+    assert obs.kv_pool_tokens == 4000
 
 
 def test_sglang_without_token_usage_is_used_over_capacity_tokens() -> None:
@@ -222,8 +226,34 @@ def test_tgi_has_no_usage_gauge_its_batch_reservation_over_capacity_stands_for_i
     assert rejections == []
     assert obs.kv_cache_usage == pytest.approx(0.375)
     assert obs.llm_server == "tgi"
+    assert obs.kv_pool_tokens == 4096
     idle, _ = observe(tgi_text(0, 4096))
     assert idle.kv_cache_usage == 0.0
+
+
+def test_a_pool_of_zero_tokens_is_no_pool_size() -> None:
+    obs, rejections = observe(tgi_text(0, 0))  # a gauge at 0: before warmup set it
+    assert rejections == []
+    assert obs.kv_pool_tokens is None
+    assert obs.kv_cache_usage is None
+
+
+def test_a_longest_sequence_mapped_by_the_user_reaches_the_sample() -> None:
+    # No server exports its max_model_len by default: a row of the user's own maps it.
+    extra = MetricMapping(
+        metric="vllm_max_model_len",  # e.g. a recording rule from the pod's --max-model-len
+        quantity=Quantity.KV_MAX_SEQUENCE_TOKENS,
+        level=Level.APP,
+        family="vllm",
+    )
+    table = MappingTable.of(extra=(extra,))
+    text = vllm_text(0.1, CACHE_CONFIG) + "vllm_max_model_len 8192\n"
+    obs, rejections = observe(text, table)
+    assert rejections == []
+    assert obs.kv_max_sequence_tokens == 8192
+    signals = sample_of(obs).signals
+    assert signals is not None
+    assert signals.kv_max_sequence_tokens == 8192
 
 
 def test_tgi_v2_sets_no_capacity_so_there_is_no_kv_usage() -> None:

@@ -16,7 +16,7 @@ from fracpilot_libs.analysis.accounting import Metrics, WorkloadAccount, sample_
 from fracpilot_libs.analysis.baselines import Sizer
 from fracpilot_libs.analysis.trace import TracePoint
 from fracpilot_libs.pricing import GpuPrices
-from fracpilot_libs.sizing.kv_memory import needed_memory_share
+from fracpilot_libs.sizing.kv_memory import PoolLearning, kv_sizing
 
 
 @dataclass
@@ -59,11 +59,17 @@ def replay_workload(
     state = sizer.start()
     m = Metrics(workloads=1)
     timeline: list[tuple[float, float, float, float]] = []
+    learning = PoolLearning()  # a KV pool's bytes per token, learned as the engine does
     for point, at, dt in zip(series, times, sample_intervals(times), strict=True):
         s = point.sample
         # What the pod needs: a preallocating LLM server's fixed part + used KV, not its flat
         # preallocation (sizing/kv_memory.py); the memory in use for every other pod.
-        memory = needed_memory_share(s)
+        sized = kv_sizing(s, learning)
+        if sized is None:
+            memory = s.memory_share
+        else:
+            need, learning = sized
+            memory = need.need_bytes / s.memory_total_bytes
         m.record(alloc, s.compute, memory, dt)
         if keep_timeline:
             timeline.append((at, s.compute, memory, alloc))

@@ -8,7 +8,9 @@ signals ``waiting_requests`` and ``kv_cache_usage`` (vLLM's queue and KV-cache u
 engine sizes compute by them as it does in the service), ``kv_pool_bytes`` and ``llm_server``
 (a server that preallocates its KV cache, ``vllm``, ``sglang`` or ``tgi``, and its KV pool in
 bytes: with ``kv_cache_usage`` the engine sizes its memory from the fixed part plus the KV cache
-used, :mod:`fracpilot_libs.sizing.kv_memory`), and ``isolation`` (``shared`` or
+used, :mod:`fracpilot_libs.sizing.kv_memory`; ``kv_pool_tokens`` and
+``kv_max_sequence_tokens``: the pool in tokens, from which the engine learns its bytes across
+two pool sizes, and the longest sequence, the pool's minimum), and ``isolation`` (``shared`` or
 ``enforced``: how the pod's GPU holds it to its memory, for ``replay --pack``; empty: the mode
 given on the command line). Rows are read as
 validated samples, grouped by workload in time order (:mod:`fracpilot_libs.analysis.replay`
@@ -82,8 +84,19 @@ _CONVERSIONS: tuple[tuple[str, Callable[[str], object], str], ...] = (
     ("waiting_requests", int, "a whole number"),
     ("kv_cache_usage", float, "a number"),
     ("kv_pool_bytes", int, "a whole number of bytes"),
+    ("kv_pool_tokens", int, "a whole number of tokens"),
+    ("kv_max_sequence_tokens", int, "a whole number of tokens"),
 )
-_SIGNAL_COLUMNS = frozenset({"waiting_requests", "kv_cache_usage", "kv_pool_bytes", "llm_server"})
+_SIGNAL_COLUMNS = frozenset(
+    {
+        "waiting_requests",
+        "kv_cache_usage",
+        "kv_pool_bytes",
+        "llm_server",
+        "kv_pool_tokens",
+        "kv_max_sequence_tokens",
+    }
+)
 
 
 def _which_field(row: dict[str | Any, str | Any], exc: ValueError) -> str:
@@ -103,13 +116,16 @@ def _signals(row: dict[str | Any, str | Any]) -> AppSignals | None:
     """The row's application signals (empty cells: not reported)."""
     waiting, kv = row.get("waiting_requests"), row.get("kv_cache_usage")
     pool, server = row.get("kv_pool_bytes"), row.get("llm_server")
-    if not waiting and not kv and not pool and not server:
+    tokens, longest = row.get("kv_pool_tokens"), row.get("kv_max_sequence_tokens")
+    if not waiting and not kv and not pool and not server and not tokens and not longest:
         return None
     return AppSignals(
         waiting_requests=int(waiting) if waiting else None,
         kv_cache_usage=float(kv) if kv else None,
         kv_pool_bytes=int(pool) if pool else None,
         llm_server=server or None,
+        kv_pool_tokens=int(tokens) if tokens else None,
+        kv_max_sequence_tokens=int(longest) if longest else None,
     )
 
 

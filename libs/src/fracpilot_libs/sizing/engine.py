@@ -27,6 +27,7 @@ from fracpilot_libs.contracts import (
     ReasonCode,
     UsageSample,
 )
+from fracpilot_libs.sizing.explanations import kv_rule
 from fracpilot_libs.sizing.explanations import numbers as _numbers
 from fracpilot_libs.sizing.grids import Grid, downsize_band, grid_of
 from fracpilot_libs.sizing.headroom import observe_headroom
@@ -36,7 +37,7 @@ from fracpilot_libs.sizing.histogram import (
     histogram_percentile,
     soft_compute_level,
 )
-from fracpilot_libs.sizing.kv_memory import needed_memory_share
+from fracpilot_libs.sizing.kv_memory import PoolLearning, kv_sizing
 from fracpilot_libs.sizing.need import Need
 from fracpilot_libs.sizing.peak_profile import with_peak
 from fracpilot_libs.sizing.state import BUCKETS, MEMORY_SLOTS, WorkloadState, evolve
@@ -123,7 +124,29 @@ def observe(
     # keeps its meaning; a late sample folds into the newest slot, so the history stays
     # bounded whatever order samples arrive in.
     slot_len = policy.memory_window_s / MEMORY_SLOTS
-    share = needed_memory_share(sample)  # a preallocating LLM server: fixed + used KV
+    kv_anchor, kv_bpt, kv_sized, kv_note = (
+        state.kv_anchor,
+        state.kv_bytes_per_token,
+        state.kv_sized,
+        state.kv_note,
+    )
+    sized = kv_sizing(sample, _learning(state)) if signals is not None else None
+    if sized is None:
+        share = sample.memory_share
+    else:  # a preallocating LLM server: fixed part + used KV (at least its minimum pool)
+        kv_need, learning = sized
+        share = kv_need.need_bytes / sample.memory_total_bytes
+        if learning.anchor_tokens is not None and learning.anchor_memory is not None:
+            kv_anchor = (float(learning.anchor_tokens), float(learning.anchor_memory))
+        kv_bpt, kv_note = learning.bytes_per_token, kv_need.reason[:300]
+        kv_sized = None
+        if kv_need.fixed_bytes is not None and kv_need.pool_bytes is not None:
+            low = kv_need.min_pool_bytes
+            kv_sized = (
+                float(kv_need.fixed_bytes),
+                float(kv_need.pool_bytes),
+                -1.0 if low is None else float(low),
+            )
     slots = state.memory_slots
     n = len(slots)
     if n and now < slots[n - 2] + slot_len:
@@ -175,7 +198,24 @@ def observe(
         learned,
         state.resize_times,
         profile,
+        kv_anchor,
+        kv_bpt,
+        kv_sized,
+        kv_note,
     )
+
+
+def _kv_words(state: WorkloadState, sample: UsageSample, need: Need) -> str:
+    if not state.kv_note:
+        return ""
+    return kv_rule(state.kv_sized, state.kv_note, sample.memory_total_bytes, need.memory_peak)
+
+
+def _learning(state: WorkloadState) -> PoolLearning:
+    anchor = state.kv_anchor
+    if anchor is None:
+        return PoolLearning(bytes_per_token=state.kv_bytes_per_token)
+    return PoolLearning(anchor[0], anchor[1], state.kv_bytes_per_token)
 
 
 def need_of(state: WorkloadState, policy: Policy) -> Need:
@@ -365,7 +405,7 @@ def decide(
         target,
         direction,
         reason,
-        f"{rule}. {_numbers(need, policy, current, target)}",
+        f"{rule}. {_numbers(need, policy, current, target, _kv_words(state, sample, need))}",
         need,
     )
     return _after_change(state, target, now), decision
@@ -391,7 +431,7 @@ def _on_signal(
         f"upsize at once on an {event} event: {current:g} x {policy.signal_multiplier:g} "
         f"or {current:g} + {band:g}, whichever is larger, and at least the need "
         f"({need.fraction:g}) = {target:g}; held for {policy.signal_hold_s / 3600:g} h before "
-        f"any downsize. {_numbers(need, policy, current, target)}"
+        f"any downsize. {_numbers(need, policy, current, target, _kv_words(state, sample, need))}"
     )
     decision = _make_decision(sample, policy, current, target, _UP, kind, explanation, need)
     return _after_change(state, target, now), decision
@@ -428,7 +468,7 @@ def _on_queue(
         f"requests over {len(waiting) - 1} samples while compute was {sample.compute:.2f} of "
         f"a GPU: {current:g} + {band:g}, and at least the need ({need.fraction:g}) = "
         f"{target:g}; held for {policy.signal_hold_s / 3600:g} h, and no downsize while requests "
-        f"wait. {_numbers(need, policy, current, target)}"
+        f"wait. {_numbers(need, policy, current, target, _kv_words(state, sample, need))}"
     )
     decision = _make_decision(
         sample, policy, current, target, _UP, ReasonCode.QUEUE_GROWING, explanation, need

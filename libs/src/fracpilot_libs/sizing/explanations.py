@@ -12,7 +12,47 @@ from fracpilot_libs.sizing.headroom import headroom_rule
 from fracpilot_libs.sizing.need import Need
 
 
-def numbers(need: Need, policy: Policy, current: float, target: float) -> str:
+def _gib(value: float) -> str:
+    return f"{value / 2**30:.2f} GiB"
+
+
+def kv_rule(
+    sized: tuple[float, float, float] | None, note: str, total_bytes: int, memory_peak: float
+) -> str:
+    """How a preallocating LLM server's memory was sized (:mod:`fracpilot_libs.sizing.
+    kv_memory`), with its numbers; "" for any other workload.
+
+    ``sized``: (fixed part, KV pool, minimum pool or -1) in bytes as the last sample applied
+    the KV rule; ``note``: that sample's reason (how the pool was known, or why the rule did
+    not apply). The peak KV usage is the one the window's memory peak stands for."""
+    if sized is None:
+        if not note:
+            return ""
+        why = note.removeprefix("memory in use: ")
+        return f"memory of an LLM server by its memory in use ({why}); "
+    fixed, pool, low = sized
+    how = "read" if "(read)" in note else "learned" if "(learned)" in note else "known"
+    peak_kv = memory_peak * total_bytes - fixed
+    if pool <= 0:
+        usage = "no KV pool"
+    elif peak_kv > pool * (1 + 1e-6):
+        usage = (
+            f"a window peak of {_gib(memory_peak * total_bytes)}, above the fixed part and "
+            f"the whole {_gib(pool)} pool (sized by memory in use before the pool was known)"
+        )
+    elif low >= 0 and peak_kv <= low * (1 + 1e-6):
+        usage = f"the minimum pool {_gib(low)} (one longest sequence) of the {_gib(pool)} pool"
+        low = -2.0  # said already
+    else:
+        usage = f"peak KV usage {max(peak_kv, 0.0) / pool:.0%} of the {_gib(pool)} pool"
+    floor = {-2.0: "", -1.0: "; minimum pool unknown"}.get(low, f"; minimum pool {_gib(low)}")
+    learning = note.split("; ", 1)[1] if "; " in note else ""  # e.g. conflicting facts
+    return f"memory by the KV cache (pool {how}): fixed part {_gib(fixed)} + {usage}{floor}; " + (
+        f"{learning}; " if learning else ""
+    )
+
+
+def numbers(need: Need, policy: Policy, current: float, target: float, kv: str = "") -> str:
     half_life = f"half-life {policy.compute_half_life_s / 3600:g} h"
     if policy.compute_sizing is ComputeSizing.SOFT:
         compute = (
@@ -26,7 +66,7 @@ def numbers(need: Need, policy: Policy, current: float, target: float) -> str:
             f"{policy.target_utilization:g} = {need.compute_need:.3f}"
         )
     return (
-        f"{compute}; last "
+        f"{compute}; {kv}last "
         f"{policy.compute_upsize_confirmations} samples >= {need.recent_compute:.2f} -> "
         f"{need.recent_need:.3f}; memory peak over {policy.memory_window_s / 3600:g} h = "
         f"{need.memory_peak:.3f} of the device + {headroom_rule(policy)} = "

@@ -68,6 +68,14 @@ class WorkloadState:
     # The memory peak per period of the clock all workloads share, flat: period, peak...,
     # oldest first (sizing/peak_profile.py, kept by the engine's observe; for the card planner).
     memory_profile: array[float] = field(default_factory=lambda: _NO_SLOTS)
+    # A preallocating LLM server's KV pool (sizing/kv_memory.py): the last pool size seen
+    # (tokens) and the memory in use at it (bytes), the bytes per token learned across two pool
+    # sizes, and the KV rule as the last sample applied it: (fixed part, pool, minimum pool or
+    # -1 when unknown) in bytes, how the pool was known, and its reason.
+    kv_anchor: tuple[float, float] | None = None
+    kv_bytes_per_token: float | None = None
+    kv_sized: tuple[float, float, float] | None = None
+    kv_note: str = ""
 
     @property
     def memory_peaks(self) -> tuple[tuple[float, float], ...]:
@@ -85,6 +93,7 @@ def evolve(state: WorkloadState, **changes: Any) -> WorkloadState:
 
 
 _STATE_VERSION = 1
+_KV_NOTE_MAX = 300
 
 
 def dump_state(state: WorkloadState) -> bytes:
@@ -97,6 +106,10 @@ def dump_state(state: WorkloadState) -> bytes:
             profile = state.memory_profile
             if profile:  # absent when empty: as checkpoints written before it
                 body[name] = [(int(profile[i]), profile[i + 1]) for i in range(0, len(profile), 2)]
+        elif name.startswith("kv_") and name != "kv_cache_usage":
+            value = getattr(state, name)
+            if value:  # absent when unknown: as checkpoints written before them
+                body[name] = value[:_KV_NOTE_MAX] if isinstance(value, str) else value
         else:
             body[name] = getattr(state, name)
     # Exact floats (a rounded weight no longer sums to compute_total), trailing empties dropped.
@@ -140,6 +153,19 @@ class _Checkpoint(BaseModel):
     memory_profile: list[tuple[int, Annotated[float, Field(ge=0, le=1)]]] = Field(
         default_factory=list, max_length=MEMORY_SLOTS + 2
     )
+
+    # absent before the KV pool was learned (and when unknown)
+    kv_anchor: tuple[Annotated[float, Field(gt=0)], Annotated[float, Field(ge=0)]] | None = None
+    kv_bytes_per_token: float | None = Field(default=None, gt=0)
+    kv_sized: (
+        tuple[
+            Annotated[float, Field(ge=0)],
+            Annotated[float, Field(ge=0)],
+            Annotated[float, Field(ge=-1)],
+        ]
+        | None
+    ) = None
+    kv_note: str = Field(default="", max_length=_KV_NOTE_MAX)
 
     @field_validator("memory_profile")
     @classmethod
@@ -185,4 +211,8 @@ def load_state(data: bytes) -> WorkloadState:
         memory_profile=(
             array("d", chain.from_iterable(c.memory_profile)) if c.memory_profile else _NO_SLOTS
         ),
+        kv_anchor=c.kv_anchor,
+        kv_bytes_per_token=c.kv_bytes_per_token,
+        kv_sized=c.kv_sized,
+        kv_note=c.kv_note,
     )

@@ -80,6 +80,8 @@ class Observation:
     preemptions_total: float | None = None  # vLLM's counter (contention, see signals.py)
     llm_server: str | None = None  # the preallocating server whose KV metrics the pod exports
     kv_pool_bytes: int | None = None  # its KV pool, bytes, when the server says
+    kv_pool_tokens: int | None = None  # its KV pool, tokens
+    kv_max_sequence_tokens: int | None = None  # the longest sequence it serves, tokens
     oom_event: bool = False
     contention_event: bool = False
 
@@ -273,6 +275,7 @@ _LARGEST = frozenset(
         Quantity.KV_USED_TOKENS,
         Quantity.KV_CAPACITY_TOKENS,
         Quantity.KV_POOL_BYTES,
+        Quantity.KV_MAX_SEQUENCE_TOKENS,
     }
 )
 
@@ -337,7 +340,16 @@ def _with_signals(
         preemptions_total=signals.get(Quantity.PREEMPTIONS),
         llm_server=server,
         kv_pool_bytes=int(pool) if pool is not None and math.isfinite(pool) else None,
+        kv_pool_tokens=_tokens(signals.get(Quantity.KV_CAPACITY_TOKENS)),
+        kv_max_sequence_tokens=_tokens(signals.get(Quantity.KV_MAX_SEQUENCE_TOKENS)),
     )
+
+
+def _tokens(value: float | None) -> int | None:
+    """A whole positive number of tokens; None for anything else (0: TGI before warmup)."""
+    if value is None or not math.isfinite(value) or value < 1:
+        return None
+    return int(value)
 
 
 def _device_total(uuid: str, gpu: _Gpu, inventory: GpuInventory) -> tuple[int | None, bool]:

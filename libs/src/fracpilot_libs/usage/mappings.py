@@ -28,6 +28,9 @@ class Quantity(StrEnum):
     KV_USED_TOKENS = "kv_used_tokens"  # tokens held in the KV pool (usage = used / capacity)
     KV_CAPACITY_TOKENS = "kv_capacity_tokens"  # tokens the KV pool holds
     KV_POOL_BYTES = "kv_pool_bytes"  # the KV pool's size, bytes
+    # The longest sequence the server serves, tokens (vLLM max_model_len): the pool never
+    # shrinks below one of it (sizing/kv_memory.py). No built-in row: map your own.
+    KV_MAX_SEQUENCE_TOKENS = "kv_max_sequence_tokens"
     WAITING = "waiting"  # application signal, requests
     PREEMPTIONS = "preemptions"  # application counter: a rise is a contention event
 

@@ -87,6 +87,8 @@ def to_sample(
             contention_event=obs.contention_event,
             llm_server=obs.llm_server,  # a family of mappings.py: validated here
             kv_pool_bytes=obs.kv_pool_bytes,
+            kv_pool_tokens=obs.kv_pool_tokens,
+            kv_max_sequence_tokens=obs.kv_max_sequence_tokens,
         )
     try:
         sample = UsageSample(

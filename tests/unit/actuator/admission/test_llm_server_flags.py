@@ -234,3 +234,71 @@ def test_a_recreate_writes_the_flag_into_the_deployments_template() -> None:
     reading = read_pod(template["spec"])
     assert reading.value == 0.356  # 0.375 x 0.95, rounded down
     assert not reading.asks_more_than(0.375)
+
+
+# --- KAI with its hamicore plugin: HAMi-core reports the limit as CUDA's total ------------------
+
+
+def with_hamicore(pod: dict[str, Any]) -> dict[str, Any]:
+    """What KAI's hamicore webhook adds (pkg/admission/webhook/v1alpha2/hamicore/hamicore.go at
+    d5bc503a, modelled in kube/enforcement.py): the limit from the pod's GPU-sharing ConfigMap."""
+    pod = copy.deepcopy(pod)
+    ref = {"name": "chat-abcdefg-shared-gpu-0", "key": "CUDA_DEVICE_MEMORY_LIMIT"}
+    env = pod["spec"]["containers"][0].setdefault("env", [])
+    env.append({"name": "CUDA_DEVICE_MEMORY_LIMIT", "valueFrom": {"configMapKeyRef": ref}})
+    return pod
+
+
+def test_under_kais_hamicore_limit_the_flag_is_a_share_of_the_limit() -> None:
+    admission, stored = admitted(with_hamicore(kai_pod(KSERVE_VLLM)), target(0.5))
+    assert admission.outcome is AdmissionOutcome.PATCHED
+    assert stored["spec"]["containers"][0]["args"][-1] == "--gpu-memory-utilization=0.95"
+
+
+def test_kais_hundredths_hold_the_flag_to_the_smaller_limit() -> None:
+    # 0.125 is bound as the portion "0.12": the limit CUDA reports is 0.12 of the card, so the
+    # server gets 0.95 of that (0.114), not 0.125 x 0.95 / 0.12 = 0.989 of it
+    _, stored = admitted(with_hamicore(kai_pod(KSERVE_VLLM)), target(0.125))
+    assert stored["spec"]["containers"][0]["args"][-1] == "--gpu-memory-utilization=0.95"
+
+
+def test_kais_webhook_adds_the_limit_after_ours_and_the_reinvocation_rewrites_the_flag() -> None:
+    # first pass: no limit yet (mutating-kai-admission sorts after fracpilot-targets)
+    _, stored = admitted(kai_pod(PRODUCTION_STACK), target(0.5))
+    assert stored["spec"]["containers"][0]["command"][-1] == "0.475"
+    # KAI's webhook adds the env; reinvocationPolicy IfNeeded brings the pod back
+    again, final = admitted(with_hamicore(stored), target(0.5))
+    assert again.outcome is AdmissionOutcome.PATCHED
+    assert final["spec"]["containers"][0]["command"][-1] == "0.95"
+    assert not again.llm_warning  # 0.475 of a 0.5 limit asks no more than the fraction
+    third, _ = admitted(final, target(0.5))
+    assert third.outcome is AdmissionOutcome.UNCHANGED
+
+
+def test_a_limit_written_in_the_pod_leaves_the_flag_with_a_reason() -> None:
+    pod = kai_pod(KSERVE_VLLM)
+    pod["spec"]["containers"][0]["env"] = [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "20g"}]
+    admission, stored = admitted(pod, target(0.5))
+    assert stored["spec"]["containers"][0]["args"] == KSERVE_VLLM["args"]
+    assert "CUDA_DEVICE_MEMORY_LIMIT=20g is set in the pod" in admission.llm_warning
+    assert admission.llm is not None
+    assert not admission.llm.applies
+    unlimited = kai_pod(KSERVE_VLLM)
+    unlimited["spec"]["containers"][0]["env"] = [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "0"}]
+    _, stored = admitted(unlimited, target(0.5))  # 0: HAMi-core's "no limit"
+    assert stored["spec"]["containers"][0]["args"][-1] == "--gpu-memory-utilization=0.475"
+
+
+def test_sglang_and_tgi_under_hamicore_are_shares_of_the_limit_too() -> None:
+    sglang = {
+        "name": "sglang",
+        "image": "docker.io/lmsysorg/sglang:latest",
+        "command": ["python3", "-m", "sglang.launch_server"],
+        "args": ["--model-path", "meta-llama/Meta-Llama-3.1-8B-Instruct"],
+        "resources": {},
+    }
+    _, stored = admitted(with_hamicore(kai_pod(sglang)), target(0.5))
+    assert stored["spec"]["containers"][0]["args"][-1] == "--mem-fraction-static=0.85"
+    _, stored = admitted(with_hamicore(kai_pod({**TGI_OPEA, "resources": {}})), target(0.5))
+    env = stored["spec"]["containers"][0]["env"]
+    assert {"name": "CUDA_MEMORY_FRACTION", "value": "0.95"} in env

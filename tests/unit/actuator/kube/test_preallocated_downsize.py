@@ -5,6 +5,7 @@ refuses it when the flag cannot be rewritten (kube/preallocation.py)."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 
 from factories import decision, workload
 from fracpilot_actuator.guardrails import Disruption, GuardrailSettings, GuardState
+from fracpilot_actuator.kube.enforcement import enforcement_map
 from fracpilot_actuator.kube.inventory import build_inventory
 from fracpilot_actuator.kube.judge import ActuationPlan, ClusterView, CoTenant, Guards, Skip, judge
 from fracpilot_actuator.kube.preallocation import pool_fits, server_of
@@ -224,3 +226,70 @@ def test_a_preallocating_co_tenant_is_never_redivided_in_place() -> None:
     assert "embed-0 keeps 0.6 (runs vllm, whose preallocated memory pool does not shrink" in (
         result.plan.reason
     )
+
+
+# --- under KAI's hamicore plugin: HAMi-core reports the container's limit as CUDA's total ------
+
+PREFIX = "chat-abcdefg-shared-gpu"  # KAI's runai/shared-gpu-configmap
+
+
+def hamicore(raw: dict[str, Any]) -> dict[str, Any]:
+    """The pod as KAI's hamicore webhook leaves it: CUDA_DEVICE_MEMORY_LIMIT from the pod's
+    GPU-sharing ConfigMap (kube/enforcement.py has the source)."""
+    raw["metadata"]["annotations"]["runai/shared-gpu-configmap"] = PREFIX
+    ref = {"name": f"{PREFIX}-0", "key": "CUDA_DEVICE_MEMORY_LIMIT", "optional": True}
+    container = raw["spec"]["containers"][0]
+    container["env"] = [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "valueFrom": {"configMapKeyRef": ref}}]
+    return raw
+
+
+def enforced_view(raw: dict[str, Any], limit_mib: int | None) -> ClusterView:
+    plain = view(raw)
+    data = None if limit_mib is None else {"CUDA_DEVICE_MEMORY_LIMIT": f"{limit_mib}m"}
+    limits = enforcement_map(plain.live, plain.inventory, {f"{PREFIX}-0": data}, MEM_MIB)
+    return replace(plain, enforcement=limits)
+
+
+def test_an_enforced_vllm_is_a_share_of_its_limit_and_keeps_that_share_when_recreated() -> None:
+    # started at 0.5 under hamicore: the webhook wrote 0.95 of the 0.5 limit (0.475 of the card)
+    pod = hamicore(llm_pod("chat-0", "0.5", vllm("0.95")))
+    result = judge(down(), enforced_view(pod, MEM_MIB // 2), SINGLE, NOW)
+    assert isinstance(result, ActuationPlan)
+    assert result.plan.kind is PlanKind.RECREATE_ELSEWHERE
+    # 0.95 of the new 0.25 limit: the flag stays, the limit CUDA reports shrinks
+    assert "--gpu-memory-utilization=0.95" in result.plan.reason
+    # read as a share of the card (the old rule) 0.95 would have been rewritten to 0.237
+    assert "0.237" not in result.plan.reason
+
+
+def test_an_enforced_vllm_whose_pool_fits_the_new_share_stays_in_place() -> None:
+    # 0.45 of a 0.5 limit is 0.225 of the card: under 0.25 less the margin (0.2375)
+    pod = hamicore(llm_pod("chat-0", "0.5", vllm("0.45")))
+    result = judge(down(), enforced_view(pod, MEM_MIB // 2), SINGLE, NOW)
+    assert isinstance(result, ActuationPlan)
+    assert result.plan.kind is PlanKind.IN_PLACE
+    assert "its preallocated pool already fits" in result.plan.reason
+    # as a share of the whole card 0.45 would not fit 0.25
+    assert not pool_fits(server_of(result_pod(pod)), 0.25)
+    assert pool_fits(server_of(result_pod(pod)), 0.25, visible_share=0.5)
+
+
+def result_pod(raw: dict[str, Any]) -> Any:
+    [pod] = view(raw).live
+    return pod
+
+
+def test_an_unreadable_or_hand_written_limit_refuses_the_downsize_with_a_reason() -> None:
+    unread = hamicore(llm_pod("chat-0", "0.5", vllm("0.95")))
+    result = judge(down(), enforced_view(unread, None), SINGLE, NOW)
+    assert isinstance(result, Skip)
+    detail = result.actuation.detail
+    assert detail.startswith("not downsized to 0.25: vllm in container 'vllm' preallocates")
+    assert "memory limit, which CUDA reports as the total, is unknown" in detail
+    by_hand = llm_pod("chat-0", "0.5", vllm("0.95"))
+    by_hand["spec"]["containers"][0]["env"] = [
+        {"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "40960m"}
+    ]
+    result = judge(down(), enforced_view(by_hand, None), SINGLE, NOW)
+    assert isinstance(result, Skip)
+    assert "is written in the pod" in result.actuation.detail

@@ -122,3 +122,42 @@ def test_trace_reads_the_kv_columns_and_rejects_a_bad_one(tmp_path: Path) -> Non
     bad.write_text(path.read_text().replace(f",{int(0.9 * TOTAL) - 18 * GIB},", ",lots,", 1))
     with pytest.raises(TraceError, match="kv_pool_bytes: 'lots' is not a whole number"):
         list(read_trace(bad))
+
+
+PER_TOKEN = 128 * 1024  # Llama-3.1-8B in bf16: 2 x 32 layers x 8 KV heads x 128 x 2 B
+
+
+def write_token_trace(path: Path, *, recreated_at_day: int | None) -> None:
+    """One vLLM that reports its pool in tokens only (vLLM's default ``cache_config_info``):
+    at 0.9 of the card, then (from ``recreated_at_day``) recreated with its flag at 0.6."""
+    fixed = 18 * GIB
+    with path.open("w", newline="") as handle:
+        out = csv.writer(handle)
+        out.writerow([*COLUMNS, "kv_pool_tokens", "kv_max_sequence_tokens"])
+        for step in range(3 * 24 * 12):
+            at = START + timedelta(minutes=step * 5)
+            share = 0.6 if recreated_at_day is not None and at.day - 2 >= recreated_at_day else 0.9
+            tokens = (int(share * TOTAL) - fixed) // PER_TOKEN // 16 * 16  # whole blocks
+            usage = daily(at.hour + at.minute / 60, 0.03, 0.45)
+            row = [at.isoformat(), "inference", "llama-8b", "llama-8b-0", f"{0.05 + usage:.4f}"]
+            memory = [fixed + tokens * PER_TOKEN, TOTAL, "1.0"]
+            out.writerow([*row, *memory, f"{usage:.4f}", "", "vllm", tokens, 131072])
+
+
+def test_a_pool_reported_in_tokens_is_learned_across_a_recreate_and_replayed_without_overrun(
+    tmp_path: Path,
+) -> None:
+    learned, never = tmp_path / "learned.csv", tmp_path / "never.csv"
+    write_token_trace(learned, recreated_at_day=1)
+    write_token_trace(never, recreated_at_day=None)
+    report = replay(group_by_workload(read_trace(learned)), lambda: EngineSizer(Policy()))
+    [account] = report.workloads
+    assert account.metrics.memory_overrun_samples == 0
+    # fixed 18 GiB + the peak's 45% of the 30 GiB pool at 0.6 (13.5 GiB), plus headroom
+    assert account.final_fraction < 0.6
+    assert account.final_fraction * 80 >= 18 + 0.45 * (0.6 * 80 - 18)
+    [flat] = replay(group_by_workload(read_trace(never)), lambda: EngineSizer(Policy())).workloads
+    assert flat.final_fraction >= 0.9  # one pool size: nothing learned, memory in use sizes it
+    first = next(iter(read_trace(learned)))
+    assert first.sample.signals is not None
+    assert first.sample.signals.kv_max_sequence_tokens == 131072

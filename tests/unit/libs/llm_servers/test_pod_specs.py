@@ -26,6 +26,7 @@ from fracpilot_libs.llm_servers import (
     LlmServer,
     Source,
     flag_value,
+    kai_hamicore_share,
     read_pod,
     rewrite_pod,
 )
@@ -333,3 +334,14 @@ def test_out_of_range_fractions_rewrite_nothing() -> None:
     tiny = rewrite_pod(pod(KSERVE_VLLM), 0.0005)
     assert not tiny.applies
     assert "nothing after the margin" in tiny.problem
+
+
+def test_a_hamicore_limit_below_the_fraction_holds_the_server_to_the_limit() -> None:
+    # KAI binds 0.125 as the portion "0.12" (%.2f): CUDA's total is 0.12 of the card
+    assert kai_hamicore_share(0.125) == 0.12
+    assert kai_hamicore_share(0.375) == 0.38
+    assert kai_hamicore_share(0.001) == 0.01
+    assert flag_value(LlmServer.VLLM, 0.125, visible_share=0.12) == 0.95  # 0.114 of the card
+    assert flag_value(LlmServer.VLLM, 0.375, visible_share=0.38) == 0.937  # 0.356 of it
+    assert flag_value(LlmServer.VLLM, 0.5, visible_share=1.0) == 0.475  # KAI alone: the card
+    assert flag_value(LlmServer.SGLANG, 0.5, visible_share=0.5) == 0.85

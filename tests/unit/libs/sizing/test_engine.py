@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from factories import T0, sample, v1_policy
+from factories import GIB, T0, sample, v1_policy
 from fracpilot_libs.contracts import (
     AppSignals,
     Direction,
@@ -594,8 +594,15 @@ def test_a_busy_state_round_trips_exactly() -> None:
     )
     trace = noisy_trace(3, 12 * 60)
     app = AppSignals(waiting_requests=0, kv_cache_usage=0.5)
+    # a vLLM whose pool (read in bytes) sets the KV fields (sizing/kv_memory.py)
+    vllm = app.model_copy(
+        update={"llm_server": "vllm", "kv_pool_bytes": GIB // 8, "kv_pool_tokens": 4096}
+    )
     state, decisions = run(
-        trace.__getitem__, range(len(trace)), policy, signals=lambda m: OOM if m == 400 else app
+        trace.__getitem__,
+        range(len(trace)),
+        policy,
+        signals=lambda m: OOM if m == 400 else (vllm if m > 500 else app),
     )
     assert decisions
     assert all(getattr(state, f.name) is not None for f in dataclasses.fields(WorkloadState)), (

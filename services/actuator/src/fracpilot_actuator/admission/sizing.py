@@ -29,10 +29,18 @@ for extended resources). A container with none of them holds whole GPUs and is l
 
 LLM servers that preallocate (vLLM, SGLang, TGI; :mod:`fracpilot_libs.llm_servers`): when the
 pod takes its target, the server's memory flag is rewritten so that it allocates within the
-target's fraction (args, command or env, whole lists replaced). Under KAI CUDA reports the
-whole card; under HAMi's memory limit (``gpumem`` or ``gpumem-percentage``) it reports the
-limit, so the flag is a share of the limit. A flag that asks for more than the fraction is
-reported (:attr:`Sizing.llm_warning`), whether it could be rewritten or not.
+target's fraction (args, command or env, whole lists replaced). Under KAI alone CUDA reports
+the whole card; wherever HAMi-core holds the container to a memory limit it reports the limit
+(:mod:`fracpilot_libs.llm_servers`), so the flag is a share of the limit: HAMi's ``gpumem`` or
+``gpumem-percentage``, and KAI's hamicore plugin, whose webhook adds ``CUDA_DEVICE_MEMORY_LIMIT``
+to the fraction's container (from the pod's GPU-sharing ConfigMap, filled by the binder with
+the fraction's hundredth of the card: :func:`fracpilot_libs.llm_servers.kai_hamicore_share`).
+KAI's webhook sorts after this one (``mutating-kai-admission``) and ``reinvocationPolicy:
+IfNeeded`` brings the pod back here once it added the env, so the second pass writes the flag
+for the limit. A limit written in the pod by hand is a size the card's memory would turn
+into a share, which the webhook does not know: the flag is then left with a reason. A flag
+that asks for more than the fraction is reported (:attr:`Sizing.llm_warning`), whether it
+could be rewritten or not.
 """
 
 from __future__ import annotations
@@ -53,7 +61,13 @@ from fracpilot_actuator.admission.pods import (
 )
 from fracpilot_libs.contracts import GpuSharing, WorkloadTarget
 from fracpilot_libs.hami.fit import percent as percent  # HAMi's whole percents: one rule
-from fracpilot_libs.llm_servers import FlagRewrite, format_value, rewrite_pod
+from fracpilot_libs.llm_servers import (
+    FlagRewrite,
+    format_value,
+    kai_hamicore_share,
+    read_pod,
+    rewrite_pod,
+)
 
 KAI_FRACTION = "gpu-fraction"
 KAI_MEMORY = "gpu-memory"
@@ -243,11 +257,12 @@ def sizing_patch(
     )
 
 
-def visible_share(pod: Mapping[str, Any], target: WorkloadTarget) -> float:
-    """The share of the card that CUDA reports as total inside the pod: HAMi-core reports a
-    memory limit (gpumem or gpumem-percentage) as the total; KAI's fractions do not limit."""
+def visible_share(pod: Mapping[str, Any], target: WorkloadTarget) -> float | str:
+    """The share of the card that CUDA reports as total inside the pod, or why it is unknown:
+    HAMi-core reports a memory limit (HAMi's gpumem or gpumem-percentage, KAI's hamicore
+    ``CUDA_DEVICE_MEMORY_LIMIT``) as the total; KAI's fractions alone do not limit."""
     if target.backend is GpuSharing.KAI:
-        return 1.0
+        return _kai_visible_share(pod, target.fraction)
     for container in as_list(as_mapping(pod.get("spec")).get("containers")):
         limits = as_mapping(as_mapping(as_mapping(container).get("resources")).get("limits"))
         if HAMI_MEMORY in limits or HAMI_MEMORY_PERCENT in limits:
@@ -255,11 +270,42 @@ def visible_share(pod: Mapping[str, Any], target: WorkloadTarget) -> float:
     return 1.0
 
 
+_KAI_MEMORY_LIMIT = "CUDA_DEVICE_MEMORY_LIMIT"  # KAI's hamicore env (kube/enforcement.py)
+_KAI_FRACTION_CONTAINER = "gpu-fraction-container-name"
+
+
+def _kai_visible_share(pod: Mapping[str, Any], fraction: float) -> float | str:
+    spec = as_mapping(pod.get("spec"))
+    containers = [as_mapping(c) for c in as_list(spec.get("containers"))]
+    wanted = annotations_of(pod).get(_KAI_FRACTION_CONTAINER)
+    named = [c for c in containers if wanted and c.get("name") == wanted]
+    container = named[0] if named else (containers[0] if containers else {})
+    env = [as_mapping(e) for e in as_list(container.get("env"))]
+    limit = next((e for e in env if e.get("name") == _KAI_MEMORY_LIMIT), None)
+    if limit is None:
+        return 1.0
+    if "valueFrom" in limit:  # KAI's hamicore: the binder fills it from the fraction
+        return kai_hamicore_share(fraction)
+    text = str(limit.get("value", "")).strip()
+    if text in ("", "0"):  # HAMi-core: 0 is no limit
+        return 1.0
+    return (
+        f"{_KAI_MEMORY_LIMIT}={text} is set in the pod: CUDA reports that size as the total, "
+        "and its share of the card is unknown here"
+    )
+
+
 def _llm_server(
     pod: Mapping[str, Any], target: WorkloadTarget, patch: PatchBuilder
 ) -> tuple[FlagRewrite | None, str]:
     spec = as_mapping(pod.get("spec"))
     view = visible_share(pod, target)
+    if isinstance(view, str):
+        reading = read_pod(spec)
+        if reading.server is None:
+            return None, ""
+        rewrite = FlagRewrite(reading, problem=view)
+        return rewrite, f"{reading.server} memory flag not rewritten: {view}"
     rewrite = rewrite_pod(spec, target.fraction, visible_share=view)
     reading = rewrite.reading
     if reading.server is None:

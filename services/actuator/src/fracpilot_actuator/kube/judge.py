@@ -607,7 +607,7 @@ def judge(
             plan = plan.model_copy(update={"reason": f"{bounded.reason}; {plan.reason}"})
     recreated: tuple[str, ...] = ()
     if gpu_backend is GpuSharing.KAI:  # a preallocated pool does not shrink in place
-        preallocated = preallocation_rule(plan, {p.name: p for p in live})
+        preallocated = preallocation_rule(plan, {p.name: p for p in live}, view.enforcement)
         if isinstance(preallocated, str):
             return _skipped(preallocated)
         plan, recreated = preallocated.plan, preallocated.recreated

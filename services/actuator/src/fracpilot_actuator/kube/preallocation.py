@@ -18,10 +18,15 @@ neighbour into the share it freed. A planned in-place downsize of such a pod is 
   old one does, so neither path shrinks it.
 
 The server is read from the pod spec (its image, command, args and env), never from samples:
-what the container allocates is decided by its command line. A KAI fraction does not change
-what CUDA reports as total, so the flag is a share of the whole card (visible share 1, as the
-webhook writes it); upsizes are left alone (the pool does not grow, but the container loses
-nothing).
+what the container allocates is decided by its command line. A KAI fraction alone does not
+change what CUDA reports as total, so the flag is a share of the whole card (visible share 1).
+Under KAI's hamicore plugin HAMi-core reports the container's memory limit as the total
+(:mod:`fracpilot_libs.llm_servers`): the running server's flag is a share of its limit
+(:class:`.enforcement.Enforcement`), and the replacement's of the limit it will get for its new
+fraction (:func:`fracpilot_libs.llm_servers.kai_hamicore_share`), as the webhook writes it. A
+limit written in the pod by hand, or one that cannot be read, leaves the pool's size unknown:
+the downsize is refused with the reason. Upsizes are left alone (the pool does not grow, but
+the container loses nothing).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from fracpilot_actuator.kube.enforcement import NOT_ENFORCED, Enforcement, configmaps_of
 from fracpilot_actuator.kube.inventory import PodInfo
 from fracpilot_actuator.kube.object_values import get_path
 from fracpilot_libs.contracts import PlanKind
@@ -37,6 +43,7 @@ from fracpilot_libs.llm_servers import (
     FlagReading,
     flag_value,
     format_value,
+    kai_hamicore_share,
     read_pod,
     rewrite_pod,
 )
@@ -63,16 +70,41 @@ def _setting(reading: FlagReading) -> str:
     return f"{reading.server} {flag.flag} unset (default {format_value(flag.default)})"
 
 
-def pool_fits(reading: FlagReading, fraction: float) -> bool:
-    """The server's preallocation already fits ``fraction`` of the card, margin included."""
+def pool_fits(
+    reading: FlagReading, fraction: float, visible_share: float = KAI_VISIBLE_SHARE
+) -> bool:
+    """The server's preallocation already fits ``fraction`` of the card, margin included, when
+    CUDA reports ``visible_share`` of the card as its total."""
     if not reading.readable or reading.server is None:
         return False
-    asked = reading.asked_share(KAI_VISIBLE_SHARE)
-    wanted = flag_value(reading.server, fraction, KAI_VISIBLE_SHARE)
+    asked = reading.asked_share(visible_share)
+    wanted = flag_value(reading.server, fraction, visible_share) * visible_share
     return asked is not None and asked <= wanted + _TOLERANCE
 
 
-def downsize_step(step: ResizePlan, pod: PodInfo | None) -> ResizePlan | str:
+def visible_shares(
+    pod: PodInfo, enforcement: Enforcement, after: float
+) -> tuple[float, float] | str:
+    """The share of the card CUDA reports as total to the running container and to its
+    replacement at ``after``, or why they are unknown (see the module docstring)."""
+    if not enforcement.enforced and not enforcement.unknown:
+        return KAI_VISIBLE_SHARE, KAI_VISIBLE_SHARE
+    if enforcement.unknown or enforcement.fraction is None:
+        return (
+            "its HAMi-core memory limit, which CUDA reports as the total, is unknown "
+            f"({enforcement.how})"
+        )
+    if not configmaps_of(pod):
+        return (
+            f"its HAMi-core memory limit is written in the pod ({enforcement.how}): a new pod "
+            "would keep it"
+        )
+    return enforcement.fraction, kai_hamicore_share(after)
+
+
+def downsize_step(
+    step: ResizePlan, pod: PodInfo | None, enforcement: Enforcement = NOT_ENFORCED
+) -> ResizePlan | str:
     """One planned step made honest about a preallocating server (see the module docstring):
     as it is, a recreate, or why the downsize cannot be carried out."""
     before, after = step.fraction_before, step.fraction_after
@@ -82,7 +114,14 @@ def downsize_step(step: ResizePlan, pod: PodInfo | None) -> ResizePlan | str:
     if reading.server is None:
         return step
     where = f"container {reading.container_name!r}"
-    if pool_fits(reading, after):
+    shares = visible_shares(pod, enforcement, after)
+    if isinstance(shares, str):
+        return (
+            f"not downsized to {after:g}: {reading.server} in {where} preallocates a share of "
+            f"what CUDA reports as total, and {shares}"
+        )
+    now_visible, new_visible = shares
+    if pool_fits(reading, after, now_visible):
         return step.model_copy(
             update={
                 "reason": f"{step.reason}; its preallocated pool already fits: {_setting(reading)}"
@@ -90,7 +129,9 @@ def downsize_step(step: ResizePlan, pod: PodInfo | None) -> ResizePlan | str:
             }
         )
     spec = get_path(pod.raw, "spec")
-    rewrite = rewrite_pod(spec if isinstance(spec, Mapping) else {}, after)
+    rewrite = rewrite_pod(
+        spec if isinstance(spec, Mapping) else {}, after, visible_share=new_visible
+    )
     if rewrite.problem:
         return (
             f"not downsized to {after:g}: {reading.server} in {where} preallocates its memory "
@@ -116,13 +157,19 @@ class Preallocation:
     recreated: tuple[str, ...] = ()  # the pods whose in-place downsize became a recreate
 
 
-def preallocation_rule(plan: WorkloadPlan, pods: Mapping[str, PodInfo]) -> Preallocation | str:
+def preallocation_rule(
+    plan: WorkloadPlan,
+    pods: Mapping[str, PodInfo],
+    enforcement: Mapping[str, Enforcement] | None = None,
+) -> Preallocation | str:
     """The planner's plan with every in-place downsize of a preallocating server kept, made a
-    recreate, or refused (the refusal's text), by pod name in ``pods``."""
+    recreate, or refused (the refusal's text), by pod name in ``pods`` (``enforcement``: each
+    pod's memory limit, :func:`.enforcement.enforcement_map`; absent: none)."""
     steps: list[ResizePlan] = []
     recreated: list[str] = []
+    limits = enforcement or {}
     for step in plan.steps:
-        honest = downsize_step(step, pods.get(step.pod))
+        honest = downsize_step(step, pods.get(step.pod), limits.get(step.pod, NOT_ENFORCED))
         if isinstance(honest, str):
             return honest
         if honest.kind is not step.kind:
