@@ -34,6 +34,7 @@ def run_packed(
     consolidate: bool,
     prices: GpuPrices | None = None,
     isolation: Isolation | None = None,
+    gpus_per_node: int = 1,
 ) -> list[PackedReport]:
     """Each sizer replayed packed on the same parsed trace, one progress bar each."""
     samples = sum(len(series) for series in groups.values())
@@ -49,6 +50,7 @@ def run_packed(
                 prices=prices,
                 consolidate=consolidate,
                 isolation=isolation,
+                gpus_per_node=gpus_per_node,
             )
         )
     return reports
@@ -68,6 +70,11 @@ def _rows(p: PackedAccount) -> list[tuple[str, str]]:
         ("card-hours", f"{p.card_hours:,.1f}"),
         ("card-hours as whole GPUs", f"{p.whole_card_hours:,.1f}"),
         ("card-hours saved", f"{p.card_hours_saved_pct:.1f}%"),
+        (
+            f"node-hours saved ({p.gpus_per_node} GPU{'s' if p.gpus_per_node > 1 else ''} a node)",
+            f"{p.node_hours_saved_pct:.1f}%",
+        ),
+        ("card-hours freed as whole nodes", f"{p.freed_on_whole_nodes_pct:.1f}%"),
         ("compute contention", f"{p.contention_pct:.3f}% of compute work"),
         ("memory collisions", f"{p.memory_collision_samples:,} samples"),
         (

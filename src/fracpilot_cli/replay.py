@@ -279,6 +279,15 @@ def replay_command(
             help="with --pack (implied): pin the number of GPUs and report what does not fit",
         ),
     ] = None,
+    gpus_per_node: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            metavar="N",
+            help="with --pack: cards come in nodes of N (the trace has no nodes); reports "
+            "node-hours and how many of the card-hours freed were whole nodes",
+        ),
+    ] = 1,
     consolidate: Annotated[
         bool,
         typer.Option(
@@ -352,11 +361,20 @@ def replay_command(
     if base_sizer is not None:
         sizers.append(base_sizer)
     packed = None
+    if gpus is not None and gpus % gpus_per_node:
+        _fail(f"--gpus {gpus} is not a whole number of nodes of --gpus-per-node {gpus_per_node}")
     if pack or gpus is not None:
         samples = sum(len(series) for series in groups.values())
         with _progress(err, err.is_terminal or samples >= LONG_TRACE) as progress:
             packed = run_packed(
-                groups, sizers, progress, gpus, consolidate, prices, isolation=isolation
+                groups,
+                sizers,
+                progress,
+                gpus,
+                consolidate,
+                prices,
+                isolation=isolation,
+                gpus_per_node=gpus_per_node,
             )
     if packed is not None and gpus is None and plot is None:
         # Unpinned, packing changes no fraction: its per-workload accounts are the unpacked

@@ -123,3 +123,29 @@ def test_plot_with_pack_draws_the_cards_panel(tmp_path: Path, trace: Path) -> No
 
 def _png_height(path: Path) -> int:
     return int.from_bytes(path.read_bytes()[20:24], "big")
+
+
+@pytest.mark.parametrize("isolation", ["enforced", "shared"])
+def test_gpus_per_node_reports_nodes_and_the_cards_freed_as_whole_nodes(
+    trace: Path, isolation: str
+) -> None:
+    single = run_json(trace, "--pack", "--isolation", isolation)["totals"]["packed"]
+    nodes = run_json(trace, "--pack", "--isolation", isolation, "--gpus-per-node", "4")
+    packed = nodes["totals"]["packed"]
+    n = packed["nodes"]
+    # One card a node: every card freed is a node freed.
+    assert single["nodes"]["freed_on_whole_nodes_pct"] == pytest.approx(100.0)
+    assert single["nodes"]["node_hours"] == pytest.approx(single["card_hours"], abs=1e-3)
+    # Four workloads on nodes of four: the baseline needs one node all along, so no node is
+    # given back, however many cards are: the freed cards idle on the node that stays.
+    assert n["gpus_per_node"] == 4
+    assert n["whole_node_hours"] == pytest.approx(6.0, abs=0.05)
+    assert n["node_hours"] == pytest.approx(n["whole_node_hours"], abs=1e-3)
+    assert n["freed_on_whole_nodes_card_hours"] == pytest.approx(0.0, abs=1e-3)
+    assert packed["card_hours_saved_pct"] > 0
+
+
+def test_pinned_gpus_must_fill_whole_nodes(trace: Path) -> None:
+    result = run(trace, "--gpus", "3", "--gpus-per-node", "2")
+    assert result.exit_code == 2  # a usage error, as the CLI's others
+    assert "whole number of nodes" in result.output

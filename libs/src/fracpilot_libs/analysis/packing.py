@@ -100,6 +100,41 @@ class PackedAccount:
     cards_in_use: list[tuple[float, int]] = field(default_factory=list)
     work: dict[str, float] = field(default_factory=dict)
     delayed: dict[str, float] = field(default_factory=dict)
+    # Nodes of ``gpus_per_node`` cards: hours of nodes with a pod on them, and of the nodes
+    # the whole-GPU baseline needs (each workload on a card of its own, nodes filled).
+    gpus_per_node: int = 1
+    node_hours: float = 0.0
+    whole_node_hours: float = 0.0
+    peak_nodes: int = 0
+
+    def hold_nodes(self, seconds: float, nodes: int, workloads: int) -> None:
+        """``seconds`` during which ``nodes`` nodes have a pod on them and ``workloads``
+        workloads are on cards."""
+        hours = seconds / HOUR_S
+        self.node_hours += nodes * hours
+        self.whole_node_hours += -(-workloads // self.gpus_per_node) * hours
+        self.peak_nodes = max(self.peak_nodes, nodes)
+
+    @property
+    def freed_card_hours(self) -> float:
+        return self.whole_card_hours - self.card_hours
+
+    @property
+    def freed_on_whole_nodes_card_hours(self) -> float:
+        """Of the card-hours freed, those of whole nodes given back (the baseline's nodes less
+        the nodes in use, in cards): the rest are idle cards on nodes that stay."""
+        return (self.whole_node_hours - self.node_hours) * self.gpus_per_node
+
+    @property
+    def freed_on_whole_nodes_pct(self) -> float:
+        freed = self.freed_card_hours
+        return 100.0 * self.freed_on_whole_nodes_card_hours / freed if freed > 0 else 0.0
+
+    @property
+    def node_hours_saved_pct(self) -> float:
+        if not self.whole_node_hours:
+            return 0.0
+        return 100.0 * (1 - self.node_hours / self.whole_node_hours)
 
     def hold(self, seconds: float, cards: Iterable[Mapping[str, float]]) -> None:
         """``seconds`` during which each card in ``cards`` holds the workloads it maps to their
@@ -165,11 +200,14 @@ class PackedAccount:
         out = PackedAccount(card_memory_bytes=max(self.card_memory_bytes, other.card_memory_bytes))
         for name in (
             "card_hours", "whole_card_hours", "work_gpu_hours", "delayed_gpu_hours", "samples",
+            "node_hours", "whole_node_hours",
             "memory_collision_samples", "memory_overrun_samples", "card_samples",
             "memory_collision_card_samples", "redivisions", "placements", "moves", "in_place",
             "decisions_refused", "unplaced_samples",
         ):  # fmt: skip
             setattr(out, name, getattr(self, name) + getattr(other, name))
+        out.gpus_per_node = self.gpus_per_node
+        out.peak_nodes = self.peak_nodes + other.peak_nodes  # disjoint nodes (an upper bound)
         out.unplaced = self.unplaced | other.unplaced
         out.peak_card_fraction = max(self.peak_card_fraction, other.peak_card_fraction)
         for mine, theirs in ((self.work, other.work), (self.delayed, other.delayed)):
@@ -222,6 +260,16 @@ class PackedAccount:
                 self.redivisions / self.workload_days if self.workload_days else 0.0, 3
             ),
             "peak_cards": self.peak_cards,
+            "nodes": {
+                "gpus_per_node": self.gpus_per_node,
+                "node_hours": round(self.node_hours, 4),
+                "whole_node_hours": round(self.whole_node_hours, 4),
+                "node_hours_saved_pct": round(self.node_hours_saved_pct, 3),
+                "peak_nodes": self.peak_nodes,
+                "freed_card_hours": round(self.freed_card_hours, 4),
+                "freed_on_whole_nodes_card_hours": round(self.freed_on_whole_nodes_card_hours, 4),
+                "freed_on_whole_nodes_pct": round(self.freed_on_whole_nodes_pct, 3),
+            },
             "peak_card_fraction": round(self.peak_card_fraction, 6),
             "card_memory_bytes": self.card_memory_bytes,
             "decisions_refused": self.decisions_refused,

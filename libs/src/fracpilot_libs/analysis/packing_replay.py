@@ -95,12 +95,22 @@ class ReplayCluster:
     through :func:`~fracpilot_libs.placement.consolidation.consolidation_plan` (the
     actuator's), at each :meth:`consolidate`."""
 
-    def __init__(self, memory_bytes: int, gpus: int | None, consolidate: bool = True) -> None:
+    def __init__(
+        self,
+        memory_bytes: int,
+        gpus: int | None,
+        consolidate: bool = True,
+        gpus_per_node: int = 1,
+    ) -> None:
+        if gpus_per_node < 1 or (gpus is not None and gpus % gpus_per_node):
+            raise ValueError("gpus_per_node must be at least 1 and divide the pinned gpus")
         self.memory_bytes = memory_bytes
         self.consolidate_cards = consolidate
         self.pinned = gpus is not None
+        self.gpus_per_node = gpus_per_node
         self.state = ClusterState()
-        for _ in range(gpus or 0):
+        self._node_of: dict[str, str] = {}
+        for _ in range((gpus or 0) // gpus_per_node):
             self._add_card()
         self.card_of: dict[str, str] = {}  # workload key -> GPU uuid
         # the consolidation planner's moves (no decision of the moved workload asked for them)
@@ -115,9 +125,15 @@ class ReplayCluster:
         self.max_moves = MAX_MOVES_PER_CHECK
 
     def _add_card(self) -> None:
+        """A node of ``gpus_per_node`` cards (one card: the node is the card)."""
         # Zero-padded so that the planner's tie-break on uuid follows the order cards came in.
-        node = f"card-{len(self.state.gpus):05d}"
-        self.state = add_node(self.state, node, 1, self.memory_bytes)
+        n = len(self.state.gpus) // self.gpus_per_node
+        node = f"card-{n:05d}" if self.gpus_per_node == 1 else f"node-{n:05d}"
+        self.state = add_node(self.state, node, self.gpus_per_node, self.memory_bytes)
+        self._node_of = {g.uuid: g.node for g in self.state.gpus}
+
+    def node_of(self, card: str) -> str:
+        return self._node_of[card]
 
     def place(self, workload: WorkloadRef, pod: str, fraction: float) -> bool:
         """Put an arriving workload on the best-fitting card; False when none holds it."""
@@ -270,11 +286,13 @@ def replay_packed(
     consolidate: bool = True,
     isolation: Isolation | None = None,
     card_rules: CardRules | None = None,
+    gpus_per_node: int = 1,
 ) -> PackedReport:
     """Every workload replayed together through ``sizer``, packed on cards of
     ``card_memory_bytes`` (the largest device memory in the trace by default); ``gpus`` pins
     the number of cards; ``consolidate`` runs the consolidation planner after every change
-    (module docstring).
+    (module docstring); cards come in nodes of ``gpus_per_node`` (the account's node-hours,
+    and how many of the card-hours freed were whole nodes).
     ``isolation`` shared: the engine's workloads packed by the card planner under
     ``card_rules`` (a baseline sizer's fractions are packed as fractions whatever the mode).
     A workload whose trace names its own isolation (the ``isolation`` column) is packed with
@@ -295,6 +313,7 @@ def replay_packed(
             consolidate,
             next(iter(modes.values())) if modes else isolation,
             card_rules,
+            gpus_per_node,
         )
     if gpus is not None:
         raise ValueError("pinned GPUs (gpus) and several isolation modes do not mix")
@@ -304,7 +323,16 @@ def replay_packed(
         part = {k: series for k, series in groups.items() if modes[k] is mode}
         reports.append(
             _replay_packed(
-                part, sizer, None, memory, progress, prices, consolidate, mode, card_rules
+                part,
+                sizer,
+                None,
+                memory,
+                progress,
+                prices,
+                consolidate,
+                mode,
+                card_rules,
+                gpus_per_node,
             )
         )
     return _merged(reports)
@@ -335,6 +363,7 @@ def _replay_packed(
     consolidate: bool = True,
     isolation: Isolation | None = None,
     card_rules: CardRules | None = None,
+    gpus_per_node: int = 1,
 ) -> PackedReport:
     """:func:`replay_packed` for workloads of one isolation mode."""
     if gpus is not None and gpus < 1:
@@ -366,13 +395,23 @@ def _replay_packed(
     if shared:
         assert isinstance(sizer, TenantSizer)
         forecasts = _Forecasts(workloads, sizer.policy)
-        cluster = SharedCluster(memory, gpus, card_rules or CardRules(), forecasts, consolidate)
+        cluster = SharedCluster(
+            memory,
+            gpus,
+            card_rules or CardRules(),
+            forecasts,
+            consolidate,
+            gpus_per_node=gpus_per_node,
+        )
     else:
-        cluster = ReplayCluster(memory, gpus, consolidate)
+        cluster = ReplayCluster(memory, gpus, consolidate, gpus_per_node)
         if isinstance(sizer, PopulationSizer):
             cluster.move_budget = ENFORCED_MOVE_BUDGET
     account = PackedAccount(
-        card_memory_bytes=memory, gpus=gpus, isolation=isolation.value if isolation else None
+        card_memory_bytes=memory,
+        gpus=gpus,
+        isolation=isolation.value if isolation else None,
+        gpus_per_node=gpus_per_node,
     )
     events = _events(workloads)
     previous: float | None = None
@@ -447,6 +486,8 @@ def _hold(
             held[card] = held.get(card, 0.0) + wl.fraction
     account.peak_card_fraction = max(account.peak_card_fraction, *held.values(), 0.0)
     account.hold(seconds, cards.values())
+    nodes = {cluster.node_of(card) for card in cards}
+    account.hold_nodes(seconds, len(nodes), sum(len(on) for on in cards.values()))
 
 
 def _end_intervals(

@@ -171,8 +171,12 @@ class SharedCluster:
         forecast: Forecasts,
         consolidate: bool = True,
         moves: MoveRules | None = None,
+        gpus_per_node: int = 1,
     ) -> None:
         self.memory_bytes = memory_bytes
+        # Cards are opened in order and fill nodes of this many (its moves do not aim at
+        # whole nodes: the node figures are measured, not planned for).
+        self.gpus_per_node = gpus_per_node
         self.rules = rules
         self.forecast = forecast
         self.consolidate = consolidate
@@ -206,6 +210,9 @@ class SharedCluster:
         card = f"card-{len(self.cards):05d}"
         self.cards[card] = set()
         return card
+
+    def node_of(self, card: str) -> str:
+        return f"node-{int(card.removeprefix('card-')) // self.gpus_per_node:05d}"
 
     def recent_moves(self, key: str) -> int:
         """``key``'s moves in the 24 h before now."""

@@ -203,6 +203,39 @@ def test_a_repeated_timestamp_is_two_samples_and_the_first_decision_applies_to_t
     assert report.packed.card_hours == pytest.approx(3 / 60)
 
 
+def test_nodes_of_two_cards_are_counted_and_freed_cards_split_by_whole_nodes() -> None:
+    report = replay_packed(hand_trace(), ScriptSizer(HAND_SCRIPT), gpus_per_node=2)
+    p = report.packed
+    # The same placements as on single cards: node 0 holds cards 0 and 1; c goes to the empty
+    # card 1 at minute 1 (no new node) and moves onto card 0 at minute 2 (card 1 freed, the
+    # node stays). Cards: 300 card-seconds as before.
+    assert (p.placements, p.in_place, p.moves) == (3, 3, 1)
+    assert p.card_hours == pytest.approx(300 / 3600)
+    # Node 0 in use from minute 0 to 4: 240 node-seconds. The whole-GPU baseline's nodes:
+    # 2 workloads -> 1 node (m0), 3 -> 2 (m1, m2), 2 -> 1 (m3): 360 node-seconds.
+    assert p.node_hours == pytest.approx(240 / 3600)
+    assert p.whole_node_hours == pytest.approx(360 / 3600)
+    assert p.node_hours_saved_pct == pytest.approx(100 * (1 - 240 / 360))
+    assert p.peak_nodes == 1
+    # Freed: 600 - 300 = 300 card-seconds, of which (360 - 240) x 2 = 240 as whole nodes.
+    assert p.freed_card_hours == pytest.approx(300 / 3600)
+    assert p.freed_on_whole_nodes_card_hours == pytest.approx(240 / 3600)
+    assert p.freed_on_whole_nodes_pct == pytest.approx(80.0)
+    assert p.as_dict()["nodes"]["freed_on_whole_nodes_pct"] == pytest.approx(80.0)
+
+
+def test_with_one_card_a_node_every_card_freed_is_a_whole_node() -> None:
+    p = replay_packed(hand_trace(), ScriptSizer(HAND_SCRIPT)).packed
+    assert p.node_hours == pytest.approx(p.card_hours)
+    assert p.whole_node_hours == pytest.approx(p.whole_card_hours)
+    assert p.freed_on_whole_nodes_pct == pytest.approx(100.0)
+
+
+def test_pinned_cards_must_be_whole_nodes() -> None:
+    with pytest.raises(ValueError, match="divide the pinned gpus"):
+        replay_packed(hand_trace(), ScriptSizer(HAND_SCRIPT), gpus=3, gpus_per_node=2)
+
+
 def test_account_hold_charges_only_cards_in_use() -> None:
     account = PackedAccount(card_memory_bytes=CARD)
     account.hold(3600, [{"x": 0.8, "y": 0.6}, {}, {"z": 0.1}])
