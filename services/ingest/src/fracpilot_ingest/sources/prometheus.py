@@ -6,6 +6,10 @@ One query fetches every mapped metric (``{__name__=~"a|b|..."}``) over a time ra
 step; timestamps are aligned to the step so that a restart or a catch-up asks for exactly the
 same instants again (and the de-duplication downstream recognises them). A long range is
 fetched in chunks that stay under Prometheus' 11,000 points per series.
+
+Sharded (:mod:`fracpilot_ingest.shards`), each cycle reads from the earliest cursor of the
+shards this replica holds, publishes each shard's instants past its own cursor and moves the
+cursors of those shards; the unsharded cursor is then only where a shard without one starts.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from prometheus_api_client import PrometheusConnect
 from urllib3.util.retry import Retry
 
 from fracpilot_ingest.settings import PrometheusSettings
+from fracpilot_ingest.shard_plan import CyclePlan
 from fracpilot_ingest.sources.base import Reading, SourceContext
 from fracpilot_ingest.sources.http_auth import prometheus_session
 from fracpilot_libs.nats.kv import KvBucket
@@ -95,6 +100,8 @@ class PrometheusSource:
         self.cursor = 0.0  # the last instant published
         self._end = 0.0  # the last instant asked for
         self._kv: KvBucket | None = None
+        self._first = 0.0  # sharded: where a shard with no cursor yet starts
+        self._plan: CyclePlan | None = None  # sharded: the cycle in flight
 
     async def open(self) -> None:
         self._kv = await self.context.state()
@@ -102,11 +109,17 @@ class PrometheusSource:
         if cursor is None:
             cursor = aligned(time.time() - self.backfill_s, self.interval_s) - self.interval_s
             log.info("first start: back-filling", extra={"seconds": self.backfill_s})
-        self.cursor = cursor
+        self.cursor = self._first = cursor
 
     async def read(self) -> Reading:
         step = self.interval_s
         self._end = end = aligned(time.time() - self.delay_s, step)
+        keep = None
+        if (shards := self.context.shards) is not None and self._kv is not None:
+            self._plan = plan = await shards.begin_cycle(self._kv, self._first)
+            if (start := plan.start) is None:
+                return Reading(step)  # no shard held (yet)
+            self.cursor, keep = start, plan.keeps
         if end <= self.cursor:
             return Reading(step)
         metrics = self.context.metrics
@@ -120,9 +133,12 @@ class PrometheusSource:
                 extra={"error": str(exc)[:300], "since": self.cursor},
             )
             return Reading(step)
-        return Reading(step, instants=list(instants.values()), until=end)
+        return Reading(step, instants=list(instants.values()), until=end, keep=keep)
 
     async def published(self, reading: Reading) -> None:
+        if self._plan is not None and self._kv is not None and self.context.shards is not None:
+            plan, self._plan = self._plan, None
+            await self.context.shards.end_cycle(self._kv, plan, reading.until)
         if reading.until is None or self._kv is None:
             return
         end = reading.until
@@ -132,7 +148,8 @@ class PrometheusSource:
                 extra={"from": self.cursor, "to": end, "instants": len(reading.instants)},
             )
         self.cursor = end
-        await self._kv.put(CURSOR_KEY, f"{end:.3f}".encode())
+        if self.context.shards is None:  # sharded: the shards' cursors were moved
+            await self._kv.put(CURSOR_KEY, f"{end:.3f}".encode())
         self.context.published_series.forget_before(end - 2 * self.backfill_s - 3600)
 
     def next_read_in(self) -> float:
