@@ -153,7 +153,9 @@ class PrometheusSource:
         self.context.published_series.forget_before(end - 2 * self.backfill_s - 3600)
 
     def next_read_in(self) -> float:
-        return max(0.05, self._end + self.interval_s - time.time())
+        # The next instant is asked for once it is delay_s old (without the delay this polled
+        # every 50 ms while delay_s > 0).
+        return max(0.05, self._end + self.interval_s + self.delay_s - time.time())
 
 
 async def _read_cursor(kv: KvBucket) -> float | None:
