@@ -21,11 +21,14 @@ from fracpilot_ingest.shard_plan import (
     advanced,
     by_shard,
     cursor_key,
+    gpu_shard,
+    gpu_uuid_labels,
     parse_cursor,
     plan_cycle,
     shard_of,
 )
 from fracpilot_libs.nats.usage_batch import encode_samples
+from fracpilot_libs.usage.mappings import MappingTable
 
 GPUS = [f"GPU-{i:04d}-{i * 7919 % 10007:05d}" for i in range(64)]
 STEP = 15.0
@@ -184,3 +187,29 @@ def test_the_shard_settings_come_from_fracpilot_ingest_and_need_prometheus_alone
     monkeypatch.setenv("FRACPILOT_SOURCES", "prometheus,simulator")
     with pytest.raises(ValidationError, match="needs FRACPILOT_SOURCES=prometheus"):
         IngestSettings()
+
+
+def test_a_mig_instance_is_on_its_cards_shard() -> None:
+    card = GPUS[5]
+    assert gpu_shard(f"{card}/GI2", 16) == gpu_shard(card, 16) == shard_of(card, 16)
+
+
+@given(
+    owned=st.sets(st.integers(0, 7)),
+    gpus=st.lists(st.sampled_from(GPUS), min_size=1, max_size=20),
+)
+def test_the_series_a_replica_parses_give_every_sample_its_cycle_keeps(
+    owned: set[int], gpus: list[str]
+) -> None:
+    """Cutting the response before parsing loses nothing :meth:`CyclePlan.keeps` would keep:
+    a GPU's series stay when its shard is the cycle's, a series naming no GPU always."""
+    plan = plan_cycle(8, owned, {}, fallback=0.0)
+    labels = gpu_uuid_labels(MappingTable.of())
+    assert "UUID" in labels
+    series = [{"metric": {"__name__": "DCGM_FI_DEV_FB_USED", "UUID": g}} for g in gpus]
+    app = {"metric": {"__name__": "vllm:num_requests_waiting", "pod": "chat-0"}}
+    kept = plan.of_shards([*series, app, "junk"], labels)
+    assert app in kept
+    assert "junk" in kept  # malformed: left to the parser, which counts it
+    for s in series:
+        assert (s in kept) == plan.keeps(s["metric"]["UUID"], 1.0)

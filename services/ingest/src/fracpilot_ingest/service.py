@@ -29,7 +29,7 @@ from fracpilot_ingest.node_facts import hami_device_memory
 from fracpilot_ingest.owners import KubernetesOwners, OwnerResolver, make_owners
 from fracpilot_ingest.pod_facts import kai_shared_gpus, oom_kills
 from fracpilot_ingest.settings import IngestSettings, mapping_table
-from fracpilot_ingest.shard_plan import by_shard
+from fracpilot_ingest.shard_plan import by_shard, gpu_uuid_labels
 from fracpilot_ingest.shards import IngestShards
 from fracpilot_ingest.sources import make_sources
 from fracpilot_ingest.sources.base import Source, SourceContext
@@ -78,7 +78,7 @@ class IngestService:
         self.published_series = PublishedSeries()
         # Sharded: this replica publishes the GPUs of the shards it holds a lease on.
         self.shards = (
-            IngestShards(settings.ingest, self.runtime.registry)
+            IngestShards(settings.ingest, self.runtime.registry, gpu_uuid_labels(self.table))
             if settings.ingest.sharded
             else None
         )

@@ -21,10 +21,13 @@ a cursor moves only past instants whose batches are all acknowledged, and only f
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from fracpilot_libs.contracts import UsageSample
+from fracpilot_libs.usage.mappings import MappingTable
+from fracpilot_libs.usage.mig import card_of
 
 CURSOR_PREFIX = "prometheus.cursor"  # the unsharded cursor's key; a shard's adds .<N>.<k>
 
@@ -34,6 +37,17 @@ def shard_of(gpu_uuid: str, shards: int) -> int:
     process), modulo ``shards``."""
     digest = hashlib.blake2b(gpu_uuid.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") % shards
+
+
+def gpu_shard(gpu_uuid: str, shards: int) -> int:
+    """The shard of a sample's GPU: its card's (a MIG instance, ``UUID/GI2``, is on its
+    card's shard: the card's series carry the card's UUID)."""
+    return shard_of(card_of(gpu_uuid), shards)
+
+
+def gpu_uuid_labels(table: MappingTable) -> tuple[str, ...]:
+    """The labels that name a series' GPU, in any row of the mapping table."""
+    return tuple(dict.fromkeys(name for row in table.rows for name in row.roles.gpu_uuid))
 
 
 def cursor_key(shard: int, shards: int) -> str:
@@ -71,8 +85,25 @@ class CyclePlan:
     def keeps(self, gpu_uuid: str, instant: float) -> bool:
         """Whether this cycle publishes the GPU's sample of ``instant``: its shard is one of
         the cycle's and the instant is past that shard's cursor."""
-        cursor = self.cursors.get(shard_of(gpu_uuid, self.shards))
+        cursor = self.cursors.get(gpu_shard(gpu_uuid, self.shards))
         return cursor is not None and instant > cursor
+
+    def of_shards(self, series: list[Any], gpu_labels: Sequence[str]) -> list[Any]:
+        """The series of a range-query response that can give this cycle a sample, before
+        they are parsed (each replica then parses only its share): those of a GPU in one of
+        the cycle's shards, and those naming no GPU (an application's, joined to its pod's
+        GPU later). :meth:`keeps` still decides per sample and instant."""
+        return [s for s in series if self._may_keep(s, gpu_labels)]
+
+    def _may_keep(self, series: Any, gpu_labels: Sequence[str]) -> bool:
+        labels = series.get("metric") if isinstance(series, dict) else None
+        if not isinstance(labels, dict):
+            return True  # malformed: the parser counts it
+        for name in gpu_labels:
+            uuid = labels.get(name)
+            if uuid and isinstance(uuid, str):
+                return shard_of(uuid, self.shards) in self.cursors
+        return True
 
 
 def plan_cycle(
@@ -91,5 +122,5 @@ def by_shard(samples: Iterable[UsageSample], shards: int) -> list[list[UsageSamp
     encoded into batches of its own."""
     groups: dict[int, list[UsageSample]] = {}
     for sample in samples:
-        groups.setdefault(shard_of(sample.gpu_uuid, shards), []).append(sample)
+        groups.setdefault(gpu_shard(sample.gpu_uuid, shards), []).append(sample)
     return [groups[k] for k in sorted(groups)]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry
 
@@ -37,8 +38,11 @@ CAS_TRIES = 5  # cursor writes racing another replica's (an old owner finishing 
 class IngestShards:
     """The shards this replica publishes; the holder its :class:`Ownership` calls."""
 
-    def __init__(self, settings: ShardSettings, registry: CollectorRegistry) -> None:
+    def __init__(
+        self, settings: ShardSettings, registry: CollectorRegistry, gpu_labels: Sequence[str]
+    ) -> None:
         self.count = settings.shards
+        self.gpu_labels = tuple(gpu_labels)  # the labels naming a series' GPU
         self.lease_s = settings.shard_lease_s
         self.replica = settings.replica_id or default_replica_id()
         self.metrics = LeaseMetrics(

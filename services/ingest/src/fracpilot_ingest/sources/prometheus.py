@@ -15,10 +15,12 @@ cursors of those shards; the unsharded cursor is then only where a shard without
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 from prometheus_api_client import PrometheusConnect
 from urllib3.util.retry import Retry
@@ -64,8 +66,14 @@ class RangeQueryClient:
             retry=Retry(total=1, backoff_factor=0.1),
         )
 
-    def fetch(self, start: float, end: float) -> dict[float, list[MetricPoint]]:
-        """Every instant on the step grid in [start, end], in order."""
+    def fetch(
+        self,
+        start: float,
+        end: float,
+        series: Callable[[list[Any]], list[Any]] | None = None,
+    ) -> dict[float, list[MetricPoint]]:
+        """Every instant on the step grid in [start, end], in order; ``series``: the series
+        of each response to parse (sharded: those of this replica's GPUs)."""
         merged: dict[float, list[MetricPoint]] = {}
         for lo, hi in chunks(aligned(start, self.step_s), aligned(end, self.step_s), self.step_s):
             result = self._client.custom_query_range(
@@ -75,7 +83,7 @@ class RangeQueryClient:
                 step=f"{self.step_s:g}s",
                 timeout=int(self.timeout_s),
             )
-            merged.update(points_by_instant(result))
+            merged.update(points_by_instant(series(result) if series else result))
         return dict(sorted(merged.items()))
 
 
@@ -114,18 +122,22 @@ class PrometheusSource:
     async def read(self) -> Reading:
         step = self.interval_s
         self._end = end = aligned(time.time() - self.delay_s, step)
-        keep = None
+        keep, series = None, None
         if (shards := self.context.shards) is not None and self._kv is not None:
             self._plan = plan = await shards.begin_cycle(self._kv, self._first)
             if (start := plan.start) is None:
                 return Reading(step)  # no shard held (yet)
             self.cursor, keep = start, plan.keeps
+            series = functools.partial(plan.of_shards, gpu_labels=shards.gpu_labels)
         if end <= self.cursor:
             return Reading(step)
         metrics = self.context.metrics
         try:
             with metrics.query_seconds.labels(self.name).time():
-                instants = await asyncio.to_thread(self.client.fetch, self.cursor + step, end)
+                fetch = self.client.fetch
+                if series is not None:
+                    fetch = functools.partial(fetch, series=series)
+                instants = await asyncio.to_thread(fetch, self.cursor + step, end)
         except Exception as exc:  # Prometheus down or broken: keep the cursor
             metrics.source_errors.labels(self.name).inc()
             log.warning(
