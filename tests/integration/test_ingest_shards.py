@@ -10,11 +10,14 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 
+import nats
 import pytest
 
 from fracpilot_ingest.service import IngestService
 from fracpilot_ingest.settings import IngestSettings
+from fracpilot_ingest.shard_plan import CURSOR_PREFIX, cursor_key
 from fracpilot_libs.contracts import UsageSample
+from fracpilot_libs.nats import subjects
 from helpers import read_usage, reset_nats, running, wait_for
 from support.gpu_exporter import GpuState, GpuTestExporter, PodOnGpu, dcgm_metrics
 from support.prometheus_server import PrometheusServer, ScrapeTarget
@@ -100,6 +103,16 @@ def published(service: IngestService) -> float:
     )
 
 
+async def state_cursors(url: str) -> dict[str, float]:
+    nc = await nats.connect(url)
+    try:
+        kv = await nc.jetstream().key_value(subjects.INGEST_STATE_BUCKET)
+        keys = [k for k in await kv.keys() if k.startswith(CURSOR_PREFIX)]
+        return {k: float((await kv.get(k)).value or b"nan") for k in keys}
+    finally:
+        await nc.close()
+
+
 def every_instant_once(samples: list[UsageSample]) -> tuple[float, float]:
     """Every GPU has exactly one sample at every instant from the first to the last stored;
     that span."""
@@ -129,6 +142,11 @@ async def test_two_replicas_store_every_sample_once_and_the_union_is_one_ingests
         await wait_for(lambda: b.sources[0].cursor >= since + 6 * STEP, 30)  # type: ignore[attr-defined]
     assert published(a) > 0
     assert published(b) > 0
+    # Every shard has its cursor; the unsharded one is their floor (where another layout, or
+    # one ingest, goes on from).
+    cursors = await state_cursors(nats_url)
+    shard_cursors = [cursors[cursor_key(k, SHARDS)] for k in range(SHARDS)]
+    assert cursors[CURSOR_PREFIX] == min(shard_cursors)
     shared = await stored(nats_url)
     lo, hi = every_instant_once(shared)
     assert hi - lo >= 6 * STEP

@@ -24,7 +24,14 @@ from collections.abc import Sequence
 from prometheus_client import CollectorRegistry
 
 from fracpilot_ingest.settings import ShardSettings
-from fracpilot_ingest.shard_plan import CyclePlan, advanced, cursor_key, parse_cursor, plan_cycle
+from fracpilot_ingest.shard_plan import (
+    CURSOR_PREFIX,
+    CyclePlan,
+    advanced,
+    cursor_key,
+    parse_cursor,
+    plan_cycle,
+)
 from fracpilot_libs.leases.metrics import LeaseMetrics
 from fracpilot_libs.leases.ownership import Ownership, default_replica_id
 from fracpilot_libs.nats import subjects
@@ -109,26 +116,39 @@ class IngestShards:
         self._cycle_over.set()  # one not ended (its source restarted) is over
         self._cycle_over = asyncio.Event()
         owned = sorted(self.held())
-        entries = await asyncio.gather(*(kv.get(cursor_key(k, self.count)) for k in owned))
+        stored = await self._cursors(kv, owned)
+        if any(k not in stored for k in owned):  # a new shard count: from the floor
+            entry = await kv.get(CURSOR_PREFIX)
+            floor = parse_cursor(entry.value) if entry is not None else None
+            fallback = fallback if floor is None else floor
+        return plan_cycle(self.count, owned, stored, fallback)
+
+    async def _cursors(self, kv: KvBucket, shards: Sequence[int]) -> dict[int, float]:
+        entries = await asyncio.gather(*(kv.get(cursor_key(k, self.count)) for k in shards))
         stored: dict[int, float] = {}
-        for k, entry in zip(owned, entries, strict=True):
+        for k, entry in zip(shards, entries, strict=True):
             cursor = parse_cursor(entry.value) if entry is not None else None
             if cursor is not None:
                 stored[k] = cursor
-        return plan_cycle(self.count, owned, stored, fallback)
+        return stored
 
     async def end_cycle(self, kv: KvBucket, plan: CyclePlan, until: float | None) -> None:
         """The cycle's batches are all acknowledged: move each of its shards' cursors to
         ``until`` (None: nothing was read)."""
         try:
             if until is not None:
-                await asyncio.gather(*(self._advance(kv, k, until) for k in plan.cursors))
+                keys = [cursor_key(k, self.count) for k in plan.cursors]
+                await asyncio.gather(*(self._advance(kv, key, until) for key in keys))
+                # The floor, every shard's earliest cursor, is the unsharded cursor: where a
+                # shard of another count starts, and an unsharded ingest after this one.
+                every = await self._cursors(kv, range(self.count))
+                if len(every) == self.count:
+                    await self._advance(kv, CURSOR_PREFIX, min(every.values()))
         finally:
             self._cycle_over.set()
 
-    async def _advance(self, kv: KvBucket, shard: int, until: float) -> None:
-        """Move the shard's cursor forward to ``until``, never back (compare-and-set)."""
-        key = cursor_key(shard, self.count)
+    async def _advance(self, kv: KvBucket, key: str, until: float) -> None:
+        """Move a cursor forward to ``until``, never back (compare-and-set)."""
         value = f"{until:.3f}".encode()
         for _ in range(CAS_TRIES):
             entry = await kv.get(key)
@@ -142,4 +162,4 @@ class IngestShards:
                 return
             except RevisionMismatchError:
                 continue  # another replica wrote it meanwhile: read it again
-        log.warning("shard cursor not moved", extra={"shard": shard, "until": until})
+        log.warning("cursor not moved", extra={"key": key, "until": until})

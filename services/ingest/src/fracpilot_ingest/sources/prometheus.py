@@ -9,7 +9,8 @@ fetched in chunks that stay under Prometheus' 11,000 points per series.
 
 Sharded (:mod:`fracpilot_ingest.shards`), each cycle reads from the earliest cursor of the
 shards this replica holds, publishes each shard's instants past its own cursor and moves the
-cursors of those shards; the unsharded cursor is then only where a shard without one starts.
+cursors of those shards; the unsharded cursor is then the floor, the earliest of the shards'
+(where a shard without a cursor starts, and where an unsharded ingest goes on from).
 """
 
 from __future__ import annotations
