@@ -47,6 +47,7 @@ BUCKETS = (
     subjects.TARGET_BUCKET,
     subjects.DECISION_STATE_BUCKET,
     subjects.DECISION_PARTITION_BUCKET,
+    subjects.INGEST_SHARD_BUCKET,
 )
 
 

@@ -115,7 +115,8 @@ BUCKETS = {
     ),
     "INGEST_STATE_BUCKET": Bucket(
         "Ingest's source cursors: key `prometheus.cursor`, the unix time of the last instant "
-        "published, so a restart or an outage is caught up once.",
+        "published, so a restart or an outage is caught up once; sharded, each GPU shard's "
+        "(`prometheus.cursor.<shards>.<shard>`), and `prometheus.cursor` their floor.",
         value="a decimal number of seconds, UTF-8",
     ),
     "ACTUATOR_STATE_BUCKET": Bucket(
@@ -132,6 +133,12 @@ BUCKETS = {
     "DECISION_PARTITION_BUCKET": Bucket(
         "Decision replicas and their leases on usage partitions.",
         value="replica and lease records as JSON (owned by the decision service)",
+    ),
+    "INGEST_SHARD_BUCKET": Bucket(
+        "Ingest replicas sharing one Prometheus source (FRACPILOT_INGEST_SHARDS) and their "
+        "leases on GPU shards (key `member.<replica>`, `partition.<shard>`); the shards' "
+        "cursors are in the ingest state bucket.",
+        value="the replica's name, or a member record as JSON (owned by the ingest service)",
     ),
 }
 
@@ -387,6 +394,7 @@ def operations() -> dict[str, Operation]:
         "ACTUATOR_STATE_BUCKET": (("actuator",), ("actuator",)),
         "DECISION_STATE_BUCKET": (("decision",), ("decision",)),
         "DECISION_PARTITION_BUCKET": (("decision",), ("decision",)),
+        "INGEST_SHARD_BUCKET": (("ingest",), ("ingest",)),
     }
     for name in described(BUCKETS, "_BUCKET"):
         writers, readers = kv_ops[name]

@@ -24,8 +24,8 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry
 
-from fracpilot_decision.ownership import Ownership
-from fracpilot_decision.settings import PartitionLeaseSettings
+from fracpilot_decision.metrics import OwnershipMetrics
+from fracpilot_libs.leases.ownership import Ownership
 from helpers import wait_for
 
 pytestmark = pytest.mark.integration
@@ -114,8 +114,8 @@ async def ownership(
         holder,
         partitions=PARTITIONS,
         replica="replica-a",
-        lease=PartitionLeaseSettings(lease_s=getattr(request, "param", LEASE_S)),
-        registry=CollectorRegistry(),
+        lease_s=getattr(request, "param", LEASE_S),
+        metrics=OwnershipMetrics(CollectorRegistry()),
         bucket=f"test_claims_{uuid.uuid4().hex[:8]}",
     )
     await own.open()

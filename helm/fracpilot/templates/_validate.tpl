@@ -31,6 +31,12 @@
 {{- if and $i.prometheus.ca.secretName $i.prometheus.ca.configMapName -}}
 {{- fail (printf "ingest.prometheus.ca names both a Secret (%s) and a ConfigMap (%s): name one" $i.prometheus.ca.secretName $i.prometheus.ca.configMapName) -}}
 {{- end -}}
+{{- if and $i.enabled (gt (int $i.replicas) 1) (le (int $i.shards) 1) -}}
+{{- fail (printf "ingest.replicas %v needs ingest.shards (it is %v): unsharded replicas would publish every sample each" $i.replicas $i.shards) -}}
+{{- end -}}
+{{- if and $i.enabled (gt (int $i.shards) 1) (ne (join "," $i.sources) "prometheus") -}}
+{{- fail (printf "ingest.shards needs ingest.sources [prometheus] alone (it is %v)" $i.sources) -}}
+{{- end -}}
 {{- if and $i.enabled $i.hamiNodes (ne $i.owners "kubernetes") -}}
 {{- fail (printf "ingest.hamiNodes needs ingest.owners kubernetes (it is %s): nodes are watched with the pods" $i.owners) -}}
 {{- end -}}

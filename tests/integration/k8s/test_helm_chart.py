@@ -376,6 +376,21 @@ def test_the_apiserver_accepts_the_nats_certificate_chain(
             "ingest.hamiNodes needs ingest.owners kubernetes (it is pod-name)",
         ),
         (
+            ["--set", "ingest.replicas=2"],
+            "ingest.replicas 2 needs ingest.shards (it is 0): unsharded replicas would publish",
+        ),
+        (
+            [
+                "--set",
+                "ingest.shards=8,ingest.sources={prometheus,scrape},ingest.scrapeTargets={a:9400}",
+            ],
+            "ingest.shards needs ingest.sources [prometheus] alone (it is [prometheus scrape])",
+        ),
+        (
+            ["--set-json", "ingest.shardLeaseSeconds=0.5"],
+            "at '/ingest/shardLeaseSeconds': minimum: got 0.5, want 1",
+        ),
+        (
             ["--set", "actuator.consolidation.mode=bogus"],
             "at '/actuator/consolidation/mode': value must be one of 'off', 'recommend', 'auto'",
         ),
@@ -615,6 +630,29 @@ def test_values_reach_the_services(rendered: dict[str, list[dict[str, Any]]]) ->
     )
     default = container_env(rendered["default"], "decision")
     assert default["FRACPILOT_NATS_URL"] == "nats://fracpilot-nats.fracpilot.svc:4222"
+
+
+def test_ingest_replicas_share_the_gpus_by_shards(
+    helm: Helm, rendered: dict[str, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ingest.shards reaches IngestSettings and lets ingest.replicas go above one, rolled one
+    pod at a time (a pod hands its shards over on SIGTERM); unsharded, one pod, Recreate."""
+    docs = helm.template("default", "fracpilot", "--set", "ingest.replicas=3,ingest.shards=12")
+    deployment = find(docs, "Deployment", "fracpilot-ingest")
+    assert deployment["spec"]["replicas"] == 3
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+    }
+    env = container_env(docs, "ingest")
+    with monkeypatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        settings = IngestSettings()
+    assert (settings.ingest.shards, settings.ingest.shard_lease_s) == (12, 10.0)
+    default = find(rendered["default"], "Deployment", "fracpilot-ingest")
+    assert default["spec"]["strategy"] == {"type": "Recreate"}
+    assert "FRACPILOT_INGEST_SHARDS" not in container_env(rendered["default"], "ingest")
 
 
 def ingest_files(docs: list[dict[str, Any]]) -> dict[str, tuple[str, dict[str, Any]]]:

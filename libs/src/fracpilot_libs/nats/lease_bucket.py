@@ -1,7 +1,7 @@
 """A lease bucket: a KV bucket whose keys live only while they are rewritten (its TTL), written
 with a short wait for the ack, read in one snapshot and watched for changes.
 
-The decision replicas keep their partition leases in one (:mod:`fracpilot_decision.ownership`).
+The decision replicas keep their partition leases in one (:mod:`fracpilot_libs.leases.ownership`).
 What this module adds to :mod:`fracpilot_libs.nats.kv`:
 
 - :func:`open_lease_bucket`: the bucket with the lease as its TTL (set on an existing one too),

@@ -40,6 +40,7 @@ TARGET_BUCKET = "fracpilot_targets"  # workload key -> WorkloadTarget (read by t
 ACTUATOR_STATE_BUCKET = "fracpilot_actuator"  # applied decision ids, simulated cluster
 DECISION_STATE_BUCKET = "fracpilot_decision_state"  # workload key -> engine checkpoint
 DECISION_PARTITION_BUCKET = "fracpilot_decision_partitions"  # replicas and partition leases
+INGEST_SHARD_BUCKET = "fracpilot_ingest_shards"  # ingest replicas and their GPU-shard leases
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from fracpilot_libs.leases.metrics import LeaseMetrics
 from fracpilot_libs.series_expiry import LastSeen
 
 WORKLOAD_LABELS = ("namespace", "workload")  # as ingest's per-workload series
@@ -69,25 +70,15 @@ class CheckpointMetrics:
         )
 
 
-class OwnershipMetrics:
+class OwnershipMetrics(LeaseMetrics):
     """Partitions owned, replicas seen, partition moves."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.owned = Gauge(
-            "fracpilot_decision_partitions_owned",
-            "Usage partitions this replica owns and consumes",
-            registry=registry,
-        )
-        self.replicas = Gauge(
-            "fracpilot_decision_replicas",
-            "Decision replicas alive, as this replica last saw them",
-            registry=registry,
-        )
-        self.moves = Counter(
-            "fracpilot_decision_partition_moves_total",
-            "Partitions this replica claimed, handed over, or dropped (its lease lost)",
-            ["move"],
-            registry=registry,
+        super().__init__(
+            registry,
+            service="decision",
+            part="partition",
+            owned_help="Usage partitions this replica owns and consumes",
         )
 
 

@@ -3,8 +3,8 @@
 **Partitions.** Every sample is stored in one of ``FRACPILOT_DECISION_PARTITIONS`` usage
 streams, chosen by its workload (see :mod:`fracpilot_libs.nats.subjects`; this service sets the
 count: :mod:`fracpilot_libs.nats.usage_streams`). Replicas share the partitions through leases in KV
-(:mod:`fracpilot_decision.ownership`, balanced with minimal movement by
-:mod:`fracpilot_decision.partitions`); each replica consumes only the partitions it owns, one
+(:mod:`fracpilot_libs.leases.ownership`, balanced with minimal movement by
+:mod:`fracpilot_libs.leases.balance`); each replica consumes only the partitions it owns, one
 durable pull consumer per partition stream (``decision-p<k>``), in stream order, so each workload's
 samples are decided in order by exactly one replica, and keeps only those workloads' histories.
 
@@ -51,13 +51,13 @@ from fracpilot_decision.checkpoints import Checkpointer
 from fracpilot_decision.consumers import PartitionConsumers
 from fracpilot_decision.deciding import Decider
 from fracpilot_decision.heap import HeapFreezer
-from fracpilot_decision.metrics import DecisionMetrics, RecommendationMetrics
-from fracpilot_decision.ownership import Ownership, default_replica_id
+from fracpilot_decision.metrics import DecisionMetrics, OwnershipMetrics, RecommendationMetrics
 from fracpilot_decision.partition_state import Partition
 from fracpilot_decision.policy_store import PolicyStore
 from fracpilot_decision.settings import DecisionSettings
 from fracpilot_decision.worker import PartitionWorker
 from fracpilot_libs.contracts import Policy
+from fracpilot_libs.leases.ownership import Ownership, default_replica_id
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.runtime import ServiceRuntime
 from fracpilot_libs.sizing.policies import LivePolicies, cluster_default
@@ -159,8 +159,8 @@ class DecisionService:
             self,
             partitions=self.partition_count,
             replica=self.replica,
-            lease=self.settings.partition,
-            registry=self.runtime.registry,
+            lease_s=self.settings.partition.lease_s,
+            metrics=OwnershipMetrics(self.runtime.registry),
             bucket=subjects.DECISION_PARTITION_BUCKET,
             replicas=bus.replicas,
         )

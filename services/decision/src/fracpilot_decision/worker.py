@@ -10,8 +10,8 @@ from collections.abc import Callable
 from fracpilot_decision.checkpoints import Checkpointer
 from fracpilot_decision.consumers import PartitionConsumers
 from fracpilot_decision.deciding import Decider
-from fracpilot_decision.ownership import Ownership
 from fracpilot_decision.partition_state import Partition
+from fracpilot_libs.leases.ownership import Ownership
 from fracpilot_libs.nats.client_types import Msg
 from fracpilot_libs.nats.pull_feed import ConsumerGoneError
 

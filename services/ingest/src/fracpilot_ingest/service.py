@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 from collections import Counter as Tally
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.trace import SpanKind
@@ -29,13 +29,15 @@ from fracpilot_ingest.node_facts import hami_device_memory
 from fracpilot_ingest.owners import KubernetesOwners, OwnerResolver, make_owners
 from fracpilot_ingest.pod_facts import kai_shared_gpus, oom_kills
 from fracpilot_ingest.settings import IngestSettings, mapping_table
+from fracpilot_ingest.shard_plan import by_shard, gpu_uuid_labels
+from fracpilot_ingest.shards import IngestShards
 from fracpilot_ingest.sources import make_sources
 from fracpilot_ingest.sources.base import Source, SourceContext
 from fracpilot_ingest.supervision import SourceSupervisor
 from fracpilot_libs.contracts import Allocation, UsageSample
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.publish_window import OnAcked, PublishWindow
-from fracpilot_libs.nats.usage_batch import encode_samples
+from fracpilot_libs.nats.usage_batch import EncodedBatch, encode_samples
 from fracpilot_libs.runtime import ServiceRuntime
 from fracpilot_libs.usage.attribution import (
     GpuInventory,
@@ -74,6 +76,12 @@ class IngestService:
         )
         self.allocations: dict[str, Allocation] = {}
         self.published_series = PublishedSeries()
+        # Sharded: this replica publishes the GPUs of the shards it holds a lease on.
+        self.shards = (
+            IngestShards(settings.ingest, self.runtime.registry, gpu_uuid_labels(self.table))
+            if settings.ingest.sharded
+            else None
+        )
         # An OOM kill this much older than first seen is history (ingest restarted since).
         self.signals = SignalTracker(window_s=max(300.0, 4 * settings.interval_s))
         self.sources: list[Source] = make_sources(
@@ -84,6 +92,7 @@ class IngestService:
                 published_series=self.published_series,
                 allocations=self.allocations,
                 state=lambda: self.runtime.bus.kv(subjects.INGEST_STATE_BUCKET),
+                shards=self.shards,
             ),
         )
         self.supervisor = SourceSupervisor(
@@ -111,6 +120,8 @@ class IngestService:
             subjects.ALLOCATION_BUCKET, Allocation, self._on_allocation
         )
         await asyncio.wait_for(initial.wait(), timeout=30)
+        if self.shards is not None:
+            await self.shards.start(self.runtime.bus.nc, self.runtime.bus.replicas)
         for source in self.sources:
             self._tasks.append(
                 asyncio.create_task(self.supervisor.supervise(source), name=source.name)
@@ -119,6 +130,9 @@ class IngestService:
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
+        if self.shards is not None:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self.shards.stop()  # hand the shards over, their cursors as they are
         if isinstance(self.owners, KubernetesOwners):
             self.owners.stop()
 
@@ -175,7 +189,12 @@ class IngestService:
                     inventory = self.inventory()
                     for points in reading.instants:
                         await self.publish_instant(
-                            source.name, points, inventory, reading.step_s, wait=False
+                            source.name,
+                            points,
+                            inventory,
+                            reading.step_s,
+                            wait=False,
+                            keep=reading.keep,
                         )
                 await self.publish_samples(source.name, reading.samples, reading.step_s)
                 await window.drain()
@@ -224,13 +243,17 @@ class IngestService:
         step_s: float | None = None,
         *,
         wait: bool = True,
+        keep: Callable[[str, float], bool] | None = None,
     ) -> int:
         """Attribute, validate and publish the points of one instant; returns samples sent.
 
         ``step_s``: the time each sample stands for (default: the interval). ``wait``: return
-        once every batch is acknowledged (else they are left in the source's window)."""
+        once every batch is acknowledged (else they are left in the source's window).
+        ``keep``: sharded, whether this replica publishes a GPU's sample of the instant."""
         step = self.settings.interval_s if step_s is None else step_s
         observations, rejections = observe_points(points, self.table, inventory)
+        if keep is not None:
+            observations = [o for o in observations if keep(o.gpu_uuid, o.timestamp)]
         now = time.time()
         ready: list[tuple[UsageSample, Observation | None]] = []
         for obs in observations:
@@ -270,7 +293,7 @@ class IngestService:
             return
         window = self._window(source)
         by_id = {sample.sample_id: (sample, obs) for sample, obs in ready}
-        for batch in encode_samples((s for s, _ in ready), self.partitions):
+        for batch in self._encode([s for s, _ in ready]):
             rows = [by_id[sample_id] for sample_id in batch.sample_ids]
             lines = batch.payload.split(b"\n")[1:] if self.settings.usage_view else []
 
@@ -280,6 +303,17 @@ class IngestService:
             await window.submit(key, batch.subject, batch.payload, batch.batch_id, acked)
         if wait:
             await window.drain()
+
+    def _encode(self, samples: list[UsageSample]) -> list[EncodedBatch]:
+        """Sharded, each shard's samples in batches of their own: the same batches, with the
+        same ids, whichever replica publishes the shard (:mod:`fracpilot_ingest.shard_plan`)."""
+        if self.shards is None:
+            return encode_samples(samples, self.partitions)
+        return [
+            batch
+            for group in by_shard(samples, self.shards.count)
+            for batch in encode_samples(group, self.partitions)
+        ]
 
     def _on_batch_acked(
         self,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Literal
 
-from pydantic import BaseModel, Field, TypeAdapter
+from pydantic import BaseModel, Field, TypeAdapter, model_validator
 
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.kai import KaiSettings
@@ -58,6 +58,32 @@ class RestartSettings(BaseModel):
         ge=1,
         description="crashes in a row (no completed read between) that make ingest not ready",
     )
+
+
+class ShardSettings(BaseModel):
+    """FRACPILOT_INGEST_*: ingest replicas sharing one Prometheus source
+    (:mod:`fracpilot_ingest.shards`)."""
+
+    shards: int = Field(
+        default=0,
+        ge=0,
+        le=4096,
+        description="split the prometheus source's GPUs into this many shards, shared among "
+        "the ingest replicas by leases in KV; 0 or 1: one ingest publishes every GPU",
+    )
+    shard_lease_s: float = Field(
+        default=10.0,
+        ge=1.0,
+        description="a replica's shards move to the others this long after it dies (the TTL "
+        "of the shard lease bucket); the same on every replica",
+    )
+    replica_id: str | None = Field(
+        default=None, description="this replica's name in the shard leases; unique"
+    )
+
+    @property
+    def sharded(self) -> bool:
+        return self.shards > 1
 
 
 class IngestSettings(ServiceSettings):
@@ -131,6 +157,15 @@ class IngestSettings(ServiceSettings):
         gt=0,
         description="a workload not seen for this long has its per-workload series removed",
     )
+
+    ingest: ShardSettings = Field(default_factory=ShardSettings)
+
+    @model_validator(mode="after")
+    def _shards_need_prometheus_alone(self) -> IngestSettings:
+        # Only the prometheus source reads instants every replica can read again alike.
+        if self.ingest.sharded and self.source_list != ["prometheus"]:
+            raise ValueError("FRACPILOT_INGEST_SHARDS > 1 needs FRACPILOT_SOURCES=prometheus")
+        return self
 
     @property
     def source_list(self) -> list[str]:

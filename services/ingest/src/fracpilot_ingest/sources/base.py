@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from fracpilot_ingest.metrics import IngestMetrics
+from fracpilot_ingest.shards import IngestShards
 from fracpilot_libs.contracts import Allocation, UsageSample
 from fracpilot_libs.nats.kv import KvBucket
 from fracpilot_libs.usage.attribution import MetricPoint
@@ -30,6 +31,8 @@ class Reading:
     samples: Sequence[UsageSample] = ()  # samples the source made itself (the simulator)
     # The source's own note of what this reading covers (the Prometheus cursor's new end).
     until: float | None = field(default=None)
+    # Sharded (fracpilot_ingest.shards): whether to publish a GPU's sample of an instant.
+    keep: Callable[[str, float], bool] | None = None
 
 
 class Source(Protocol):
@@ -59,3 +62,4 @@ class SourceContext:
     published_series: PublishedSeries
     allocations: Mapping[str, Allocation]  # by workload key, kept current by the service
     state: Callable[[], Awaitable[KvBucket]]  # the ingest state bucket (cursors)
+    shards: IngestShards | None = None  # this replica's GPU shards, when sharded

@@ -6,20 +6,28 @@ One query fetches every mapped metric (``{__name__=~"a|b|..."}``) over a time ra
 step; timestamps are aligned to the step so that a restart or a catch-up asks for exactly the
 same instants again (and the de-duplication downstream recognises them). A long range is
 fetched in chunks that stay under Prometheus' 11,000 points per series.
+
+Sharded (:mod:`fracpilot_ingest.shards`), each cycle reads from the earliest cursor of the
+shards this replica holds, publishes each shard's instants past its own cursor and moves the
+cursors of those shards; the unsharded cursor is then the floor, the earliest of the shards'
+(where a shard without a cursor starts, and where an unsharded ingest goes on from).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 from prometheus_api_client import PrometheusConnect
 from urllib3.util.retry import Retry
 
 from fracpilot_ingest.settings import PrometheusSettings
+from fracpilot_ingest.shard_plan import CyclePlan
 from fracpilot_ingest.sources.base import Reading, SourceContext
 from fracpilot_ingest.sources.http_auth import prometheus_session
 from fracpilot_libs.nats.kv import KvBucket
@@ -59,8 +67,14 @@ class RangeQueryClient:
             retry=Retry(total=1, backoff_factor=0.1),
         )
 
-    def fetch(self, start: float, end: float) -> dict[float, list[MetricPoint]]:
-        """Every instant on the step grid in [start, end], in order."""
+    def fetch(
+        self,
+        start: float,
+        end: float,
+        series: Callable[[list[Any]], list[Any]] | None = None,
+    ) -> dict[float, list[MetricPoint]]:
+        """Every instant on the step grid in [start, end], in order; ``series``: the series
+        of each response to parse (sharded: those of this replica's GPUs)."""
         merged: dict[float, list[MetricPoint]] = {}
         for lo, hi in chunks(aligned(start, self.step_s), aligned(end, self.step_s), self.step_s):
             result = self._client.custom_query_range(
@@ -70,7 +84,7 @@ class RangeQueryClient:
                 step=f"{self.step_s:g}s",
                 timeout=int(self.timeout_s),
             )
-            merged.update(points_by_instant(result))
+            merged.update(points_by_instant(series(result) if series else result))
         return dict(sorted(merged.items()))
 
 
@@ -95,6 +109,8 @@ class PrometheusSource:
         self.cursor = 0.0  # the last instant published
         self._end = 0.0  # the last instant asked for
         self._kv: KvBucket | None = None
+        self._first = 0.0  # sharded: where a shard with no cursor yet starts
+        self._plan: CyclePlan | None = None  # sharded: the cycle in flight
 
     async def open(self) -> None:
         self._kv = await self.context.state()
@@ -102,17 +118,27 @@ class PrometheusSource:
         if cursor is None:
             cursor = aligned(time.time() - self.backfill_s, self.interval_s) - self.interval_s
             log.info("first start: back-filling", extra={"seconds": self.backfill_s})
-        self.cursor = cursor
+        self.cursor = self._first = cursor
 
     async def read(self) -> Reading:
         step = self.interval_s
         self._end = end = aligned(time.time() - self.delay_s, step)
+        keep, series = None, None
+        if (shards := self.context.shards) is not None and self._kv is not None:
+            self._plan = plan = await shards.begin_cycle(self._kv, self._first)
+            if (start := plan.start) is None:
+                return Reading(step)  # no shard held (yet)
+            self.cursor, keep = start, plan.keeps
+            series = functools.partial(plan.of_shards, gpu_labels=shards.gpu_labels)
         if end <= self.cursor:
             return Reading(step)
         metrics = self.context.metrics
         try:
             with metrics.query_seconds.labels(self.name).time():
-                instants = await asyncio.to_thread(self.client.fetch, self.cursor + step, end)
+                fetch = self.client.fetch
+                if series is not None:
+                    fetch = functools.partial(fetch, series=series)
+                instants = await asyncio.to_thread(fetch, self.cursor + step, end)
         except Exception as exc:  # Prometheus down or broken: keep the cursor
             metrics.source_errors.labels(self.name).inc()
             log.warning(
@@ -120,9 +146,12 @@ class PrometheusSource:
                 extra={"error": str(exc)[:300], "since": self.cursor},
             )
             return Reading(step)
-        return Reading(step, instants=list(instants.values()), until=end)
+        return Reading(step, instants=list(instants.values()), until=end, keep=keep)
 
     async def published(self, reading: Reading) -> None:
+        if self._plan is not None and self._kv is not None and self.context.shards is not None:
+            plan, self._plan = self._plan, None
+            await self.context.shards.end_cycle(self._kv, plan, reading.until)
         if reading.until is None or self._kv is None:
             return
         end = reading.until
@@ -132,11 +161,14 @@ class PrometheusSource:
                 extra={"from": self.cursor, "to": end, "instants": len(reading.instants)},
             )
         self.cursor = end
-        await self._kv.put(CURSOR_KEY, f"{end:.3f}".encode())
+        if self.context.shards is None:  # sharded: the shards' cursors were moved
+            await self._kv.put(CURSOR_KEY, f"{end:.3f}".encode())
         self.context.published_series.forget_before(end - 2 * self.backfill_s - 3600)
 
     def next_read_in(self) -> float:
-        return max(0.05, self._end + self.interval_s - time.time())
+        # The next instant is asked for once it is delay_s old (without the delay this polled
+        # every 50 ms while delay_s > 0).
+        return max(0.05, self._end + self.interval_s + self.delay_s - time.time())
 
 
 async def _read_cursor(kv: KvBucket) -> float | None:

@@ -1,6 +1,8 @@
-"""Partition ownership through leases in NATS KV: which replica consumes which partition.
+"""Ownership of numbered parts through leases in NATS KV: which replica acts on which part. The
+decision service shares its usage partitions with it (bucket ``fracpilot_decision_partitions``),
+the ingest its GPU shards (:mod:`fracpilot_ingest.shards`); "partition" below is either.
 
-The bucket ``fracpilot_decision_partitions`` has a TTL (``lease_s``): a key that is not
+The bucket has a TTL (``lease_s``): a key that is not
 written again within it disappears. Each replica keeps two kinds of keys alive:
 
 - ``member.<replica>``: the replica is alive (rewritten every ``lease_s / 4``);
@@ -9,7 +11,7 @@ written again within it disappears. Each replica keeps two kinds of keys alive:
   someone else holds it).
 
 Every round a replica reads the bucket, computes the target ownership with
-:func:`fracpilot_decision.partitions.moves_for` (the same answer on every replica), hands over
+:func:`fracpilot_libs.leases.balance.moves_for` (the same answer on every replica), hands over
 the partitions the target gives away (stop, checkpoint, acknowledge, then delete the lease)
 and claims the free ones it should own (create the lease, restore the workloads'
 checkpoints, then consume). A replica that dies stops renewing: its leases run out after at
@@ -19,7 +21,7 @@ stored the renewal, later), and a partition it can no longer trust is dropped at
 
 This module is the adapter: it reads and writes the bucket
 (:mod:`fracpilot_libs.nats.lease_bucket`) and the clock, and runs the rounds. What to write
-and whom to trust is decided in the pure :mod:`fracpilot_decision.partition_leases`.
+and whom to trust is decided in the pure :mod:`fracpilot_libs.leases.core`.
 """
 
 from __future__ import annotations
@@ -36,10 +38,8 @@ import uuid
 from collections import defaultdict
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry
-
-from fracpilot_decision.metrics import OwnershipMetrics
-from fracpilot_decision.partition_leases import (
+from fracpilot_libs.leases.balance import Moves
+from fracpilot_libs.leases.core import (
     MEMBER,
     PARTITION,
     RETRY_S,
@@ -54,8 +54,7 @@ from fracpilot_decision.partition_leases import (
     plan_round,
     view_of,
 )
-from fracpilot_decision.partitions import Moves
-from fracpilot_decision.settings import PartitionLeaseSettings
+from fracpilot_libs.leases.metrics import LeaseMetrics
 from fracpilot_libs.nats.client_types import NatsClient
 from fracpilot_libs.nats.errors import NatsError
 from fracpilot_libs.nats.kv import KvBucket, RevisionMismatchError
@@ -133,7 +132,7 @@ async def claim_lease(kv: KvBucket, partition: int, replica: str) -> int | None:
 async def read_view(nc: NatsClient, bucket: str) -> View:
     """Every live member and lease in the bucket, one snapshot. Raises
     :class:`~fracpilot_libs.nats.errors.NatsError` on NATS trouble (10 s at most)."""
-    entries = await read_lease_bucket(nc, bucket, timeout_s=10, name_prefix="decision-leases")
+    entries = await read_lease_bucket(nc, bucket, timeout_s=10, name_prefix=f"leases-{bucket}")
     return view_of((e.key, e.value, e.revision) for e in entries)
 
 
@@ -160,20 +159,22 @@ class Ownership:
         *,
         partitions: int,
         replica: str,
-        lease: PartitionLeaseSettings,
-        registry: CollectorRegistry,
+        lease_s: float,
+        metrics: LeaseMetrics,
         bucket: str,
         replicas: int = 1,
+        description: str = "decision replicas and their usage-partition leases",
     ) -> None:
         self.nc = nc
         self.replicas = replicas
         self.holder = holder
         self.partitions = partitions
         self.replica = replica
-        self.lease_s = lease.lease_s
-        self.timing = LeaseTiming(lease.lease_s)
+        self.lease_s = lease_s
+        self.timing = LeaseTiming(lease_s)
         self.bucket = bucket
-        self.metrics = OwnershipMetrics(registry)
+        self.description = description
+        self.metrics = metrics
         self.kv: KvBucket | None = None
         self.book = LeaseBook(self.timing)  # deadlines on time.monotonic()
         self._lock = asyncio.Lock()  # one round (or the leave) at a time
@@ -207,7 +208,7 @@ class Ownership:
             ttl_s=self.lease_s,
             replicas=self.replicas,
             io_timeout_s=self.timing.io_timeout_s,
-            description="decision replicas and their usage-partition leases",
+            description=self.description,
         )
 
     def _kv(self) -> KvBucket:

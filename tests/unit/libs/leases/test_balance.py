@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fracpilot_decision.partitions import moves_for, quotas, rebalance
 from fracpilot_libs.contracts import WorkloadRef
+from fracpilot_libs.leases.balance import moves_for, quotas, rebalance
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.sizing.policies import scope_chain, workload_scope
 from fracpilot_libs.sizing.policies import workload_chain_keys as _chain_keys

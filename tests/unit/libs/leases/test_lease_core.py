@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fracpilot_decision.partition_leases import (
+from fracpilot_libs.leases.balance import moves_for
+from fracpilot_libs.leases.core import (
     RETRY_S,
     TRUST,
     LeaseBook,
@@ -22,7 +23,6 @@ from fracpilot_decision.partition_leases import (
     plan_round,
     view_of,
 )
-from fracpilot_decision.partitions import moves_for
 
 LEASE_S = 8.0
 REPLICAS = ["r0", "r1", "r2", "r3"]

@@ -1,10 +1,10 @@
 """Partition leases' pure core: what one decision replica does with its leases, decided from the
 lease bucket as read, the time (passed in) and the lease duration. No I/O, no clock: the
-adapter, :mod:`fracpilot_decision.ownership`, reads and writes the bucket and the clock.
+adapter, :mod:`fracpilot_libs.leases.ownership`, reads and writes the bucket and the clock.
 
 - :func:`view_of`: the bucket's keys as members and partition owners;
 - :func:`plan_round`: a rebalance round's writes: the stale leases of this replica to free,
-  the partitions to hand over and those to claim (:func:`fracpilot_decision.partitions.moves_for`
+  the partitions to hand over and those to claim (:func:`fracpilot_libs.leases.balance.moves_for`
   on the view with the freed leases left out);
 - :class:`LeaseBook`: the leases this replica holds, their revisions and until when each is
   trusted, and which to give up after a renewal round;
@@ -25,7 +25,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from fracpilot_decision.partitions import Moves, moves_for
+from fracpilot_libs.leases.balance import Moves, moves_for
 
 MEMBER = "member."
 PARTITION = "partition."

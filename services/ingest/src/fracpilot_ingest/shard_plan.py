@@ -1,0 +1,126 @@
+"""Ingest shards, the pure part: which shard a GPU is in, and what one cycle of one replica
+publishes given the shards it owns and their cursors. No I/O, no clock: the adapter,
+:mod:`fracpilot_ingest.shards`, holds the leases (:mod:`fracpilot_libs.leases`) and the
+cursors (NATS KV).
+
+Several ingest replicas read one Prometheus source; the GPUs are split into ``shards`` by a
+stable hash of their UUID (:func:`shard_of`: the same on every replica and every run), and
+each replica publishes only the samples of GPUs in shards it holds a lease on. Each shard has
+its own cursor, the last instant of it that is on NATS (:func:`cursor_key`), so a shard taken
+over from a replica that died is published by its new owner from where the dead one stopped.
+
+No sample is counted twice: a shard's samples are encoded apart from every other shard's
+(:func:`by_shard`), so the batches of one (shard, partition, instant) are the same whoever
+publishes them, with the same batch ids (a digest of their sample ids,
+:mod:`fracpilot_libs.nats.usage_batch`), and the stream's duplicate window drops a second copy
+(an old owner still finishing the cycle it began while its lease ran out). None is skipped:
+a cursor moves only past instants whose batches are all acknowledged, and only forward
+(:func:`advanced`), whoever writes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fracpilot_libs.contracts import UsageSample
+from fracpilot_libs.usage.mappings import MappingTable
+from fracpilot_libs.usage.mig import card_of
+
+CURSOR_PREFIX = "prometheus.cursor"  # the unsharded cursor's key; a shard's adds .<N>.<k>
+
+
+def shard_of(gpu_uuid: str, shards: int) -> int:
+    """The shard of a GPU: a stable hash of its UUID (not Python's ``hash``: salted per
+    process), modulo ``shards``."""
+    digest = hashlib.blake2b(gpu_uuid.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % shards
+
+
+def gpu_shard(gpu_uuid: str, shards: int) -> int:
+    """The shard of a sample's GPU: its card's (a MIG instance, ``UUID/GI2``, is on its
+    card's shard: the card's series carry the card's UUID)."""
+    return shard_of(card_of(gpu_uuid), shards)
+
+
+def gpu_uuid_labels(table: MappingTable) -> tuple[str, ...]:
+    """The labels that name a series' GPU, in any row of the mapping table."""
+    return tuple(dict.fromkeys(name for row in table.rows for name in row.roles.gpu_uuid))
+
+
+def cursor_key(shard: int, shards: int) -> str:
+    """A shard's cursor key in the ingest state bucket. The shard count is part of it: shard
+    ``k`` of 8 is not the same GPUs as shard ``k`` of 16."""
+    return f"{CURSOR_PREFIX}.{shards}.{shard}"
+
+
+def parse_cursor(value: bytes) -> float | None:
+    try:
+        return float(value.decode())
+    except ValueError:
+        return None
+
+
+def advanced(stored: float | None, end: float) -> bool:
+    """Whether writing ``end`` over the ``stored`` cursor moves it forward (a cursor never
+    moves back: an old owner finishing late writes nothing the new owner has passed)."""
+    return stored is None or end > stored
+
+
+@dataclass(frozen=True)
+class CyclePlan:
+    """One replica's cycle: the shards it publishes and, for each, its cursor when the cycle
+    began (the last instant of that shard on NATS)."""
+
+    shards: int
+    cursors: Mapping[int, float]
+
+    @property
+    def start(self) -> float | None:
+        """The earliest cursor: the cycle reads from the instant after it (None: no shard)."""
+        return min(self.cursors.values(), default=None)
+
+    def keeps(self, gpu_uuid: str, instant: float) -> bool:
+        """Whether this cycle publishes the GPU's sample of ``instant``: its shard is one of
+        the cycle's and the instant is past that shard's cursor."""
+        cursor = self.cursors.get(gpu_shard(gpu_uuid, self.shards))
+        return cursor is not None and instant > cursor
+
+    def of_shards(self, series: list[Any], gpu_labels: Sequence[str]) -> list[Any]:
+        """The series of a range-query response that can give this cycle a sample, before
+        they are parsed (each replica then parses only its share): those of a GPU in one of
+        the cycle's shards, and those naming no GPU (an application's, joined to its pod's
+        GPU later). :meth:`keeps` still decides per sample and instant."""
+        return [s for s in series if self._may_keep(s, gpu_labels)]
+
+    def _may_keep(self, series: Any, gpu_labels: Sequence[str]) -> bool:
+        labels = series.get("metric") if isinstance(series, dict) else None
+        if not isinstance(labels, dict):
+            return True  # malformed: the parser counts it
+        for name in gpu_labels:
+            uuid = labels.get(name)
+            if uuid and isinstance(uuid, str):
+                return shard_of(uuid, self.shards) in self.cursors
+        return True
+
+
+def plan_cycle(
+    shards: int,
+    owned: Iterable[int],
+    stored: Mapping[int, float],
+    fallback: float,
+) -> CyclePlan:
+    """The cycle of a replica owning ``owned``: each shard from its ``stored`` cursor, or from
+    ``fallback`` (the unsharded cursor, or the back-fill's start) when it has none yet."""
+    return CyclePlan(shards, {k: stored.get(k, fallback) for k in sorted(owned)})
+
+
+def by_shard(samples: Iterable[UsageSample], shards: int) -> list[list[UsageSample]]:
+    """The samples of one instant grouped by their GPU's shard, in shard order: each group is
+    encoded into batches of its own."""
+    groups: dict[int, list[UsageSample]] = {}
+    for sample in samples:
+        groups.setdefault(gpu_shard(sample.gpu_uuid, shards), []).append(sample)
+    return [groups[k] for k in sorted(groups)]

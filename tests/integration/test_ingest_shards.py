@@ -1,0 +1,166 @@
+"""Two ingest replicas sharing one Prometheus source (``FRACPILOT_INGEST_SHARDS``), on a real
+nats-server and a real Prometheus scraping the GPU test exporter: every GPU's sample of every
+instant is stored exactly once, both replicas publish a share, and the union is what one
+unsharded ingest stores for the same instants."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import nats
+import pytest
+
+from fracpilot_ingest.service import IngestService
+from fracpilot_ingest.settings import IngestSettings
+from fracpilot_ingest.shard_plan import CURSOR_PREFIX, cursor_key
+from fracpilot_libs.contracts import UsageSample
+from fracpilot_libs.nats import subjects
+from helpers import read_usage, reset_nats, running, wait_for
+from support.gpu_exporter import GpuState, GpuTestExporter, PodOnGpu, dcgm_metrics
+from support.prometheus_server import PrometheusServer, ScrapeTarget
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+STEP = 1.0
+SHARDS = 8
+GPUS = [
+    GpuState(
+        f"GPU-{i:04d}-5a1e",
+        f"gpu-node-{i // 4}",
+        "NVIDIA A100-SXM4-80GB",
+        81_920,
+        util_pct=10 + i,
+        pods=[PodOnGpu(f"team-{i % 3}", f"svc{i}-0", "server", 10 + i, 1_000 * (i + 1))],
+        index=i % 4,
+    )
+    for i in range(16)
+]
+DCGM_POD = {"namespace": "gpu-operator", "pod": "dcgm-exporter-x7k2p", "container": "exporter"}
+
+
+@pytest.fixture(scope="module")
+def prom() -> Iterator[PrometheusServer]:
+    with GpuTestExporter() as exporter:
+        exporter.set_metrics(dcgm_metrics(GPUS, per_process=True), "/dcgm")
+        target = ScrapeTarget("dcgm", exporter.address, "/dcgm", labels=DCGM_POD)
+        with PrometheusServer([target], scrape_interval=STEP) as server:
+            server.wait_for_targets_up(timeout=30)
+            server.wait_for_series('DCGM_FI_DEV_FB_USED{job="dcgm"}', timeout=30)
+            # The back-fill reads a few seconds of history: let Prometheus gather them.
+            deadline = time.monotonic() + 30
+            while not server.query_range(
+                "DCGM_FI_DEV_FB_USED", time.time() - 8, time.time() - 6, step=STEP
+            ):
+                assert time.monotonic() < deadline, "Prometheus gathered no history"
+                time.sleep(0.5)
+            yield server
+
+
+def ingest_settings(nats_url: str, prom_url: str, **overrides: object) -> IngestSettings:
+    base: dict[str, object] = {
+        "nats": {"url": nats_url},
+        "sources": "prometheus",
+        # Two scrapes behind now: an instant is complete when read, so every replica that
+        # reads it reads the same samples (the same batch ids).
+        "prometheus": {"url": prom_url, "matchers": 'job="dcgm"', "delay_s": 2 * STEP},
+        "mapping_families": "dcgm,dcgm-process",
+        "interval_s": STEP,
+        "backfill_s": 4.0,
+        "cluster": "test",
+        "default_device_memory_gib": 80.0,
+    }
+    base.update(overrides)
+    return IngestSettings(**base)  # type: ignore[arg-type]
+
+
+def sharded(nats_url: str, prom_url: str, replica: str) -> IngestService:
+    return IngestService(
+        ingest_settings(
+            nats_url,
+            prom_url,
+            ingest={"shards": SHARDS, "shard_lease_s": 3.0, "replica_id": replica},
+        )
+    )
+
+
+async def stored(url: str) -> list[UsageSample]:
+    return [UsageSample.model_validate_json(d) for _, d in await read_usage(url)]
+
+
+def owned(service: IngestService) -> float:
+    return service.runtime.registry.get_sample_value("fracpilot_ingest_shards_owned") or 0.0
+
+
+def published(service: IngestService) -> float:
+    return sum(
+        s.value
+        for m in service.metrics.published.collect()
+        for s in m.samples
+        if s.name.endswith("_total")
+    )
+
+
+async def state_cursors(url: str) -> dict[str, float]:
+    nc = await nats.connect(url)
+    try:
+        kv = await nc.jetstream().key_value(subjects.INGEST_STATE_BUCKET)
+        keys = [k for k in await kv.keys() if k.startswith(CURSOR_PREFIX)]
+        return {k: float((await kv.get(k)).value or b"nan") for k in keys}
+    finally:
+        await nc.close()
+
+
+def every_instant_once(samples: list[UsageSample]) -> tuple[float, float]:
+    """Every GPU has exactly one sample at every instant from the first to the last stored;
+    that span."""
+    ids = Counter(s.sample_id for s in samples)
+    assert [i for i, n in ids.items() if n > 1] == []  # none counted twice
+    instants = sorted({s.timestamp.timestamp() for s in samples})
+    lo, hi = instants[0], instants[-1]
+    per_instant = Counter(s.timestamp.timestamp() for s in samples)
+    expected = [lo + k * STEP for k in range(int((hi - lo) / STEP) + 1)]
+    missing = {t: len(GPUS) - per_instant.get(t, 0) for t in expected}
+    assert {t: n for t, n in missing.items() if n} == {}  # none skipped
+    return lo, hi
+
+
+async def test_two_replicas_store_every_sample_once_and_the_union_is_one_ingests(
+    nats_url: str, prom: PrometheusServer
+) -> None:
+    await reset_nats(nats_url)
+    a = sharded(nats_url, prom.url, "ingest-a")
+    b = sharded(nats_url, prom.url, "ingest-b")
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(running(a))
+        await wait_for(lambda: a.cycles >= 2, timeout=30)  # alone: every shard
+        await stack.enter_async_context(running(b))
+        await wait_for(lambda: owned(a) == owned(b) == SHARDS / 2, timeout=30)
+        since = b.sources[0].cursor  # type: ignore[attr-defined]
+        await wait_for(lambda: b.sources[0].cursor >= since + 6 * STEP, 30)  # type: ignore[attr-defined]
+    assert published(a) > 0
+    assert published(b) > 0
+    # Every shard has its cursor; the unsharded one is their floor (where another layout, or
+    # one ingest, goes on from).
+    cursors = await state_cursors(nats_url)
+    shard_cursors = [cursors[cursor_key(k, SHARDS)] for k in range(SHARDS)]
+    assert cursors[CURSOR_PREFIX] == min(shard_cursors)
+    shared = await stored(nats_url)
+    lo, hi = every_instant_once(shared)
+    assert hi - lo >= 6 * STEP
+    gpus_by_replica = {s.gpu_uuid for s in shared}
+    assert gpus_by_replica == {g.uuid for g in GPUS}
+
+    # One unsharded ingest on an empty bus, back-filling the same instants.
+    await reset_nats(nats_url)
+    alone = IngestService(ingest_settings(nats_url, prom.url, backfill_s=time.time() - lo + 1))
+    async with running(alone):
+        await wait_for(lambda: alone.sources[0].cursor >= hi, timeout=60)  # type: ignore[attr-defined]
+    one = [s for s in await stored(nats_url) if lo <= s.timestamp.timestamp() <= hi]
+
+    def rows(samples: list[UsageSample]) -> set[tuple[str, float, int]]:
+        return {(s.sample_id, s.compute, s.memory_used_bytes) for s in samples}
+
+    assert rows(shared) == rows(one)
