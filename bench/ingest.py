@@ -1,18 +1,25 @@
 """Ingest throughput: a Prometheus response of N GPUs to samples on NATS, against raw NATS.
 
 Usage: python bench/ingest.py [--workloads 10000] [--interval 15] [--cluster]
+                              [--sample-workloads 10000] [--compare REV] [--repeat 1]
        python bench/ingest.py --latency [--source prometheus|scrape] [--interval 1]
                               [--scrape-interval 1] [--trials 10]
 
 Builds a range-query response as Prometheus returns it (dcgm-exporter device series, one pod
 per GPU: GR_ENGINE_ACTIVE, FB_USED, FB_FREE, so 3 series per workload), then times the real
 service path on an embedded nats-server (``--cluster``: three routed on loopback, R3 streams):
-parse the response, attribute, validate, publish. Twice in the same run, each on a fresh
-server: today's path before usage batches (``FRACPILOT_USAGE_WIRE=sample``: one message each,
-each acknowledgement awaited before the next: the same code as before batches), and usage
-batches through the publish window. A raw baseline publishes the same number of messages of
-the same size with plain nats-py JetStream publishes. The verdict compares samples/s with
-what N workloads at the interval need. The machine's load average is printed with them.
+parse the response (its JSON body, as the API returns it), attribute, validate, publish.
+Each path on a fresh server: today's path before usage batches (``FRACPILOT_USAGE_WIRE=sample``:
+one message each, each acknowledgement awaited before the next: the same code as before
+batches), and usage batches through the publish window. A raw baseline publishes the same
+number of messages of the same size with plain nats-py JetStream publishes. The verdict
+compares samples/s with what N workloads at the interval need. The machine's load average is
+printed with them. The one-message path and the raw baseline publish the first
+``--sample-workloads`` GPUs of the response (a rate: at ~700 samples/s all of 100,000 would
+take minutes). ``--compare REV``: the batch path of that commit's code too (its ``libs`` and
+ingest, from ``git archive``, in a child process of this script), in the same run on a fresh
+server: the figure before a change beside the one after. ``--repeat k``: the batch paths k
+times, alternating, the median printed (a shared machine is noisy).
 
 ``--latency``: how long a change in an exporter's value takes to reach NATS. The GPU test
 exporter (tests/support) serves one GPU; the real Prometheus (Debian's binary) scrapes it every
@@ -26,11 +33,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import random
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,6 +54,11 @@ from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.embedded import EmbeddedNats
 from fracpilot_libs.usage.attribution import GpuInventory
 from fracpilot_libs.usage.range_queries import points_by_instant
+
+try:
+    from fracpilot_libs.gc_pause import gc_paused
+except ImportError:  # --compare with a commit before it: the collector was never paused
+    gc_paused = contextlib.nullcontext
 
 
 def prometheus_response(workloads: int, at: float) -> list[dict[str, Any]]:
@@ -117,9 +132,12 @@ async def service_path(
     service = IngestService(settings)
     await service.runtime.bus.connect()
     await service.runtime.bus.ensure_streams()
+    body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": response}})
     start = time.perf_counter()
     sent = 0
-    for points in points_by_instant(response).values():
+    with gc_paused():  # as the prometheus source parses it (RangeQueryClient.fetch)
+        instants = points_by_instant(json.loads(body)["data"]["result"])
+    for points in instants.values():
         sent += await service.publish_instant("prometheus", points, GpuInventory())
     path_s = time.perf_counter() - start
     await service.runtime.bus.close()
@@ -143,31 +161,79 @@ async def raw_path(url: str, sent: int, size: int) -> float:
     return raw_s
 
 
-async def run(workloads: int, interval: float, cluster: bool) -> None:
+async def batch_only(workloads: int, interval: float, cluster: bool) -> None:
+    """The batch path alone, its figures on one line (what ``--compare`` reads)."""
+    response = prometheus_response(workloads, float(int(time.time())))
+    with nats_under_test(cluster) as url:
+        sent, seconds = await service_path(url, "batch", response, interval)
+    print(f"BATCH {sent} {seconds:.6f}")
+
+
+def compared_batch(rev: str, workloads: int, interval: float, cluster: bool) -> tuple[int, float]:
+    """The batch path of commit ``rev``'s code: its libs and ingest unpacked from git, run by
+    this script in a child process (a fresh server, as every path here)."""
+    repo = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
+        archive = subprocess.run(
+            ["git", "-C", str(repo), "archive", rev, "libs/src", "services/ingest/src"],
+            check=True,
+            capture_output=True,
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        env = dict(os.environ, PYTHONPATH=f"{tmp}/libs/src:{tmp}/services/ingest/src")
+        args = [sys.executable, __file__, "--batch-only", "--workloads", str(workloads)]
+        args += ["--interval", str(interval)] + (["--cluster"] if cluster else [])
+        out = subprocess.run(args, env=env, check=True, capture_output=True, text=True).stdout
+    _, sent, seconds = next(line for line in out.splitlines() if line.startswith("BATCH ")).split()
+    return int(sent), float(seconds)
+
+
+async def run(
+    workloads: int,
+    interval: float,
+    cluster: bool,
+    sample_workloads: int,
+    compare: str | None,
+    repeat: int,
+) -> None:
     at = float(int(time.time()))
     response = prometheus_response(workloads, at)
+    one_each = response[: 3 * min(sample_workloads, workloads)]  # 3 series per GPU
     timings: dict[str, tuple[int, float]] = {}
-    for wire in ("sample", "batch"):  # each on a fresh server (or cluster): empty streams
+    with nats_under_test(cluster) as url:  # each path on a fresh server (or cluster)
+        timings["sample"] = await service_path(url, "sample", one_each, interval)
+        raw_s = await raw_path(url, timings["sample"][0], sample_size(response))
+    batch_runs: list[tuple[int, float]] = []
+    before_runs: list[tuple[int, float]] = []
+    for _ in range(repeat):
         with nats_under_test(cluster) as url:
-            timings[wire] = await service_path(url, wire, response, interval)
-            if wire == "sample":
-                raw_s = await raw_path(url, timings[wire][0], sample_size(response))
+            batch_runs.append(await service_path(url, "batch", response, interval))
+        if compare:
+            before_runs.append(compared_batch(compare, workloads, interval, cluster))
     sent = timings["sample"][0]
     need = workloads / interval
     where = "three-node cluster, R3" if cluster else "one server, R1"
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"{workloads} workloads, {len(response)} series, one instant; {where}; load {load}")
-    print(f"{'path':<44}{'samples':>8}{'seconds':>9}{'samples/s':>11}{'vs today':>9}")
+    print(f"{'path':<50}{'samples':>8}{'seconds':>9}{'samples/s':>11}{'vs today':>9}")
     today = sent / timings["sample"][1]
 
-    def row(what: str, n: int, seconds: float) -> None:
+    def row(what: str, n: int, seconds: float) -> float:
         rate = n / seconds
-        print(f"{what:<44}{n:>8}{seconds:>9.2f}{rate:>11,.0f}{rate / today:>9.2f}")
+        print(f"{what:<50}{n:>8}{seconds:>9.2f}{rate:>11,.0f}{rate / today:>9.2f}")
+        return rate
+
+    def median_row(what: str, runs: list[tuple[int, float]]) -> float:
+        rates = sorted(n / s for n, s in runs)
+        label = f"{what} (median of {len(runs)}: " + ", ".join(f"{r:,.0f}" for r in rates) + ")"
+        n, seconds = sorted(runs, key=lambda r: r[0] / r[1])[len(runs) // 2]
+        return row(label if len(runs) > 1 else what, n, seconds)
 
     row("raw nats-py JetStream publish, one each", sent, raw_s)
     row("today: one message each, awaited", *timings["sample"])
-    row("usage batches, publish window", *timings["batch"])
-    batch_rate = timings["batch"][0] / timings["batch"][1]
+    if before_runs:
+        median_row(f"usage batches at {compare}", before_runs)
+    batch_rate = median_row("usage batches, publish window", batch_runs)
     print(
         f"needed for {workloads} workloads every {interval:g} s: {need:,.0f} samples/s; "
         f"headroom today {today / need:.1f}x, with batches {batch_rate / need:.1f}x"
@@ -251,12 +317,32 @@ def main() -> None:
     parser.add_argument("--source", choices=("prometheus", "scrape"), default="prometheus")
     parser.add_argument("--scrape-interval", type=float, default=1.0)
     parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument(
+        "--sample-workloads",
+        type=int,
+        default=10_000,
+        help="GPUs the one-message path and the raw baseline publish (their rate is compared)",
+    )
+    parser.add_argument("--compare", metavar="REV", help="also the batch path of this commit")
+    parser.add_argument("--repeat", type=int, default=1, help="batch paths run this many times")
+    parser.add_argument("--batch-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     if args.latency:
         asyncio.run(latency(args.source, args.interval, args.scrape_interval, args.trials))
+    elif args.batch_only:
+        asyncio.run(batch_only(args.workloads, args.interval, args.cluster))
     else:
-        asyncio.run(run(args.workloads, args.interval, args.cluster))
+        asyncio.run(
+            run(
+                args.workloads,
+                args.interval,
+                args.cluster,
+                args.sample_workloads,
+                args.compare,
+                args.repeat,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -129,7 +129,9 @@ def _target(point: MetricPoint) -> tuple[str, str]:
 def _renamed_instances(points: Iterable[MetricPoint]) -> set[tuple[str, str]]:
     """Scrape targets whose exporter labels Prometheus renamed to ``exported_*``."""
     return {
-        _target(p) for p in points if "exported_pod" in p.labels or "exported_namespace" in p.labels
+        (labels.get("job", ""), labels.get("instance", ""))
+        for p in points
+        if "exported_pod" in (labels := p.labels) or "exported_namespace" in labels
     }
 
 
@@ -138,10 +140,11 @@ def _pod_of(
 ) -> PodKey | None:
     labels = point.labels
     roles = mapping.roles
-    pod_label = next((name for name in roles.pod if labels.get(name)), "")
-    if not pod_label:
+    for pod_label in roles.pod:
+        if pod := labels.get(pod_label):
+            break
+    else:
         return None
-    pod = labels[pod_label]
     if pod_label == "pod" and _target(point) in renamed:
         return None  # this target's exporter labels were renamed: ``pod`` is the exporter's
     if _is_exporter_pod(pod, roles.exporter_pod_prefixes):
@@ -186,15 +189,15 @@ def observe_points(
     app: dict[tuple[str, str], dict[Quantity, float]] = defaultdict(dict)
     servers: dict[tuple[str, str], str] = {}  # pod -> the LLM server whose KV metrics it has
     timestamp = max((p.timestamp for p in points), default=0.0)
-    priority = {row: i for i, row in enumerate(table.rows)}
+    # By identity: hashing a pydantic row hashes every field, once per point.
+    priority = {id(row): i for i, row in enumerate(table.rows)}
 
     for point in points:
-        labels = dict(point.labels)
-        mapping = table.match(point.metric, labels)
+        mapping = table.match(point.metric, point.labels)
         if mapping is None:
             continue
         if mapping.level is Level.APP:
-            rows = table.app_rows(point.metric, labels)
+            rows = table.app_rows(point.metric, point.labels)
             _observe_app(point, rows, renamed, app, servers, rejections)
             continue
         value, rejection = _checked_value(point, mapping)
@@ -238,7 +241,7 @@ def observe_points(
             if mapping.quantity is Quantity.COMPUTE:
                 value *= compute  # the instance's ratio as a share of the whole card
         if mapping.level is Level.DEVICE:
-            rank = priority[mapping]
+            rank = priority[id(mapping)]
             held = gpu.device.get(mapping.quantity)
             if held is None or rank < held[0]:  # earlier rows are preferred
                 gpu.device[mapping.quantity] = (rank, value)
@@ -256,6 +259,8 @@ def observe_points(
     observations: list[Observation] = []
     for uuid, gpu in sorted(gpus.items()):
         observations.extend(_split_gpu(uuid, gpu, inventory, timestamp, rejections))
+    if not app:  # no application series: nothing to add
+        return observations, rejections
     return [
         _with_signals(
             obs,
@@ -360,6 +365,10 @@ def _device_total(uuid: str, gpu: _Gpu, inventory: GpuInventory) -> tuple[int | 
     return known, True
 
 
+def _pod_order(pod: PodKey) -> tuple[str, str, str]:
+    return (pod.namespace, pod.pod, pod.container)
+
+
 def _split_gpu(
     uuid: str, gpu: _Gpu, inventory: GpuInventory, timestamp: float, rejections: list[Rejection]
 ) -> list[Observation]:
@@ -371,11 +380,14 @@ def _split_gpu(
     allocated = inventory.fractions.get(uuid, {})
     # Pods seen in the series, plus pods the inventory places on this GPU that no series
     # names (dcgm without virtual GPUs labels one sharing pod or none).
-    seen = {(p.namespace, p.pod) for p in gpu.seen_pods}
-    pods = sorted(
-        gpu.seen_pods | {p for p in allocated if (p.namespace, p.pod) not in seen},
-        key=lambda p: (p.namespace, p.pod, p.container),
-    )
+    if allocated:
+        seen = {(p.namespace, p.pod) for p in gpu.seen_pods}
+        pods = sorted(
+            gpu.seen_pods | {p for p in allocated if (p.namespace, p.pod) not in seen},
+            key=_pod_order,
+        )
+    else:  # most GPUs: nothing to add, often one pod to sort
+        pods = sorted(gpu.seen_pods, key=_pod_order) if len(gpu.seen_pods) > 1 else [*gpu.seen_pods]
     if not pods:
         return []
     # A rejected point of this device is counted already; a missing total or number that
@@ -441,8 +453,10 @@ def _per_pod(
     if not rest or device is None:
         return result
     remainder = max(0.0, device[1] - sum(v for v, _ in result.values()))
-    weights = [_fraction_of(p, allocated) for p in rest]
-    if all(w is not None for w in weights) and sum(w or 0.0 for w in weights) > 0:
+    weights = [_fraction_of(p, allocated) for p in rest] if len(rest) > 1 else []
+    if len(rest) == 1:  # the whole remainder, whatever its weight (the common case)
+        shares = [1.0]
+    elif all(w is not None for w in weights) and sum(w or 0.0 for w in weights) > 0:
         norm = sum(w or 0.0 for w in weights)
         shares = [(w or 0.0) / norm for w in weights]
     else:

@@ -33,6 +33,7 @@ from fracpilot_ingest.sources import make_sources
 from fracpilot_ingest.sources.base import Source, SourceContext
 from fracpilot_ingest.supervision import SourceSupervisor
 from fracpilot_libs.contracts import Allocation, UsageSample
+from fracpilot_libs.gc_pause import gc_paused
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.publish_window import OnAcked, PublishWindow
 from fracpilot_libs.nats.usage_batch import encode_samples
@@ -230,18 +231,19 @@ class IngestService:
         ``step_s``: the time each sample stands for (default: the interval). ``wait``: return
         once every batch is acknowledged (else they are left in the source's window)."""
         step = self.settings.interval_s if step_s is None else step_s
-        observations, rejections = observe_points(points, self.table, inventory)
-        now = time.time()
-        ready: list[tuple[UsageSample, Observation | None]] = []
-        for obs in observations:
-            obs = self.signals.mark(obs)
-            result = await self._to_sample(source, obs, inventory, now)
-            if isinstance(result, Rejection):
-                rejections.append(result)
-                continue
-            ready.append((result, obs))
-        self._reject(source, rejections)
-        await self._send(source, ready, step, now, wait=wait)
+        with gc_paused():  # a burst of objects without cycles (fracpilot_libs.gc_pause)
+            observations, rejections = observe_points(points, self.table, inventory)
+            now = time.time()
+            ready: list[tuple[UsageSample, Observation | None]] = []
+            for obs in observations:
+                obs = self.signals.mark(obs)
+                result = await self._to_sample(source, obs, inventory, now)
+                if isinstance(result, Rejection):
+                    rejections.append(result)
+                    continue
+                ready.append((result, obs))
+            self._reject(source, rejections)
+            await self._send(source, ready, step, now, wait=wait)
         return len(ready)
 
     async def publish_samples(
