@@ -120,11 +120,13 @@ def nats_under_test(cluster: bool) -> Iterator[str]:
 
 
 async def service_path(
-    url: str, wire: str, response: list[dict[str, Any]], interval: float
-) -> tuple[int, float]:
-    """The real service path: the response parsed, attributed, validated, published with
-    ``wire`` (``sample``: one message each, each acknowledged before the next, as the code
-    before usage batches did; ``batch``: usage batches through the publish window)."""
+    url: str, wire: str, responses: list[list[dict[str, Any]]], interval: float
+) -> list[tuple[int, float]]:
+    """The real service path, one cycle per response (the first: a new ingest; the next: the
+    same GPUs an interval later, as every cycle after the first), each timed: the response
+    parsed, attributed, validated, published with ``wire`` (``sample``: one message each,
+    each acknowledged before the next, as the code before usage batches did; ``batch``: usage
+    batches through the publish window)."""
     settings = IngestSettings(
         nats={"url": url}, sources="prometheus", cluster="bench", interval_s=interval,
         usage_wire=wire, usage_view=False,
@@ -132,16 +134,19 @@ async def service_path(
     service = IngestService(settings)
     await service.runtime.bus.connect()
     await service.runtime.bus.ensure_streams()
-    body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": response}})
-    start = time.perf_counter()
-    sent = 0
-    with gc_paused():  # as the prometheus source parses it (RangeQueryClient.fetch)
-        instants = points_by_instant(json.loads(body)["data"]["result"])
-    for points in instants.values():
-        sent += await service.publish_instant("prometheus", points, GpuInventory())
-    path_s = time.perf_counter() - start
+    cycles = []
+    for response in responses:
+        envelope = {"status": "success", "data": {"resultType": "matrix", "result": response}}
+        body = json.dumps(envelope)
+        start = time.perf_counter()
+        sent = 0
+        with gc_paused():  # as the prometheus source parses it (RangeQueryClient.fetch)
+            instants = points_by_instant(json.loads(body)["data"]["result"])
+        for points in instants.values():
+            sent += await service.publish_instant("prometheus", points, GpuInventory())
+        cycles.append((sent, time.perf_counter() - start))
     await service.runtime.bus.close()
-    return sent, path_s
+    return cycles
 
 
 async def raw_path(url: str, sent: int, size: int) -> float:
@@ -161,15 +166,22 @@ async def raw_path(url: str, sent: int, size: int) -> float:
     return raw_s
 
 
+def two_cycles(workloads: int, interval: float) -> list[list[dict[str, Any]]]:
+    """The responses of two cycles: the same GPUs, an interval apart."""
+    at = float(int(time.time()))
+    return [prometheus_response(workloads, at - interval), prometheus_response(workloads, at)]
+
+
 async def batch_only(workloads: int, interval: float, cluster: bool) -> None:
     """The batch path alone, its figures on one line (what ``--compare`` reads)."""
-    response = prometheus_response(workloads, float(int(time.time())))
     with nats_under_test(cluster) as url:
-        sent, seconds = await service_path(url, "batch", response, interval)
-    print(f"BATCH {sent} {seconds:.6f}")
+        cycles = await service_path(url, "batch", two_cycles(workloads, interval), interval)
+    print("BATCH " + " ".join(f"{sent} {seconds:.6f}" for sent, seconds in cycles))
 
 
-def compared_batch(rev: str, workloads: int, interval: float, cluster: bool) -> tuple[int, float]:
+def compared_batch(
+    rev: str, workloads: int, interval: float, cluster: bool
+) -> list[tuple[int, float]]:
     """The batch path of commit ``rev``'s code: its libs and ingest unpacked from git, run by
     this script in a child process (a fresh server, as every path here)."""
     repo = Path(__file__).resolve().parents[1]
@@ -184,8 +196,8 @@ def compared_batch(rev: str, workloads: int, interval: float, cluster: bool) -> 
         args = [sys.executable, __file__, "--batch-only", "--workloads", str(workloads)]
         args += ["--interval", str(interval)] + (["--cluster"] if cluster else [])
         out = subprocess.run(args, env=env, check=True, capture_output=True, text=True).stdout
-    _, sent, seconds = next(line for line in out.splitlines() if line.startswith("BATCH ")).split()
-    return int(sent), float(seconds)
+    figures = next(line for line in out.splitlines() if line.startswith("BATCH ")).split()[1:]
+    return [(int(n), float(t)) for n, t in zip(figures[::2], figures[1::2], strict=True)]
 
 
 async def run(
@@ -196,31 +208,37 @@ async def run(
     compare: str | None,
     repeat: int,
 ) -> None:
-    at = float(int(time.time()))
-    response = prometheus_response(workloads, at)
-    one_each = response[: 3 * min(sample_workloads, workloads)]  # 3 series per GPU
-    timings: dict[str, tuple[int, float]] = {}
+    responses = two_cycles(workloads, interval)
+    one_each = [r[: 3 * min(sample_workloads, workloads)] for r in responses]  # 3 series a GPU
     with nats_under_test(cluster) as url:  # each path on a fresh server (or cluster)
-        timings["sample"] = await service_path(url, "sample", one_each, interval)
-        raw_s = await raw_path(url, timings["sample"][0], sample_size(response))
-    batch_runs: list[tuple[int, float]] = []
-    before_runs: list[tuple[int, float]] = []
+        sample_cycles = await service_path(url, "sample", one_each, interval)
+        raw_s = await raw_path(url, sample_cycles[1][0], sample_size(responses[1]))
+    # Per cycle (0: the first, 1: the next), one (samples, seconds) per run.
+    batch_runs: list[list[tuple[int, float]]] = [[], []]
+    before_runs: list[list[tuple[int, float]]] = [[], []]
     for _ in range(repeat):
         with nats_under_test(cluster) as url:
-            batch_runs.append(await service_path(url, "batch", response, interval))
+            for cycle, figures in enumerate(await service_path(url, "batch", responses, interval)):
+                batch_runs[cycle].append(figures)
         if compare:
-            before_runs.append(compared_batch(compare, workloads, interval, cluster))
+            for cycle, figures in enumerate(compared_batch(compare, workloads, interval, cluster)):
+                before_runs[cycle].append(figures)
+    timings = {"sample": sample_cycles[1]}
+    response = responses[1]
     sent = timings["sample"][0]
     need = workloads / interval
     where = "three-node cluster, R3" if cluster else "one server, R1"
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"{workloads} workloads, {len(response)} series, one instant; {where}; load {load}")
-    print(f"{'path':<50}{'samples':>8}{'seconds':>9}{'samples/s':>11}{'vs today':>9}")
+    print(
+        f"{workloads} workloads, {len(response)} series, one instant a cycle; {where}; "
+        f"load {load}; rows without 'first cycle': the next cycle (every one after the first)"
+    )
+    print(f"{'path':<64}{'samples':>8}{'seconds':>9}{'samples/s':>11}{'vs today':>9}")
     today = sent / timings["sample"][1]
 
     def row(what: str, n: int, seconds: float) -> float:
         rate = n / seconds
-        print(f"{what:<50}{n:>8}{seconds:>9.2f}{rate:>11,.0f}{rate / today:>9.2f}")
+        print(f"{what:<64}{n:>8}{seconds:>9.2f}{rate:>11,.0f}{rate / today:>9.2f}")
         return rate
 
     def median_row(what: str, runs: list[tuple[int, float]]) -> float:
@@ -231,9 +249,11 @@ async def run(
 
     row("raw nats-py JetStream publish, one each", sent, raw_s)
     row("today: one message each, awaited", *timings["sample"])
-    if before_runs:
-        median_row(f"usage batches at {compare}", before_runs)
-    batch_rate = median_row("usage batches, publish window", batch_runs)
+    if compare:
+        median_row(f"usage batches at {compare}, first cycle", before_runs[0])
+        median_row(f"usage batches at {compare}", before_runs[1])
+    median_row("usage batches, publish window, first cycle", batch_runs[0])
+    batch_rate = median_row("usage batches, publish window", batch_runs[1])
     print(
         f"needed for {workloads} workloads every {interval:g} s: {need:,.0f} samples/s; "
         f"headroom today {today / need:.1f}x, with batches {batch_rate / need:.1f}x"

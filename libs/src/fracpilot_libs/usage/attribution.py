@@ -37,6 +37,8 @@ from fracpilot_libs.usage.mig import (
 )
 
 _EPS = 1e-9
+_SHARES = frozenset({Quantity.COMPUTE, Quantity.KV_CACHE})  # 0..1
+_MAX_SHARE = 1 + _EPS
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +176,7 @@ def _checked_value(
         return None, Rejection("nan", f"not a finite number: {_describe(point)}")
     if value < 0:
         return None, Rejection("negative", f"negative value: {_describe(point)}")
-    if mapping.quantity in (Quantity.COMPUTE, Quantity.KV_CACHE) and value > 1 + _EPS:
+    if mapping.quantity in _SHARES and value > _MAX_SHARE:
         return None, Rejection("above_100_percent", f"above 100%: {_describe(point)}")
     return value, None
 
@@ -192,17 +194,25 @@ def observe_points(
     # By identity: hashing a pydantic row hashes every field, once per point.
     priority = {id(row): i for i, row in enumerate(table.rows)}
 
+    match = table.match
     for point in points:
-        mapping = table.match(point.metric, point.labels)
+        labels = point.labels
+        mapping = match(point.metric, labels)
         if mapping is None:
             continue
         if mapping.level is Level.APP:
-            rows = table.app_rows(point.metric, point.labels)
+            rows = table.app_rows(point.metric, labels)
             _observe_app(point, rows, renamed, app, servers, rejections)
             continue
-        value, rejection = _checked_value(point, mapping)
-        uuid = _role(point.labels, mapping.roles.gpu_uuid)
-        instance = mig_instance(uuid, point.labels) if uuid else None
+        scaled = point.value * mapping.scale
+        # A finite, non-negative number (at most 1 for a share) passes without a call; any
+        # other is checked again for its reason.
+        value: float | None = scaled
+        rejection = None
+        if not 0.0 <= scaled < math.inf or (scaled > _MAX_SHARE and mapping.quantity in _SHARES):
+            value, rejection = _checked_value(point, mapping)
+        uuid = _role(labels, mapping.roles.gpu_uuid)
+        instance = mig_instance(uuid, labels) if uuid else None
         device = instance.device_id if instance is not None else uuid  # MIG: the instance
         if rejection is not None:
             rejections.append(rejection)
@@ -402,8 +412,15 @@ def _split_gpu(
         )
         return []
     values: dict[Quantity, dict[PodKey, tuple[float, bool]]] = {}
-    for quantity in (Quantity.COMPUTE, Quantity.MEMORY_USED):
-        values[quantity] = _per_pod(quantity, pods, gpu, allocated)
+    if len(pods) == 1 and not gpu.pods:
+        # The common case (one pod, device numbers only), as _per_pod would split it: the
+        # lone pod has the device's numbers, exact.
+        for quantity in (Quantity.COMPUTE, Quantity.MEMORY_USED):
+            device = gpu.device.get(quantity)
+            values[quantity] = {} if device is None else {pods[0]: (max(0.0, device[1]), True)}
+    else:
+        for quantity in (Quantity.COMPUTE, Quantity.MEMORY_USED):
+            values[quantity] = _per_pod(quantity, pods, gpu, allocated)
     out = []
     for pod in pods:
         compute = values[Quantity.COMPUTE].get(pod)

@@ -294,7 +294,9 @@ class IngestService:
         async def acked(stored: bool) -> None:
             at = time.time()
             for sample, obs in rows:
-                self._published(source, sample, obs, step_s, now, stored, at, count=False)
+                self._published(source, sample, obs, step_s, now, stored, at, alone=False)
+            if last := next((obs for _, obs in reversed(rows) if obs is not None), None):
+                self.metrics.lag.labels(source).set(max(0.0, now - last.timestamp))  # once
             for attribution, n in Tally(s.attribution.value for s, _ in rows).items():
                 self.metrics.published.labels(source, attribution).inc(n)  # once a batch
             if stored and lines:  # the per-workload view: each sample's own JSON, as stored
@@ -314,17 +316,19 @@ class IngestService:
         stored: bool,
         at: float | None = None,
         *,
-        count: bool = True,
+        alone: bool = True,
     ) -> None:
-        """A sample acknowledged: counted (its usage and cost only when first stored;
-        ``count``: in the published samples too, else the caller counts them)."""
+        """A sample acknowledged: counted (its usage and cost only when first stored). Not
+        ``alone`` (one of a batch): the caller counts it as published and sets the lag, once
+        for the batch."""
         if stored:
             self.metrics.usage.observe(sample, step_s, at or time.time())
-        if count:
+        if alone:
             self.metrics.published.labels(source, sample.attribution.value).inc()
         if obs is not None:
             self.signals.published(obs, now)
-            self.metrics.lag.labels(source).set(max(0.0, now - obs.timestamp))
+            if alone:
+                self.metrics.lag.labels(source).set(max(0.0, now - obs.timestamp))
 
     def _window(self, source: str) -> PublishWindow:
         """The source's window of outstanding batches (each source drains its own)."""
