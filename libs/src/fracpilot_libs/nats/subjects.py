@@ -78,9 +78,14 @@ CONSOLIDATION_REPORTS = f"{CONSOLIDATION_PREFIX}.report.*"  # every cluster's re
 CONSOLIDATION_MOVES = f"{CONSOLIDATION_PREFIX}.move.*"
 
 
+_KV_UNSAFE = re.compile(r"[^-/_=.A-Za-z0-9]")
+
+
 def kv_key(workload: WorkloadRef) -> str:
-    """KV keys allow ``[-/_=.a-zA-Z0-9]``; the workload key's slashes are fine."""
-    return re.sub(r"[^-/_=.A-Za-z0-9]", "_", workload.key)
+    """KV keys allow ``[-/_=.a-zA-Z0-9]``; the workload key's slashes are fine. (Once per
+    sample decided: a key with nothing to replace, the usual one, is returned as it is.)"""
+    key = workload.key
+    return key if _KV_UNSAFE.search(key) is None else _KV_UNSAFE.sub("_", key)
 
 
 # --- usage partitions -----------------------------------------------------------------------
