@@ -276,13 +276,12 @@ async def wires(args: argparse.Namespace) -> None:
             prof = args.profile / f"decision-batch-{i + 1}.prof" if args.profile else None
             run = [("sample", await _drain(args, False)), ("batch", await _drain(args, True))]
             if old is not None:
-                old_prof = args.profile / f"decision-batch-{args.compare}-{i + 1}.prof"
-                run.append(
-                    (
-                        f"batch@{args.compare}",
-                        await _drain(args, True, old, old_prof if args.profile else None),
-                    )
+                old_prof = (
+                    args.profile / f"decision-batch-{args.compare}-{i + 1}.prof"
+                    if args.profile
+                    else None
                 )
+                run.append((f"batch@{args.compare}", await _drain(args, True, old, old_prof)))
             if prof is not None:  # profiled last: cProfile slows the replica (its own run)
                 run.append(("batch, profiled", await _drain(args, True, profile=prof)))
             runs.append(run)
