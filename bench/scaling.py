@@ -275,13 +275,8 @@ async def wires(args: argparse.Namespace) -> None:
         for i in range(args.repeat):
             prof = args.profile / f"decision-batch-{i + 1}.prof" if args.profile else None
             run = [("sample", await _drain(args, False)), ("batch", await _drain(args, True))]
-            if old is not None:
-                old_prof = (
-                    args.profile / f"decision-batch-{args.compare}-{i + 1}.prof"
-                    if args.profile
-                    else None
-                )
-                run.append((f"batch@{args.compare}", await _drain(args, True, old, old_prof)))
+            if old is not None:  # never profiled: its CPU figure stays comparable
+                run.append((f"batch@{args.compare}", await _drain(args, True, old)))
             if prof is not None:  # profiled last: cProfile slows the replica (its own run)
                 run.append(("batch, profiled", await _drain(args, True, profile=prof)))
             runs.append(run)
