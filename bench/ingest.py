@@ -242,9 +242,10 @@ async def run(
         return rate
 
     def median_row(what: str, runs: list[tuple[int, float]]) -> float:
+        """The median run's row (of an even count, the slower of the middle two)."""
         rates = sorted(n / s for n, s in runs)
         label = f"{what} (median of {len(runs)}: " + ", ".join(f"{r:,.0f}" for r in rates) + ")"
-        n, seconds = sorted(runs, key=lambda r: r[0] / r[1])[len(runs) // 2]
+        n, seconds = sorted(runs, key=lambda r: r[0] / r[1])[(len(runs) - 1) // 2]
         return row(label if len(runs) > 1 else what, n, seconds)
 
     row("raw nats-py JetStream publish, one each", sent, raw_s)
