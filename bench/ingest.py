@@ -179,6 +179,9 @@ async def batch_only(workloads: int, interval: float, cluster: bool) -> None:
     print("BATCH " + " ".join(f"{sent} {seconds:.6f}" for sent, seconds in cycles))
 
 
+SERVICES = ("ingest", "decision", "actuator")
+
+
 def compared_batch(
     rev: str, workloads: int, interval: float, cluster: bool
 ) -> list[tuple[int, float]]:
@@ -187,16 +190,21 @@ def compared_batch(
     repo = Path(__file__).resolve().parents[1]
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
         archive = subprocess.run(
-            ["git", "-C", str(repo), "archive", rev, "libs/src", "services/ingest/src"],
+            ["git", "-C", str(repo), "archive", rev, "libs/src", "services"],
             check=True,
             capture_output=True,
         ).stdout
         subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
-        env = dict(os.environ, PYTHONPATH=f"{tmp}/libs/src:{tmp}/services/ingest/src")
+        # Every package of that commit (the cluster's test support imports the actuator).
+        code = [f"{tmp}/libs/src"] + [f"{tmp}/services/{s}/src" for s in SERVICES]
+        env = dict(os.environ, PYTHONPATH=":".join(code))
         args = [sys.executable, __file__, "--batch-only", "--workloads", str(workloads)]
         args += ["--interval", str(interval)] + (["--cluster"] if cluster else [])
-        out = subprocess.run(args, env=env, check=True, capture_output=True, text=True).stdout
-    figures = next(line for line in out.splitlines() if line.startswith("BATCH ")).split()[1:]
+        child = subprocess.run(args, env=env, capture_output=True, text=True)
+        if child.returncode != 0:
+            raise RuntimeError(f"the batch path at {rev} failed:\n{child.stderr[-3000:]}")
+    lines = child.stdout.splitlines()
+    figures = next(line for line in lines if line.startswith("BATCH ")).split()[1:]
     return [(int(n), float(t)) for n, t in zip(figures[::2], figures[1::2], strict=True)]
 
 

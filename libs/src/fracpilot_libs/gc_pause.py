@@ -3,11 +3,12 @@
 Turning a Prometheus response of 100,000 GPUs into samples allocates millions of small
 objects (points, observations, samples, their JSON) that live until the batch is published.
 CPython starts a collection every 700 net allocations, and its older generations traverse
-every object alive: most of a third of the ingest cycle went to collections that found
-nothing to free (``python bench/ingest.py``, docs/performance.md). Reference counting still
-frees everything that is not a cycle while paused; the collector runs again (and takes any
-cycle made meanwhile) when the last pause ends. Pauses nest and may overlap across threads
-(a worker thread parsing a response while the event loop publishes).
+every object alive: about a third of the ingest cycle's CPU went to collections that found
+nothing to free (20,000 GPUs from JSON to encoded batches: 1.9 s, 1.25 s with the collector
+off; docs/performance.md). Reference counting still frees everything that is not a cycle
+while paused; the collector runs again (and takes any cycle made meanwhile) when the last
+pause ends. Pauses nest and may overlap across threads (a worker thread parsing a response
+while the event loop publishes).
 """
 
 from __future__ import annotations
