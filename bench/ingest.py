@@ -143,10 +143,12 @@ async def service_path(
         with gc_paused():  # as the prometheus source parses it (RangeQueryClient.fetch)
             instants = points_by_instant(json.loads(body)["data"]["result"])
         # As the service's reading loop: every instant into the window, then one drain.
-        for points in instants.values():
-            sent += await service.publish_instant("prometheus", points, GpuInventory(), wait=False)
-        if (window := service.windows.get("prometheus")) is not None:  # none: one at a time
-            await window.drain()
+        with gc_paused():
+            for points in instants.values():
+                inventory = GpuInventory()
+                sent += await service.publish_instant("prometheus", points, inventory, wait=False)
+            if (window := service.windows.get("prometheus")) is not None:  # none: one at a time
+                await window.drain()
         cycles.append((sent, time.perf_counter() - start))
     await service.runtime.bus.close()
     return cycles

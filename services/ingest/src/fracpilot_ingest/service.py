@@ -171,15 +171,18 @@ class IngestService:
             while (reading := await source.read()) is not None:
                 if self.settings.usage_wire == "batch":
                     self.partitions = await self.runtime.bus.usage_partitions()
-                if reading.instants:
-                    self.note_oom_kills()
-                    inventory = self.inventory()
-                    for points in reading.instants:
-                        await self.publish_instant(
-                            source.name, points, inventory, reading.step_s, wait=False
-                        )
-                await self.publish_samples(source.name, reading.samples, reading.step_s)
-                await window.drain()
+                # The reading's objects, paused over until acknowledged: resumed earlier, the
+                # collector walks them all while they are still held (libs.gc_pause).
+                with gc_paused():
+                    if reading.instants:
+                        self.note_oom_kills()
+                        inventory = self.inventory()
+                        for points in reading.instants:
+                            await self.publish_instant(
+                                source.name, points, inventory, reading.step_s, wait=False
+                            )
+                    await self.publish_samples(source.name, reading.samples, reading.step_s)
+                    await window.drain()
                 await source.published(reading)
                 self.metrics.usage.expire(time.time())  # gone workloads leave no frozen series
                 self.cycles += 1
