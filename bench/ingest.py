@@ -1,18 +1,25 @@
 """Ingest throughput: a Prometheus response of N GPUs to samples on NATS, against raw NATS.
 
 Usage: python bench/ingest.py [--workloads 10000] [--interval 15] [--cluster]
+                              [--sample-workloads 10000] [--compare REV] [--repeat 1]
        python bench/ingest.py --latency [--source prometheus|scrape] [--interval 1]
                               [--scrape-interval 1] [--trials 10]
 
 Builds a range-query response as Prometheus returns it (dcgm-exporter device series, one pod
 per GPU: GR_ENGINE_ACTIVE, FB_USED, FB_FREE, so 3 series per workload), then times the real
 service path on an embedded nats-server (``--cluster``: three routed on loopback, R3 streams):
-parse the response, attribute, validate, publish. Twice in the same run, each on a fresh
-server: today's path before usage batches (``FRACPILOT_USAGE_WIRE=sample``: one message each,
-each acknowledgement awaited before the next: the same code as before batches), and usage
-batches through the publish window. A raw baseline publishes the same number of messages of
-the same size with plain nats-py JetStream publishes. The verdict compares samples/s with
-what N workloads at the interval need. The machine's load average is printed with them.
+parse the response (its JSON body, as the API returns it), attribute, validate, publish.
+Each path on a fresh server: today's path before usage batches (``FRACPILOT_USAGE_WIRE=sample``:
+one message each, each acknowledgement awaited before the next: the same code as before
+batches), and usage batches through the publish window. A raw baseline publishes the same
+number of messages of the same size with plain nats-py JetStream publishes. The verdict
+compares samples/s with what N workloads at the interval need. The machine's load average is
+printed with them. The one-message path and the raw baseline publish the first
+``--sample-workloads`` GPUs of the response (a rate: at ~700 samples/s all of 100,000 would
+take minutes). ``--compare REV``: the batch path of that commit's code too (its ``libs`` and
+ingest, from ``git archive``, in a child process of this script), in the same run on a fresh
+server: the figure before a change beside the one after. ``--repeat k``: the batch paths k
+times, alternating, the median printed (a shared machine is noisy).
 
 ``--latency``: how long a change in an exporter's value takes to reach NATS. The GPU test
 exporter (tests/support) serves one GPU; the real Prometheus (Debian's binary) scrapes it every
@@ -26,11 +33,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import random
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,6 +54,11 @@ from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.embedded import EmbeddedNats
 from fracpilot_libs.usage.attribution import GpuInventory
 from fracpilot_libs.usage.range_queries import points_by_instant
+
+try:
+    from fracpilot_libs.gc_pause import gc_paused
+except ImportError:  # --compare with a commit before it: the collector was never paused
+    gc_paused = contextlib.nullcontext
 
 
 def prometheus_response(workloads: int, at: float) -> list[dict[str, Any]]:
@@ -105,11 +120,13 @@ def nats_under_test(cluster: bool) -> Iterator[str]:
 
 
 async def service_path(
-    url: str, wire: str, response: list[dict[str, Any]], interval: float
-) -> tuple[int, float]:
-    """The real service path: the response parsed, attributed, validated, published with
-    ``wire`` (``sample``: one message each, each acknowledged before the next, as the code
-    before usage batches did; ``batch``: usage batches through the publish window)."""
+    url: str, wire: str, responses: list[list[dict[str, Any]]], interval: float
+) -> list[tuple[int, float]]:
+    """The real service path, one cycle per response (the first: a new ingest; the next: the
+    same GPUs an interval later, as every cycle after the first), each timed: the response
+    parsed, attributed, validated, published with ``wire`` (``sample``: one message each,
+    each acknowledged before the next, as the code before usage batches did; ``batch``: usage
+    batches through the publish window)."""
     settings = IngestSettings(
         nats={"url": url}, sources="prometheus", cluster="bench", interval_s=interval,
         usage_wire=wire, usage_view=False,
@@ -117,13 +134,24 @@ async def service_path(
     service = IngestService(settings)
     await service.runtime.bus.connect()
     await service.runtime.bus.ensure_streams()
-    start = time.perf_counter()
-    sent = 0
-    for points in points_by_instant(response).values():
-        sent += await service.publish_instant("prometheus", points, GpuInventory())
-    path_s = time.perf_counter() - start
+    cycles = []
+    for response in responses:
+        envelope = {"status": "success", "data": {"resultType": "matrix", "result": response}}
+        body = json.dumps(envelope)
+        start = time.perf_counter()
+        sent = 0
+        with gc_paused():  # as the prometheus source parses it (RangeQueryClient.fetch)
+            instants = points_by_instant(json.loads(body)["data"]["result"])
+        # As the service's reading loop: every instant into the window, then one drain.
+        with gc_paused():
+            for points in instants.values():
+                inventory = GpuInventory()
+                sent += await service.publish_instant("prometheus", points, inventory, wait=False)
+            if (window := service.windows.get("prometheus")) is not None:  # none: one at a time
+                await window.drain()
+        cycles.append((sent, time.perf_counter() - start))
     await service.runtime.bus.close()
-    return sent, path_s
+    return cycles
 
 
 async def raw_path(url: str, sent: int, size: int) -> float:
@@ -143,31 +171,103 @@ async def raw_path(url: str, sent: int, size: int) -> float:
     return raw_s
 
 
-async def run(workloads: int, interval: float, cluster: bool) -> None:
+def two_cycles(workloads: int, interval: float) -> list[list[dict[str, Any]]]:
+    """The responses of two cycles: the same GPUs, an interval apart."""
     at = float(int(time.time()))
-    response = prometheus_response(workloads, at)
-    timings: dict[str, tuple[int, float]] = {}
-    for wire in ("sample", "batch"):  # each on a fresh server (or cluster): empty streams
+    return [prometheus_response(workloads, at - interval), prometheus_response(workloads, at)]
+
+
+async def batch_only(workloads: int, interval: float, cluster: bool) -> None:
+    """The batch path alone, its figures on one line (what ``--compare`` reads)."""
+    with nats_under_test(cluster) as url:
+        cycles = await service_path(url, "batch", two_cycles(workloads, interval), interval)
+    print("BATCH " + " ".join(f"{sent} {seconds:.6f}" for sent, seconds in cycles))
+
+
+SERVICES = ("ingest", "decision", "actuator")
+
+
+def compared_batch(
+    rev: str, workloads: int, interval: float, cluster: bool
+) -> list[tuple[int, float]]:
+    """The batch path of commit ``rev``'s code: its libs and ingest unpacked from git, run by
+    this script in a child process (a fresh server, as every path here)."""
+    repo = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
+        archive = subprocess.run(
+            ["git", "-C", str(repo), "archive", rev, "libs/src", "services"],
+            check=True,
+            capture_output=True,
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        # Every package of that commit (the cluster's test support imports the actuator).
+        code = [f"{tmp}/libs/src"] + [f"{tmp}/services/{s}/src" for s in SERVICES]
+        env = dict(os.environ, PYTHONPATH=":".join(code))
+        args = [sys.executable, __file__, "--batch-only", "--workloads", str(workloads)]
+        args += ["--interval", str(interval)] + (["--cluster"] if cluster else [])
+        child = subprocess.run(args, env=env, capture_output=True, text=True)
+        if child.returncode != 0:
+            raise RuntimeError(f"the batch path at {rev} failed:\n{child.stderr[-3000:]}")
+    lines = child.stdout.splitlines()
+    figures = next(line for line in lines if line.startswith("BATCH ")).split()[1:]
+    return [(int(n), float(t)) for n, t in zip(figures[::2], figures[1::2], strict=True)]
+
+
+async def run(
+    workloads: int,
+    interval: float,
+    cluster: bool,
+    sample_workloads: int,
+    compare: str | None,
+    repeat: int,
+) -> None:
+    responses = two_cycles(workloads, interval)
+    one_each = [r[: 3 * min(sample_workloads, workloads)] for r in responses]  # 3 series a GPU
+    with nats_under_test(cluster) as url:  # each path on a fresh server (or cluster)
+        sample_cycles = await service_path(url, "sample", one_each, interval)
+        raw_s = await raw_path(url, sample_cycles[1][0], sample_size(responses[1]))
+    # Per cycle (0: the first, 1: the next), one (samples, seconds) per run.
+    batch_runs: list[list[tuple[int, float]]] = [[], []]
+    before_runs: list[list[tuple[int, float]]] = [[], []]
+    for _ in range(repeat):
         with nats_under_test(cluster) as url:
-            timings[wire] = await service_path(url, wire, response, interval)
-            if wire == "sample":
-                raw_s = await raw_path(url, timings[wire][0], sample_size(response))
+            for cycle, figures in enumerate(await service_path(url, "batch", responses, interval)):
+                batch_runs[cycle].append(figures)
+        if compare:
+            for cycle, figures in enumerate(compared_batch(compare, workloads, interval, cluster)):
+                before_runs[cycle].append(figures)
+    timings = {"sample": sample_cycles[1]}
+    response = responses[1]
     sent = timings["sample"][0]
     need = workloads / interval
     where = "three-node cluster, R3" if cluster else "one server, R1"
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"{workloads} workloads, {len(response)} series, one instant; {where}; load {load}")
-    print(f"{'path':<44}{'samples':>8}{'seconds':>9}{'samples/s':>11}{'vs today':>9}")
+    print(
+        f"{workloads} workloads, {len(response)} series, one instant a cycle; {where}; "
+        f"load {load}; rows without 'first cycle': the next cycle (every one after the first)"
+    )
+    print(f"{'path':<64}{'samples':>8}{'seconds':>9}{'samples/s':>11}{'vs today':>9}")
     today = sent / timings["sample"][1]
 
-    def row(what: str, n: int, seconds: float) -> None:
+    def row(what: str, n: int, seconds: float) -> float:
         rate = n / seconds
-        print(f"{what:<44}{n:>8}{seconds:>9.2f}{rate:>11,.0f}{rate / today:>9.2f}")
+        print(f"{what:<64}{n:>8}{seconds:>9.2f}{rate:>11,.0f}{rate / today:>9.2f}")
+        return rate
+
+    def median_row(what: str, runs: list[tuple[int, float]]) -> float:
+        """The median run's row (of an even count, the slower of the middle two)."""
+        rates = sorted(n / s for n, s in runs)
+        label = f"{what} (median of {len(runs)}: " + ", ".join(f"{r:,.0f}" for r in rates) + ")"
+        n, seconds = sorted(runs, key=lambda r: r[0] / r[1])[(len(runs) - 1) // 2]
+        return row(label if len(runs) > 1 else what, n, seconds)
 
     row("raw nats-py JetStream publish, one each", sent, raw_s)
     row("today: one message each, awaited", *timings["sample"])
-    row("usage batches, publish window", *timings["batch"])
-    batch_rate = timings["batch"][0] / timings["batch"][1]
+    if compare:
+        median_row(f"usage batches at {compare}, first cycle", before_runs[0])
+        median_row(f"usage batches at {compare}", before_runs[1])
+    median_row("usage batches, publish window, first cycle", batch_runs[0])
+    batch_rate = median_row("usage batches, publish window", batch_runs[1])
     print(
         f"needed for {workloads} workloads every {interval:g} s: {need:,.0f} samples/s; "
         f"headroom today {today / need:.1f}x, with batches {batch_rate / need:.1f}x"
@@ -251,12 +351,32 @@ def main() -> None:
     parser.add_argument("--source", choices=("prometheus", "scrape"), default="prometheus")
     parser.add_argument("--scrape-interval", type=float, default=1.0)
     parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument(
+        "--sample-workloads",
+        type=int,
+        default=10_000,
+        help="GPUs the one-message path and the raw baseline publish (their rate is compared)",
+    )
+    parser.add_argument("--compare", metavar="REV", help="also the batch path of this commit")
+    parser.add_argument("--repeat", type=int, default=1, help="batch paths run this many times")
+    parser.add_argument("--batch-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     if args.latency:
         asyncio.run(latency(args.source, args.interval, args.scrape_interval, args.trials))
+    elif args.batch_only:
+        asyncio.run(batch_only(args.workloads, args.interval, args.cluster))
     else:
-        asyncio.run(run(args.workloads, args.interval, args.cluster))
+        asyncio.run(
+            run(
+                args.workloads,
+                args.interval,
+                args.cluster,
+                args.sample_workloads,
+                args.compare,
+                args.repeat,
+            )
+        )
 
 
 if __name__ == "__main__":

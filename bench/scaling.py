@@ -2,6 +2,7 @@
 
 Usage: python bench/scaling.py [--workloads 100000] [--backlog 300000] [--partitions 16]
                                [--repeat 3] [--rounds 6] [--kill-after 2] [--skip-kill]
+       python bench/scaling.py --wires [--compare REV] [--profile DIR] [--repeat 3]
 
 Each replica is a process (``python -m fracpilot_decision``) on a fresh embedded nats-server.
 
@@ -25,7 +26,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,7 +64,17 @@ OWNED = "fracpilot_decision_partitions_owned"
 SAMPLES = "fracpilot_decision_samples_total"
 
 
-def start_replicas(url: str, count: int, partitions: int, tag: str) -> list[tuple[Service, int]]:
+def start_replicas(
+    url: str,
+    count: int,
+    partitions: int,
+    tag: str,
+    *,
+    code: str | None = None,
+    profile: Path | None = None,
+) -> list[tuple[Service, int]]:
+    """``code``: a PYTHONPATH to run the replicas from (another commit's, ``--compare``);
+    ``profile``: the first replica's cProfile written there."""
     logs = log_dir("scaling")
     out = []
     for i in range(count):
@@ -72,7 +85,10 @@ def start_replicas(url: str, count: int, partitions: int, tag: str) -> list[tupl
             FRACPILOT_DECISION_PARTITIONS=str(partitions),
             FRACPILOT_REPLICA_ID=f"{tag}-{i}",
         )
-        out.append((Service("fracpilot_decision", env, logs / f"{tag}-{i}.log").start(), port))
+        if code is not None:
+            env["PYTHONPATH"] = code
+        log, prof = logs / f"{tag}-{i}.log", profile if i == 0 else None
+        out.append((Service("fracpilot_decision", env, log, prof).start(), port))
     for _, port in out:
         wait_ready(port, timeout_s=300)
     return out
@@ -198,15 +214,21 @@ async def kill(args: argparse.Namespace) -> dict[str, float]:
     return out
 
 
-async def _drain(args: argparse.Namespace, batched: bool) -> Throughput:
+async def _drain(
+    args: argparse.Namespace,
+    batched: bool,
+    code: str | None = None,
+    profile: Path | None = None,
+) -> Throughput:
     """One replica, owning every partition, deciding a backlog published meanwhile as fast as
-    the publisher (a process of its own) goes: one sample a message, or usage batches."""
+    the publisher (a process of its own) goes: one sample a message, or usage batches.
+    ``code``: the replica run from there (PYTHONPATH); ``profile``: its cProfile."""
     with EmbeddedNats() as server:
         await declare_streams(server.url, args.partitions)
         rounds = max(1, args.backlog // args.workloads)
         backlog = rounds * args.workloads
         await announce(server.url, ["w-0"])
-        replicas = start_replicas(server.url, 1, args.partitions, "w")
+        replicas = start_replicas(server.url, 1, args.partitions, "w", code=code, profile=profile)
         try:
             await poll_until(lambda: metric(scrape(replicas[0][1]), OWNED) == args.partitions)
             pid = replicas[0][0].proc.pid  # type: ignore[union-attr]
@@ -231,18 +253,46 @@ async def _drain(args: argparse.Namespace, batched: bool) -> Throughput:
                 service.stop()
 
 
+def code_of(rev: str, into: str) -> str:
+    """Commit ``rev``'s libs and decision service unpacked into ``into``; their PYTHONPATH."""
+    repo = Path(__file__).resolve().parents[1]
+    archive = subprocess.run(
+        ["git", "-C", str(repo), "archive", rev, "libs/src", "services/decision/src"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", into], input=archive, check=True)
+    return f"{into}/libs/src:{into}/services/decision/src"
+
+
 async def wires(args: argparse.Namespace) -> None:
     """The same samples published one a message (today's format) and in usage batches,
-    decided by one replica, alternated ``--repeat`` times, side by side."""
-    runs = [(await _drain(args, False), await _drain(args, True)) for _ in range(args.repeat)]
+    decided by one replica, alternated ``--repeat`` times, side by side; with ``--compare``,
+    batches decided by that commit's replica too. ``--profile``: the batch runs' cProfile."""
+    runs: list[list[tuple[str, Throughput]]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-scaling-") as tmp:
+        old = code_of(args.compare, tmp) if args.compare else None
+        for i in range(args.repeat):
+            prof = args.profile / f"decision-batch-{i + 1}.prof" if args.profile else None
+            run = [("sample", await _drain(args, False)), ("batch", await _drain(args, True))]
+            if old is not None:  # never profiled: its CPU figure stays comparable
+                run.append((f"batch@{args.compare}", await _drain(args, True, old)))
+            if prof is not None:  # profiled last: cProfile slows the replica (its own run)
+                run.append(("batch, profiled", await _drain(args, True, profile=prof)))
+            runs.append(run)
     print(f"\none replica deciding {args.backlog:,} samples as they are published (the "
           "publisher shares the 2 cores): one sample a message (today) vs batches")  # fmt: skip
-    print(f"{'run':>4}{'wire':>8}{'samples/s':>12}{'vs today':>9}"
+    print(f"{'run':>4}{'wire':>22}{'samples/s':>12}{'vs today':>9}"
           f"{'replica CPU/sample':>20}{'nats CPU/sample':>17}")  # fmt: skip
-    for i, (single, batched) in enumerate(runs, 1):
-        for wire, t in (("sample", single), ("batch", batched)):
-            print(f"{i:>4}{wire:>8}{t.rate:>12,.0f}{t.rate / single.rate:>9.2f}"
+    for i, run in enumerate(runs, 1):
+        single = run[0][1]
+        for wire, t in run:
+            print(f"{i:>4}{wire:>22}{t.rate:>12,.0f}{t.rate / single.rate:>9.2f}"
                   f"{t.replica_cpu_us:>18.0f}us{t.server_cpu_us:>15.0f}us")  # fmt: skip
+    for wire in dict.fromkeys(w for run in runs for w, _ in run):
+        cpu = [t.replica_cpu_us for run in runs for w, t in run if w == wire]
+        print(f"median replica CPU per sample, {wire}: {statistics.median(cpu):.0f}us "
+              f"(of {len(cpu)})")  # fmt: skip
 
 
 async def main() -> None:
@@ -257,7 +307,13 @@ async def main() -> None:
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--wires", action="store_true",
                         help="only: one sample a message against usage batches")  # fmt: skip
+    parser.add_argument("--compare", metavar="REV",
+                        help="--wires: batches decided by this commit's replica too")  # fmt: skip
+    parser.add_argument("--profile", type=Path,
+                        help="--wires: the batch replica's cProfile, here")  # fmt: skip
     args = parser.parse_args()
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
     print(f"{machine_note()}; {args.workloads:,} workloads, {args.partitions} partitions")
     if args.wires:
         await wires(args)

@@ -151,3 +151,16 @@ def test_a_deleted_workload_is_forgotten_at_once() -> None:
     assert metrics.forget("inference", "a")
     assert series_of(registry, "inference", "a") == set()
     assert not metrics.forget("inference", "a")
+
+
+def test_a_workload_back_after_expiry_is_exported_and_counted_from_zero() -> None:
+    # Each workload's series are kept between samples: an expired one must not be reused.
+    registry = CollectorRegistry()
+    metrics = WorkloadUsageMetrics(registry, PRICES, limit=10, ttl_s=60.0)
+    labels = {"namespace": "inference", "workload": "back"}
+    metrics.observe(sample(name="back", allocated=None), 3600, NOW)
+    assert value(registry, "fracpilot_workload_allocated_ratio", **labels) is None  # never set
+    metrics.expire(NOW + 61)
+    metrics.observe(sample(name="back", allocated=0.5), 3600, NOW + 62)
+    assert value(registry, "fracpilot_gpu_whole_seconds_total", **labels) == 3600.0
+    assert value(registry, "fracpilot_workload_allocated_ratio", **labels) == 0.5

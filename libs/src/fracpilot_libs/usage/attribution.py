@@ -37,6 +37,8 @@ from fracpilot_libs.usage.mig import (
 )
 
 _EPS = 1e-9
+_SHARES = frozenset({Quantity.COMPUTE, Quantity.KV_CACHE})  # 0..1
+_MAX_SHARE = 1 + _EPS
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +133,9 @@ def _target(point: MetricPoint) -> tuple[str, str]:
 def _renamed_instances(points: Iterable[MetricPoint]) -> set[tuple[str, str]]:
     """Scrape targets whose exporter labels Prometheus renamed to ``exported_*``."""
     return {
-        _target(p) for p in points if "exported_pod" in p.labels or "exported_namespace" in p.labels
+        (labels.get("job", ""), labels.get("instance", ""))
+        for p in points
+        if "exported_pod" in (labels := p.labels) or "exported_namespace" in labels
     }
 
 
@@ -140,10 +144,11 @@ def _pod_of(
 ) -> PodKey | None:
     labels = point.labels
     roles = mapping.roles
-    pod_label = next((name for name in roles.pod if labels.get(name)), "")
-    if not pod_label:
+    for pod_label in roles.pod:
+        if pod := labels.get(pod_label):
+            break
+    else:
         return None
-    pod = labels[pod_label]
     if pod_label == "pod" and _target(point) in renamed:
         return None  # this target's exporter labels were renamed: ``pod`` is the exporter's
     if _is_exporter_pod(pod, roles.exporter_pod_prefixes):
@@ -173,7 +178,7 @@ def _checked_value(
         return None, Rejection("nan", f"not a finite number: {_describe(point)}")
     if value < 0:
         return None, Rejection("negative", f"negative value: {_describe(point)}")
-    if mapping.quantity in (Quantity.COMPUTE, Quantity.KV_CACHE) and value > 1 + _EPS:
+    if mapping.quantity in _SHARES and value > _MAX_SHARE:
         return None, Rejection("above_100_percent", f"above 100%: {_describe(point)}")
     return value, None
 
@@ -188,20 +193,28 @@ def observe_points(
     app: dict[tuple[str, str], dict[Quantity, float]] = defaultdict(dict)
     servers: dict[tuple[str, str], str] = {}  # pod -> the LLM server whose KV metrics it has
     timestamp = max((p.timestamp for p in points), default=0.0)
-    priority = {row: i for i, row in enumerate(table.rows)}
+    # By identity: hashing a pydantic row hashes every field, once per point.
+    priority = {id(row): i for i, row in enumerate(table.rows)}
 
+    match = table.match
     for point in points:
-        labels = dict(point.labels)
-        mapping = table.match(point.metric, labels)
+        labels = point.labels
+        mapping = match(point.metric, labels)
         if mapping is None:
             continue
         if mapping.level is Level.APP:
             rows = table.app_rows(point.metric, labels)
             _observe_app(point, rows, renamed, app, servers, rejections)
             continue
-        value, rejection = _checked_value(point, mapping)
-        uuid = _role(point.labels, mapping.roles.gpu_uuid)
-        instance = mig_instance(uuid, point.labels) if uuid else None
+        scaled = point.value * mapping.scale
+        # A finite, non-negative number (at most 1 for a share) passes without a call; any
+        # other is checked again for its reason.
+        value: float | None = scaled
+        rejection = None
+        if not 0.0 <= scaled < math.inf or (scaled > _MAX_SHARE and mapping.quantity in _SHARES):
+            value, rejection = _checked_value(point, mapping)
+        uuid = _role(labels, mapping.roles.gpu_uuid)
+        instance = mig_instance(uuid, labels) if uuid else None
         device = instance.device_id if instance is not None else uuid  # MIG: the instance
         if rejection is not None:
             rejections.append(rejection)
@@ -240,7 +253,7 @@ def observe_points(
             if mapping.quantity is Quantity.COMPUTE:
                 value *= compute  # the instance's ratio as a share of the whole card
         if mapping.level is Level.DEVICE:
-            rank = priority[mapping]
+            rank = priority[id(mapping)]
             held = gpu.device.get(mapping.quantity)
             if held is None or rank < held[0]:  # earlier rows are preferred
                 gpu.device[mapping.quantity] = (rank, value)
@@ -258,6 +271,8 @@ def observe_points(
     observations: list[Observation] = []
     for uuid, gpu in sorted(gpus.items()):
         observations.extend(_split_gpu(uuid, gpu, inventory, timestamp, rejections))
+    if not app:  # no application series: nothing to add
+        return observations, rejections
     return [
         _with_signals(
             obs,
@@ -372,6 +387,10 @@ def _device_total(uuid: str, gpu: _Gpu, inventory: GpuInventory) -> tuple[int | 
     return known, True
 
 
+def _pod_order(pod: PodKey) -> tuple[str, str, str]:
+    return (pod.namespace, pod.pod, pod.container)
+
+
 def _split_gpu(
     uuid: str, gpu: _Gpu, inventory: GpuInventory, timestamp: float, rejections: list[Rejection]
 ) -> list[Observation]:
@@ -383,11 +402,14 @@ def _split_gpu(
     allocated = inventory.fractions.get(uuid, {})
     # Pods seen in the series, plus pods the inventory places on this GPU that no series
     # names (dcgm without virtual GPUs labels one sharing pod or none).
-    seen = {(p.namespace, p.pod) for p in gpu.seen_pods}
-    pods = sorted(
-        gpu.seen_pods | {p for p in allocated if (p.namespace, p.pod) not in seen},
-        key=lambda p: (p.namespace, p.pod, p.container),
-    )
+    if allocated:
+        seen = {(p.namespace, p.pod) for p in gpu.seen_pods}
+        pods = sorted(
+            gpu.seen_pods | {p for p in allocated if (p.namespace, p.pod) not in seen},
+            key=_pod_order,
+        )
+    else:  # most GPUs: nothing to add, often one pod to sort
+        pods = sorted(gpu.seen_pods, key=_pod_order) if len(gpu.seen_pods) > 1 else [*gpu.seen_pods]
     if not pods:
         return []
     # A rejected point of this device is counted already; a missing total or number that
@@ -402,8 +424,15 @@ def _split_gpu(
         )
         return []
     values: dict[Quantity, dict[PodKey, tuple[float, bool]]] = {}
-    for quantity in (Quantity.COMPUTE, Quantity.MEMORY_USED):
-        values[quantity] = _per_pod(quantity, pods, gpu, allocated)
+    if len(pods) == 1 and not gpu.pods:
+        # The common case (one pod, device numbers only), as _per_pod would split it: the
+        # lone pod has the device's numbers, exact.
+        for quantity in (Quantity.COMPUTE, Quantity.MEMORY_USED):
+            device = gpu.device.get(quantity)
+            values[quantity] = {} if device is None else {pods[0]: (max(0.0, device[1]), True)}
+    else:
+        for quantity in (Quantity.COMPUTE, Quantity.MEMORY_USED):
+            values[quantity] = _per_pod(quantity, pods, gpu, allocated)
     out = []
     for pod in pods:
         compute = values[Quantity.COMPUTE].get(pod)
@@ -453,8 +482,10 @@ def _per_pod(
     if not rest or device is None:
         return result
     remainder = max(0.0, device[1] - sum(v for v, _ in result.values()))
-    weights = [_fraction_of(p, allocated) for p in rest]
-    if all(w is not None for w in weights) and sum(w or 0.0 for w in weights) > 0:
+    weights = [_fraction_of(p, allocated) for p in rest] if len(rest) > 1 else []
+    if len(rest) == 1:  # the whole remainder, whatever its weight (the common case)
+        shares = [1.0]
+    elif all(w is not None for w in weights) and sum(w or 0.0 for w in weights) > 0:
         norm = sum(w or 0.0 for w in weights)
         shares = [(w or 0.0) / norm for w in weights]
     else:

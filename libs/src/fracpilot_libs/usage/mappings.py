@@ -115,10 +115,15 @@ class MetricMapping(BaseModel):
     )
     roles: LabelRoles = LabelRoles()
 
-    def selects(self, labels: dict[str, str]) -> bool:
-        return all(labels.get(name) for name in self.requires_labels) and not any(
-            labels.get(name) for name in self.excludes_labels
-        )
+    def selects(self, labels: Mapping[str, str]) -> bool:
+        # Loops, not all()/any() over generators: this runs once per point.
+        for name in self.requires_labels:
+            if not labels.get(name):
+                return False
+        for name in self.excludes_labels:  # noqa: SIM110 (the loop is the point)
+            if labels.get(name):
+                return False
+        return True
 
     def value_of(self, value: float, labels: Mapping[str, str]) -> float | None:
         """The point's value before scaling: its own, or the product of ``value_labels``
@@ -278,13 +283,13 @@ class MappingTable:
     def metric_names(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(r.metric for r in self.rows))
 
-    def match(self, metric: str, labels: dict[str, str]) -> MetricMapping | None:
+    def match(self, metric: str, labels: Mapping[str, str]) -> MetricMapping | None:
         for row in self._by_metric.get(metric, ()):
             if row.selects(labels):
                 return row
         return None
 
-    def app_rows(self, metric: str, labels: dict[str, str]) -> tuple[MetricMapping, ...]:
+    def app_rows(self, metric: str, labels: Mapping[str, str]) -> tuple[MetricMapping, ...]:
         """Every application row that reads this series (an info metric feeds several)."""
         return tuple(
             row

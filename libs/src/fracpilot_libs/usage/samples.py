@@ -43,6 +43,11 @@ def sample_id(source: str, workload: WorkloadRef, obs: Observation) -> str:
     return f"{source}|{digest}|{int(obs.timestamp)}"
 
 
+def _where(obs: Observation) -> str:
+    """The sample a rejection is about (formatted only for one: this runs per sample)."""
+    return f"{obs.pod.namespace}/{obs.pod.pod} on {obs.gpu_uuid or '?'} at {obs.timestamp:.0f}"
+
+
 def to_sample(
     obs: Observation,
     workload: WorkloadRef,
@@ -58,19 +63,20 @@ def to_sample(
             f"{obs.pod.namespace}/{obs.pod.pod} on {obs.gpu_uuid or '?'}: "
             f"time {obs.timestamp!r} is not a finite number",
         )
-    where = f"{obs.pod.namespace}/{obs.pod.pod} on {obs.gpu_uuid or '?'} at {obs.timestamp:.0f}"
     if now - obs.timestamp > max_age_s:
-        return Rejection("stale", f"{where}: {now - obs.timestamp:.0f} s old (max {max_age_s:g})")
+        return Rejection(
+            "stale", f"{_where(obs)}: {now - obs.timestamp:.0f} s old (max {max_age_s:g})"
+        )
     if obs.timestamp > now + 60:
-        return Rejection("future", f"{where}: {obs.timestamp - now:.0f} s in the future")
+        return Rejection("future", f"{_where(obs)}: {obs.timestamp - now:.0f} s in the future")
     key = (workload.key, obs.pod.pod, obs.pod.container, obs.gpu_uuid)
     newest = published.newest.get(key)
     if newest is not None and obs.timestamp <= newest:
-        return Rejection("duplicate", f"{where}: not newer than {newest:.0f}")
+        return Rejection("duplicate", f"{_where(obs)}: not newer than {newest:.0f}")
     if obs.memory_used_bytes > obs.memory_total_bytes:
         return Rejection(
             "memory_above_device",
-            f"{where}: {obs.memory_used_bytes} B used of {obs.memory_total_bytes} B",
+            f"{_where(obs)}: {obs.memory_used_bytes} B used of {obs.memory_total_bytes} B",
         )
     signals = None
     if (
@@ -109,6 +115,6 @@ def to_sample(
             signals=signals,
         )
     except ValidationError as exc:
-        return Rejection("invalid", f"{where}: {describe_validation_error(exc)}")
+        return Rejection("invalid", f"{_where(obs)}: {describe_validation_error(exc)}")
     published.newest[key] = obs.timestamp
     return sample

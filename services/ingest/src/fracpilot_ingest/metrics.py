@@ -50,19 +50,40 @@ class SampleCost:
         return self.whole_usd - self.allocated_usd
 
 
-def sample_cost(sample: UsageSample, step_s: float, prices: GpuPrices) -> SampleCost:
-    """What one sample of a source with this step costs (pure)."""
+def sample_cost(
+    sample: UsageSample, step_s: float, prices: GpuPrices, hourly: float | None = None
+) -> SampleCost:
+    """What one sample of a source with this step costs (pure). ``hourly``: the price of its
+    GPU model when the caller knows it already (else looked up in ``prices``)."""
     if step_s < 0:
         raise ValueError(f"step_s must be >= 0, got {step_s}")
     hours = step_s / 3600.0
     fraction = 1.0 if sample.allocated_fraction is None else sample.allocated_fraction
-    hourly = prices.hourly(sample.gpu_model)
+    if hourly is None:
+        hourly = prices.hourly(sample.gpu_model)
     return SampleCost(
         whole_gpu_hours=hours,
         allocated_gpu_hours=hours * fraction,
         whole_usd=hours * hourly,
         allocated_usd=hours * fraction * hourly,
     )
+
+
+class _Series:
+    """One workload's children of the per-workload metrics (what ``Metric.labels()`` returns:
+    it checks and locks on every call, so it is called once per workload, not per sample).
+    A gauge's child is made when first set: one never set is not exported."""
+
+    __slots__ = ("counters", "gauges")
+
+    def __init__(self, counters: tuple[Counter, ...]) -> None:
+        self.counters = counters  # whole, allocated, saved seconds; whole, allocated, saved USD
+        self.gauges: dict[Gauge, Gauge] = {}
+
+    def gauge(self, metric: Gauge, labels: tuple[str, str]) -> Gauge:
+        if (child := self.gauges.get(metric)) is None:
+            child = self.gauges[metric] = metric.labels(*labels)
+        return child
 
 
 class WorkloadUsageMetrics:
@@ -152,6 +173,16 @@ class WorkloadUsageMetrics:
             self.allocated_usd,
             self.saved_usd,
         )
+        self._counters = (
+            self.whole_seconds,
+            self.allocated_seconds,
+            self.saved_seconds,
+            self.whole_usd,
+            self.allocated_usd,
+            self.saved_usd,
+        )
+        self._series: dict[tuple[str, str], _Series] = {}  # by workload labels
+        self._hourly: dict[str, float] = {}  # USD per hour by GPU model (few models)
 
     def _labels(self, sample: UsageSample, now: float) -> tuple[str, str] | None:
         """The workload's labels (now seen), or None when it is beyond the cap."""
@@ -163,22 +194,34 @@ class WorkloadUsageMetrics:
 
     def observe(self, sample: UsageSample, step_s: float, now: float) -> SampleCost:
         """Count one sample, seen at ``now`` (wall-clock seconds, for the TTL)."""
-        cost = sample_cost(sample, step_s, self.prices)
+        # The price lookup parses the model name: once per model, not per sample.
+        if (hourly := self._hourly.get(sample.gpu_model)) is None:
+            if len(self._hourly) >= 1024:  # labels are the exporters': bounded all the same
+                self._hourly.clear()
+            hourly = self._hourly[sample.gpu_model] = self.prices.hourly(sample.gpu_model)
+        cost = sample_cost(sample, step_s, self.prices, hourly)
         labels = self._labels(sample, now)
+        overflow = labels is None
         if labels is None:
             self.overflow.inc()
             labels = (OTHER, OTHER)
-        else:
+        series = self._series.get(labels)
+        if series is None:
+            series = self._series[labels] = _Series(
+                tuple(metric.labels(*labels) for metric in self._counters)
+            )
+        if not overflow:
             if sample.allocated_fraction is not None:
-                self.allocated_ratio.labels(*labels).set(sample.allocated_fraction)
-            self.compute_ratio.labels(*labels).set(sample.compute)
-            self.memory_ratio.labels(*labels).set(sample.memory_share)
-        self.whole_seconds.labels(*labels).inc(cost.whole_gpu_hours * SECONDS_PER_HOUR)
-        self.allocated_seconds.labels(*labels).inc(cost.allocated_gpu_hours * SECONDS_PER_HOUR)
-        self.saved_seconds.labels(*labels).inc(cost.saved_gpu_hours * SECONDS_PER_HOUR)
-        self.whole_usd.labels(*labels).inc(cost.whole_usd)
-        self.allocated_usd.labels(*labels).inc(cost.allocated_usd)
-        self.saved_usd.labels(*labels).inc(cost.saved_usd)
+                series.gauge(self.allocated_ratio, labels).set(sample.allocated_fraction)
+            series.gauge(self.compute_ratio, labels).set(sample.compute)
+            series.gauge(self.memory_ratio, labels).set(sample.memory_share)
+        whole_s, allocated_s, saved_s, whole_usd, allocated_usd, saved_usd = series.counters
+        whole_s.inc(cost.whole_gpu_hours * SECONDS_PER_HOUR)
+        allocated_s.inc(cost.allocated_gpu_hours * SECONDS_PER_HOUR)
+        saved_s.inc(cost.saved_gpu_hours * SECONDS_PER_HOUR)
+        whole_usd.inc(cost.whole_usd)
+        allocated_usd.inc(cost.allocated_usd)
+        saved_usd.inc(cost.saved_usd)
         return cost
 
     def expire(self, now: float) -> list[tuple[str, str]]:
@@ -202,6 +245,7 @@ class WorkloadUsageMetrics:
         return True
 
     def _remove(self, labels: tuple[str, str]) -> None:
+        self._series.pop(labels, None)
         for metric in self._per_workload:
             with contextlib.suppress(KeyError):  # a gauge never set (no fraction known)
                 metric.remove(*labels)

@@ -38,11 +38,20 @@ class OwnerResolver(Protocol):
 class PodNameOwners:
     """Guesses the owner from the pod's name; used when the Kubernetes API is not configured."""
 
+    CACHED = 1 << 18  # pods remembered; past this the cache starts again (a bound on memory)
+
     def __init__(self, cluster: str) -> None:
         self.cluster = cluster
+        # The same pods come back every interval: their names are parsed once.
+        self._known: dict[tuple[str, str], WorkloadRef] = {}
 
     async def resolve(self, namespace: str, pod: str) -> WorkloadRef:
-        return owner_from_pod_name(self.cluster, namespace, pod)
+        key = (namespace, pod)
+        if (workload := self._known.get(key)) is None:
+            if len(self._known) >= self.CACHED:
+                self._known.clear()
+            workload = self._known[key] = owner_from_pod_name(self.cluster, namespace, pod)
+        return workload
 
 
 # --- the Kubernetes resolver ------------------------------------------------------------------

@@ -35,6 +35,7 @@ from fracpilot_ingest.sources import make_sources
 from fracpilot_ingest.sources.base import Source, SourceContext
 from fracpilot_ingest.supervision import SourceSupervisor
 from fracpilot_libs.contracts import Allocation, UsageSample
+from fracpilot_libs.gc_pause import gc_paused
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.publish_window import OnAcked, PublishWindow
 from fracpilot_libs.nats.usage_batch import EncodedBatch, encode_samples
@@ -184,20 +185,23 @@ class IngestService:
             while (reading := await source.read()) is not None:
                 if self.settings.usage_wire == "batch":
                     self.partitions = await self.runtime.bus.usage_partitions()
-                if reading.instants:
-                    self.note_oom_kills()
-                    inventory = self.inventory()
-                    for points in reading.instants:
-                        await self.publish_instant(
-                            source.name,
-                            points,
-                            inventory,
-                            reading.step_s,
-                            wait=False,
-                            keep=reading.keep,
-                        )
-                await self.publish_samples(source.name, reading.samples, reading.step_s)
-                await window.drain()
+                # The reading's objects, paused over until acknowledged: resumed earlier, the
+                # collector walks them all while they are still held (libs.gc_pause).
+                with gc_paused():
+                    if reading.instants:
+                        self.note_oom_kills()
+                        inventory = self.inventory()
+                        for points in reading.instants:
+                            await self.publish_instant(
+                                source.name,
+                                points,
+                                inventory,
+                                reading.step_s,
+                                wait=False,
+                                keep=reading.keep,
+                            )
+                    await self.publish_samples(source.name, reading.samples, reading.step_s)
+                    await window.drain()
                 await source.published(reading)
                 self.metrics.usage.expire(time.time())  # gone workloads leave no frozen series
                 self.cycles += 1
@@ -251,20 +255,21 @@ class IngestService:
         once every batch is acknowledged (else they are left in the source's window).
         ``keep``: sharded, whether this replica publishes a GPU's sample of the instant."""
         step = self.settings.interval_s if step_s is None else step_s
-        observations, rejections = observe_points(points, self.table, inventory)
-        if keep is not None:
-            observations = [o for o in observations if keep(o.gpu_uuid, o.timestamp)]
-        now = time.time()
-        ready: list[tuple[UsageSample, Observation | None]] = []
-        for obs in observations:
-            obs = self.signals.mark(obs)
-            result = await self._to_sample(source, obs, inventory, now)
-            if isinstance(result, Rejection):
-                rejections.append(result)
-                continue
-            ready.append((result, obs))
-        self._reject(source, rejections)
-        await self._send(source, ready, step, now, wait=wait)
+        with gc_paused():  # a burst of objects without cycles (fracpilot_libs.gc_pause)
+            observations, rejections = observe_points(points, self.table, inventory)
+            if keep is not None:
+                observations = [o for o in observations if keep(o.gpu_uuid, o.timestamp)]
+            now = time.time()
+            ready: list[tuple[UsageSample, Observation | None]] = []
+            for obs in observations:
+                obs = self.signals.mark(obs)
+                result = await self._to_sample(source, obs, inventory, now)
+                if isinstance(result, Rejection):
+                    rejections.append(result)
+                    continue
+                ready.append((result, obs))
+            self._reject(source, rejections)
+            await self._send(source, ready, step, now, wait=wait)
         return len(ready)
 
     async def publish_samples(
@@ -326,7 +331,9 @@ class IngestService:
         async def acked(stored: bool) -> None:
             at = time.time()
             for sample, obs in rows:
-                self._published(source, sample, obs, step_s, now, stored, at, count=False)
+                self._published(source, sample, obs, step_s, now, stored, at, alone=False)
+            if last := next((obs for _, obs in reversed(rows) if obs is not None), None):
+                self.metrics.lag.labels(source).set(max(0.0, now - last.timestamp))  # once
             for attribution, n in Tally(s.attribution.value for s, _ in rows).items():
                 self.metrics.published.labels(source, attribution).inc(n)  # once a batch
             if stored and lines:  # the per-workload view: each sample's own JSON, as stored
@@ -346,17 +353,19 @@ class IngestService:
         stored: bool,
         at: float | None = None,
         *,
-        count: bool = True,
+        alone: bool = True,
     ) -> None:
-        """A sample acknowledged: counted (its usage and cost only when first stored;
-        ``count``: in the published samples too, else the caller counts them)."""
+        """A sample acknowledged: counted (its usage and cost only when first stored). Not
+        ``alone`` (one of a batch): the caller counts it as published and sets the lag, once
+        for the batch."""
         if stored:
             self.metrics.usage.observe(sample, step_s, at or time.time())
-        if count:
+        if alone:
             self.metrics.published.labels(source, sample.attribution.value).inc()
         if obs is not None:
             self.signals.published(obs, now)
-            self.metrics.lag.labels(source).set(max(0.0, now - obs.timestamp))
+            if alone:
+                self.metrics.lag.labels(source).set(max(0.0, now - obs.timestamp))
 
     def _window(self, source: str) -> PublishWindow:
         """The source's window of outstanding batches (each source drains its own)."""

@@ -30,6 +30,7 @@ from fracpilot_ingest.settings import PrometheusSettings
 from fracpilot_ingest.shard_plan import CyclePlan
 from fracpilot_ingest.sources.base import Reading, SourceContext
 from fracpilot_ingest.sources.http_auth import prometheus_session
+from fracpilot_libs.gc_pause import gc_paused
 from fracpilot_libs.nats.kv import KvBucket
 from fracpilot_libs.usage.attribution import MetricPoint
 from fracpilot_libs.usage.range_queries import aligned, chunks, points_by_instant, selector
@@ -76,15 +77,18 @@ class RangeQueryClient:
         """Every instant on the step grid in [start, end], in order; ``series``: the series
         of each response to parse (sharded: those of this replica's GPUs)."""
         merged: dict[float, list[MetricPoint]] = {}
-        for lo, hi in chunks(aligned(start, self.step_s), aligned(end, self.step_s), self.step_s):
-            result = self._client.custom_query_range(
-                self.query,
-                start_time=datetime.fromtimestamp(lo, UTC),
-                end_time=datetime.fromtimestamp(hi, UTC),
-                step=f"{self.step_s:g}s",
-                timeout=int(self.timeout_s),
-            )
-            merged.update(points_by_instant(series(result) if series else result))
+        # The response parsed (in the client) and made points: a burst without cycles.
+        with gc_paused():
+            grid = chunks(aligned(start, self.step_s), aligned(end, self.step_s), self.step_s)
+            for lo, hi in grid:
+                result = self._client.custom_query_range(
+                    self.query,
+                    start_time=datetime.fromtimestamp(lo, UTC),
+                    end_time=datetime.fromtimestamp(hi, UTC),
+                    step=f"{self.step_s:g}s",
+                    timeout=int(self.timeout_s),
+                )
+                merged.update(points_by_instant(series(result) if series else result))
         return dict(sorted(merged.items()))
 
 

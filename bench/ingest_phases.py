@@ -1,0 +1,86 @@
+"""Where one ingest cycle's CPU goes: µs per GPU in each phase, without NATS.
+
+Usage: python bench/ingest_phases.py [--workloads 20000] [--repeat 3]
+
+The response of bench/ingest.py (3 dcgm series per GPU) through the ingest's own functions,
+each phase timed in process CPU time with the collector off (as the ingest pauses it):
+parse (the JSON body, ``points_by_instant``), observe (``observe_points``), to_sample (the
+service's ``_to_sample``: owner, checks, the validated ``UsageSample``), encode (usage
+batches) and acked (what the service does per sample once a batch is acknowledged: metrics,
+signals). Publishing is not in it (bench/ingest.py times the whole path on a server). Each
+repetition is a new service: its first cycle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import sys
+import time
+from itertools import pairwise
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ingest import prometheus_response
+
+from fracpilot_ingest.service import IngestService
+from fracpilot_ingest.settings import IngestSettings
+from fracpilot_libs.contracts import UsageSample
+from fracpilot_libs.nats.usage_batch import encode_samples
+from fracpilot_libs.usage.attribution import GpuInventory, Observation, observe_points
+from fracpilot_libs.usage.range_queries import points_by_instant
+
+PHASES = ("parse", "observe", "to_sample", "encode", "acked")
+
+
+async def cycle(body: str, workloads: int) -> list[float]:
+    settings = IngestSettings(
+        nats={"url": "nats://127.0.0.1:4222"}, sources="prometheus", cluster="bench",
+        interval_s=15, usage_view=False,
+    )  # fmt: skip
+    service = IngestService(settings)
+    inventory = GpuInventory()
+    gc.disable()
+    try:
+        marks = [time.process_time()]
+        instants = points_by_instant(json.loads(body)["data"]["result"])
+        marks.append(time.process_time())
+        points = next(iter(instants.values()))
+        observations, _ = observe_points(points, service.table, inventory)
+        marks.append(time.process_time())
+        now = time.time()
+        ready: list[tuple[UsageSample, Observation]] = []
+        for obs in observations:
+            sample = await service._to_sample("prometheus", obs, inventory, now)
+            assert isinstance(sample, UsageSample)
+            ready.append((sample, obs))
+        marks.append(time.process_time())
+        encode_samples((s for s, _ in ready), settings.decision_partitions)
+        marks.append(time.process_time())
+        for sample, obs in ready:
+            service._published("prometheus", sample, obs, 15, now, True, now, alone=False)
+        marks.append(time.process_time())
+    finally:
+        gc.enable()
+    return [(b - a) / workloads * 1e6 for a, b in pairwise(marks)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", type=int, default=20_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    result = prometheus_response(args.workloads, float(int(time.time())))
+    body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}})
+    runs = [asyncio.run(cycle(body, args.workloads)) for _ in range(args.repeat)]
+    print(f"{args.workloads} GPUs, CPU µs per GPU (process time, collector off), each run:")
+    print("".join(f"{p:>11}" for p in (*PHASES, "total")))
+    for run in runs:
+        print("".join(f"{x:>11.1f}" for x in (*run, sum(run))))
+
+
+if __name__ == "__main__":
+    main()
