@@ -127,7 +127,8 @@ BUCKETS = {
     "DECISION_STATE_BUCKET": Bucket(
         "Checkpoints of the decision engine's per-workload history, by `subjects.kv_key`, "
         "restored on start and when a partition moves to another replica.",
-        value="the engine's state as JSON (fracpilot_libs.sizing.state.dump_state)",
+        value="the engine's state as zlib-compressed JSON, or plain JSON as written before "
+        "compression (fracpilot_libs.sizing.state.dump_state)",
     ),
     "DECISION_PARTITION_BUCKET": Bucket(
         "Decision replicas and their leases on usage partitions.",

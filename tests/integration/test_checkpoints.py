@@ -20,7 +20,7 @@ from fracpilot_decision.settings import DecisionSettings
 from fracpilot_libs.contracts import Policy, UsageSample
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.sizing.engine import decide
-from fracpilot_libs.sizing.state import WorkloadState, dump_state, load_state
+from fracpilot_libs.sizing.state import WorkloadState, dump_state, load_state, state_json
 from helpers import counter, reset_nats, running, wait_for
 
 pytestmark = pytest.mark.integration
@@ -134,6 +134,42 @@ async def test_a_corrupt_checkpoint_is_skipped_and_counted(nats_url: str) -> Non
         await publish(nats_url, sample(name="llm", minute=1))
         await wait_for(lambda: service.samples._value.get() >= 1)
         assert service.histories[llm_key].samples == 1
+
+
+async def test_checkpoints_in_plain_json_from_before_compression_are_restored(
+    nats_url: str,
+) -> None:
+    """A rolling upgrade: the bucket holds checkpoints in plain JSON (as written before they
+    were compressed) beside compressed ones; both restore, and the next checkpoint of a
+    workload restored from plain JSON is written compressed."""
+    await reset_nats(nats_url)
+    chat, llm = sample(name="chat", memory_share=0.3), sample(name="llm", memory_share=0.2)
+    chat_state, _ = decide(WorkloadState(), chat, Policy())
+    llm_state, _ = decide(WorkloadState(), llm, Policy())
+    chat_key, llm_key = subjects.kv_key(chat.workload), subjects.kv_key(llm.workload)
+    nc = await nats.connect(nats_url)
+    kv = await nc.jetstream().create_key_value(bucket=subjects.DECISION_STATE_BUCKET)
+    await kv.put(chat_key, state_json(chat_state))
+    await kv.put(llm_key, dump_state(llm_state))
+    settings = DecisionSettings(
+        nats={"url": nats_url}, checkpoint={"interval_s": 3600, "when_idle_s": 0}
+    )
+    try:
+        service = DecisionService(settings)
+        async with running(service):
+            reg = service.runtime.registry
+            assert counter(reg, "fracpilot_decision_checkpoints_restored_total") == 2
+            assert counter(reg, "fracpilot_decision_checkpoints_corrupt_total") == 0
+            assert_same_state(service.histories[chat_key], chat_state)
+            assert_same_state(service.histories[llm_key], llm_state)
+            await publish(nats_url, sample(name="chat", memory_share=0.3, minute=1))
+            await wait_for(lambda: service.samples._value.get() >= 1)
+        stored = (await kv.get(chat_key)).value or b""  # written on the graceful stop
+        assert not stored.startswith(b"{")
+        assert len(stored) < len(state_json(service.histories[chat_key]))
+        assert load_state(stored).samples == 2
+    finally:
+        await nc.close()
 
 
 async def test_a_large_checkpoint_is_spread_over_chunks(nats_url: str) -> None:
