@@ -165,10 +165,12 @@ _ZLIB = b"x"  # the first byte of every zlib stream (deflate, 32 KiB window); JS
 _MAX_JSON = 64 * 1024  # far above any state: a value inflating beyond it is not a checkpoint
 
 
-def _inflate(data: bytes) -> bytes:
+def inflate(data: bytes, limit: int = _MAX_JSON) -> bytes:
+    """A zlib-compressed checkpoint's bytes; ValueError if it is not one (or inflates past
+    ``limit``)."""
     inflater = zlib.decompressobj()
     try:
-        body = inflater.decompress(data, _MAX_JSON)
+        body = inflater.decompress(data, limit)
     except zlib.error as exc:  # its checksum catches a flipped byte
         raise ValueError(f"not a decision-engine checkpoint: {exc}") from exc
     if not inflater.eof or inflater.unconsumed_tail or inflater.unused_data:
@@ -180,7 +182,7 @@ def load_state(data: bytes) -> WorkloadState:
     """Restore a checkpoint written by :func:`dump_state`, or one in plain JSON
     (:func:`state_json`, as written before compression); raises ValueError if it is not one."""
     if data[:1] == _ZLIB:
-        data = _inflate(data)
+        data = inflate(data)
     try:
         c = _Checkpoint.model_validate_json(data)
     except ValidationError as exc:
