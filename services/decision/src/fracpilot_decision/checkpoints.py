@@ -140,7 +140,8 @@ class Checkpointer:
         self, states: Mapping[str, WorkloadState], keys: Collection[str], spread_s: float = 0.0
     ) -> set[str]:
         """Write the groups (:mod:`fracpilot_libs.sizing.checkpoint_groups`) holding the states
-        of ``keys``, each with every state of ``states`` in it, about ``CHECKPOINT_CHUNK``
+        of ``keys``, each with every state of ``states`` in it (so ``states`` is all of its
+        partition's: a state left out is dropped from its group), about ``CHECKPOINT_CHUNK``
         states at a time, spread over about ``spread_s`` (pauses between chunks, 50 ms at most:
         a scheduled checkpoint lets samples flow; a hand-over does not wait); returns the keys
         whose write failed and may succeed later. A state may change while this runs: it is
