@@ -79,9 +79,11 @@ def load_group(data: bytes) -> Iterator[tuple[str, WorkloadState | ValueError]]:
             yield f"{name or '?'}#{n}", ValueError("not a checkpoint line (key, space, state)")
             continue
         try:
-            yield name, load_state(state)
-        except ValueError as exc:
-            yield name, exc
+            loaded = load_state(state)
+        except Exception as exc:  # any failure to load means a corrupt checkpoint
+            yield name, ValueError(str(exc))
+            continue
+        yield name, loaded
 
 
 @dataclass
@@ -101,7 +103,7 @@ class CheckpointRead:
         if key.startswith(GROUP_PREFIX):
             try:
                 members = list(load_group(data))
-            except ValueError as exc:
+            except Exception as exc:  # any failure to load means a corrupt checkpoint
                 self.problems.append((key, str(exc)))
                 return
             for name, state in members:
@@ -117,7 +119,7 @@ class CheckpointRead:
         self.single_keys.add(key)
         try:
             state = load_state(data)
-        except ValueError as exc:
+        except Exception as exc:  # any failure to load means a corrupt checkpoint
             self.problems.append((key, str(exc)))
             return
         self._keep(key, state, from_group=False)
