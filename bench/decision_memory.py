@@ -52,6 +52,7 @@ from fracpilot_libs.contracts import Policy, UsageSample, WorkloadRef
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.embedded import EmbeddedNats
 from fracpilot_libs.server_process import free_port
+from fracpilot_libs.sizing.checkpoint_groups import group_key
 from fracpilot_libs.sizing.engine import decide
 from fracpilot_libs.sizing.state import WorkloadState, dump_state, load_state
 
@@ -128,12 +129,18 @@ async def service_rss(n: int, checkpoints: list[bytes], partitions: int) -> dict
         cp = Checkpointer(nc, CollectorRegistry())
         await cp.open()
         names = keys(n)
+        by_group: dict[str | None, list[int]] = {}  # a write holds whole groups (it is the
+        for j, k in enumerate(names):  # value of every state in them): chunks of whole groups
+            by_group.setdefault(group_key(k), []).append(j)
         started = time.monotonic()
-        for i in range(0, n, 5000):
-            chunk = {k: load_state(checkpoints[j % len(checkpoints)])
-                     for j, k in enumerate(names[i : i + 5000], start=i)}  # fmt: skip
-            failed = await cp.write(chunk, chunk.keys())
-            assert not failed, f"{len(failed)} checkpoint writes failed"
+        chunk: dict[str, WorkloadState] = {}
+        groups = list(by_group.values())
+        for g, members in enumerate(groups, start=1):
+            chunk.update((names[j], load_state(checkpoints[j % len(checkpoints)])) for j in members)
+            if len(chunk) >= 5000 or g == len(groups):
+                failed = await cp.write(chunk, chunk.keys())
+                assert not failed, f"{len(failed)} checkpoint writes failed"
+                chunk = {}
         out["write_s"] = time.monotonic() - started
         await nc.close()
 

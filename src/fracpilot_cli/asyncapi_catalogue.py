@@ -126,9 +126,13 @@ BUCKETS = {
         value="`started` / `done:<outcome>` text, or the simulated cluster as JSON",
     ),
     "DECISION_STATE_BUCKET": Bucket(
-        "Checkpoints of the decision engine's per-workload history, by `subjects.kv_key`, "
-        "restored on start and when a partition moves to another replica.",
-        value="the engine's state as JSON (fracpilot_libs.sizing.state.dump_state)",
+        "Checkpoints of the decision engine's per-workload history, restored on start and "
+        "when a partition moves to another replica: several workloads' states in a group "
+        "(key `groups/<usage slot>/<0..3>`); one workload's under its `subjects.kv_key` as "
+        "written before groups (still read); each partition's mark (`marks/<usage stream>`).",
+        value="a group: zlib-compressed lines of KV key, space, state as JSON "
+        "(fracpilot_libs.sizing.checkpoint_groups.dump_group); before groups, one state as "
+        "zlib-compressed or plain JSON (fracpilot_libs.sizing.state.dump_state); a mark: JSON",
     ),
     "DECISION_PARTITION_BUCKET": Bucket(
         "Decision replicas and their leases on usage partitions.",

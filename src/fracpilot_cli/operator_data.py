@@ -19,7 +19,7 @@ absent from the last instant's batches has no latest sample (its ``status`` row 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -55,8 +55,9 @@ from fracpilot_libs.nats.kv_snapshot import (
 from fracpilot_libs.nats.kv_snapshot import read_stream as read_stored
 from fracpilot_libs.nats.usage_batch import decode_batch, decode_sample
 from fracpilot_libs.nats.usage_streams import usage_partition_count
+from fracpilot_libs.sizing.checkpoint_groups import CheckpointRead, group_key
 from fracpilot_libs.sizing.policies import LivePolicies, cluster_default
-from fracpilot_libs.sizing.state import WorkloadState, load_state
+from fracpilot_libs.sizing.state import WorkloadState
 
 M = TypeVar("M", bound=BaseModel)
 _CONSUMER_PREFIX = "fracpilot-cli"  # the ephemeral consumers' names: who is reading
@@ -255,14 +256,18 @@ async def read_policies(nc: NatsClient, problems: list[str]) -> LivePolicies:
     return policies
 
 
-def _states(entries: dict[str, RawMessage], problems: list[str]) -> dict[str, WorkloadState]:
-    states = {}
+def _states(
+    entries: dict[str, RawMessage],
+    problems: list[str],
+    wanted: Callable[[str], bool] | None = None,
+) -> dict[str, WorkloadState]:
+    """The workload states in the checkpoint bucket's ``entries`` (groups and the per-workload
+    checkpoints written before them), of the workloads ``wanted`` (by KV key; all if None)."""
+    read = CheckpointRead() if wanted is None else CheckpointRead(wanted)
     for key, raw in entries.items():
-        try:
-            states[key] = load_state(raw.data)
-        except ValueError as exc:
-            problems.append(f"engine state {key}: {str(exc)[:300]}")
-    return states
+        read.add(key, raw.data)
+    problems.extend(f"engine state {key}: {why[:300]}" for key, why in read.problems)
+    return read.states
 
 
 async def read_consolidation(
@@ -320,10 +325,11 @@ async def read_fleet(
     )
     if namespace is not None:
         allocations = {k: v for k, v in allocations.items() if namespace_of_key(k) == namespace}
-        states = {k: v for k, v in states.items() if namespace_of_key(k) == namespace}
     snapshot = FleetSnapshot(problems=problems)
     snapshot.allocations = _allocations(allocations, problems)
-    snapshot.states = _states(states, problems)
+    snapshot.states = _states(  # a group holds workloads of many namespaces: read, then narrow
+        states, problems, None if namespace is None else lambda k: namespace_of_key(k) == namespace
+    )
     snapshot.samples = latest_samples(decode_usage(samples, problems), namespace)
     snapshot.results = latest_per_workload(ActuationResult, results, namespace, problems)
     snapshot.consolidation_reports = reports
@@ -397,12 +403,15 @@ async def read_one(
     found += [r.workload for r in results.values() if r.workload.owner_name == name]
     workload = known or (found[0] if found else probe)
     key = subjects.kv_key(workload)
-    allocation, state = await asyncio.gather(
+    group = group_key(key) or key  # a key of another shape: no workload's, nothing found
+    allocation, state, grouped = await asyncio.gather(
         read_key(nc, subjects.ALLOCATION_BUCKET, key),
         read_key(nc, subjects.DECISION_STATE_BUCKET, key),
+        read_key(nc, subjects.DECISION_STATE_BUCKET, group),
     )
     snapshot.allocations = _allocations({key: allocation} if allocation else {}, problems)
-    snapshot.states = _states({key: state} if state else {}, problems)
+    stored = {k: raw for k, raw in ((key, state), (group, grouped)) if raw is not None}
+    snapshot.states = _states(stored, problems, lambda k: k == key)
     snapshot.samples = {k: v for k, v in samples.items() if k == key}
     snapshot.results = {k: v for k, v in results.items() if k == key}
     return snapshot, policies

@@ -207,7 +207,7 @@ class ClusterPipeline:
         return [n for n in names if n.startswith("KV_") or n.startswith("FRACPILOT_USAGE")]
 
     async def checkpoints(self) -> dict[str, int]:
-        """Every key of the checkpoint bucket (workload states, partition marks) and the
+        """Every key of the checkpoint bucket (groups of workload states, partition marks) and the
         revision of its value."""
         nc = await connect(self.cluster.settings("decision", self.live_url()))
         try:

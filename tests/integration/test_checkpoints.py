@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import zlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,8 +20,9 @@ from fracpilot_decision.service import DecisionService
 from fracpilot_decision.settings import DecisionSettings
 from fracpilot_libs.contracts import Policy, UsageSample
 from fracpilot_libs.nats import subjects
+from fracpilot_libs.sizing.checkpoint_groups import dump_group, group_key, load_group
 from fracpilot_libs.sizing.engine import decide
-from fracpilot_libs.sizing.state import WorkloadState, dump_state, load_state
+from fracpilot_libs.sizing.state import WorkloadState, dump_state, state_json
 from helpers import counter, reset_nats, running, wait_for
 
 pytestmark = pytest.mark.integration
@@ -93,10 +95,10 @@ async def test_changed_workloads_are_checkpointed_on_the_interval(nats_url: str)
 
         async def checkpointed_samples() -> int:
             try:
-                entry = await kv.get(key)
+                entry = await kv.get(group_key(key) or "")
             except nats.js.errors.KeyNotFoundError:
                 return 0
-            return load_state(entry.value or b"").samples
+            return dict(load_group(entry.value or b""))[key].samples  # type: ignore[union-attr]
 
         seen = 0
         for _ in range(40):  # the service is still running: this is the interval's work
@@ -134,6 +136,92 @@ async def test_a_corrupt_checkpoint_is_skipped_and_counted(nats_url: str) -> Non
         await publish(nats_url, sample(name="llm", minute=1))
         await wait_for(lambda: service.samples._value.get() >= 1)
         assert service.histories[llm_key].samples == 1
+
+
+async def test_checkpoints_from_before_groups_are_restored_and_then_moved_into_groups(
+    nats_url: str,
+) -> None:
+    """A rolling upgrade: the bucket holds one checkpoint per workload, in plain JSON (as
+    written before compression) and compressed (before groups). Both restore; once a group
+    holding a workload is stored, its own key is deleted; the next start reads the group."""
+    await reset_nats(nats_url)
+    chat, llm = sample(name="chat", memory_share=0.3), sample(name="llm", memory_share=0.2)
+    chat_state, _ = decide(WorkloadState(), chat, Policy())
+    llm_state, _ = decide(WorkloadState(), llm, Policy())
+    chat_key, llm_key = subjects.kv_key(chat.workload), subjects.kv_key(llm.workload)
+    nc = await nats.connect(nats_url)
+    kv = await nc.jetstream().create_key_value(bucket=subjects.DECISION_STATE_BUCKET)
+    await kv.put(chat_key, state_json(chat_state))
+    await kv.put(llm_key, dump_state(llm_state))
+    settings = DecisionSettings(
+        nats={"url": nats_url}, checkpoint={"interval_s": 3600, "when_idle_s": 0}
+    )
+    try:
+        service = DecisionService(settings)
+        async with running(service):
+            reg = service.runtime.registry
+            assert counter(reg, "fracpilot_decision_checkpoints_restored_total") == 2
+            assert counter(reg, "fracpilot_decision_checkpoints_corrupt_total") == 0
+            assert_same_state(service.histories[chat_key], chat_state)
+            assert_same_state(service.histories[llm_key], llm_state)
+            await publish(nats_url, sample(name="chat", memory_share=0.3, minute=1))
+            await wait_for(lambda: service.samples._value.get() >= 1)
+        # the graceful stop wrote chat's group, and deleted chat's own key
+        group = (await kv.get(group_key(chat_key) or "")).value or b""
+        assert dict(load_group(group))[chat_key].samples == 2  # type: ignore[union-attr]
+        with pytest.raises(nats.js.errors.KeyNotFoundError):
+            await kv.get(chat_key)
+        assert (await kv.get(llm_key)).value == dump_state(llm_state)  # unchanged: kept
+
+        again = DecisionService(settings)
+        async with running(again):
+            reg = again.runtime.registry
+            assert counter(reg, "fracpilot_decision_checkpoints_restored_total") == 2
+            assert again.histories[chat_key].samples == 2
+            assert_same_state(again.histories[llm_key], llm_state)
+    finally:
+        await nc.close()
+
+
+async def test_a_corrupt_group_or_state_in_a_group_is_skipped_and_counted(nats_url: str) -> None:
+    """A group that does not load is counted once (its workloads start afresh); a state in a
+    group that does not load is counted, and its neighbours restored."""
+    await reset_nats(nats_url)
+    by_group: dict[str, list[str]] = {}  # names that share groups: two groups of two, and more
+    names: dict[str, str] = {}
+    for i in range(5000):
+        key = subjects.kv_key(sample(name=f"w{i}").workload)
+        names[key] = f"w{i}"
+        by_group.setdefault(group_key(key) or "", []).append(key)
+    shared = [g for g, keys in by_group.items() if len(keys) >= 2][:2]
+    by_group = {g: by_group[g] for g in [*shared, *list(by_group)[:6]]}
+    states = {k: sample(name=names[k]) for keys in by_group.values() for k in keys}
+    whole = shared[0]
+    nc = await nats.connect(nats_url)
+    kv = await nc.jetstream().create_key_value(bucket=subjects.DECISION_STATE_BUCKET)
+    restored = set()
+    for group, keys in by_group.items():
+        if group == whole:
+            await kv.put(group, b"x not a group")
+            continue
+        value = dump_group((k, decide(WorkloadState(), states[k], Policy())[0]) for k in keys)
+        restored |= set(keys)
+        await kv.put(group, value)
+    # one state in a group made unreadable: the rest of the group restores
+    bad_group = shared[1]
+    bad_key = by_group[bad_group][0]
+    lines = zlib.decompress((await kv.get(bad_group)).value or b"").split(b"\n")
+    lines[1] = bad_key.encode() + b' {"v": 99}'
+    await kv.put(bad_group, zlib.compress(b"\n".join(lines)))
+    restored.discard(bad_key)
+    await nc.close()
+
+    service = DecisionService(DecisionSettings(nats={"url": nats_url}))
+    async with running(service):
+        reg = service.runtime.registry
+        assert counter(reg, "fracpilot_decision_checkpoints_corrupt_total") == 2
+        assert counter(reg, "fracpilot_decision_checkpoints_restored_total") == len(restored)
+        assert set(service.histories) == restored
 
 
 async def test_a_large_checkpoint_is_spread_over_chunks(nats_url: str) -> None:

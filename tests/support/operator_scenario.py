@@ -42,6 +42,7 @@ from fracpilot_libs.contracts import (
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.bus import Bus
 from fracpilot_libs.nats.usage_batch import encode_samples
+from fracpilot_libs.sizing.checkpoint_groups import dump_group, group_key
 from fracpilot_libs.sizing.engine import decide
 from fracpilot_libs.sizing.state import WorkloadState, dump_state
 
@@ -281,8 +282,15 @@ async def publish(
         for key, a in rec.allocations.items():
             await allocations.put(key, a.to_json())
         states = await bus.kv(subjects.DECISION_STATE_BUCKET)
+        groups: dict[str, list[tuple[str, WorkloadState]]] = {}  # as the decision service
         for key, state in rec.states.items():
-            await states.put(key, dump_state(state))
+            group = group_key(key)
+            if group is None:  # not a workload's key: on its own, as before groups
+                await states.put(key, dump_state(state))
+            else:
+                groups.setdefault(group, []).append((key, state))
+        for group, members in groups.items():
+            await states.put(group, dump_group(members))
         for key, raw in (extra_states or {}).items():
             await states.put(key, raw)
         for event in rec.consolidation:

@@ -17,7 +17,7 @@ from fracpilot_libs.contracts import Policy
 from fracpilot_libs.sizing.engine import decide
 from fracpilot_libs.sizing.forecast import DEFAULT_PRIOR, jump_after
 from fracpilot_libs.sizing.peak_profile import profile_period
-from fracpilot_libs.sizing.state import WorkloadState, dump_state, load_state
+from fracpilot_libs.sizing.state import WorkloadState, dump_state, load_state, state_json
 
 POLICY = Policy()
 
@@ -138,7 +138,7 @@ def test_a_checkpoint_with_a_profile_out_of_shape_does_not_load() -> None:
     for minute in (0, 70, 140):
         s = sample(memory_share=0.2, minute=minute)
         state, _ = decide(state, s, POLICY)
-    body = json.loads(dump_state(state))
+    body = json.loads(state_json(state))
     assert len(body["memory_profile"]) == 3
     older = {k: v for k, v in body.items() if k != "memory_profile"}  # written before profiles
     assert len(load_state(json.dumps(older).encode()).memory_profile) == 0

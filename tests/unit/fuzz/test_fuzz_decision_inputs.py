@@ -20,7 +20,7 @@ from fracpilot_libs.contracts import AppSignals, Policy, PolicyScope, UsageSampl
 from fracpilot_libs.nats.bus import DecodeError, decode
 from fracpilot_libs.sizing.engine import decide
 from fracpilot_libs.sizing.policies import parse_scope, scope_problem
-from fracpilot_libs.sizing.state import WorkloadState, dump_state, load_state
+from fracpilot_libs.sizing.state import WorkloadState, dump_state, load_state, state_json
 from support.fuzzing import JSON_VALUES, examples_per_subject, junk_payloads, run_property
 
 TIMES = st.datetimes(
@@ -97,7 +97,7 @@ def test_checkpoints_load_or_are_refused_and_what_loads_can_be_decided_on() -> N
     state = WorkloadState()
     for minute in range(30):
         state, _ = decide(state, sample(minute=minute, compute=0.7, memory_share=0.4), Policy())
-    valid = json.loads(dump_state(state))
+    valid = json.loads(state_json(state))
 
     mutated = st.tuples(st.sampled_from(sorted(valid)), JSON_VALUES).map(
         lambda p: json.dumps({**valid, p[0]: p[1]}, allow_nan=True).encode()

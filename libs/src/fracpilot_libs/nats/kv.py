@@ -145,6 +145,21 @@ class KvBucket:
         subscription: no future or task per write (what ``KeyValue.put`` costs), and a failed
         write is still told apart. Returns the keys not acknowledged as stored within
         ``timeout_s`` (all of them when the connection is down)."""
+        return await self._publish_many(nc, items, timeout_s)
+
+    async def delete_many(self, nc: NatsClient, keys: list[str], timeout_s: float) -> set[str]:
+        """Many deletes, as :meth:`put_many` writes (a delete is a publish with the KV
+        operation header, as ``KeyValue.delete`` sends it); the keys not acknowledged."""
+        items = [(key, b"") for key in keys]
+        return await self._publish_many(nc, items, timeout_s, {"KV-Operation": "DEL"})
+
+    async def _publish_many(
+        self,
+        nc: NatsClient,
+        items: list[tuple[str, bytes]],
+        timeout_s: float,
+        headers: dict[str, str] | None = None,
+    ) -> set[str]:
         prefix = f"$KV.{self.name}."
         inbox = nc.new_inbox()
         stored: dict[int, bool] = {}
@@ -163,7 +178,7 @@ class KvBucket:
         sub = await nc.subscribe(f"{inbox}.*", cb=on_ack)
         try:
             for i, (key, data) in enumerate(items):
-                await nc.publish(prefix + key, data, reply=f"{inbox}.{i}")
+                await nc.publish(prefix + key, data, reply=f"{inbox}.{i}", headers=headers)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout_s):
                     await all_in.wait()

@@ -3,12 +3,15 @@
 History per workload is bounded: compute lives in a decaying histogram of 1% buckets (as the
 VPA recommender keeps CPU), memory in per-slot peaks over the memory window, plus the last few
 samples for upsize confirmation. :func:`dump_state` and :func:`load_state` checkpoint it (the
-decision service keeps them in KV; ``fracpilot status`` reads them).
+decision service keeps them in KV; ``fracpilot status`` reads them): JSON
+(:func:`state_json`), zlib-compressed. A checkpoint in plain JSON, as written before
+compression, still loads (a rolling upgrade).
 """
 
 from __future__ import annotations
 
 import json
+import zlib
 from array import array
 from dataclasses import dataclass, field
 from itertools import chain, pairwise
@@ -97,7 +100,16 @@ _KV_NOTE_MAX = 300
 
 
 def dump_state(state: WorkloadState) -> bytes:
-    """A compact JSON checkpoint of one workload's state (under 2 KiB)."""
+    """The checkpoint of one workload's state, as stored: :func:`state_json` compressed by zlib
+    at level 1 (about half the bytes, 0.9 KB on average; level 6 saves 2% more for three times
+    the CPU). The decision service keeps states in groups
+    (:mod:`fracpilot_libs.sizing.checkpoint_groups`); one state alone is how they were kept
+    before groups, and still loads."""
+    return zlib.compress(state_json(state), 1)
+
+
+def state_json(state: WorkloadState) -> bytes:
+    """A compact JSON document of one workload's state (under 3 KiB)."""
     body: dict[str, Any] = {}
     for name in WorkloadState.__slots__:
         if name == "memory_slots":
@@ -175,8 +187,28 @@ class _Checkpoint(BaseModel):
         return value
 
 
+_ZLIB = b"x"  # the first byte of every zlib stream (deflate, 32 KiB window); JSON starts "{"
+_MAX_JSON = 64 * 1024  # far above any state: a value inflating beyond it is not a checkpoint
+
+
+def inflate(data: bytes, limit: int = _MAX_JSON) -> bytes:
+    """A zlib-compressed checkpoint's bytes; ValueError if it is not one (or inflates past
+    ``limit``)."""
+    inflater = zlib.decompressobj()
+    try:
+        body = inflater.decompress(data, limit)
+    except zlib.error as exc:  # its checksum catches a flipped byte
+        raise ValueError(f"not a decision-engine checkpoint: {exc}") from exc
+    if not inflater.eof or inflater.unconsumed_tail or inflater.unused_data:
+        raise ValueError("not a decision-engine checkpoint: truncated, too long or trailed")
+    return body
+
+
 def load_state(data: bytes) -> WorkloadState:
-    """Restore a checkpoint written by :func:`dump_state`; raises ValueError if it is not one."""
+    """Restore a checkpoint written by :func:`dump_state`, or one in plain JSON
+    (:func:`state_json`, as written before compression); raises ValueError if it is not one."""
+    if data[:1] == _ZLIB:
+        data = inflate(data)
     try:
         c = _Checkpoint.model_validate_json(data)
     except ValidationError as exc:

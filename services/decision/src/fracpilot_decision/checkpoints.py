@@ -1,9 +1,12 @@
 """Checkpoints of the engine's per-workload state, so that a workload's history survives a
 restart of the decision service and a move of its partition to another replica.
 
-States live in the KV bucket ``fracpilot_decision_state`` under ``subjects.kv_key(workload)``,
-as :func:`fracpilot_libs.sizing.state.dump_state` writes them (each carries the stream position
-of the last sample in it). The service writes the states that changed in batches (every
+States live in the KV bucket ``fracpilot_decision_state``, several in one value, a **group**
+(``groups/<slot>/<g>``, :mod:`fracpilot_libs.sizing.checkpoint_groups`: one message for about
+24 states at 100,000 workloads, where one each cost nats-server more than the samples); each
+state carries the stream position of the last sample in it. Checkpoints of one workload under
+its ``subjects.kv_key`` (before groups) are still read, and deleted once a group holds their
+workload. The service writes the groups whose states changed in batches (every
 ``checkpoint_interval_s``, and when it hands a partition over or stops), pipelined rather than
 one round trip each, then the partition's **mark**: the stream position up to which every
 sample is in a checkpoint (key ``marks/<partition's stream>``, never a workload key; a stream's
@@ -31,7 +34,14 @@ from fracpilot_libs.nats.client_types import NatsClient
 from fracpilot_libs.nats.declare_retry import declare_patiently
 from fracpilot_libs.nats.kv import KvBucket, open_kv
 from fracpilot_libs.nats.kv_snapshot import SnapshotStalledError, kv_chunks
-from fracpilot_libs.sizing.state import WorkloadState, dump_state, load_state
+from fracpilot_libs.sizing.checkpoint_groups import (
+    GROUP_PREFIX,
+    CheckpointRead,
+    dump_group,
+    group_key,
+    group_partition,
+)
+from fracpilot_libs.sizing.state import WorkloadState
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +68,12 @@ class Checkpointer:
         self.replicas = replicas
         self.bucket = subjects.DECISION_STATE_BUCKET
         self._kv: KvBucket | None = None
+        # per-workload checkpoints (written before groups) seen by restore, not yet deleted
+        self.single_keys: set[str] = set()
+        # each workload's group: a checkpoint looks up every state of its partition (hashing
+        # its key each time cost 2-4 us a workload); one name shared by a group's workloads
+        self._group_of: dict[str, str | None] = {}
+        self._group_names: dict[str, str] = {}
         self.metrics = CheckpointMetrics(registry)
         m = self.metrics
         self.written, self.write_failures = m.written, m.write_failures
@@ -123,35 +139,52 @@ class Checkpointer:
     async def write(
         self, states: Mapping[str, WorkloadState], keys: Collection[str], spread_s: float = 0.0
     ) -> set[str]:
-        """Write the states of ``keys`` (those still in ``states``), ``CHECKPOINT_CHUNK`` at a
-        time, spread over about ``spread_s`` (pauses between chunks, 50 ms at most: a
-        scheduled checkpoint lets samples flow; a hand-over does not wait); returns the keys
+        """Write the groups (:mod:`fracpilot_libs.sizing.checkpoint_groups`) holding the states
+        of ``keys``, each with every state of ``states`` in it (so ``states`` is all of its
+        partition's: a state left out is dropped from its group), about ``CHECKPOINT_CHUNK``
+        states at a time, spread over about ``spread_s`` (pauses between chunks, 50 ms at most:
+        a scheduled checkpoint lets samples flow; a hand-over does not wait); returns the keys
         whose write failed and may succeed later. A state may change while this runs: it is
-        then written newer."""
-        chunks = -(-len(keys) // CHECKPOINT_CHUNK)
-        pause_s = min(_MAX_PAUSE_S, spread_s / chunks) if spread_s and chunks else 0.0
-        failed: set[str] = set()
-        written = invalid = 0
-        batch: list[tuple[str, bytes]] = []
+        then written newer. Once a group is stored, the per-workload checkpoints of its
+        workloads (written before groups, seen by :meth:`restore`) are deleted."""
+        dirty: dict[str, list[str]] = {}  # group -> its keys asked for
+        invalid = 0
         for key in keys:
-            state = states.get(key)
-            if state is None:
+            if key not in states:
                 continue
-            if not _KEY.fullmatch(key):  # can never be written: no retry
+            group = self._group(key)
+            if group is None or not _KEY.fullmatch(key):  # can never be written: no retry
                 invalid += 1
                 log.warning("checkpoint key is not a valid KV key", extra={"key": key})
                 continue
-            batch.append((key, dump_state(state)))
-            if len(batch) == CHECKPOINT_CHUNK:
-                lost = await self.kv.put_many(self.nc, batch, _ACK_TIMEOUT_S)
-                failed |= lost
-                written += len(batch) - len(lost)
-                batch = []
-                await asyncio.sleep(pause_s)  # at least a turn of the loop: never block it
-        if batch:
+            dirty.setdefault(group, []).append(key)
+        members: dict[str, list[str]] = {group: [] for group in dirty}
+        for key in states:  # every state of a group is in its value, changed or not
+            group = self._group(key)
+            if group in members:
+                members[group].append(key)
+        chunks = -(-sum(map(len, members.values())) // CHECKPOINT_CHUNK)
+        pause_s = min(_MAX_PAUSE_S, spread_s / chunks) if spread_s and chunks else 0.0
+        failed: set[str] = set()
+        written = 0
+        batch: list[tuple[str, bytes]] = []
+        in_batch = 0
+        groups = list(members.items())
+        for i, (group, names) in enumerate(groups):
+            batch.append((group, dump_group((k, states[k]) for k in sorted(names) if k in states)))
+            in_batch += len(names)
+            if in_batch < CHECKPOINT_CHUNK and i + 1 < len(groups):
+                continue
             lost = await self.kv.put_many(self.nc, batch, _ACK_TIMEOUT_S)
-            failed |= lost
-            written += len(batch) - len(lost)
+            for g, _ in batch:
+                if g in lost:
+                    failed.update(dirty[g])
+                else:
+                    written += len(members[g])
+            await self._forget_single_keys([members[g] for g, _ in batch if g not in lost])
+            batch, in_batch = [], 0
+            if i + 1 < len(groups):
+                await asyncio.sleep(pause_s)  # at least a turn of the loop: never block it
         if invalid:
             self.write_failures.inc(invalid)
         self.written.inc(written)
@@ -160,39 +193,66 @@ class Checkpointer:
             log.warning("checkpoint writes failed", extra={"failed": len(failed)})
         return failed
 
+    def _group(self, key: str) -> str | None:
+        if key in self._group_of:
+            return self._group_of[key]
+        group = group_key(key)
+        if group is not None:
+            group = self._group_names.setdefault(group, group)
+        self._group_of[key] = group
+        return group
+
+    async def _forget_single_keys(self, stored: list[list[str]]) -> None:
+        """Delete the per-workload checkpoints of workloads now in a stored group (a delete
+        that fails is tried at the group's next write)."""
+        keys = [k for names in stored for k in names if k in self.single_keys]
+        if not keys:
+            return
+        lost = await self.kv.delete_many(self.nc, keys, _ACK_TIMEOUT_S)
+        self.single_keys.difference_update(set(keys) - lost)
+
     # --- reading ----------------------------------------------------------------------------
 
     async def restore(
         self, partitions: frozenset[int], count: int
     ) -> dict[int, dict[str, WorkloadState]]:
         """The workload states of ``partitions`` (of ``count``), by partition and key; one
-        pass over the bucket, only those partitions' checkpoints are parsed."""
+        pass over the bucket, only those partitions' groups and per-workload checkpoints are
+        parsed."""
         started = time.monotonic()
-        states: dict[int, dict[str, WorkloadState]] = {p: {} for p in partitions}
-        seen = corrupt = 0
+
+        def wanted(key: str) -> bool:
+            return subjects.partition_of_kv_key(key, count) in partitions
+
+        read = CheckpointRead(wanted)
         async for batch in self._read_all():
             for key, data in batch:
-                partition = subjects.partition_of_kv_key(key, count)
-                if partition is None or partition not in states:
-                    continue
-                seen += 1
-                try:
-                    states[partition][key] = load_state(data)
-                except Exception as exc:  # any failure to load means a corrupt checkpoint
-                    corrupt += 1
-                    log.error(
-                        "corrupt checkpoint skipped, the workload starts afresh",
-                        extra={"key": key, "error": str(exc)[:500], "size": len(data)},
-                    )
+                if key.startswith(GROUP_PREFIX):
+                    if group_partition(key, count) in partitions:
+                        read.add(key, data)
+                        await asyncio.sleep(0)  # a group is ~24 states: ~1 ms of parsing
+                elif wanted(key):
+                    read.add(key, data)
             await asyncio.sleep(0)  # parsing 100,000 states must not block the loop
-        self.corrupt.inc(corrupt)
-        self.restored.inc(seen - corrupt)
+        for key, error in read.problems:
+            log.error(
+                "corrupt checkpoint skipped, the workload starts afresh",
+                extra={"key": key, "error": error[:500]},
+            )
+        self.single_keys |= read.single_keys
+        states: dict[int, dict[str, WorkloadState]] = {p: {} for p in partitions}
+        for key, state in read.states.items():
+            partition = subjects.partition_of_kv_key(key, count)
+            if partition is not None:
+                states[partition][key] = state
+        self.corrupt.inc(len(read.problems))
+        self.restored.inc(len(read.states))
         log.info(
             "checkpoints restored",
             extra={
                 "partitions": sorted(partitions),
-                "workloads": seen - corrupt,
-                "corrupt": corrupt,
+                "workloads": len(read.states),
+                "corrupt": len(read.problems),
                 "seconds": round(time.monotonic() - started, 3),
             },
         )

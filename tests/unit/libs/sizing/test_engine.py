@@ -7,6 +7,7 @@ import itertools
 import json
 import math
 import random
+import zlib
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
@@ -36,7 +37,13 @@ from fracpilot_libs.sizing.engine import (
     observe,
     round_up_to_grid,
 )
-from fracpilot_libs.sizing.state import BUCKETS, WorkloadState, dump_state, load_state
+from fracpilot_libs.sizing.state import (
+    BUCKETS,
+    WorkloadState,
+    dump_state,
+    load_state,
+    state_json,
+)
 
 PROPERTY = settings(max_examples=30, deadline=None)
 DEFAULT = v1_policy()
@@ -711,7 +718,13 @@ def _with(data: bytes, **changes: object) -> bytes:
 
 
 _DROP = object()
-_VALID = dump_state(run(constant(0.1), range(10), allocated=0.25)[0])
+
+
+def _flipped(data: bytes, at: int) -> bytes:
+    return data[:at] + bytes([data[at] ^ 0x10]) + data[at + 1 :]
+
+
+_VALID = state_json(run(constant(0.1), range(10), allocated=0.25)[0])
 
 
 @pytest.mark.parametrize(
@@ -731,6 +744,12 @@ _VALID = dump_state(run(constant(0.1), range(10), allocated=0.25)[0])
         _with(_VALID, compute_weights=["x"]),
         _with(_VALID, memory_peaks=[[1]]),
         _with(_VALID, recent_compute=None),
+        zlib.compress(b"garbage"),
+        zlib.compress(_with(_VALID, v=2)),
+        dump_state(WorkloadState())[:-3],  # truncated
+        dump_state(WorkloadState()) + b"x",  # trailed
+        _flipped(dump_state(WorkloadState()), 20),  # the checksum fails
+        zlib.compress(b" " * 100_000 + _VALID),  # inflates past any checkpoint's size
     ],
     ids=lambda b: b[:40].decode("utf-8", "replace"),
 )
@@ -741,6 +760,18 @@ def test_garbage_is_not_a_checkpoint(garbage: bytes) -> None:
 
 def test_the_valid_checkpoint_used_above_loads() -> None:
     assert load_state(_VALID).samples == 10
+
+
+def test_a_checkpoint_is_compressed_and_one_in_plain_json_still_loads() -> None:
+    """Checkpoints written before compression (plain JSON) load as before: a rolling upgrade
+    restores them."""
+    state, _ = run(noisy_trace(5, 12 * 60).__getitem__, range(12 * 60), DEFAULT, allocated=0.5)
+    stored, plain = dump_state(state), state_json(state)
+    assert plain.startswith(b"{")
+    assert zlib.decompress(stored) == plain
+    assert len(stored) < 0.7 * len(plain)
+    assert_same_state(load_state(plain), state)
+    assert_same_state(load_state(stored), state)
 
 
 @pytest.mark.parametrize(
