@@ -31,7 +31,7 @@ from fracpilot_libs.sizing.kv_memory import (
     needed_memory_share,
     pool_of,
 )
-from fracpilot_libs.sizing.state import WorkloadState, dump_state, load_state
+from fracpilot_libs.sizing.state import WorkloadState, dump_state, load_state, state_json
 
 PROPERTY = settings(max_examples=200, deadline=None)
 TOTAL = 80 * GIB
@@ -317,7 +317,7 @@ def test_a_workload_without_a_server_has_no_kv_words() -> None:
 def test_a_checkpoint_written_before_the_kv_fields_loads() -> None:
     plain = sample(0.1, 0.2)
     state = observe(WorkloadState(), plain, v1_policy(), plain.timestamp.timestamp())
-    body = json.loads(dump_state(state))
+    body = json.loads(state_json(state))
     assert not any(k.startswith("kv_") and k != "kv_cache_usage" for k in body)  # none written
     old = load_state(json.dumps(body).encode())
     assert (old.kv_anchor, old.kv_bytes_per_token, old.kv_sized, old.kv_note) == (
@@ -342,7 +342,7 @@ def test_a_checkpoint_written_before_the_kv_fields_loads() -> None:
     ids=str,
 )
 def test_a_checkpoint_with_bad_kv_fields_is_not_a_checkpoint(field: dict[str, object]) -> None:
-    body = json.loads(dump_state(WorkloadState()))
+    body = json.loads(state_json(WorkloadState()))
     body.update(field)
     with pytest.raises(ValueError):  # noqa: PT011 - the contract is "a ValueError"
         load_state(json.dumps(body).encode())
