@@ -44,10 +44,18 @@ from fracpilot_libs.placement.card_budget import (
     holds,
     holds_memory,
 )
+from fracpilot_libs.placement.consolidation import (
+    SAFE_TO_EVICT,
+    consolidation_plan,
+    pooled_card_budget,
+)
+from fracpilot_libs.placement.planner import ClusterState, Gpu, Placement
 from fracpilot_libs.sizing.engine import decide
 from fracpilot_libs.sizing.forecast import jump_after
 from fracpilot_libs.sizing.peak_profile import NO_PROFILE, in_window, profile_period, with_peak
 from fracpilot_libs.sizing.state import WorkloadState
+
+HOUR_S = 3600.0
 
 # The policy fields a shared-isolation engine sizes with: no per-pod memory headroom (the
 # card's pooled headroom replaces it).
@@ -144,6 +152,15 @@ class MoveRules:
     # followed by another within the tidy's period moves nobody)
     deferred: bool = True
     compute_moves: bool = False  # a card short of compute only moves a tenant, within budget
+    # the tidy's consolidation is the actuator's planner (placement/consolidation.py: nodes
+    # first, then cards, pooled card budgets) within its rate limit; False: the lone and drain
+    # rules above
+    planner: bool = True
+    # the planner's moves in any hour, across the cluster (the actuator's
+    # FRACPILOT_CONSOLIDATION_MAX_MOVES_PER_HOUR, 4 by default); None: only the workloads'
+    # move budgets bound them, as in the enforced replay (docs/sizing.md gives both figures:
+    # the trace starts every pod on a card of its own, a consolidation a cluster makes once)
+    planner_moves_per_hour: int | None = None
 
 
 class SharedCluster:
@@ -183,6 +200,8 @@ class SharedCluster:
         self.move_rules = moves or MoveRules()
         self.pinned = gpus is not None
         self.cards: dict[str, set[str]] = {}
+        self.pods: dict[str, tuple[WorkloadRef, str]] = {}  # workload key -> (ref, pod name)
+        self.planned_times: list[float] = []  # the planner's moves of the last hour
         for _ in range(gpus or 0):
             self._add_card()
         self.card_of: dict[str, str] = {}
@@ -306,6 +325,7 @@ class SharedCluster:
             if self.pinned:
                 return False
             card = self._add_card()
+        self.pods[key] = (workload, pod)
         self._put(key, card)
         self._divide(card, key)
         return True
@@ -433,6 +453,8 @@ class SharedCluster:
                 moved += self._relieve(card, "overflow")
         if not self.consolidate:
             return moved
+        if self.move_rules.planner:
+            return moved + self._planned()
         if self.move_rules.deferred:
             for card in sorted(self.cards, key=lambda c: (self._load(c), c)):
                 if len(self.cards[card]) == 1:
@@ -441,6 +463,50 @@ class SharedCluster:
                         moved.append(lone)
         if self.move_rules.drain:
             moved += self._drain()
+        return moved
+
+    def _planned(self) -> list[str]:
+        """The consolidation planner's plan for the cards as they are, carried out (the
+        actuator's: :func:`~fracpilot_libs.placement.consolidation.consolidation_plan` with the
+        pooled card budgets; a workload with no move left in its budget is a pod that may not
+        be evicted). Returns the workloads moved."""
+        gpus = tuple(
+            Gpu(uuid=card, node=self.node_of(card), memory_bytes=self.memory_bytes)
+            for card in self.cards
+        )
+        placements, key_of = [], {}
+        forecasts: dict[str, TenantForecast] = {}
+        protected: dict[str, dict[str, str]] = {}
+        for key, card in self.card_of.items():
+            ref, pod = self.pods[key]
+            held = max(self.fraction_of.get(key, 0.0), EPS)
+            placement = Placement(workload=ref, pod=pod, gpu_uuid=card, fraction=held)
+            placements.append(placement)
+            key_of[placement.pod_key] = key
+            forecasts[placement.pod_key] = self.forecast(key)
+            if not self.may_move(key):
+                protected[placement.pod_key] = {SAFE_TO_EVICT: "false"}
+        self.planned_times = [t for t in self.planned_times if self.now - t < HOUR_S]
+        per_hour = self.move_rules.planner_moves_per_hour
+        left = len(self.card_of) if per_hour is None else per_hour - len(self.planned_times)
+        if left <= 0:
+            return []
+        plan = consolidation_plan(
+            ClusterState(gpus=gpus, placements=tuple(placements)),
+            max_moves=left,
+            pod_annotations=protected,
+            card_budget=pooled_card_budget(forecasts, self.rules),
+            spread=False,
+        )
+        moved, touched = [], set()
+        for step in plan.moves:
+            key = key_of[step.pod_key]
+            touched.add(self._move(key, step.to_gpu, "planned"))
+            self.planned_times.append(self.now)
+            touched.add(step.to_gpu)
+            moved.append(key)
+        for card in sorted(touched):
+            self._divide(card, None)
         return moved
 
     def _drain(self) -> list[str]:

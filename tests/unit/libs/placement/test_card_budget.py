@@ -149,10 +149,11 @@ def test_the_shared_cluster_places_moves_and_re_divides_by_the_planner() -> None
     forecasts[KB] = TenantForecast(0.3, 0.05, 0.1)  # b shrank: in place, both cards alone
     assert cluster.resize(b, 0.3) is PlanKind.IN_PLACE
     assert cluster.cards_in_use() == 2  # a consolidation waits for the tidy
-    # the tidy moves the lighter of the two lone tenants, b, onto a's card: one card
+    # the tidy's consolidation planner (the actuator's) empties the card of the lighter
+    # tenant, b, onto a's card: one card
     assert cluster.tidy() == [KB]
     assert cluster.cards_in_use() == 1
-    assert cluster.move_causes == {"grew": 1, "lone": 1}
+    assert cluster.move_causes == {"grew": 1, "planned": 1}
     assert sum(cluster.fraction_of.values()) <= 1.0
     cluster.release(a)
     assert cluster.fraction_of == {KB: 0.4}
@@ -315,3 +316,27 @@ def test_pinned_shared_cards_refuse_what_fits_nowhere() -> None:
     cluster = SharedCluster(1000, 1, rules, lambda key: forecasts[key])
     assert cluster.place(_ref("a"), "a-0", 0.6)
     assert not cluster.place(_ref("b"), "b-0", 0.6)
+
+
+def test_the_shared_tidy_empties_whole_nodes_first_with_the_actuators_planner() -> None:
+    rules = CardRules(headroom_factor=1.0, headroom_floor=0.1, pooled_peaks=False)
+    big, small_ = TenantForecast(0.6, 0.05, 0.1), TenantForecast(0.2, 0.05, 0.1)
+    refs = [_ref(n) for n in "abc"]
+    forecasts = {r.key: big for r in refs}
+    cluster = SharedCluster(1000, None, rules, lambda key: forecasts[key], gpus_per_node=2)
+    for r in refs:  # 0.6 each: a card each, a and b on node 0, c on node 1
+        assert cluster.place(r, f"{r.owner_name}-0", 1.0)
+    nodes = {r.key: cluster.node_of(cluster.card_of[r.key]) for r in refs}
+    assert nodes == {refs[0].key: "node-00000", refs[1].key: "node-00000",
+                     refs[2].key: "node-00001"}  # fmt: skip
+    for r in refs:  # they shrink in place; consolidation waits for the tidy
+        forecasts[r.key] = small_
+        assert cluster.resize(r, 0.2) is PlanKind.IN_PLACE
+    assert cluster.cards_in_use() == 3
+    moved = cluster.tidy()
+    # node 1 is emptied first (c, its only pod, moves), then node 0's second card
+    assert refs[2].key in moved
+    assert {cluster.node_of(cluster.card_of[r.key]) for r in refs} == {"node-00000"}
+    assert cluster.cards_in_use() == 1
+    assert set(cluster.move_causes) == {"planned"}
+    assert sum(cluster.fraction_of.values()) <= 1.0 + EPS
