@@ -24,7 +24,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry
 
-from fracpilot_decision.metrics import OwnershipMetrics
+from fracpilot_decision.metrics import ownership_metrics
 from fracpilot_libs.leases.ownership import Ownership
 from helpers import wait_for
 
@@ -115,7 +115,7 @@ async def ownership(
         partitions=PARTITIONS,
         replica="replica-a",
         lease_s=getattr(request, "param", LEASE_S),
-        metrics=OwnershipMetrics(CollectorRegistry()),
+        metrics=ownership_metrics(CollectorRegistry()),
         bucket=f"test_claims_{uuid.uuid4().hex[:8]}",
     )
     await own.open()

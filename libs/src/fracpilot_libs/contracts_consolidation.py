@@ -75,7 +75,7 @@ class ConsolidationReport(WireModel):
 
 
 class MoveState(StrEnum):
-    STARTED = "started"  # the pod was evicted; its replacement is awaited
+    STARTED = "started"  # the pod is being evicted (announced first); its replacement awaited
     VERIFIED = "verified"  # the replacement is bound, where the result says
     FAILED = "failed"  # the eviction failed, or the replacement was not bound in time
     ABANDONED = "abandoned"  # the node's plan was given up (the mark came off)

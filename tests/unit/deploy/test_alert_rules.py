@@ -27,7 +27,7 @@ from fracpilot_decision.metrics import (
     CheckpointMetrics,
     DecisionMetrics,
     HeapMetrics,
-    OwnershipMetrics,
+    ownership_metrics,
 )
 from fracpilot_ingest.metrics import IngestMetrics
 from fracpilot_libs.contracts import Outcome, ReasonCode
@@ -75,7 +75,7 @@ def exported_names() -> set[str]:
     PolicySyncMetrics(registry)
     DecisionMetrics(registry)
     CheckpointMetrics(registry)
-    OwnershipMetrics(registry)
+    ownership_metrics(registry)
     HeapMetrics(registry)
     IngestMetrics(registry, GpuPrices(), workload_limit=10)
     service_ready_gauge(registry, "ingest")

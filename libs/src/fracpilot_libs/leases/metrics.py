@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from dataclasses import dataclass
+
+from prometheus_client import Counter, Gauge
 
 
+@dataclass(frozen=True)
 class LeaseMetrics:
-    """``fracpilot_<service>_<part>s_owned``, ``fracpilot_<service>_replicas`` and
-    ``fracpilot_<service>_<part>_moves_total``."""
+    """What :class:`~fracpilot_libs.leases.ownership.Ownership` sets: the parts this replica
+    owns, the replicas it saw, and the parts it claimed, handed over or dropped (label
+    ``move``). Each service makes them with names of its own, written out as literals (the
+    metric-name rules read them: tests/unit/test_metric_names.py)."""
 
-    def __init__(
-        self, registry: CollectorRegistry, *, service: str, part: str, owned_help: str
-    ) -> None:
-        self.owned = Gauge(f"fracpilot_{service}_{part}s_owned", owned_help, registry=registry)
-        self.replicas = Gauge(
-            f"fracpilot_{service}_replicas",
-            f"{service.capitalize()} replicas alive, as this replica last saw them",
-            registry=registry,
-        )
-        self.moves = Counter(
-            f"fracpilot_{service}_{part}_moves_total",
-            f"{part.capitalize()}s this replica claimed, handed over, or dropped (its lease lost)",
-            ["move"],
-            registry=registry,
-        )
+    owned: Gauge
+    replicas: Gauge
+    moves: Counter

@@ -70,16 +70,26 @@ class CheckpointMetrics:
         )
 
 
-class OwnershipMetrics(LeaseMetrics):
+def ownership_metrics(registry: CollectorRegistry) -> LeaseMetrics:
     """Partitions owned, replicas seen, partition moves."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        super().__init__(
-            registry,
-            service="decision",
-            part="partition",
-            owned_help="Usage partitions this replica owns and consumes",
-        )
+    return LeaseMetrics(
+        owned=Gauge(
+            "fracpilot_decision_partitions_owned",
+            "Usage partitions this replica owns and consumes",
+            registry=registry,
+        ),
+        replicas=Gauge(
+            "fracpilot_decision_replicas",
+            "Decision replicas alive, as this replica last saw them",
+            registry=registry,
+        ),
+        moves=Counter(
+            "fracpilot_decision_partition_moves_total",
+            "Partitions this replica claimed, handed over, or dropped (its lease lost)",
+            ["move"],
+            registry=registry,
+        ),
+    )
 
 
 class HeapMetrics:

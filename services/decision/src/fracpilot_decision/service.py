@@ -51,7 +51,7 @@ from fracpilot_decision.checkpoints import Checkpointer
 from fracpilot_decision.consumers import PartitionConsumers
 from fracpilot_decision.deciding import Decider
 from fracpilot_decision.heap import HeapFreezer
-from fracpilot_decision.metrics import DecisionMetrics, OwnershipMetrics, RecommendationMetrics
+from fracpilot_decision.metrics import DecisionMetrics, RecommendationMetrics, ownership_metrics
 from fracpilot_decision.partition_state import Partition
 from fracpilot_decision.policy_store import PolicyStore
 from fracpilot_decision.settings import DecisionSettings
@@ -160,7 +160,7 @@ class DecisionService:
             partitions=self.partition_count,
             replica=self.replica,
             lease_s=self.settings.partition.lease_s,
-            metrics=OwnershipMetrics(self.runtime.registry),
+            metrics=ownership_metrics(self.runtime.registry),
             bucket=subjects.DECISION_PARTITION_BUCKET,
             replicas=bus.replicas,
         )

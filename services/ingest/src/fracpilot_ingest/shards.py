@@ -21,7 +21,7 @@ import contextlib
 import logging
 from collections.abc import Sequence
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from fracpilot_ingest.settings import ShardSettings
 from fracpilot_ingest.shard_plan import (
@@ -53,10 +53,22 @@ class IngestShards:
         self.lease_s = settings.shard_lease_s
         self.replica = settings.replica_id or default_replica_id()
         self.metrics = LeaseMetrics(
-            registry,
-            service="ingest",
-            part="shard",
-            owned_help="GPU shards of the prometheus source this replica publishes",
+            owned=Gauge(
+                "fracpilot_ingest_shards_owned",
+                "GPU shards of the prometheus source this replica publishes",
+                registry=registry,
+            ),
+            replicas=Gauge(
+                "fracpilot_ingest_replicas",
+                "Ingest replicas alive, as this replica last saw them",
+                registry=registry,
+            ),
+            moves=Counter(
+                "fracpilot_ingest_shard_moves_total",
+                "Shards this replica claimed, handed over, or dropped (its lease lost)",
+                ["move"],
+                registry=registry,
+            ),
         )
         self.ownership: Ownership | None = None
         self._taken: set[int] = set()  # claimed and not handed over, dropped or lost

@@ -540,16 +540,11 @@ class Consolidator:
         explanation = f"consolidation moves {pod.key} ({step.fraction:g} GPU) {what}: {step.reason}"
         await backend.executor.event(pod, "ConsolidationMove", explanation)
         log.info("consolidation move", extra={"pod": pod.key, "node": node, "reason": step.reason})
-        failure = await backend.executor.evict_pod(pod)
-        if failure is not None:
-            if self.metrics is not None:
-                self.metrics.moves.labels("failed").inc()
-            await self._moved(MoveState.FAILED, node, step, f"the eviction failed: {failure}")
-            await self._give_up(view, node, f"the eviction of {pod.key} failed: {failure}")
-            return
-        self.moves.append(now)
-        await self._moved(MoveState.STARTED, node, step, explanation)
         assert pod.controller is not None  # the round moves only pods a controller recreates
+        # Written (and announced) ahead of the eviction: a leader lost right after it leaves
+        # its successor the move to verify, never a pod gone with no record (which it would
+        # plan afresh). Lost before the eviction, the successor waits out the move's timeout
+        # and gives it up; a refused eviction is announced FAILED after STARTED.
         self.move = MoveInFlight(
             step=step,
             namespace=pod.namespace,
@@ -560,6 +555,18 @@ class Consolidator:
         backend.guards = backend.guards.begin(workload)
         self.workload = workload
         await self._save()
+        await self._moved(MoveState.STARTED, node, step, explanation)
+        failure = await backend.executor.evict_pod(pod)
+        if failure is not None:
+            self.move = None
+            backend.guards = backend.guards.end(workload)
+            if self.metrics is not None:
+                self.metrics.moves.labels("failed").inc()
+            await self._moved(MoveState.FAILED, node, step, f"the eviction failed: {failure}")
+            await self._give_up(view, node, f"the eviction of {pod.key} failed: {failure}")
+            return
+        self.moves.append(now)
+        await self._save()  # the rate limit's count of the last hour
 
     async def _shrink(
         self, view: ConsolidationView, node: str, step: ConsolidationStep, now: datetime
