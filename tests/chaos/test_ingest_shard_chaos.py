@@ -104,6 +104,34 @@ async def leases_and_cursors(access: NatsAccess) -> tuple[dict[int, str], dict[i
     return holders, cursors
 
 
+async def when_a_batch_of(access: NatsAccess, shards: set[int], timeout_s: float) -> bool:
+    """Return as soon as a batch of one of ``shards`` lands in a usage stream (True), or
+    after ``timeout_s`` (False). Its publisher is then mid-cycle: a shard's cursor moves only
+    once every batch of the reading is acknowledged. Only new messages are read, one at a
+    time (the operator identity's single-message reads); a batch holds one shard's samples."""
+    nc = await connect(access)
+    try:
+        js = nc.jetstream()
+        streams = await usage_streams(js)
+        last = {st: (await js.stream_info(st)).state.last_seq for st in streams}
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for st in streams:
+                top = (await js.stream_info(st)).state.last_seq
+                for seq in range(last[st] + 1, top + 1):
+                    m = await js.get_msg(st, seq)
+                    first = next(iter(as_samples(m.subject, m.data or b"")), None)
+                    if first is not None:
+                        gpu = UsageSample.model_validate_json(first[1]).gpu_uuid
+                        if shard_of(gpu, SHARDS) in shards:
+                            return True
+                last[st] = top
+            await asyncio.sleep(0.01)
+        return False
+    finally:
+        await nc.close()
+
+
 async def wait_until(check: object, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while not await check():  # type: ignore[operator]
@@ -158,12 +186,15 @@ async def test_an_ingest_replica_killed_mid_cycle_loses_no_sample_and_counts_non
         b.start().wait_for_log("service ready", timeout_s=60)
         await wait_until(balanced, 30)
         while not mid_cycle and kills < MAX_KILLS:
-            await asyncio.sleep(2.0 + random.uniform(0.0, STEP))
+            await asyncio.sleep(random.uniform(0.0, STEP))
             holders, _ = await leases_and_cursors(operator)
+            mine = {k for k, holder in holders.items() if holder == "ingest-b"}
+            # Killed as soon as one of b's batches lands (a quicker cycle than the test's
+            # polling left no window to a random kill: CI, 8 kills of 8 between cycles).
+            await when_a_batch_of(operator, mine, timeout_s=5 * STEP)
             b.kill()  # SIGKILL: no hand-over, no cursor written
             down = time.monotonic()
             kills += 1
-            mine = {k for k, holder in holders.items() if holder == "ingest-b"}
             _, cursors = await leases_and_cursors(operator)
             for s in await stored_samples(operator):
                 k = shard_of(s.gpu_uuid, SHARDS)
