@@ -5,9 +5,7 @@ on Matplotlib's Agg canvas). Every number is taken from the JSON document ``-o j
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -15,7 +13,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from fracpilot_cli.plots import ALLOCATION, BASELINE
-from fracpilot_cli.report_html import num, usd
+from fracpilot_cli.report_html import html_table, img_tag, num, png_bytes, usd
 
 CHART_WORKLOADS = 30  # the chart's bars: the workloads that would save the most
 
@@ -47,18 +45,6 @@ COLUMNS = (
     "samples",
 )
 GIB = 1024**3
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int) -> str:
-    def cell(tag: str, i: int, text: str) -> str:
-        cls = ' class="l"' if i < left else ""
-        return f"<{tag}{cls}>{text}</{tag}>"
-
-    head = "".join(cell("th", i, html.escape(h)) for i, h in enumerate(header))
-    body = "".join(
-        "<tr>" + "".join(cell("td", i, c) for i, c in enumerate(r)) + "</tr>" for r in rows
-    )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def _row(w: Mapping[str, Any]) -> list[str]:
@@ -99,9 +85,7 @@ def chart(workloads: Sequence[Mapping[str, Any]]) -> bytes:
     ax.legend(["held", "recommended"], loc="lower right", fontsize=8)
     ax.set_title("held against recommended", fontsize=10)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+    return png_bytes(fig)
 
 
 def render(document: Mapping[str, Any], since: str, url: str) -> str:
@@ -130,16 +114,15 @@ def render(document: Mapping[str, Any], since: str, url: str) -> str:
         '<div class="cards">',
         *(f'<div class="card"><b>{v}</b>{html.escape(k)}</div>' for k, v in cards),
         "</div>",
-        _table(
+        html_table(
             ["nodes held now", "nodes at the recommendations", "nodes freed"],
             [[num(t.get("nodes_held")), num(t.get("nodes_packed")), num(t.get("nodes_freed"))]],
             0,
         ),
     ]
     if workloads:
-        data = base64.b64encode(chart(workloads)).decode()
-        out.append(f'<img alt="held against recommended" src="data:image/png;base64,{data}">')
+        out.append(img_tag(chart(workloads), "held against recommended"))
     out.append("<h2>Workloads</h2>")
-    out.append(_table(COLUMNS, [_row(w) for w in workloads], 3))
+    out.append(html_table(COLUMNS, [_row(w) for w in workloads], 3))
     out.append("</body></html>")
     return "\n".join(out)

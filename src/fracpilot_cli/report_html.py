@@ -27,7 +27,7 @@ from fracpilot_libs.analysis.replay import ReplayReport
 FLEET_BINS = 96
 
 
-def _png(fig: Figure) -> bytes:
+def png_bytes(fig: Figure) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()
@@ -107,7 +107,7 @@ def fleet_chart(report: Report) -> bytes:
         right.set_yticks([])
     right.set_title("actions by plan / outcome", fontsize=10, loc="left")
     right.grid(True, axis="x", alpha=0.3, lw=0.5)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 # --- HTML ------------------------------------------------------------------------------------
@@ -151,7 +151,7 @@ def usd(value: Any) -> str:
     return "-" if value is None else f"${num(value)}"
 
 
-def _table(
+def html_table(
     header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1, text_last: bool = False
 ) -> str:
     """Numbers right-aligned; the first ``left`` columns (and the last with ``text_last``) are
@@ -169,7 +169,7 @@ def _table(
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _img(png: bytes, alt: str) -> str:
+def img_tag(png: bytes, alt: str) -> str:
     data = base64.b64encode(png).decode()
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
 
@@ -206,9 +206,9 @@ def _fleet(f: Mapping[str, Any]) -> str:
         ["card-hours as whole GPUs (one per pod)", num(c["whole_card_hours"])],
         ["cards in use at the peak", num(c["peak_cards"])],
     ]
-    out.append(_table(["fleet", ""], rows))
+    out.append(html_table(["fleet", ""], rows))
     plan_rows = [[html.escape(k), num(v)] for k, v in f["actions_by_plan_outcome"].items()]
-    out.append(_table(["actions by plan / outcome", "count"], plan_rows))
+    out.append(html_table(["actions by plan / outcome", "count"], plan_rows))
     return "".join(out)
 
 
@@ -232,7 +232,7 @@ def _consolidation(c: Mapping[str, Any] | None) -> list[str]:
     return [
         "<h2>Consolidation</h2>",
         f'<p class="muted">Nodes freed of GPU pods for the autoscaler: {html.escape(freed)}.</p>',
-        _table(["consolidation", ""], rows),
+        html_table(["consolidation", ""], rows),
     ]
 
 
@@ -281,10 +281,10 @@ def _workload_section(w: Mapping[str, Any], chart: bytes | None) -> str:
         f"{usd(w['cost_saved_usd'])} at {usd(w['usd_per_gpu_hour'])} per GPU-hour)</p>"
     )
     if chart is not None:
-        out.append(_img(chart, f"usage against allocation of {name}"))
+        out.append(img_tag(chart, f"usage against allocation of {name}"))
     if w["fraction_changes"]:
         rows = [[num(c["at"]), num(c["from"]), num(c["to"])] for c in w["fraction_changes"]]
-        out.append(_table(["fraction changed at", "from", "to"], rows))
+        out.append(html_table(["fraction changed at", "from", "to"], rows))
     if w["actions"]:
         rows = [
             [
@@ -298,7 +298,7 @@ def _workload_section(w: Mapping[str, Any], chart: bytes | None) -> str:
             for a in w["actions"]
         ]
         out.append(
-            _table(
+            html_table(
                 ["action finished", "plan", "outcome", "before", "after", "detail"],
                 rows,
                 left=3,
@@ -328,12 +328,12 @@ def render_html(
         f"(when the server stored the messages); generated {num(document['generated_at'])}. "
         "The same numbers are in report.json beside this file.</p>",
         "<h2>Fleet</h2>",
-        _img(fleet_png, "fleet: GPUs held against whole GPUs, and actions by plan"),
+        img_tag(fleet_png, "fleet: GPUs held against whole GPUs, and actions by plan"),
         _fleet(f),
         *_consolidation(document.get("consolidation")),
         "<h2>Workloads</h2>",
         '<p class="muted">Workloads with overruns first, then by GPU-hours held.</p>',
-        _table(_WORKLOAD_COLUMNS, [_workload_row(w) for w in workloads], 2),
+        html_table(_WORKLOAD_COLUMNS, [_workload_row(w) for w in workloads], 2),
     ]
     charted = [w for w in workloads if f"{w['namespace']}/{w['workload']}" in charts]
     if charted:

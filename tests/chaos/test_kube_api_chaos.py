@@ -45,7 +45,7 @@ from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import ActuationResult, FractionDecision, Outcome, PlanKind, utcnow
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.server_process import free_port
-from helpers import connect
+from helpers import connect, wait_for
 from k8s_control_plane import ControlPlane
 from support.fault_proxy import FaultProxy, Rule, proxy_kubeconfig, upstream_context
 from support.nats_auth import IDENTITIES, SecuredNats, chart_tls_files
@@ -250,7 +250,7 @@ async def test_api_faults_and_a_crash_mid_eviction_keep_every_invariant(
 
             async def conflict_burst() -> None:
                 proxy.add(conflicts)
-                await wait_until(lambda: conflicts.matched >= 6, timeout_s=20)
+                await wait_for(lambda: conflicts.matched >= 6, timeout=20)
                 proxy.remove(conflicts)
 
             await fault("409 on PATCH pods (6 in a row)", "kube-apiserver", conflict_burst)
@@ -290,7 +290,7 @@ async def test_api_faults_and_a_crash_mid_eviction_keep_every_invariant(
             async def crash_mid_eviction() -> None:
                 proxy.add(held)
                 third = await publish(nc, EVICTED[2], 0.88)
-                await wait_until(lambda: held.matched > 0, timeout_s=20)
+                await wait_for(lambda: held.matched > 0, timeout=20)
                 actuator.kill()
                 proxy.remove(held)
                 actuator.start()
@@ -358,14 +358,6 @@ async def test_api_faults_and_a_crash_mid_eviction_keep_every_invariant(
     for run in figures.faults:
         assert run.recovery_s <= READY_WITHIN_S, run
     assert lacked == {name: [] for name in IDENTITIES}, "an identity lacked a permission"
-
-
-async def wait_until(condition: Callable[[], bool], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():  # the proxy thread changes it
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met in time")
-        await asyncio.sleep(0.05)
 
 
 def proxy_down(proxy: FaultProxy, seconds: float) -> Callable[[], Awaitable[None]]:

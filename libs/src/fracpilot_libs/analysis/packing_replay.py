@@ -111,7 +111,7 @@ class ReplayCluster:
         self.state = ClusterState()
         self._node_of: dict[str, str] = {}
         for _ in range((gpus or 0) // gpus_per_node):
-            self._add_card()
+            self._add_node()
         self.card_of: dict[str, str] = {}  # workload key -> GPU uuid
         # the consolidation planner's moves (no decision of the moved workload asked for them)
         self.neighbour_moves = 0
@@ -124,13 +124,14 @@ class ReplayCluster:
         self.changed = False  # a card lost share since the last consolidation check
         self.max_moves = MAX_MOVES_PER_CHECK
 
-    def _add_card(self) -> None:
+    def _add_node(self) -> None:
         """A node of ``gpus_per_node`` cards (one card: the node is the card)."""
         # Zero-padded so that the planner's tie-break on uuid follows the order cards came in.
         n = len(self.state.gpus) // self.gpus_per_node
         node = f"card-{n:05d}" if self.gpus_per_node == 1 else f"node-{n:05d}"
+        before = len(self.state.gpus)
         self.state = add_node(self.state, node, self.gpus_per_node, self.memory_bytes)
-        self._node_of = {g.uuid: g.node for g in self.state.gpus}
+        self._node_of.update((g.uuid, node) for g in self.state.gpus[before:])
 
     def node_of(self, card: str) -> str:
         return self._node_of[card]
@@ -141,7 +142,7 @@ class ReplayCluster:
         if plan.kind is PlanKind.SCALE_UP:
             if self.pinned:
                 return False
-            self._add_card()
+            self._add_node()
             plan = self._best_fit(workload, fraction)
         placement = Placement(
             workload=workload, pod=pod, gpu_uuid=plan.gpu_after, fraction=fraction
@@ -165,7 +166,7 @@ class ReplayCluster:
         if step.kind is PlanKind.SCALE_UP:
             if self.pinned:
                 return PlanKind.SCALE_UP
-            self._add_card()
+            self._add_node()
             step = plan_workload(self.state, workload, pods, fraction).steps[0]
         self.state = apply_pod_plan(self.state, step)
         if step.kind is PlanKind.RECREATE_ELSEWHERE:

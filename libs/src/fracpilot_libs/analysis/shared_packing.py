@@ -355,6 +355,7 @@ class SharedCluster:
     def release(self, workload: WorkloadRef) -> None:
         card = self._take(workload.key)
         self.fraction_of.pop(workload.key, None)
+        self.pods.pop(workload.key, None)
         self._divide(card, None)
         if not self.move_rules.deferred:
             self._consolidate_lone(card)

@@ -117,11 +117,11 @@ def slot_of(namespace_token: str, workload_token: str) -> int:
 
 
 def usage_slot(workload: WorkloadRef) -> int:
-    return _workload_slot(workload.namespace, workload.owner_name)
+    return workload_slot(workload.namespace, workload.owner_name)
 
 
 @functools.lru_cache(maxsize=1 << 18)
-def _workload_slot(namespace: str, owner_name: str) -> int:
+def workload_slot(namespace: str, owner_name: str) -> int:
     """The hash is a loop over bytes in Python, run for every sample published or decided:
     each workload's slot is worked out once (up to 262,144 workloads remembered)."""
     return slot_of(token(namespace), token(owner_name))

@@ -43,7 +43,7 @@ def group_key(key: str) -> str | None:
     parts = key.rsplit("/", 3)
     if len(parts) != 4 or not parts[1] or not parts[3]:
         return None
-    slot = subjects.slot_of(subjects.token(parts[1]), subjects.token(parts[3]))
+    slot = subjects.workload_slot(parts[1], parts[3])  # cached: the same workloads each time
     return f"{GROUP_PREFIX}{slot}/{zlib.crc32(key.encode()) % GROUPS_PER_SLOT}"
 
 

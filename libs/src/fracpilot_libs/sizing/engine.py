@@ -130,7 +130,8 @@ def observe(
         state.kv_sized,
         state.kv_note,
     )
-    sized = kv_sizing(sample, _learning(state)) if signals is not None else None
+    llm = signals is not None and signals.llm_server is not None
+    sized = kv_sizing(sample, _learning(state)) if llm else None
     if sized is None:
         share = sample.memory_share
     else:  # a preallocating LLM server: fixed part + used KV (at least its minimum pool)

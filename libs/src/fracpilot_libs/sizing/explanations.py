@@ -9,11 +9,8 @@ from __future__ import annotations
 from fracpilot_libs.contracts import ComputeSizing, Policy
 from fracpilot_libs.sizing.grids import grid_name
 from fracpilot_libs.sizing.headroom import headroom_rule
+from fracpilot_libs.sizing.kv_memory import gib
 from fracpilot_libs.sizing.need import Need
-
-
-def _gib(value: float) -> str:
-    return f"{value / 2**30:.2f} GiB"
 
 
 def kv_rule(
@@ -37,17 +34,17 @@ def kv_rule(
         usage = "no KV pool"
     elif peak_kv > pool * (1 + 1e-6):
         usage = (
-            f"a window peak of {_gib(memory_peak * total_bytes)}, above the fixed part and "
-            f"the whole {_gib(pool)} pool (sized by memory in use before the pool was known)"
+            f"a window peak of {gib(memory_peak * total_bytes)}, above the fixed part and "
+            f"the whole {gib(pool)} pool (sized by memory in use before the pool was known)"
         )
     elif low >= 0 and peak_kv <= low * (1 + 1e-6):
-        usage = f"the minimum pool {_gib(low)} (one longest sequence) of the {_gib(pool)} pool"
+        usage = f"the minimum pool {gib(low)} (one longest sequence) of the {gib(pool)} pool"
         low = -2.0  # said already
     else:
-        usage = f"peak KV usage {max(peak_kv, 0.0) / pool:.0%} of the {_gib(pool)} pool"
-    floor = {-2.0: "", -1.0: "; minimum pool unknown"}.get(low, f"; minimum pool {_gib(low)}")
+        usage = f"peak KV usage {max(peak_kv, 0.0) / pool:.0%} of the {gib(pool)} pool"
+    floor = {-2.0: "", -1.0: "; minimum pool unknown"}.get(low, f"; minimum pool {gib(low)}")
     learning = note.split("; ", 1)[1] if "; " in note else ""  # e.g. conflicting facts
-    return f"memory by the KV cache (pool {how}): fixed part {_gib(fixed)} + {usage}{floor}; " + (
+    return f"memory by the KV cache (pool {how}): fixed part {gib(fixed)} + {usage}{floor}; " + (
         f"{learning}; " if learning else ""
     )
 

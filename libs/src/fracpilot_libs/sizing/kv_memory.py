@@ -54,7 +54,7 @@ need is the memory in use and :attr:`KvMemory.reason` says why.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from fracpilot_libs.contracts import AppSignals, UsageSample
@@ -88,7 +88,7 @@ class KvMemory:
     min_pool_bytes: int | None = None  # the pool one longest sequence needs; None: unknown
 
 
-def _gib(value: float) -> str:
+def gib(value: float) -> str:
     return f"{value / 2**30:.2f} GiB"
 
 
@@ -134,12 +134,12 @@ def kv_memory(
     floor = (
         "minimum pool unknown (the longest sequence is not reported)"
         if min_pool_bytes is None
-        else f"at least {_gib(min_pool_bytes)} for one longest sequence"
+        else f"at least {gib(min_pool_bytes)} for one longest sequence"
     )
     return KvMemory(
         fixed + kv,
         True,
-        f"fixed part {_gib(fixed)} + {kv_usage:.0%} of the {_gib(kv_pool_bytes)} KV pool "
+        f"fixed part {gib(fixed)} + {kv_usage:.0%} of the {gib(kv_pool_bytes)} KV pool "
         f"({pool_source.value}), {floor}",
         fixed,
         used_kv,
@@ -197,8 +197,8 @@ def learn_bytes_per_token(
         or (known is not None and abs(slope - known) > SLOPE_TOLERANCE * known)
     ):
         return PoolLearning(pool_tokens, memory_used_bytes, None), (
-            f"bytes per token unknown: memory in use went from {_gib(memory)} to "
-            f"{_gib(memory_used_bytes)} as the pool went from {tokens:.0f} to {pool_tokens} "
+            f"bytes per token unknown: memory in use went from {gib(memory)} to "
+            f"{gib(memory_used_bytes)} as the pool went from {tokens:.0f} to {pool_tokens} "
             "tokens (conflicting facts"
             + (f" with the {known:.0f} B per token learned before)" if known else ")")
         )
@@ -251,16 +251,7 @@ def kv_sizing(sample: UsageSample, learning: PoolLearning) -> tuple[KvMemory, Po
         unknown_reason=why or "the server's KV pool size is unknown",
     )
     if note:
-        need = KvMemory(
-            need.need_bytes,
-            need.kv_aware,
-            f"{need.reason}; {note}",
-            need.fixed_bytes,
-            need.used_kv_bytes,
-            need.pool_bytes,
-            need.pool_source,
-            need.min_pool_bytes,
-        )
+        need = replace(need, reason=f"{need.reason}; {note}")
     return need, learned
 
 

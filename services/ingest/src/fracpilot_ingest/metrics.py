@@ -173,14 +173,7 @@ class WorkloadUsageMetrics:
             self.allocated_usd,
             self.saved_usd,
         )
-        self._counters = (
-            self.whole_seconds,
-            self.allocated_seconds,
-            self.saved_seconds,
-            self.whole_usd,
-            self.allocated_usd,
-            self.saved_usd,
-        )
+        self._counters = self._per_workload[3:]  # the seconds and USD counters
         self._series: dict[tuple[str, str], _Series] = {}  # by workload labels
         self._hourly: dict[str, float] = {}  # USD per hour by GPU model (few models)
 

@@ -20,6 +20,7 @@ a cursor moves only past instants whose batches are all acknowledged, and only f
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from fracpilot_libs.usage.mig import card_of
 CURSOR_PREFIX = "prometheus.cursor"  # the unsharded cursor's key; a shard's adds .<N>.<k>
 
 
+@functools.lru_cache(maxsize=65536)  # the same GPUs every cycle: per series, point and sample
 def shard_of(gpu_uuid: str, shards: int) -> int:
     """The shard of a GPU: a stable hash of its UUID (not Python's ``hash``: salted per
     process), modulo ``shards``."""

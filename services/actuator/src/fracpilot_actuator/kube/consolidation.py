@@ -284,7 +284,7 @@ class Consolidator:
     async def _release_card(self, view: ConsolidationView, why: str, done: bool = False) -> None:
         """The card is empty (``done``), or its plan is given up: an Event on its node and the
         event stream say so (no taint to take off)."""
-        card, node = self.card, self.card_node or self.card
+        card, node = self.card, self.card_node
         self.card, self.card_node = "", ""
         raw = view.nodes.get(node) or {"metadata": {"name": node}}
         if done:

@@ -27,7 +27,7 @@ from prometheus_api_client import PrometheusConnect
 from urllib3.util.retry import Retry
 
 from fracpilot_ingest.settings import PrometheusSettings
-from fracpilot_ingest.shard_plan import CyclePlan
+from fracpilot_ingest.shard_plan import CURSOR_PREFIX, CyclePlan
 from fracpilot_ingest.sources.base import Reading, SourceContext
 from fracpilot_ingest.sources.http_auth import prometheus_session
 from fracpilot_libs.gc_pause import gc_paused
@@ -36,7 +36,7 @@ from fracpilot_libs.usage.attribution import MetricPoint
 from fracpilot_libs.usage.range_queries import aligned, chunks, points_by_instant, selector
 
 log = logging.getLogger(__name__)
-CURSOR_KEY = "prometheus.cursor"
+CURSOR_KEY = CURSOR_PREFIX  # the unsharded cursor (shard_plan: a shard's adds .<N>.<k>)
 
 
 class RangeQueryClient:
