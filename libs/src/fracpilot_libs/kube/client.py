@@ -15,6 +15,8 @@ from typing import TypeVar
 
 from kubernetes import client, config
 
+from fracpilot_libs.deadlines import within
+
 T = TypeVar("T")
 
 
@@ -63,4 +65,4 @@ async def in_thread(call: Callable[[], T], timeout_s: float, name: str = "kube-c
             hand_over(loop, partial(_settle, future, result, None))
 
     threading.Thread(target=work, name=name, daemon=True).start()
-    return await asyncio.wait_for(future, timeout_s)
+    return await within(future, timeout_s)

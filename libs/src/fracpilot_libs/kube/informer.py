@@ -28,6 +28,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from fracpilot_libs.deadlines import event_set
 from fracpilot_libs.kube.client import hand_over, in_thread
 from fracpilot_libs.kube.store import (
     Key,
@@ -132,11 +133,7 @@ class Informer:
             self._thread.join(timeout_s)
 
     async def wait_synced(self, timeout_s: float) -> bool:
-        try:
-            await asyncio.wait_for(self.synced.wait(), timeout_s)
-        except TimeoutError:
-            return False
-        return True
+        return await event_set(self.synced, timeout_s)
 
     # --- reading ----------------------------------------------------------------------------
 

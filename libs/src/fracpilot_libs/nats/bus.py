@@ -34,6 +34,7 @@ from pydantic import BaseModel
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from fracpilot_libs.config import ServiceSettings
+from fracpilot_libs.deadlines import within
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.bus_metrics import BusMetrics, subject_prefix
 from fracpilot_libs.nats.connect import client_options, connect_options, open_connection
@@ -268,7 +269,7 @@ class Bus:
                 await self._sync_with_server()
         for task in self._tasks:
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(task, timeout=10)
+                await within(task, 10)
         self._tasks.clear()
 
     async def close(self) -> None:

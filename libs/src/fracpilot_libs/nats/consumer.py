@@ -27,6 +27,7 @@ from nats.js.errors import NotFoundError
 from opentelemetry import trace
 from pydantic import BaseModel
 
+from fracpilot_libs.deadlines import within
 from fracpilot_libs.nats.bus_metrics import BusMetrics
 from fracpilot_libs.nats.decoding import DecodeError, ErrorKind, decode
 from fracpilot_libs.nats.pull_feed import PullFeed
@@ -188,7 +189,7 @@ async def watch_lag(
                 gauges[0].labels(stream, durable).set(info.num_pending or 0)
                 gauges[1].labels(stream, durable).set(info.num_ack_pending or 0)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), timeout=LAG_INTERVAL_S)
+                await within(stopping.wait(), LAG_INTERVAL_S)
     except asyncio.CancelledError:
         for gauge in gauges:
             with contextlib.suppress(KeyError):

@@ -57,6 +57,7 @@ from fracpilot_decision.policy_store import PolicyStore
 from fracpilot_decision.settings import DecisionSettings
 from fracpilot_decision.worker import PartitionWorker
 from fracpilot_libs.contracts import Policy
+from fracpilot_libs.deadlines import event_set
 from fracpilot_libs.leases.ownership import Ownership, default_replica_id
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.runtime import ServiceRuntime
@@ -148,9 +149,7 @@ class DecisionService:
         await checkpoints.open()
         # Policies first, so the first sample is decided as before a restart.
         policies_loaded = await bus.watch_kv(subjects.POLICY_BUCKET, Policy, self._on_policy_change)
-        try:
-            await asyncio.wait_for(policies_loaded.wait(), timeout=30)
-        except TimeoutError:
+        if not await event_set(policies_loaded, 30):
             log.warning("stored policies not all loaded in time, starting anyway")
         self.store = await PolicyStore.open(bus, self.policies.default, self.policies.apply)
         await self.store.serve()

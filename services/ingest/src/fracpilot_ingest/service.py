@@ -35,6 +35,7 @@ from fracpilot_ingest.sources import make_sources
 from fracpilot_ingest.sources.base import Source, SourceContext
 from fracpilot_ingest.supervision import SourceSupervisor
 from fracpilot_libs.contracts import Allocation, UsageSample
+from fracpilot_libs.deadlines import within
 from fracpilot_libs.gc_pause import gc_paused
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.publish_window import OnAcked, PublishWindow
@@ -120,7 +121,7 @@ class IngestService:
         initial = await self.runtime.bus.watch_kv(
             subjects.ALLOCATION_BUCKET, Allocation, self._on_allocation
         )
-        await asyncio.wait_for(initial.wait(), timeout=30)
+        await within(initial.wait(), 30)
         if self.shards is not None:
             await self.shards.start(self.runtime.bus.nc, self.runtime.bus.replicas)
         for source in self.sources:

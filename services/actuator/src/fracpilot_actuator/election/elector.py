@@ -50,6 +50,7 @@ from fracpilot_actuator.election.core import (
     RoundResult,
 )
 from fracpilot_actuator.metrics import LeaderMetrics
+from fracpilot_libs.deadlines import within
 
 log = logging.getLogger(__name__)
 
@@ -214,9 +215,9 @@ class LeaderElector:
             loop = asyncio.get_running_loop()
             try:
                 # Queued behind a round still in flight, so it sees that round's write.
-                released = await asyncio.wait_for(
+                released = await within(
                     loop.run_in_executor(self._executor, self.core.release, self._clock()),
-                    timeout=self.timing.renew_deadline_s,
+                    self.timing.renew_deadline_s,
                 )
                 if released:
                     log.info("released the lease", extra={"identity": self.identity})

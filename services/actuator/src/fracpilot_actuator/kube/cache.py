@@ -39,6 +39,7 @@ from fracpilot_actuator.kube.kai import (
 )
 from fracpilot_actuator.kube.kai_objects import CachedKaiObjects
 from fracpilot_actuator.kube.queues import QUEUE_GROUP, QUEUE_PLURAL, QUEUE_VERSION
+from fracpilot_libs.deadlines import within
 from fracpilot_libs.kai import KaiSettings
 from fracpilot_libs.kube.client import hand_over, in_thread
 from fracpilot_libs.kube.informer import Informer
@@ -314,7 +315,7 @@ class InventoryCache:
                 await watch.settled.wait()
 
         try:
-            await asyncio.wait_for(every(), timeout_s)
+            await within(every(), timeout_s)
         except TimeoutError:
             return False
         return True
@@ -376,7 +377,7 @@ class InventoryCache:
             waiter: asyncio.Future[None] = loop.create_future()
             self._waiters.append(waiter)
             try:
-                await asyncio.wait_for(waiter, remaining)
+                await within(waiter, remaining)
             except TimeoutError:
                 return self.passed(pending)
         return True

@@ -30,6 +30,7 @@ from fracpilot_actuator.policy_sync.objects import PolicyObject
 from fracpilot_actuator.policy_sync.plan import SyncPlan, plan_sync, status_patch
 from fracpilot_actuator.settings import PolicySyncSettings
 from fracpilot_libs.contracts import Policy, utcnow
+from fracpilot_libs.deadlines import event_set
 from fracpilot_libs.kube.client import in_thread
 from fracpilot_libs.kube.informer import Informer
 from fracpilot_libs.kube.policy_crd import (
@@ -103,8 +104,7 @@ class PolicySync:
                 )
         log.info("policy sync started")
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.settings.resync_s)
+            await event_set(self._wake, self.settings.resync_s)
             self._wake.clear()
             try:
                 await self.sync_once()

@@ -32,6 +32,7 @@ from prometheus_client import CollectorRegistry, Counter
 from fracpilot_actuator.actuation import Actuation
 from fracpilot_actuator.kube.api import KubeApi
 from fracpilot_libs.contracts import FractionDecision
+from fracpilot_libs.deadlines import event_set
 from fracpilot_libs.kube.client import in_thread
 from fracpilot_libs.kube.policy_crd import GROUP, VERSION
 from fracpilot_libs.kube.recommendation_crd import KIND, MANAGED_BY, PLURAL, object_name
@@ -157,11 +158,7 @@ class RecommendationWriter:
 
     async def drained(self, timeout_s: float) -> bool:
         """Every result offered so far is written (or given up on)."""
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout_s)
-        except TimeoutError:
-            return False
-        return True
+        return await event_set(self._idle, timeout_s)
 
     async def _run(self) -> None:
         while True:

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Iterator, Mapping
 
 from fracpilot_libs.contracts import WorkloadRef, WorkloadTarget
+from fracpilot_libs.deadlines import event_set
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.bus import Bus
 
@@ -38,11 +39,7 @@ class TargetCache(Mapping[str, WorkloadTarget]):
     async def wait_synced(self, timeout_s: float = 30.0) -> bool:
         if self._initial is None:
             raise RuntimeError("the target cache is not started")
-        try:
-            await asyncio.wait_for(self._initial.wait(), timeout_s)
-        except TimeoutError:
-            return False
-        return True
+        return await event_set(self._initial, timeout_s)
 
     async def on_update(self, key: str, target: WorkloadTarget | None) -> None:
         """One KV change: a new or changed target, or ``None`` for a deleted key."""

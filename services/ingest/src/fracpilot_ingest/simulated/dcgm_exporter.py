@@ -38,6 +38,7 @@ from pydantic import BaseModel, Field
 from fracpilot_ingest.settings import SimulatorSettings
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import Allocation
+from fracpilot_libs.deadlines import within
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.runtime import ServiceRuntime
 from fracpilot_libs.simulation.workloads import SimulatedWorkload, demo_workloads, usage_at
@@ -221,7 +222,7 @@ class DcgmExporterSimulator:
         initial = await self.runtime.bus.watch_kv(
             subjects.ALLOCATION_BUCKET, Allocation, self._on_allocation
         )
-        await asyncio.wait_for(initial.wait(), timeout=30)
+        await within(initial.wait(), 30)
         await self.exporter.start(self.settings.exporter.host, self.settings.exporter.port)
         log.info(
             "dcgm-exporter simulator serving /metrics",
