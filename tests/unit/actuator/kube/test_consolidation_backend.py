@@ -465,3 +465,49 @@ def test_a_shrink_refused_gives_the_card_up() -> None:
     assert api.node_events[-1].startswith("ConsolidationCardAbandoned: ")
     assert "not re-divided" in api.node_events[-1]
     assert backend.consolidation.card == ""
+
+
+class CronJobApi(OneNodeApi):
+    """OneNodeApi with a CronJob's pod (big-0 of Job big-29001) sharing GPU B, and the owner
+    lists counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pods.append(
+            pod(
+                "big-0",
+                node_name="n1",
+                annotations={"gpu-fraction": "0.6"},
+                labels={"runai-gpu-group": "g2", "app": "big"},
+                owner=("Job", "big-29001"),
+            )
+        )
+        self.owner_lists: list[str] = []
+
+    async def list_owners(self, namespace: str) -> tuple[list[Any], list[Any]]:
+        self.owner_lists.append(namespace)
+        job = {
+            "metadata": {
+                "name": "big-29001",
+                "namespace": namespace,
+                "ownerReferences": [{"kind": "CronJob", "name": "big", "controller": True}],
+            }
+        }
+        return [], [job]
+
+
+def test_a_job_owned_pod_gets_its_cronjobs_forecast_from_one_owner_read_a_round() -> None:
+    """The forecast of CronJob big's decision reaches its Job's pod (it shrinks in place to
+    make room); without the inventory cache the owners are listed once a round, per namespace
+    (with it, not at all: tests/integration/k8s/test_kube_backend.py)."""
+    api = CronJobApi()
+    backend, _ = backend_on(api)
+    ref = WorkloadRef(cluster="test", namespace="inference", owner_kind="CronJob", owner_name="big")
+    forecast = CardForecast(memory_peak=0.3, memory_jump=0.02, compute=0.3)
+    backend.cards.book.record(decision(0.6, 0.4, workload=ref, forecast=forecast, decided_at=NOW))
+    asyncio.run(backend.reconcile(NOW))
+    assert ("patch", "big-0") in api.writes  # shrunk: it had its forecast
+    assert api.owner_lists == ["inference"]
+    asyncio.run(backend.reconcile(NOW + timedelta(seconds=1)))
+    assert api.writes[-2:] == [("event:ConsolidationMove", "chat-0"), ("evict", "chat-0")]
+    assert api.owner_lists == ["inference", "inference"]  # the forecasts and the move: one read
