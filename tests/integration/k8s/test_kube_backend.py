@@ -115,12 +115,12 @@ class Cluster:
             self.ns,
             client.V1Job(
                 metadata=client.V1ObjectMeta(
-                    name=job, owner_references=[batch_owner("CronJob", cron)]
+                    name=job, owner_references=[kube.owner_ref("CronJob", cron, "batch/v1")]
                 ),
                 spec=template.spec,
             ),
         )
-        return batch_owner("Job", made)
+        return kube.owner_ref("Job", made, "batch/v1")
 
     def pod(
         self,
@@ -190,17 +190,6 @@ class Cluster:
             self.ns, field_selector=f"involvedObject.name={pod}"
         )
         return {e.reason: e for e in listed.items}
-
-
-def batch_owner(kind: str, obj: Any) -> client.V1OwnerReference:
-    """The controller owner reference to a batch/v1 object as the API answered it."""
-    return client.V1OwnerReference(
-        api_version="batch/v1",
-        kind=kind,
-        name=obj.metadata.name,
-        uid=obj.metadata.uid,
-        controller=True,
-    )
 
 
 # --- the actuator ------------------------------------------------------------------------------
