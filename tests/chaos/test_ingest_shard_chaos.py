@@ -32,9 +32,10 @@ from fracpilot_libs.nats.usage_batch import as_samples
 from fracpilot_libs.nats.usage_streams import usage_streams
 from fracpilot_libs.server_process import free_port
 from helpers import NatsAccess, connect
-from support.gpu_exporter import GpuState, GpuTestExporter, PodOnGpu, dcgm_metrics
+from support.dcgm_prometheus import dcgm_prometheus
+from support.gpu_exporter import GpuState, PodOnGpu
 from support.nats_auth import SecuredNats, chart_tls_files
-from support.prometheus_server import PrometheusServer, ScrapeTarget
+from support.prometheus_server import PrometheusServer
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(300)]
 
@@ -54,19 +55,13 @@ GPUS = [
     )
     for i in range(800)
 ]
-DCGM_POD = {"namespace": "gpu-operator", "pod": "dcgm-exporter-x7k2p", "container": "exporter"}
 MAX_KILLS = 8
 
 
 @pytest.fixture
 def prom() -> Iterator[PrometheusServer]:
-    with GpuTestExporter() as exporter:
-        exporter.set_metrics(dcgm_metrics(GPUS, per_process=True), "/dcgm")
-        target = ScrapeTarget("dcgm", exporter.address, "/dcgm", labels=DCGM_POD)
-        with PrometheusServer([target], scrape_interval=STEP) as server:
-            server.wait_for_targets_up(timeout=30)
-            server.wait_for_series('DCGM_FI_DEV_FB_USED{job="dcgm"}', timeout=30)
-            yield server
+    with dcgm_prometheus(GPUS, STEP) as server:
+        yield server
 
 
 async def stored_samples(access: NatsAccess) -> list[UsageSample]:

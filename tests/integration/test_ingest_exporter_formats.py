@@ -34,6 +34,7 @@ from fracpilot_libs.contracts import (
 from fracpilot_libs.sizing.engine import decide
 from fracpilot_libs.sizing.state import WorkloadState
 from helpers import put_allocations, read_usage, reset_nats, running, wait_for
+from support.dcgm_prometheus import DCGM_POD
 from support.gpu_exporter import (
     GpuState,
     GpuTestExporter,
@@ -52,7 +53,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 MIB = 1024 * 1024
 GIB = 1024 * MIB
 STEP = 1.0
-DCGM_POD = {"namespace": "gpu-operator", "pod": "dcgm-exporter-x7k2p", "container": "exporter"}
 
 # A T4 as nvidia-smi and dcgm-exporter show one: 15360 MiB card, 447 MiB reserved.
 T4_CARD_MIB = 15_360

@@ -25,6 +25,7 @@ from fracpilot_ingest.service import IngestService
 from fracpilot_ingest.settings import IngestSettings
 from fracpilot_libs.contracts import Allocation, Attribution, UsageSample, WorkloadRef
 from helpers import put_allocations, read_usage, reset_nats, running, wait_for
+from support.dcgm_prometheus import DCGM_POD
 from support.gpu_exporter import (
     GpuState,
     GpuTestExporter,
@@ -61,7 +62,6 @@ SHARED = GpuState(
 )
 IDLE = GpuState("GPU-1bbb", "gpu-node-1", "NVIDIA A100-SXM4-80GB", 81_920, util_pct=0, index=1)
 GPUS = [SHARED, IDLE]
-DCGM_POD = {"namespace": "gpu-operator", "pod": "dcgm-exporter-x7k2p", "container": "exporter"}
 STEP = 1.0
 
 

@@ -19,8 +19,9 @@ from fracpilot_ingest.shard_plan import CURSOR_PREFIX, cursor_key
 from fracpilot_libs.contracts import UsageSample
 from fracpilot_libs.nats import subjects
 from helpers import read_usage, reset_nats, running, wait_for
-from support.gpu_exporter import GpuState, GpuTestExporter, PodOnGpu, dcgm_metrics
-from support.prometheus_server import PrometheusServer, ScrapeTarget
+from support.dcgm_prometheus import dcgm_prometheus
+from support.gpu_exporter import GpuState, PodOnGpu
+from support.prometheus_server import PrometheusServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -38,25 +39,13 @@ GPUS = [
     )
     for i in range(16)
 ]
-DCGM_POD = {"namespace": "gpu-operator", "pod": "dcgm-exporter-x7k2p", "container": "exporter"}
 
 
 @pytest.fixture(scope="module")
 def prom() -> Iterator[PrometheusServer]:
-    with GpuTestExporter() as exporter:
-        exporter.set_metrics(dcgm_metrics(GPUS, per_process=True), "/dcgm")
-        target = ScrapeTarget("dcgm", exporter.address, "/dcgm", labels=DCGM_POD)
-        with PrometheusServer([target], scrape_interval=STEP) as server:
-            server.wait_for_targets_up(timeout=30)
-            server.wait_for_series('DCGM_FI_DEV_FB_USED{job="dcgm"}', timeout=30)
-            # The back-fill reads a few seconds of history: let Prometheus gather them.
-            deadline = time.monotonic() + 30
-            while not server.query_range(
-                "DCGM_FI_DEV_FB_USED", time.time() - 8, time.time() - 6, step=STEP
-            ):
-                assert time.monotonic() < deadline, "Prometheus gathered no history"
-                time.sleep(0.5)
-            yield server
+    # The back-fill reads a few seconds of history: let Prometheus gather them.
+    with dcgm_prometheus(GPUS, STEP, history_s=8) as server:
+        yield server
 
 
 def ingest_settings(nats_url: str, prom_url: str, **overrides: object) -> IngestSettings:

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from support.dcgm_prometheus import DCGM_POD
 from support.gpu_exporter import (
     MIB,
     GpuState,
@@ -50,7 +51,6 @@ IDLE = GpuState("GPU-1bbb", NODE, MODEL, 81_920, util_pct=0, index=1)
 GPUS = [SHARED, IDLE]
 
 # The exporters' own pods, attached by Prometheus as target labels (as a ServiceMonitor would).
-DCGM_POD = {"namespace": "gpu-operator", "pod": "dcgm-exporter-x7k2p", "container": "exporter"}
 HAMI_POD = {"namespace": "kube-system", "pod": "hami-device-plugin-q9z", "container": "monitor"}
 
 

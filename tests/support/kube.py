@@ -61,10 +61,10 @@ def gpu_node(
     return name
 
 
-def owner_ref(kind: str, obj: Any) -> client.V1OwnerReference:
-    """The controller owner reference to ``obj`` (an apps/v1 object as the API answered it)."""
+def owner_ref(kind: str, obj: Any, api_version: str = "apps/v1") -> client.V1OwnerReference:
+    """The controller owner reference to ``obj`` (an object as the API answered it)."""
     return client.V1OwnerReference(
-        api_version="apps/v1",
+        api_version=api_version,
         kind=kind,
         name=obj.metadata.name,
         uid=obj.metadata.uid,

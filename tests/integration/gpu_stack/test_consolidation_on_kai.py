@@ -34,8 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -48,7 +47,7 @@ from fracpilot_actuator.kube.object_values import KAI_GROUP
 from fracpilot_libs.contracts import CardForecast
 from fracpilot_libs.placement.consolidation import SCALE_DOWN_DISABLED
 from support.fracpilot_on_stack import (
-    actuator_on_stack,
+    KaiScenario,
     decide,
     in_thread,
     kai_deployment,
@@ -129,6 +128,19 @@ def set_taints(stack: GpuStack, node: str, taints: list[dict[str, str]]) -> None
     client.CoreV1Api(stack.api).patch_node(node, {"spec": {"taints": taints}})
 
 
+def budget(stack: GpuStack, ns: str, allowed: int) -> None:
+    """chat's PodDisruptionBudget (at most ``allowed`` pods unavailable), once
+    kube-controller-manager's disruption controller says it allows ``allowed`` disruptions (a
+    round that reads it earlier sees none allowed)."""
+    stack.create(pdb("chat", allowed), ns)
+
+    def known() -> bool | None:
+        status = stack.get("PodDisruptionBudget", "chat", ns, "policy/v1").get("status") or {}
+        return True if status.get("disruptionsAllowed") == allowed else None
+
+    stack.wait(known, f"PDB chat allowing {allowed}", 60)
+
+
 def one_pod_on_each(
     stack: GpuStack, ns: str, names: list[str], annotations: dict[str, str], unavailable: int
 ) -> list[dict[str, Any]]:
@@ -138,7 +150,6 @@ def one_pod_on_each(
     stack.create(group_node(a, annotations))
     stack.wait_node_ready(a)
     stack.create(kai_deployment("chat", "0.25"), ns)
-    stack.create(pdb("chat", unavailable), ns)
     wait_running(stack, ns, "chat")
     stack.create(group_node(b, annotations))
     stack.wait_node_ready(b)
@@ -149,12 +160,7 @@ def one_pod_on_each(
     pods = wait_running(stack, ns, "chat", count=2)
     set_taints(stack, a, [KWOK_TAINT])
     assert sorted(p["spec"]["nodeName"] for p in pods) == names
-
-    def budget_known() -> bool | None:
-        status = stack.get("PodDisruptionBudget", "chat", ns, "policy/v1").get("status") or {}
-        return True if status.get("disruptionsAllowed") == unavailable else None
-
-    stack.wait(budget_known, f"PDB chat allowing {unavailable}", 60)
+    budget(stack, ns, unavailable)
     return pods
 
 
@@ -220,19 +226,15 @@ def consolidation(mode: str) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(420)
-async def test_fracpilot_empties_a_node_and_the_autoscaler_removes_it(
-    gpu_stack: GpuStack, gpu_namespace: str, nats_url: str, tmp_path: Path
-) -> None:
-    stack, ns = gpu_stack, gpu_namespace
+async def test_fracpilot_empties_a_node_and_the_autoscaler_removes_it(kai: KaiScenario) -> None:
+    stack, ns = kai.stack, kai.ns
     with two_nodes(stack, "move", {}) as names:
         before = await in_thread(one_pod_on_each, stack, ns, names, {}, 1)
         old = {p["metadata"]["uid"]: p["spec"]["nodeName"] for p in before}
         assert await in_thread(group_nodes, stack) == names
         async with (
             autoscaling(stack),
-            actuator_on_stack(
-                stack, nats_url, ns, tmp_path, consolidation=consolidation("auto")
-            ) as service,
+            kai.actuator(consolidation=consolidation("auto")) as service,
         ):
             started = time.monotonic()
             with ReadyWatch(stack, ns) as ready:
@@ -276,14 +278,9 @@ async def test_fracpilot_empties_a_node_and_the_autoscaler_removes_it(
     [("recommend", (1, 1)), ("scale_down_disabled", (0, 0)), ("pdb_allows_0", (0, 0))],
 )
 async def test_nothing_moves_when_it_may_not_and_the_would_free_gauges_say_so(
-    gpu_stack: GpuStack,
-    gpu_namespace: str,
-    nats_url: str,
-    tmp_path: Path,
-    variant: str,
-    would_free: tuple[int, int],
+    kai: KaiScenario, variant: str, would_free: tuple[int, int]
 ) -> None:
-    stack, ns = gpu_stack, gpu_namespace
+    stack, ns = kai.stack, kai.ns
     notes = {SCALE_DOWN_DISABLED: "true"} if variant == "scale_down_disabled" else {}
     unavailable = 0 if variant == "pdb_allows_0" else 1
     mode = "recommend" if variant == "recommend" else "auto"
@@ -292,9 +289,7 @@ async def test_nothing_moves_when_it_may_not_and_the_would_free_gauges_say_so(
         uids = sorted(p["metadata"]["uid"] for p in before)
         async with (
             autoscaling(stack),
-            actuator_on_stack(
-                stack, nats_url, ns, tmp_path, consolidation=consolidation(mode)
-            ) as service,
+            kai.actuator(consolidation=consolidation(mode)) as service,
         ):
             backend = backend_of(service)
             await in_thread(
@@ -344,31 +339,19 @@ def one_pod_on_each_card(stack: GpuStack, ns: str) -> list[dict[str, Any]]:
         60,
     )
     assert len({group_of(p) for p in pods}) == 2
-    stack.create(pdb("chat", 1), ns)
-
-    def budget_known() -> bool | None:
-        status = stack.get("PodDisruptionBudget", "chat", ns, "policy/v1").get("status") or {}
-        return True if status.get("disruptionsAllowed") == 1 else None
-
-    stack.wait(budget_known, "PDB chat allowing 1", 60)
+    budget(stack, ns, 1)
     return pods
 
 
 @pytest.mark.timeout(300)
 async def test_fracpilot_empties_one_card_and_kai_binds_the_move_where_predicted(
-    gpu_stack: GpuStack,
-    gpu_namespace: str,
-    nats_url: str,
-    tmp_path: Path,
-    make_gpu_node: Callable[[int], str],
+    kai: KaiScenario,
 ) -> None:
-    stack, ns = gpu_stack, gpu_namespace
-    node = await in_thread(make_gpu_node, 2)
+    stack, ns = kai.stack, kai.ns
+    node = await kai.add_gpu_node(2)
     before = await in_thread(one_pod_on_each_card, stack, ns)
     old_uids = {p["metadata"]["uid"] for p in before}
-    async with actuator_on_stack(
-        stack, nats_url, ns, tmp_path, consolidation=consolidation("auto")
-    ) as service:
+    async with kai.actuator(consolidation=consolidation("auto")) as service:
         with ReadyWatch(stack, ns) as ready:
             [done] = await in_thread(
                 stack.wait,
@@ -417,35 +400,23 @@ def a_shared_card_and_a_lone_one(stack: GpuStack, ns: str) -> dict[str, list[dic
     )
     pods = wait_running(stack, ns, "chat", count=2)
     assert len({group_of(p) for p in pods}) == 2
-    stack.create(pdb("chat", 1), ns)
-
-    def budget_known() -> bool | None:
-        status = stack.get("PodDisruptionBudget", "chat", ns, "policy/v1").get("status") or {}
-        return True if status.get("disruptionsAllowed") == 1 else None
-
-    stack.wait(budget_known, "PDB chat allowing 1", 60)
+    budget(stack, ns, 1)
     return {"chat": pods, "big": [big]}
 
 
 @pytest.mark.timeout(300)
 async def test_under_shared_isolation_a_tenant_shrinks_in_place_then_the_lone_pod_moves(
-    gpu_stack: GpuStack,
-    gpu_namespace: str,
-    nats_url: str,
-    tmp_path: Path,
-    make_gpu_node: Callable[[int], str],
+    kai: KaiScenario,
 ) -> None:
     """big's workload decided with a card forecast (need 0.3): the planner shrinks big in place
     to its card budget on GPU X (KAI re-reads the annotation: accounting only, no restart), which
     makes room for chat's lone pod on GPU Y; KAI binds its replacement on X, as predicted."""
-    stack, ns = gpu_stack, gpu_namespace
-    node = await in_thread(make_gpu_node, 2)
+    stack, ns = kai.stack, kai.ns
+    node = await kai.add_gpu_node(2)
     before = await in_thread(a_shared_card_and_a_lone_one, stack, ns)
     [big] = before["big"]
     old_uids = {p["metadata"]["uid"] for p in before["chat"]}
-    async with actuator_on_stack(
-        stack, nats_url, ns, tmp_path, consolidation=consolidation("auto")
-    ) as service:
+    async with kai.actuator(consolidation=consolidation("auto")) as service:
         forecast = CardForecast(memory_peak=0.3, memory_jump=0.02, compute=0.3)
         made = decide(ns, "big", big["metadata"]["name"], 0.6, 0.4)  # recorded, not sent
         backend_of(service).cards.book.record(made.model_copy(update={"forecast": forecast}))

@@ -33,6 +33,7 @@ from fracpilot_libs.contracts import (
 from fracpilot_libs.sizing.engine import decide
 from fracpilot_libs.sizing.state import WorkloadState
 from helpers import put_allocations, read_usage, reset_nats, running, wait_for
+from support.dcgm_prometheus import DCGM_POD
 from support.gpu_exporter import (
     GpuState,
     GpuTestExporter,
@@ -49,7 +50,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 MIB = 1024 * 1024
 STEP = 1.0
 NODE = "gpu-node-kai"
-DCGM_POD = {"namespace": "gpu-operator", "pod": "dcgm-exporter-x7k2p", "container": "exporter"}
 
 
 @pytest.fixture(scope="module")

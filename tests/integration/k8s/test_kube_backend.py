@@ -34,6 +34,7 @@ from fracpilot_actuator.settings import ActuatorSettings
 from fracpilot_libs.contracts import (
     ActuationResult,
     Allocation,
+    CardForecast,
     ConsolidationMove,
     FractionDecision,
     GpuSharing,
@@ -96,6 +97,30 @@ class Cluster:
             ),
         )
         return kube.owner_ref("StatefulSet", sts)
+
+    def cron_job(self, name: str, job: str) -> client.V1OwnerReference:
+        """A CronJob and its Job ``job``; the owner reference (to the Job) for its pods."""
+        batch = client.BatchV1Api(self.core.api_client)
+        pods = kube.pod_template(name)
+        pods.spec.restart_policy = "Never"  # a Job's pods are not restarted in place
+        template = client.V1JobTemplateSpec(spec=client.V1JobSpec(template=pods))
+        cron = batch.create_namespaced_cron_job(
+            self.ns,
+            client.V1CronJob(
+                metadata=client.V1ObjectMeta(name=name),
+                spec=client.V1CronJobSpec(schedule="0 3 * * *", job_template=template),
+            ),
+        )
+        made = batch.create_namespaced_job(
+            self.ns,
+            client.V1Job(
+                metadata=client.V1ObjectMeta(
+                    name=job, owner_references=[kube.owner_ref("CronJob", cron, "batch/v1")]
+                ),
+                spec=template.spec,
+            ),
+        )
+        return kube.owner_ref("Job", made, "batch/v1")
 
     def pod(
         self,
@@ -977,3 +1002,60 @@ async def test_a_new_leader_resumes_the_card_being_emptied_and_verifies_its_move
     assert f"GPU {gpu_b} (as predicted)" in moves[1].detail
     events = cluster.events("chat-2")
     assert "ConsolidationMoveVerified" in events
+
+
+# --- consolidation: owners from the cache, a Job's pod and its CronJob's forecast -----------------
+
+
+async def test_consolidation_reads_owners_from_the_cache_and_a_jobs_pod_gets_its_forecast(
+    nats_url: str, kube_admin: client.ApiClient, cluster: Cluster
+) -> None:
+    """GPU A: chat-0 (0.25) alone; GPU B: chat-1 (0.25) and big-0 (0.6) of CronJob big's Job.
+    With big's forecast (need 0.3) the round shrinks big-0 in place to make room for chat-0:
+    the pod reached its CronJob's decision through the Job. The rounds read the owners from
+    the inventory cache: no ReplicaSet or Job is listed."""
+    node = cluster.node("cron", gpus=2)
+    cluster.reservation("g1", node, f"GPU-a-{cluster.ns}")
+    cluster.reservation("g2", node, f"GPU-b-{cluster.ns}")
+    chat = cluster.deployment("chat")
+    cluster.kai_pod("chat-0", node, chat, "0.25", "g1")
+    cluster.kai_pod("chat-1", node, chat, "0.25", "g2")
+    cluster.kai_pod("big-0", node, cluster.cron_job("big", "big-29001"), "0.6", "g2")
+    cluster.pdb("chat", 1)
+    auto = {"mode": "auto", "interval_s": 0.2, "move_timeout_s": 60}
+    async with actuator(nats_url, kube_admin, cluster, consolidation=auto) as service:
+        from fracpilot_actuator.kube.backend import KubernetesBackend
+
+        backend = service.backend
+        assert isinstance(backend, KubernetesBackend)
+        await asyncio.wait_for(service.acting.wait(), 20)
+        lists: list[str] = []
+        list_owners = backend.api.list_owners
+
+        async def counted(namespace: str) -> tuple[list[Any], list[Any]]:
+            lists.append(namespace)
+            return await list_owners(namespace)
+
+        backend.api.list_owners = counted  # type: ignore[method-assign]
+        first = backend.consolidation.last_round
+        await wait_for(lambda: backend.consolidation.last_round != first, timeout=10)
+        assert backend.consolidation.card == ""  # without the forecast nothing fits
+        ref = WorkloadRef(
+            cluster="test", namespace=cluster.ns, owner_kind="CronJob", owner_name="big"
+        )
+        forecast = CardForecast(memory_peak=0.3, memory_jump=0.02, compute=0.3)
+        backend.cards.book.record(
+            decision(0.6, 0.4, workload=ref, forecast=forecast, decided_at=utcnow())
+        )
+
+        def shrunk() -> bool:
+            pod = cluster.read_pod("big-0")
+            return pod is not None and pod.metadata.annotations["gpu-fraction"] != "0.6"
+
+        await wait_for(shrunk, timeout=20)
+        await wait_for(lambda: cluster.evicted("chat-0"), timeout=20)  # the move that needed it
+    pod = cluster.read_pod("big-0")
+    assert pod is not None
+    assert 0.3 <= float(pod.metadata.annotations["gpu-fraction"]) <= 0.5
+    assert "FractionRedivided" in cluster.events("big-0")
+    assert lists == []  # every round read the owners from the cache

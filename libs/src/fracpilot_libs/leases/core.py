@@ -162,9 +162,6 @@ class LeaseBook:
     def revision(self, partition: int) -> int | None:
         return self._revisions.get(partition)
 
-    def trusted_until(self, partition: int) -> float | None:
-        return self._trusted_until.get(partition)
-
     def holds(self, partition: int, now: float) -> bool:
         """True while the lease on the partition can be trusted."""
         until = self._trusted_until.get(partition)

@@ -41,14 +41,10 @@ from typing import Protocol
 from fracpilot_libs.leases.balance import Moves
 from fracpilot_libs.leases.core import (
     MEMBER,
-    PARTITION,
-    RETRY_S,
-    TRUST,
     LeaseBook,
     LeaseTiming,
     Renewal,
     View,
-    lease_io_timeout,
     member_key,
     partition_key,
     plan_round,
@@ -61,23 +57,6 @@ from fracpilot_libs.nats.kv import KvBucket, RevisionMismatchError
 from fracpilot_libs.nats.lease_bucket import KeyWatch, open_lease_bucket, read_lease_bucket
 
 log = logging.getLogger(__name__)
-
-# Imported from here since before the pure core was split out.
-__all__ = [
-    "MEMBER",
-    "PARTITION",
-    "RETRY_S",
-    "TRUST",
-    "Ownership",
-    "PartitionHolder",
-    "View",
-    "claim_lease",
-    "default_replica_id",
-    "lease_io_timeout",
-    "read_view",
-    "renew_lease",
-    "renew_member",
-]
 
 
 def default_replica_id() -> str:

@@ -124,11 +124,12 @@ def observe(
     # keeps its meaning; a late sample folds into the newest slot, so the history stays
     # bounded whatever order samples arrive in.
     slot_len = policy.memory_window_s / MEMORY_SLOTS
-    kv_anchor, kv_bpt, kv_sized, kv_note = (
+    kv_anchor, kv_bpt, kv_sized, kv_note, kv_source = (
         state.kv_anchor,
         state.kv_bytes_per_token,
         state.kv_sized,
         state.kv_note,
+        state.kv_pool_source,
     )
     llm = signals is not None and signals.llm_server is not None
     sized = kv_sizing(sample, _learning(state)) if llm else None
@@ -140,6 +141,7 @@ def observe(
         if learning.anchor_tokens is not None and learning.anchor_memory is not None:
             kv_anchor = (float(learning.anchor_tokens), float(learning.anchor_memory))
         kv_bpt, kv_note = learning.bytes_per_token, kv_need.reason[:300]
+        kv_source = kv_need.pool_source
         kv_sized = None
         if kv_need.fixed_bytes is not None and kv_need.pool_bytes is not None:
             low = kv_need.min_pool_bytes
@@ -203,13 +205,20 @@ def observe(
         kv_bpt,
         kv_sized,
         kv_note,
+        kv_source,
     )
 
 
 def _kv_words(state: WorkloadState, sample: UsageSample, need: Need) -> str:
     if not state.kv_note:
         return ""
-    return kv_rule(state.kv_sized, state.kv_note, sample.memory_total_bytes, need.memory_peak)
+    return kv_rule(
+        state.kv_sized,
+        state.kv_note,
+        sample.memory_total_bytes,
+        need.memory_peak,
+        state.kv_pool_source,
+    )
 
 
 def _learning(state: WorkloadState) -> PoolLearning:

@@ -9,26 +9,31 @@ from __future__ import annotations
 from fracpilot_libs.contracts import ComputeSizing, Policy
 from fracpilot_libs.sizing.grids import grid_name
 from fracpilot_libs.sizing.headroom import headroom_rule
-from fracpilot_libs.sizing.kv_memory import gib
+from fracpilot_libs.sizing.kv_memory import PoolSource, gib
 from fracpilot_libs.sizing.need import Need
 
 
 def kv_rule(
-    sized: tuple[float, float, float] | None, note: str, total_bytes: int, memory_peak: float
+    sized: tuple[float, float, float] | None,
+    note: str,
+    total_bytes: int,
+    memory_peak: float,
+    source: PoolSource = PoolSource.UNKNOWN,
 ) -> str:
     """How a preallocating LLM server's memory was sized (:mod:`fracpilot_libs.sizing.
     kv_memory`), with its numbers; "" for any other workload.
 
     ``sized``: (fixed part, KV pool, minimum pool or -1) in bytes as the last sample applied
-    the KV rule; ``note``: that sample's reason (how the pool was known, or why the rule did
-    not apply). The peak KV usage is the one the window's memory peak stands for."""
+    the KV rule; ``note``: that sample's reason (or why the rule did not apply); ``source``:
+    how its pool was known (unknown: a state written before the source was kept, "known").
+    The peak KV usage is the one the window's memory peak stands for."""
     if sized is None:
         if not note:
             return ""
         why = note.removeprefix("memory in use: ")
         return f"memory of an LLM server by its memory in use ({why}); "
     fixed, pool, low = sized
-    how = "read" if "(read)" in note else "learned" if "(learned)" in note else "known"
+    how = "known" if source is PoolSource.UNKNOWN else source.value
     peak_kv = memory_peak * total_bytes - fixed
     if pool <= 0:
         usage = "no KV pool"

@@ -19,6 +19,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from fracpilot_libs.sizing.kv_memory import PoolSource
+
 BUCKETS = 101  # compute histogram: bucket i holds samples in ((i-1)%, i%]
 MEMORY_SLOTS = 24  # the memory window is kept as this many per-slot peaks
 
@@ -74,11 +76,12 @@ class WorkloadState:
     # A preallocating LLM server's KV pool (sizing/kv_memory.py): the last pool size seen
     # (tokens) and the memory in use at it (bytes), the bytes per token learned across two pool
     # sizes, and the KV rule as the last sample applied it: (fixed part, pool, minimum pool or
-    # -1 when unknown) in bytes, how the pool was known, and its reason.
+    # -1 when unknown) in bytes, its reason, and how the pool was known.
     kv_anchor: tuple[float, float] | None = None
     kv_bytes_per_token: float | None = None
     kv_sized: tuple[float, float, float] | None = None
     kv_note: str = ""
+    kv_pool_source: PoolSource = PoolSource.UNKNOWN
 
     @property
     def memory_peaks(self) -> tuple[tuple[float, float], ...]:
@@ -118,6 +121,9 @@ def state_json(state: WorkloadState) -> bytes:
             profile = state.memory_profile
             if profile:  # absent when empty: as checkpoints written before it
                 body[name] = [(int(profile[i]), profile[i + 1]) for i in range(0, len(profile), 2)]
+        elif name == "kv_pool_source":
+            if state.kv_pool_source is not PoolSource.UNKNOWN:  # absent: as before it
+                body[name] = state.kv_pool_source.value
         elif name.startswith("kv_") and name != "kv_cache_usage":
             value = getattr(state, name)
             if value:  # absent when unknown: as checkpoints written before them
@@ -178,6 +184,7 @@ class _Checkpoint(BaseModel):
         | None
     ) = None
     kv_note: str = Field(default="", max_length=_KV_NOTE_MAX)
+    kv_pool_source: PoolSource = PoolSource.UNKNOWN  # absent before it (and when unknown)
 
     @field_validator("memory_profile")
     @classmethod
@@ -247,4 +254,5 @@ def load_state(data: bytes) -> WorkloadState:
         kv_bytes_per_token=c.kv_bytes_per_token,
         kv_sized=c.kv_sized,
         kv_note=c.kv_note,
+        kv_pool_source=c.kv_pool_source,
     )

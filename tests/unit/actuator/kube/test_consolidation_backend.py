@@ -408,6 +408,17 @@ def test_a_new_leader_gives_up_what_no_longer_matches_the_cluster() -> None:
     assert store.text == ""
 
 
+def big(fraction: str, owner: tuple[str, str] = ("ReplicaSet", "big-rs")) -> dict[str, Any]:
+    """big-0, a tenant of GPU B (group g2) on n1."""
+    return pod(
+        "big-0",
+        node_name="n1",
+        annotations={"gpu-fraction": fraction},
+        labels={"runai-gpu-group": "g2", "app": "big"},
+        owner=owner,
+    )
+
+
 def decide_on(replica_set: str, forecast: CardForecast) -> FractionDecision:
     """A decision for the pods of a ReplicaSet with no Deployment above it, with a forecast."""
     ref = WorkloadRef(
@@ -418,15 +429,7 @@ def decide_on(replica_set: str, forecast: CardForecast) -> FractionDecision:
 
 def test_a_shrink_is_patched_in_place_read_back_and_explained_before_the_move() -> None:
     api = OneNodeApi()  # GPU B: chat-1 (0.25) and big-0 (0.6); 0.15 free, chat-0 needs 0.25
-    api.pods.append(
-        pod(
-            "big-0",
-            node_name="n1",
-            annotations={"gpu-fraction": "0.6"},
-            labels={"runai-gpu-group": "g2", "app": "big"},
-            owner=("ReplicaSet", "big-rs"),
-        )
-    )
+    api.pods.append(big("0.6"))
     backend, registry = backend_on(api)
     backend.cards.book.record(
         decide_on("big-rs", CardForecast(memory_peak=0.3, memory_jump=0.02, compute=0.3))
@@ -448,13 +451,7 @@ def test_a_shrink_is_patched_in_place_read_back_and_explained_before_the_move() 
 
 def test_a_shrink_refused_gives_the_card_up() -> None:
     api = OneNodeApi()
-    api.pods[3] = pod(
-        "big-0",
-        node_name="n1",
-        annotations={"gpu-fraction": "0.8"},
-        labels={"runai-gpu-group": "g2", "app": "big"},
-        owner=("ReplicaSet", "big-rs"),
-    )
+    api.pods[3] = big("0.8")
     api.refuse_patches = PermanentKubeError("(403)", status=403, message="forbidden")
     backend, _ = backend_on(api)
     backend.cards.book.record(
@@ -465,3 +462,41 @@ def test_a_shrink_refused_gives_the_card_up() -> None:
     assert api.node_events[-1].startswith("ConsolidationCardAbandoned: ")
     assert "not re-divided" in api.node_events[-1]
     assert backend.consolidation.card == ""
+
+
+class CronJobApi(OneNodeApi):
+    """OneNodeApi with a CronJob's pod (big-0 of Job big-29001) sharing GPU B, and the owner
+    lists counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pods.append(big("0.6", owner=("Job", "big-29001")))
+        self.owner_lists: list[str] = []
+
+    async def list_owners(self, namespace: str) -> tuple[list[Any], list[Any]]:
+        self.owner_lists.append(namespace)
+        job = {
+            "metadata": {
+                "name": "big-29001",
+                "namespace": namespace,
+                "ownerReferences": [{"kind": "CronJob", "name": "big", "controller": True}],
+            }
+        }
+        return [], [job]
+
+
+def test_a_job_owned_pod_gets_its_cronjobs_forecast_from_one_owner_read_a_round() -> None:
+    """The forecast of CronJob big's decision reaches its Job's pod (it shrinks in place to
+    make room); without the inventory cache the owners are listed once a round, per namespace
+    (with it, not at all: tests/integration/k8s/test_kube_backend.py)."""
+    api = CronJobApi()
+    backend, _ = backend_on(api)
+    ref = WorkloadRef(cluster="test", namespace="inference", owner_kind="CronJob", owner_name="big")
+    forecast = CardForecast(memory_peak=0.3, memory_jump=0.02, compute=0.3)
+    backend.cards.book.record(decision(0.6, 0.4, workload=ref, forecast=forecast, decided_at=NOW))
+    asyncio.run(backend.reconcile(NOW))
+    assert ("patch", "big-0") in api.writes  # shrunk: it had its forecast
+    assert api.owner_lists == ["inference"]
+    asyncio.run(backend.reconcile(NOW + timedelta(seconds=1)))
+    assert api.writes[-2:] == [("event:ConsolidationMove", "chat-0"), ("evict", "chat-0")]
+    assert api.owner_lists == ["inference", "inference"]  # the forecasts and the move: one read

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fracpilot_libs.leases.ownership import RETRY_S, TRUST, lease_io_timeout
+from fracpilot_libs.leases.core import RETRY_S, TRUST, lease_io_timeout
 
 
 @given(st.floats(min_value=4.0, max_value=86_400.0))

@@ -269,6 +269,7 @@ def test_the_engine_keeps_the_learning_in_the_workload_state_and_explains_the_kv
     words = down[-1].explanation
     assert "memory by the KV cache (pool learned): fixed part 20.35 GiB" in words
     assert "the minimum pool 16.00 GiB (one longest sequence) of the 19.65 GiB pool" in words
+    assert state.kv_pool_source is PoolSource.LEARNED
     # and the checkpoint keeps it all
     assert load_state(dump_state(state)) == state
 
@@ -287,6 +288,25 @@ def test_the_explanation_names_the_peak_kv_usage_when_it_sizes() -> None:
         decision.explanation
     )
     assert "minimum pool 16.00 GiB" in decision.explanation
+    assert state.kv_pool_source is PoolSource.READ
+    assert load_state(dump_state(state)).kv_pool_source is PoolSource.READ
+
+
+@pytest.mark.parametrize(
+    ("source", "said"),
+    [(PoolSource.READ, "read"), (PoolSource.LEARNED, "learned"), (PoolSource.UNKNOWN, "known")],
+)
+def test_the_explanation_says_how_the_pool_was_known_from_its_source_not_the_note(
+    source: PoolSource, said: str
+) -> None:
+    # the note's words say "(read)": the typed source alone decides (unknown: a state written
+    # before the source was kept)
+    need = kv_memory(USED_092, TOKENS_092 * PER_TOKEN, 0.6, pool_source=PoolSource.READ)
+    assert need.fixed_bytes is not None
+    assert need.pool_bytes is not None
+    sized = (float(need.fixed_bytes), float(need.pool_bytes), -1.0)
+    words = kv_rule(sized, need.reason, TOTAL, USED_092 / TOTAL, source)
+    assert words.startswith(f"memory by the KV cache (pool {said}): fixed part 20.35 GiB + ")
 
 
 def test_an_unknown_pool_is_said_in_the_explanation() -> None:
@@ -320,12 +340,8 @@ def test_a_checkpoint_written_before_the_kv_fields_loads() -> None:
     body = json.loads(state_json(state))
     assert not any(k.startswith("kv_") and k != "kv_cache_usage" for k in body)  # none written
     old = load_state(json.dumps(body).encode())
-    assert (old.kv_anchor, old.kv_bytes_per_token, old.kv_sized, old.kv_note) == (
-        None,
-        None,
-        None,
-        "",
-    )
+    kept = (old.kv_anchor, old.kv_bytes_per_token, old.kv_sized, old.kv_note, old.kv_pool_source)
+    assert kept == (None, None, None, "", PoolSource.UNKNOWN)
 
 
 @pytest.mark.parametrize(
@@ -337,6 +353,8 @@ def test_a_checkpoint_written_before_the_kv_fields_loads() -> None:
         {"kv_anchor": [1.0]},
         {"kv_sized": [1.0, 2.0, -2.0]},
         {"kv_note": "x" * 301},
+        {"kv_pool_source": "guessed"},
+        {"kv_pool_source": 1},
         {"kv_surprise": 1},
     ],
     ids=str,

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -60,7 +60,7 @@ from fracpilot_actuator.kube.consolidation_round import (
     resume_refusal,
 )
 from fracpilot_actuator.kube.executor import COMPONENT, StepExecutor
-from fracpilot_actuator.kube.inventory import build_inventory, owner_parents
+from fracpilot_actuator.kube.inventory import build_inventory
 from fracpilot_actuator.kube.namespaces import NamespaceLabels
 from fracpilot_actuator.kube.reader import ClusterReader
 from fracpilot_actuator.kube.settings import KubeBackendSettings
@@ -79,7 +79,7 @@ from fracpilot_libs.contracts import (
     WireModel,
 )
 from fracpilot_libs.nats import subjects
-from fracpilot_libs.owners import top_owner
+from fracpilot_libs.owners import Controller, OwnerKey, top_owner
 from fracpilot_libs.placement.consolidation import ConsolidationPlan, ConsolidationStep, StepKind
 from fracpilot_libs.placement.consolidation_events import consolidation_report, planned_move
 
@@ -157,6 +157,10 @@ class Consolidator:
         for extra in marked[1:]:  # one node at a time: any other mark is a leftover
             await self._unmark(view, extra, "another node is being emptied")
         self.moves = [t for t in self.moves if now - t < timedelta(hours=1)]
+        # once a round, from the reader's cache (listed only when the cache is off)
+        owners = await self.backend.reader.owners(
+            {p.namespace for p in view.inventory.pods.values() if p.backend is GpuSharing.KAI}
+        )
         chosen = consolidation_round(
             view,
             settings,
@@ -166,7 +170,7 @@ class Consolidator:
             now=now,
             card=self.card,
             card_node=self.card_node,
-            forecasts=await self._forecasts(view, now),
+            forecasts=self._forecasts(view, owners, now),
         )
         await self._report(chosen.would, "" if chosen.unmark else chosen.node, now)
         if chosen.unmark and chosen.card:
@@ -201,7 +205,7 @@ class Consolidator:
                 return
             self.marked = chosen.node
             await self._save()
-        await self._carry_out(view, chosen.node, chosen.step, now)
+        await self._carry_out(view, owners, chosen.node, chosen.step, now)
 
     # --- leader change ----------------------------------------------------------------------
 
@@ -331,22 +335,20 @@ class Consolidator:
             namespace_labels=labels,
         )
 
-    async def _forecasts(self, view: ConsolidationView, now: datetime) -> dict[str, CardForecast]:
+    def _forecasts(
+        self, view: ConsolidationView, owners: Mapping[OwnerKey, Controller], now: datetime
+    ) -> dict[str, CardForecast]:
         """Each KAI pod's card forecast, its workload's last decision's (the decisions seen by
         this process: :class:`~fracpilot_actuator.stores.forecasts.ForecastBook`), when that
         decision's policy is auto and its isolation not ``enforced``."""
         book = self.backend.cards.book
         if not len(book):
             return {}
-        parents: dict[str, Any] = {}
         out: dict[str, CardForecast] = {}
         for pod in view.inventory.pods.values():
             if pod.backend is not GpuSharing.KAI or pod.terminating:
                 continue
-            if pod.namespace not in parents:
-                replica_sets, _ = await self.backend.api.list_owners(pod.namespace)
-                parents[pod.namespace] = owner_parents(replica_sets, "ReplicaSet")
-            kind, name = top_owner(pod.namespace, pod.controller, parents[pod.namespace], pod.name)
+            kind, name = top_owner(pod.namespace, pod.controller, owners, pod.name)
             known = book.get((pod.namespace, kind, name), now)
             if known is None or known.mode is not Mode.AUTO:
                 continue
@@ -498,7 +500,12 @@ class Consolidator:
     # --- one step -------------------------------------------------------------------------
 
     async def _carry_out(
-        self, view: ConsolidationView, node: str, step: ConsolidationStep, now: datetime
+        self,
+        view: ConsolidationView,
+        owners: Mapping[OwnerKey, Controller],
+        node: str,
+        step: ConsolidationStep,
+        now: datetime,
     ) -> None:
         backend = self.backend
         inventory = view.inventory
@@ -506,9 +513,7 @@ class Consolidator:
         if step.kind is StepKind.SHRINK:
             await self._shrink(view, node, step, now)
             return
-        replica_sets, _ = await backend.api.list_owners(pod.namespace)
-        parents = owner_parents(replica_sets, "ReplicaSet")
-        kind, name = top_owner(pod.namespace, pod.controller, parents, pod.name)
+        kind, name = top_owner(pod.namespace, pod.controller, owners, pod.name)
         workload = f"{backend.settings.cluster}/{pod.namespace}/{kind}/{name}"
         siblings = [
             p

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Collection
 from typing import Any
 
 from fracpilot_actuator.kube.api import KubeApi
@@ -22,10 +23,17 @@ from fracpilot_actuator.kube.judge import ClusterView
 from fracpilot_actuator.kube.kai_objects import KaiReader
 from fracpilot_actuator.kube.settings import KubeBackendSettings
 from fracpilot_libs.contracts import WorkloadRef
+from fracpilot_libs.owners import Controller, OwnerKey
 
 log = logging.getLogger(__name__)
 
 RawLists = tuple[list[dict[str, Any]], list[dict[str, Any]], list[Any], list[Any]]
+
+
+def owner_links(replica_sets: list[Any], jobs: list[Any]) -> dict[OwnerKey, Controller]:
+    """ReplicaSet -> Deployment and Job -> CronJob, as :func:`~fracpilot_libs.owners.top_owner`
+    walks them."""
+    return owner_parents(replica_sets, "ReplicaSet") | owner_parents(jobs, "Job")
 
 
 class ClusterReader:
@@ -81,6 +89,23 @@ class ClusterReader:
         )
         return nodes, pods
 
+    async def owners(self, namespaces: Collection[str]) -> dict[OwnerKey, Controller]:
+        """The owner links of these namespaces' pods (:func:`owner_links`): from the cache once
+        it is synced (no fence to wait for: our writes change no ReplicaSet nor Job), else
+        listed, one namespace at a time."""
+        cache = self.cache
+        if cache is not None and cache.synced.is_set():
+            snap = cache.snapshot()
+
+            def mine(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+                return [
+                    i for i in items if (i.get("metadata") or {}).get("namespace") in namespaces
+                ]
+
+            return owner_links(mine(snap.replica_sets), mine(snap.jobs))
+        listed = await asyncio.gather(*(self.api.list_owners(n) for n in sorted(namespaces)))
+        return owner_links([r for rs, _ in listed for r in rs], [j for _, js in listed for j in js])
+
     async def observe(self, workload: WorkloadRef, *, fresh: bool = False) -> ClusterView:
         """The cluster and the workload's pods (the workload object is not read here);
         ``fresh``: listed from the API server, never the cache (after a conflict)."""
@@ -108,7 +133,7 @@ class ClusterReader:
             if (text := str(problem)) not in self._logged_problems:
                 self._logged_problems.add(text)
                 log.warning("cluster problem", extra={"problem": text})
-        parents = owner_parents(replica_sets, "ReplicaSet") | owner_parents(jobs, "Job")
+        parents = owner_links(replica_sets, jobs)
         mine = inventory.pods_of(workload, parents)
         enforcement = await self._enforcement(workload.namespace, mine, inventory)
         return ClusterView(
