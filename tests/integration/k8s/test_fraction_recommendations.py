@@ -414,7 +414,7 @@ async def test_without_the_crd_the_writer_warns_once_stops_and_asks_again_later(
                 assert count("not_served") == 5
                 warned = [r for r in caplog.records if "not written" in r.getMessage()]
                 assert len(warned) == 1, [r.getMessage() for r in warned]
-                assert "is the FractionRecommendation CRD installed" in warned[0].getMessage()
+                assert "is the FractionRecommendation CRD installed" in warned[0].error
 
             install_crds(admin)
             offer(0.125)  # installed, but the re-check is not due yet

@@ -284,9 +284,8 @@ class RecommendationWriter:
         """Log once per outage; drop what waits; ask again after ``recheck_s``."""
         if self._not_served_until is None:
             log.warning(
-                "FractionRecommendations are not written: %s; asking again every %.0f s",
-                why,
-                self._recheck_s,
+                "FractionRecommendations are not written: the CRD is not served",
+                extra={"error": why, "recheck_s": self._recheck_s},
             )
         self._not_served_until = self._clock() + self._recheck_s
         self.writes.labels("not_served").inc(len(self._waiting))
