@@ -1,8 +1,11 @@
 """FractionRecommendation objects against a real kube-apiserver and NATS: the actuator (in-process,
 backend=kubernetes, the chart's recommend-only defaults, the ServiceAccount token of
 deploy/rbac/actuator.yaml) writes each workload's last decision into an object of its own in
-the workload's namespace, owned by the workload; the user's Deployment is not touched (GitOps:
-no drift); ``kubectl get fractionrecommendations`` (the API's Table) prints the printer columns.
+the workload's namespace, owned by the workload, once the namespace opted in (labelled
+``fracpilot.io/mode=recommend``: a fresh install writes nothing in a team's namespace); the
+user's Deployment is not touched (GitOps: no drift); ``kubectl get fractionrecommendations``
+(the API's Table) prints the printer columns. Where the CRD is not installed (a control plane
+of its own) the writer stops after one warning and asks again after its re-check interval.
 
 The garbage collection through the ownerReference: test_fraction_recommendations_gc.py (it
 runs kube-controller-manager's garbage collector on a control plane of its own).
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -21,22 +25,27 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from prometheus_client import CollectorRegistry
 
 from factories import decision
+from fracpilot_actuator.actuation import Actuation
 from fracpilot_actuator.app import ActuatorService
+from fracpilot_actuator.kube.api import KubeApi
+from fracpilot_actuator.policy_sync.recommendations import RecommendationWriter
 from fracpilot_actuator.settings import ActuatorSettings
 from fracpilot_libs.contracts import (
     ActuationResult,
     CardForecast,
     FractionDecision,
     Outcome,
+    PlanKind,
     WorkloadRef,
     utcnow,
 )
 from fracpilot_libs.kube.policy_crd import GROUP, VERSION
 from fracpilot_libs.kube.recommendation_crd import PLURAL
 from fracpilot_libs.nats import subjects
-from helpers import read_stream, reset_nats, running
+from helpers import read_stream, reset_nats, running, wait_for
 from k8s_control_plane import REPO_ROOT, ControlPlane
 from support import kube as objects
 from support.policy_crds import install_crds
@@ -101,8 +110,9 @@ def cluster(kube_admin: client.ApiClient, kube_namespace: str) -> dict[str, Any]
     return {"ns": ns, "selector": f"fracpilot.io/test={ns}"}
 
 
-def settings(nats_url: str, cluster: dict[str, Any]) -> ActuatorSettings:
-    """The chart's defaults for the opt-in rule: recommend, nothing applied."""
+def settings(nats_url: str, cluster: dict[str, Any], **extra: Any) -> ActuatorSettings:
+    """The chart's defaults for the opt-in rule: recommend, nothing applied; recommendations
+    written for the opted-in namespaces only."""
     return ActuatorSettings(
         nats={"url": nats_url},
         backend="kubernetes",
@@ -110,7 +120,16 @@ def settings(nats_url: str, cluster: dict[str, Any]) -> ActuatorSettings:
         gpu_node_selector=cluster["selector"],
         namespace=cluster["ns"],
         optin={"default_mode": "recommend"},
+        **extra,
     )
+
+
+async def label(service: ActuatorService, kube_admin: client.ApiClient, ns: str, mode: str) -> None:
+    """``kubectl label namespace <ns> fracpilot.io/mode=<mode>``, seen by the actuator's watch."""
+    objects.label_namespace(client.CoreV1Api(kube_admin), ns, {"fracpilot.io/mode": mode})
+    namespaces = service.namespaces
+    assert namespaces is not None
+    await wait_for(lambda: (namespaces.cached(ns) or {}).get("fracpilot.io/mode") == mode)
 
 
 def decide(ns: str, name: str, current: float, new: float, **extra: Any) -> FractionDecision:
@@ -183,6 +202,7 @@ async def test_recommend_only_decisions_become_fraction_recommendations(
     await reset_nats(nats_url)
     service = ActuatorService(settings(nats_url, cluster), kube_api=as_actuator)
     async with running(service):
+        await label(service, kube_admin, ns, "recommend")  # the team asks for them
         forecast = CardForecast(memory_peak=0.12, memory_jump=0.02, compute=0.18)
         first = await answer(nats_url, decide(ns, "chat", 0.5, 0.25, forecast=forecast))
         # Recommend-only: nothing applied, the recommendation written all the same.
@@ -268,3 +288,146 @@ async def test_recommend_only_decisions_become_fraction_recommendations(
         "dry_run",
         "not_opted_in",
     )
+
+
+def writes_of(service: ActuatorService, result: str) -> float:
+    got = service.runtime.registry.get_sample_value(
+        "fracpilot_recommendation_writes_total", {"result": result}
+    )
+    return got or 0.0
+
+
+async def test_nothing_is_written_in_a_namespace_until_it_opts_in(
+    nats_url: str,
+    kube_admin: client.ApiClient,
+    as_actuator: client.ApiClient,
+    crds: None,
+    cluster: dict[str, Any],
+) -> None:
+    """The default scope: a fresh install creates no object in a team's namespace; labelling
+    it recommend (nothing else changes: recommend is the default mode) writes the next one;
+    labelling it off stops the writes."""
+    ns = cluster["ns"]
+    await reset_nats(nats_url)
+    service = ActuatorService(settings(nats_url, cluster), kube_api=as_actuator)
+    async with running(service):
+        first = await answer(nats_url, decide(ns, "chat", 0.5, 0.25))  # once it leads
+        assert first.outcome is Outcome.DRY_RUN, first.detail
+        assert service.recommendations is not None
+        assert service.recommendations.scope == "opted-in"
+        await written(service)
+        assert read(kube_admin, ns, "deployment-chat") is None
+        assert writes_of(service, "not_opted_in") == 1
+        assert writes_of(service, "created") == 0
+
+        await label(service, kube_admin, ns, "recommend")
+        second = await answer(nats_url, decide(ns, "chat", 0.5, 0.375))
+        await written(service)
+        obj = read(kube_admin, ns, "deployment-chat")
+        assert obj is not None, "no FractionRecommendation once the namespace opted in"
+        assert obj["status"]["decisionId"] == second.decision_id
+
+        await label(service, kube_admin, ns, "off")
+        third = await answer(nats_url, decide(ns, "chat", 0.5, 0.25))
+        assert third.outcome is Outcome.SKIPPED, third.detail
+        await written(service)
+        kept = (read(kube_admin, ns, "deployment-chat") or {})["status"]
+        assert kept["decisionId"] == second.decision_id  # off: not written to any more
+        assert writes_of(service, "not_opted_in") == 2
+
+
+async def test_scope_all_writes_in_every_namespace_and_off_writes_none(
+    nats_url: str,
+    kube_admin: client.ApiClient,
+    as_actuator: client.ApiClient,
+    crds: None,
+    cluster: dict[str, Any],
+) -> None:
+    ns = cluster["ns"]
+    await reset_nats(nats_url)
+    everywhere = settings(nats_url, cluster, policysync={"recommendations": "all"})
+    service = ActuatorService(everywhere, kube_api=as_actuator)
+    async with running(service):
+        await answer(nats_url, decide(ns, "chat", 0.5, 0.25))
+        await written(service)
+        assert read(kube_admin, ns, "deployment-chat") is not None  # no label needed
+    await reset_nats(nats_url)
+    none = settings(nats_url, cluster, policysync={"recommendations": "off"})
+    service = ActuatorService(none, kube_api=as_actuator)
+    async with running(service):
+        await answer(nats_url, decide(ns, "chat", 0.5, 0.375))  # it leads and acts
+        assert service.recommendations is None  # no writer at all
+
+
+async def test_without_the_crd_the_writer_warns_once_stops_and_asks_again_later(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A control plane of its own, without the FractionRecommendation CRD (the session's has
+    every CRD). The resource answers 404: one warning, the results counted not_served and not
+    written, the API not asked again before the re-check; once the CRD is installed and the
+    re-check is due, the next result is written."""
+    with ControlPlane() as plane, plane.admin_client() as admin:
+        core, apps = client.CoreV1Api(admin), client.AppsV1Api(admin)
+        objects.ensure_namespace(core, "team-a")
+        objects.label_namespace(core, "team-a", {"fracpilot.io/mode": "recommend"})
+        objects.deployment(apps, "team-a", "chat")
+        now = [1000.0]
+        registry = CollectorRegistry()
+
+        async def labels_of(namespace: str) -> dict[str, Any]:
+            got = core.read_namespace(namespace).metadata.labels
+            return dict(got or {})
+
+        writer = RecommendationWriter(
+            KubeApi(admin),
+            registry,
+            10.0,
+            namespace_labels=labels_of,
+            recheck_s=600.0,
+            clock=lambda: now[0],
+        )
+        held = Actuation(PlanKind.IN_PLACE, Outcome.DRY_RUN, "recommend", held_back="policy")
+
+        def offer(new: float) -> None:
+            writer.offer(decide("team-a", "chat", 0.5, new), held)
+
+        def count(result: str) -> float:
+            got = registry.get_sample_value(
+                "fracpilot_recommendation_writes_total", {"result": result}
+            )
+            return got or 0.0
+
+        writer.start()
+        try:
+            with caplog.at_level(logging.WARNING):
+                offer(0.25)
+                assert await writer.drained(10.0)
+                assert count("not_served") == 1
+                assert not writer.served
+                for new in (0.3, 0.35, 0.4):  # not even queued: no call, counted
+                    offer(new)
+                    assert await writer.drained(1.0)
+                assert count("not_served") == 4
+                now[0] += 601.0  # the re-check is due: asked once more, still 404
+                offer(0.45)
+                assert await writer.drained(10.0)
+                assert count("not_served") == 5
+                warned = [r for r in caplog.records if "not written" in r.getMessage()]
+                assert len(warned) == 1, [r.getMessage() for r in warned]
+                assert "is the FractionRecommendation CRD installed" in warned[0].error
+
+            install_crds(admin)
+            offer(0.125)  # installed, but the re-check is not due yet
+            assert await writer.drained(1.0)
+            assert read(admin, "team-a", "deployment-chat") is None
+            now[0] += 601.0
+            offer(0.375)
+            assert await writer.drained(10.0)
+            assert writer.served
+            obj = read(admin, "team-a", "deployment-chat")
+            assert obj is not None
+            assert obj["status"]["recommendedFraction"] == 0.375
+            assert count("created") == 1
+            assert count("error") == 0
+        finally:
+            await writer.stop()

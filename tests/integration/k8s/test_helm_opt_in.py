@@ -123,6 +123,33 @@ def test_the_actuator_may_watch_namespaces(helm: Path) -> None:
     } in role["rules"]
 
 
+@pytest.mark.parametrize("scope", ["opted-in", "all", "off"])
+def test_the_actuator_writes_recommendation_objects_as_the_chart_says(
+    helm: Path, scope: str
+) -> None:
+    """The chart's default is the actuator's (opted-in namespaces only), and the value reaches
+    the actuator's settings as it is (the env its pydantic settings read)."""
+    args = () if scope == "opted-in" else ("--set", f"fractionPolicies.recommendations={scope}")
+    env = actuator_env(render(helm, *args))
+    assert env["FRACPILOT_POLICYSYNC_RECOMMENDATIONS"] == scope
+    settings = ActuatorSettings(policysync={"recommendations": scope})
+    assert settings.policysync.recommendations == scope
+    if scope == "opted-in":
+        assert ActuatorSettings().policysync.recommendations == scope
+
+
+def test_the_chart_refuses_an_unknown_recommendations_scope(helm: Path) -> None:
+    wrong = "fractionPolicies.recommendations=true"  # the setting's boolean of before
+    proc = subprocess.run(
+        [str(helm), "template", "fp", str(CHART), "--namespace", RELEASE_NS, "--set", wrong],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    assert "recommendations" in proc.stderr
+
+
 def notes(kube: ControlPlane, *args: str) -> str:
     proc = subprocess.run(
         [
@@ -155,6 +182,13 @@ def test_the_notes_say_how_to_turn_on_auto_mode_and_see_recommendations(
     assert "Nothing is resized yet: fracpilot is recommend-only" in text
     assert "kubectl label namespace team-a fracpilot.io/mode=auto" in text
     assert "fracpilot status" in text
+    # The objects: only where a namespace asked for them, by default.
+    assert "kubectl label namespace team-a fracpilot.io/mode=recommend" in text
+    assert "kubectl get fractionrecommendations -n team-a" in text
+    everywhere = notes(kube, "--set", "fractionPolicies.recommendations=all")
+    assert "kubectl get fractionrecommendations -A" in everywhere
+    none = notes(kube, "--set", "fractionPolicies.recommendations=off")
+    assert "fractionrecommendations" not in none
     opted_out = notes(kube, "--set", "optIn.defaultMode=auto")
     assert "recommend-only" not in opted_out
     assert "optIn.defaultMode is auto" in opted_out

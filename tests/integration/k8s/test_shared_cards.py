@@ -18,11 +18,18 @@ from kubernetes import client
 
 from factories import decision
 from fracpilot_actuator.app import ActuatorService
+from fracpilot_actuator.kube.api import KubeApi
+from fracpilot_actuator.kube.cache import Fence
+from fracpilot_actuator.kube.executor import StepExecutor
+from fracpilot_actuator.kube.inventory import PodInfo
+from fracpilot_actuator.kube.settings import KubeBackendSettings
+from fracpilot_actuator.kube.shared_cards import REDIVISION, patch_share
 from fracpilot_actuator.settings import ActuatorSettings
 from fracpilot_libs.contracts import (
     ActuationResult,
     CardForecast,
     FractionDecision,
+    GpuSharing,
     Outcome,
     PeakProfile,
     PlanKind,
@@ -189,3 +196,63 @@ async def test_with_peak_profiles_two_pods_whose_peaks_never_coincide_share_one_
     assert f"co-tenant {ns}/embed-0 re-divided in place 0.6 -> 0.36" in result.detail
     assert annotation(core, ns, "chat-0", "gpu-fraction") == "0.33"
     assert annotation(core, ns, "embed-0", "gpu-fraction") == "0.36"
+
+
+@pytest.mark.parametrize(
+    ("purpose", "says"),
+    [
+        (REDIVISION, "co-tenant re-division of"),
+        ("consolidation shrink", "consolidation shrink of"),
+        ("", "in-place GPU share change (consolidation: room for chat-0) of"),
+    ],
+)
+async def test_a_share_patch_that_fails_says_what_it_was_for(
+    kube_admin: client.ApiClient, kube_namespace: str, purpose: str, says: str
+) -> None:
+    """The patch is conditional on the pod as read: a stale resourceVersion gets the API
+    server's 409, and the error and the Warning Event name the change's purpose (a
+    consolidation shrink is no co-tenant re-division)."""
+    ns = kube_namespace
+    core = client.CoreV1Api(kube_admin)
+    kube.running_pod(
+        core, ns, "big-0", "n1", labels={"app": "big"}, annotations={"gpu-fraction": "0.8"}
+    )
+    raw = kube_admin.sanitize_for_serialization(core.read_namespaced_pod("big-0", ns))
+    meta = raw["metadata"]
+    pod = PodInfo(
+        namespace=ns,
+        name="big-0",
+        uid=meta["uid"],
+        node="n1",
+        phase="Running",
+        terminating=False,
+        created_at=None,
+        labels=meta["labels"],
+        annotations=meta["annotations"],
+        controller=None,
+        backend=GpuSharing.KAI,
+        share=None,
+        whole_gpus=0,
+        resource_version=str(int(meta["resourceVersion"]) - 1),  # read before a change
+        raw=raw,
+    )
+    api = KubeApi(kube_admin, timeout_s=10.0)
+    fences: list[Fence] = []
+    executor = StepExecutor(api, KubeBackendSettings(), "test", fences.append, caching=False)
+    error = await patch_share(
+        executor,
+        fences.append,
+        pod,
+        0.8,
+        0.5,
+        "consolidation: room for chat-0",
+        now=utcnow(),
+        purpose=purpose,
+    )
+    assert error is not None
+    assert error.startswith(f"{says} {ns}/big-0 to gpu-fraction=0.5 failed: refused (409)")
+    if purpose != REDIVISION:
+        assert "re-divi" not in error
+    failed = events(core, ns, "big-0")["FractionRedivideFailed"]
+    assert (failed.type, failed.message) == ("Warning", error)
+    assert annotation(core, ns, "big-0", "gpu-fraction") == "0.8"  # not changed

@@ -163,7 +163,7 @@ class ActuatorService:
         assert self.handler is not None
         if self.settings.backend == "kubernetes" and self.settings.policysync.enabled:
             await self._start_policy_sync()
-        if self._kube is not None and self.settings.policysync.recommendations:
+        if self._kube is not None and self.settings.policysync.recommendations != "off":
             self._start_recommendations(self._kube)
         self._tasks.append(asyncio.create_task(self.handler.reconcile_loop(), name="reconcile"))
         await self.runtime.bus.consume(
@@ -192,8 +192,16 @@ class ActuatorService:
         from fracpilot_actuator.policy_sync.recommendations import RecommendationWriter
 
         assert self.handler is not None
-        timeout_s = self.settings.policysync.timeout_s
-        writer = RecommendationWriter(api, self.runtime.registry, timeout_s)
+        sync = self.settings.policysync
+        writer = RecommendationWriter(
+            api,
+            self.runtime.registry,
+            sync.timeout_s,
+            scope=sync.recommendations,
+            namespace_labels=self.namespaces.labels_of if self.namespaces is not None else None,
+            opt_in=self.settings.optin,
+            recheck_s=sync.recommendations_recheck_s,
+        )
         writer.start()
         self.handler.on_result = writer.offer
         self.recommendations = writer

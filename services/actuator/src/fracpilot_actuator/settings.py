@@ -187,10 +187,19 @@ class PolicySyncSettings(BaseModel):
         description="a full pass at least this often, seconds (also notices NATS policies)",
     )
     timeout_s: float = Field(default=30.0, gt=0, description="how long one API call may take")
-    recommendations: bool = Field(
-        default=True,
-        description="write each workload's last decision as a FractionRecommendation object "
-        "(kubectl get fractionrecommendations -A; needs its CRD and the RBAC the chart installs)",
+    recommendations: Literal["off", "opted-in", "all"] = Field(
+        default="opted-in",
+        description="which workloads get their last decision as a FractionRecommendation "
+        "object in their namespace (kubectl get fractionrecommendations -A; needs its CRD and "
+        "the RBAC the chart installs): opted-in, those of namespaces labelled "
+        "fracpilot.io/mode=recommend or auto (or every namespace when the default mode is "
+        "auto); all, every workload not off or opted out; off, none",
+    )
+    recommendations_recheck_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="when the FractionRecommendation CRD is not served, how long writes stop "
+        "before it is asked again, seconds",
     )
 
 

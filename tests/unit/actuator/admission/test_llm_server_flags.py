@@ -13,15 +13,21 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from fracpilot_actuator.admission import (
+    KAI_CONTAINER,
     KAI_FRACTION,
     LLM_FLAG_ABOVE_FRACTION,
     AdmissionOutcome,
     admit,
     template_patch,
+    visible_share,
 )
+from fracpilot_actuator.admission.hamicore import MEMORY_LIMIT
+from fracpilot_actuator.kube.enforcement import configmaps_of
+from fracpilot_actuator.kube.inventory import PodInfo
 from fracpilot_actuator.metrics import WebhookMetrics
 from fracpilot_libs.contracts import GpuSharing, WorkloadRef, WorkloadTarget
 from fracpilot_libs.llm_servers import read_pod
@@ -287,6 +293,62 @@ def test_a_limit_written_in_the_pod_leaves_the_flag_with_a_reason() -> None:
     unlimited["spec"]["containers"][0]["env"] = [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "0"}]
     _, stored = admitted(unlimited, target(0.5))  # 0: HAMi-core's "no limit"
     assert stored["spec"]["containers"][0]["args"][-1] == "--gpu-memory-utilization=0.475"
+
+
+@pytest.mark.parametrize("unlimited", ["0", "0m", "0g", "0k"])
+def test_a_zero_limit_in_any_unit_is_no_limit(unlimited: str) -> None:
+    # HAMi-core reads 0 in any unit as "no limit" (as kube/enforcement.py does): the flag is
+    # a share of the whole card, not left alone with "a size whose share is unknown".
+    pod = kai_pod(KSERVE_VLLM)
+    pod["spec"]["containers"][0]["env"] = [{"name": MEMORY_LIMIT, "value": unlimited}]
+    assert visible_share(pod, target(0.5)) == 1.0
+    admission, stored = admitted(pod, target(0.5))
+    assert stored["spec"]["containers"][0]["args"][-1] == "--gpu-memory-utilization=0.475"
+    assert "rewritten to 0.475" in admission.llm_warning  # vLLM's default asked 0.92
+
+
+def test_a_limit_in_an_init_container_kai_names_is_the_fractions() -> None:
+    # The fraction container may be an init container (a native sidecar): its hamicore limit
+    # is the one CUDA reports, as the actuator reads a running pod (kube/enforcement.py).
+    pod = with_hamicore(kai_pod(KSERVE_VLLM))
+    env = pod["spec"]["containers"][0].pop("env")
+    pod["spec"]["initContainers"] = [{"name": "gpu", "restartPolicy": "Always", "env": env}]
+    pod["metadata"]["annotations"][KAI_CONTAINER] = "gpu"
+    assert visible_share(pod, target(0.125)) == 0.12  # KAI's hundredths
+    running = PodInfo(
+        namespace=NS,
+        name="chat-0",
+        uid="u-2",
+        node="n1",
+        phase="Running",
+        terminating=False,
+        created_at=None,
+        labels={},
+        annotations=pod["metadata"]["annotations"],
+        controller=None,
+        backend=GpuSharing.KAI,
+        share=None,
+        whole_gpus=0,
+        resource_version="1",
+        raw=pod,
+    )
+    # The same container for the actuator: its limit comes from that container's ConfigMap.
+    assert configmaps_of(running) == ("chat-abcdefg-shared-gpu-0",)
+    # A limit written by hand in that init container is a size, not the fraction's.
+    env[0] = {"name": MEMORY_LIMIT, "value": "20g"}
+    assert "is set in the pod" in str(visible_share(pod, target(0.5)))
+    # Named nowhere: the first container, which sets no limit.
+    pod["metadata"]["annotations"].pop(KAI_CONTAINER)
+    assert visible_share(pod, target(0.5)) == 1.0
+
+
+def test_an_unreadable_limit_leaves_the_flag_with_a_reason() -> None:
+    pod = kai_pod(KSERVE_VLLM)
+    pod["spec"]["containers"][0]["env"] = [{"name": MEMORY_LIMIT, "value": "lots"}]
+    assert "is not a size" in str(visible_share(pod, target(0.5)))
+    admission, stored = admitted(pod, target(0.5))
+    assert stored["spec"]["containers"][0]["args"] == KSERVE_VLLM["args"]
+    assert "is not a size" in admission.llm_warning
 
 
 def test_sglang_and_tgi_under_hamicore_are_shares_of_the_limit_too() -> None:

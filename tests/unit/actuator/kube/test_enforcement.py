@@ -105,6 +105,10 @@ def one(p: dict[str, Any]) -> PodInfo:
         ("1048576k", 1024),
         ("1073741824", 1024),
         ("0", None),  # HAMi-core: 0 is unlimited
+        ("0m", None),  # in any unit
+        ("0g", None),
+        ("0k", None),
+        ("512k", 1),  # a limit under a MiB still limits: never read as "unlimited"
     ],
 )
 def test_memory_limits_parse_as_hami_core_reads_them(text: str, mib: int | None) -> None:
@@ -153,12 +157,27 @@ def test_the_fraction_container_is_the_one_kai_names() -> None:
     assert enforcement_of(one(raw), data, MEM_MIB) == NOT_ENFORCED
 
 
+def test_the_fraction_container_may_be_an_init_container() -> None:
+    # A native sidecar (an init container with restartPolicy Always) named by KAI's annotation:
+    # KAI's hamicore webhook adds the env there, its ConfigMap suffixed i<index>.
+    raw = kai("chat-0", "0.25", group="g1", owner=OWNER)
+    ref = {"name": f"{PREFIX}-i0", "key": "CUDA_DEVICE_MEMORY_LIMIT", "optional": True}
+    env = [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "valueFrom": {"configMapKeyRef": ref}}]
+    raw["spec"]["initContainers"] = [{"name": "server", "restartPolicy": "Always", "env": env}]
+    raw["metadata"]["annotations"]["gpu-fraction-container-name"] = "server"
+    pod = one(raw)
+    assert configmaps_of(pod) == (f"{PREFIX}-i0",)
+    data = {f"{PREFIX}-i0": {"CUDA_DEVICE_MEMORY_LIMIT": "20480m"}}
+    assert enforcement_of(pod, data, MEM_MIB).fraction == 0.25
+
+
 def test_a_literal_limit_in_the_pod_counts_and_zero_is_unlimited() -> None:
     raw = kai("chat-0", "0.25", group="g1", owner=OWNER)
     raw["spec"]["containers"][0]["env"] = [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "20g"}]
     assert enforcement_of(one(raw), {}, MEM_MIB).fraction == 0.25
-    raw["spec"]["containers"][0]["env"][0]["value"] = "0"
-    assert not enforcement_of(one(raw), {}, MEM_MIB).enforced
+    for unlimited in ("0", "0m", "0g"):
+        raw["spec"]["containers"][0]["env"][0]["value"] = unlimited
+        assert not enforcement_of(one(raw), {}, MEM_MIB).enforced
 
 
 def test_hami_pods_are_held_to_their_allocation_unless_control_is_disabled() -> None:

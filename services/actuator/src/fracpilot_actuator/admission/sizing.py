@@ -52,7 +52,15 @@ from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
-from fracpilot_actuator.admission.json_patch import PatchBuilder, Token, pointer
+from fracpilot_actuator.admission.hamicore import (
+    FRACTION_CONTAINER,
+    MEMORY_LIMIT,
+    env_var,
+    fraction_container,
+    fraction_container_at,
+    parse_memory_limit,
+)
+from fracpilot_actuator.admission.json_patch import PatchBuilder, pointer
 from fracpilot_actuator.admission.pods import (
     TARGET_ANNOTATION,
     annotations_of,
@@ -72,7 +80,7 @@ from fracpilot_libs.llm_servers import (
 KAI_FRACTION = "gpu-fraction"
 KAI_MEMORY = "gpu-memory"
 KAI_NUM_DEVICES = "gpu-fraction-num-devices"
-KAI_CONTAINER = "gpu-fraction-container-name"
+KAI_CONTAINER = FRACTION_CONTAINER
 KAI_MPS = "mps"
 KAI_SCHEDULER = "kai-scheduler"
 GPU = "nvidia.com/gpu"
@@ -160,10 +168,10 @@ def _kai(pod: Mapping[str, Any], target: WorkloadTarget, patch: PatchBuilder) ->
         for key in (KAI_FRACTION, KAI_NUM_DEVICES, KAI_MPS):  # mps needs a fraction
             patch.remove((*ann, key))
         if not with_limit:
-            where = _kai_container(spec, annotations.get(KAI_CONTAINER))
+            where = fraction_container_at(spec, annotations)
             if where is None:
                 return False, "the pod has no container for the GPU"
-            patch.set((*where, "resources", "limits", GPU), str(devices))
+            patch.set(("spec", *where, "resources", "limits", GPU), str(devices))
         return True, f"whole GPU x{devices}"
 
     # A whole-GPU pod.
@@ -190,16 +198,6 @@ def _kai(pod: Mapping[str, Any], target: WorkloadTarget, patch: PatchBuilder) ->
     if index != 0:
         patch.set((*ann, KAI_CONTAINER), str(as_mapping(containers[index]).get("name", "")))
     return True, f"gpu-fraction {wanted} (was whole GPUs)"
-
-
-def _kai_container(spec: Mapping[str, Any], name: Any) -> tuple[Token, ...] | None:
-    """Where KAI's fraction lives: the named container (init containers too), else the first."""
-    if isinstance(name, str) and name:
-        for section in ("containers", "initContainers"):
-            for i, container in enumerate(as_list(spec.get(section))):
-                if as_mapping(container).get("name") == name:
-                    return ("spec", section, i)
-    return ("spec", "containers", 0) if as_list(spec.get("containers")) else None
 
 
 def _hami(
@@ -270,27 +268,26 @@ def visible_share(pod: Mapping[str, Any], target: WorkloadTarget) -> float | str
     return 1.0
 
 
-_KAI_MEMORY_LIMIT = "CUDA_DEVICE_MEMORY_LIMIT"  # KAI's hamicore env (kube/enforcement.py)
-_KAI_FRACTION_CONTAINER = "gpu-fraction-container-name"
-
-
 def _kai_visible_share(pod: Mapping[str, Any], fraction: float) -> float | str:
-    spec = as_mapping(pod.get("spec"))
-    containers = [as_mapping(c) for c in as_list(spec.get("containers"))]
-    wanted = annotations_of(pod).get(_KAI_FRACTION_CONTAINER)
-    named = [c for c in containers if wanted and c.get("name") == wanted]
-    container = named[0] if named else (containers[0] if containers else {})
-    env = [as_mapping(e) for e in as_list(container.get("env"))]
-    limit = next((e for e in env if e.get("name") == _KAI_MEMORY_LIMIT), None)
+    """KAI's share, read as the actuator reads a running pod (:mod:`.hamicore`): the fraction
+    container's ``CUDA_DEVICE_MEMORY_LIMIT``, from the binder (the fraction's hundredth) or
+    written in the pod (a size whose share of the card is not known here)."""
+    container = fraction_container(as_mapping(pod.get("spec")), annotations_of(pod))
+    limit = env_var(container, MEMORY_LIMIT)
     if limit is None:
         return 1.0
     if "valueFrom" in limit:  # KAI's hamicore: the binder fills it from the fraction
         return kai_hamicore_share(fraction)
     text = str(limit.get("value", "")).strip()
-    if text in ("", "0"):  # HAMi-core: 0 is no limit
+    if not text:  # an empty value sets no limit
         return 1.0
+    try:
+        if parse_memory_limit(text) is None:  # 0, 0m, 0g: HAMi-core's no limit
+            return 1.0
+    except ValueError as exc:
+        return f"{exc}: what CUDA reports inside the pod is unknown here"
     return (
-        f"{_KAI_MEMORY_LIMIT}={text} is set in the pod: CUDA reports that size as the total, "
+        f"{MEMORY_LIMIT}={text} is set in the pod: CUDA reports that size as the total, "
         "and its share of the card is unknown here"
     )
 

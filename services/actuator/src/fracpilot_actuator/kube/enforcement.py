@@ -21,7 +21,8 @@ limits the memory (KAI ``docs/gpu-sharing/README.md``). HAMi's device plugin set
 sets ``CUDA_DISABLE_CONTROL=true`` (Project-HAMi/HAMi 4707fb02:
 ``pkg/device-plugin/nvidiadevice/nvinternal/plugin/server.go`` Allocate); every HAMi resize
 is a recreate. HAMi-core reads ``1g`` / ``1024m`` / ``1048576k`` / bytes, 0 = unlimited
-(Project-HAMi/HAMi-core ``README.md``).
+(Project-HAMi/HAMi-core ``README.md``). The pod's side of this (the fraction container, its
+env, the size) is read by :mod:`fracpilot_actuator.admission.hamicore`, the webhook's reading too.
 
 So (:func:`enforce`, called by the judge on the planner's plan):
 
@@ -46,15 +47,19 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fracpilot_actuator.admission.hamicore import (
+    MEMORY_LIMIT,
+    env_var,
+    fraction_container,
+    parse_memory_limit,
+)
 from fracpilot_actuator.kube.inventory import Inventory, PodInfo
 from fracpilot_actuator.kube.object_values import get_path
 from fracpilot_libs.contracts import MIB, EnforcementMode, FractionDecision, GpuSharing, PlanKind
 from fracpilot_libs.placement.planner import SEVERITY, ResizePlan, WorkloadPlan
 
 EPS = 1e-6
-MEMORY_LIMIT = "CUDA_DEVICE_MEMORY_LIMIT"  # KAI's hamicore env (HAMi's is ..._<i>)
 DISABLE_CONTROL = "CUDA_DISABLE_CONTROL"  # HAMi: "true" leaves HAMi-core out
-FRACTION_CONTAINER = "gpu-fraction-container-name"  # KAI: which container holds the share
 _TRUE = {"1", "t", "true"}  # strconv.ParseBool's true values, case folded
 
 
@@ -129,41 +134,18 @@ def kai_share_of(memory_mib: int, gpu_memory_mib: int) -> float:
     return min(1.0, memory_mib / gpu_memory_mib)
 
 
-def parse_memory_limit(text: str) -> int | None:
-    """HAMi-core's memory limit in MiB (``40960m``, ``40g``, ``1048576k``, bytes); None for 0
-    (unlimited). Raises ValueError for anything else."""
-    value = text.strip().lower()
-    scale = {"k": 1024, "m": MIB, "g": 1024 * MIB}.get(value[-1:], 1) if value else 1
-    digits = value[:-1] if scale != 1 else value
-    if not digits.isdigit():
-        raise ValueError(f"{MEMORY_LIMIT} {text!r} is not a size (1g, 1024m, 1048576k, bytes)")
-    mib = int(digits) * scale // MIB
-    return mib or None
-
-
 # --- reading a pod ----------------------------------------------------------------------------
 
 
 def _fraction_container(pod: PodInfo) -> Mapping[str, Any]:
-    spec = get_path(pod.raw, "spec") or {}
-    containers = list(spec.get("containers") or ())
-    wanted = pod.annotations.get(FRACTION_CONTAINER)
-    if wanted:
-        for c in (*(spec.get("initContainers") or ()), *containers):
-            if c.get("name") == wanted:
-                return dict(c)
-    return dict(containers[0]) if containers else {}
-
-
-def _env(container: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:
-    return next((e for e in container.get("env") or () if e.get("name") == name), None)
+    return fraction_container(get_path(pod.raw, "spec") or {}, pod.annotations)
 
 
 def configmaps_of(pod: PodInfo) -> tuple[str, ...]:
     """The ConfigMaps (in the pod's namespace) whose keys a KAI pod's memory limit comes from."""
     if pod.backend is not GpuSharing.KAI:
         return ()
-    env = _env(_fraction_container(pod), MEMORY_LIMIT)
+    env = env_var(_fraction_container(pod), MEMORY_LIMIT)
     ref = get_path(env, "valueFrom", "configMapKeyRef") if env else None
     return (str(ref["name"]),) if ref and ref.get("name") else ()
 
@@ -175,7 +157,7 @@ def enforcement_of(
     ConfigMaps as read (None: could not be read); ``gpu_memory_mib``: its GPU's memory."""
     container = _fraction_container(pod)
     if pod.backend is GpuSharing.HAMI:
-        flag = _env(container, DISABLE_CONTROL)
+        flag = env_var(container, DISABLE_CONTROL)
         if flag is not None and str(flag.get("value", "")).strip().lower() in _TRUE:
             return Enforcement(how=f"HAMi with {DISABLE_CONTROL}=true")
         share = pod.share
@@ -184,7 +166,7 @@ def enforcement_of(
         return _limited(share.memory_mib, gpu_memory_mib, f"HAMi {share.memory_mib} MiB")
     if pod.backend is not GpuSharing.KAI:
         return Enforcement(how="no GPU share")
-    env = _env(container, MEMORY_LIMIT)
+    env = env_var(container, MEMORY_LIMIT)
     if env is None:
         return NOT_ENFORCED
     ref = get_path(env, "valueFrom", "configMapKeyRef")

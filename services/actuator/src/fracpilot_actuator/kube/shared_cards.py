@@ -35,6 +35,7 @@ from fracpilot_libs.contracts import FractionDecision, GpuSharing, WorkloadRef
 from fracpilot_libs.owners import top_owner
 
 log = logging.getLogger(__name__)
+REDIVISION = "co-tenant re-division"  # patch_share's purpose for a decision's co-tenants
 
 
 class SharedCards:
@@ -115,6 +116,7 @@ async def redivide(
             step.reason,
             decision_id=decision.decision_id,
             now=now,
+            purpose=REDIVISION,
         )
         if error is not None:
             if shrinking:
@@ -128,6 +130,13 @@ async def redivide(
     return notes, None
 
 
+def share_change_failed(purpose: str, reason: str, pod: str, value: str, error: str) -> str:
+    """What an in-place ``gpu-fraction`` change that did not take says: what it was for (the
+    ``purpose``, else the change's ``reason``), the pod, the value and the error."""
+    doing = purpose or f"in-place GPU share change ({reason})"
+    return f"{doing} of {pod} to {KAI_FRACTION}={value} failed: {error}"
+
+
 async def patch_share(
     executor: StepExecutor,
     fence: Callable[[Fence], None],
@@ -138,11 +147,16 @@ async def patch_share(
     *,
     now: datetime,
     decision_id: str = "",
+    purpose: str = "",
 ) -> str | None:
     """Set a KAI pod's accounted ``gpu-fraction`` in place (shared isolation: scheduler
     accounting only, no restart): a patch conditional on the pod as read, read back, and a
     ``FractionRedivided`` Event on the pod (``FractionRedivideFailed`` and the error when it
-    did not take). Used by a decision's card re-division and by consolidation's shrinks."""
+    did not take). Used by a decision's card re-division and by consolidation's shrinks.
+
+    ``purpose``: what the change is for, as the failure names it ("co-tenant re-division",
+    "consolidation shrink"); "" names the change by ``reason``. The error returned (None when
+    it took) says what was being done, so that a caller's own message need not guess."""
     api = executor.api
     value = f"{after:g}"
     annotations = {KAI_FRACTION: value, RESIZED_AT: now.isoformat()}
@@ -165,9 +179,9 @@ async def patch_share(
     except KubeError as exc:
         error = f"refused ({exc.status}): {exc.message}"
     if error is not None:
-        error = f"co-tenant {pod.key} not re-divided to {value}: {error}"
+        error = share_change_failed(purpose, reason, pod.key, value, error)
         await executor.event(pod, "FractionRedivideFailed", error, warning=True)
-        log.warning("co-tenant not re-divided", extra={"pod": pod.key, "error": error})
+        log.warning("in-place share change failed", extra={"pod": pod.key, "error": error})
         return error
     was = "?" if before is None else f"{before:g}"
     await executor.event(

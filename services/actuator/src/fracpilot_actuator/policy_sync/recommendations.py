@@ -3,7 +3,21 @@
 The leader actuator hands every result it reports (:meth:`DecisionHandler.report`, applied or
 held back: recommend mode, not opted in, dry-run) to :meth:`RecommendationWriter.offer`, which
 never blocks the decision path: the latest result per workload waits in memory and a task
-writes it. A write is a merge patch of the object's status; when the object is not there
+writes it.
+
+Which workloads get one (``FRACPILOT_POLICYSYNC_RECOMMENDATIONS``, :func:`in_scope`): by
+default (``opted-in``) only those of a namespace someone opted in, labelled
+``fracpilot.io/mode=recommend`` or ``auto`` (every namespace when the default mode is auto):
+an object in a team's namespace is a change there, and nothing changes until they opt in.
+``all``: every workload that is not off (excluded namespace, opt-out, mode off); ``off``: none.
+A workload that leaves the scope keeps its object as last written (its owner's deletion, or
+``kubectl delete frec -l app.kubernetes.io/managed-by=fracpilot-actuator``, removes it).
+
+When the FractionRecommendation CRD is not served (its resource answers 404), writing stops:
+one warning, ``fracpilot_recommendation_writes_total{result="not_served"}`` counts each result
+not written, and the API is asked again after ``recheck_s`` (10 minutes), not once a result.
+
+A write is a merge patch of the object's status; when the object is not there
 (404), the workload is read for its uid and the object is created with an ownerReference to
 it, then its status is patched. A workload that is gone gets no object; the object of one
 deleted later is deleted by Kubernetes' garbage collector (the ownerReference). Why an object
@@ -20,10 +34,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC
-from typing import Any
+from typing import Any, Literal
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -31,6 +47,8 @@ from prometheus_client import CollectorRegistry, Counter
 
 from fracpilot_actuator.actuation import Actuation
 from fracpilot_actuator.kube.api import KubeApi
+from fracpilot_actuator.opt_in import Automation, selector_mode
+from fracpilot_actuator.settings import OptInSettings
 from fracpilot_libs.contracts import FractionDecision
 from fracpilot_libs.deadlines import event_set
 from fracpilot_libs.kube.client import in_thread
@@ -52,6 +70,41 @@ OWNER_API_VERSIONS: Mapping[str, str] = {
     "Pod": "v1",
 }
 Key = tuple[str, str]  # namespace, object name
+Scope = Literal["off", "opted-in", "all"]
+NamespaceLabelsOf = Callable[[str], Awaitable[Mapping[str, Any]]]
+
+
+def in_scope(
+    scope: Scope,
+    namespace: str,
+    namespace_labels: Mapping[str, Any],
+    opt_in: OptInSettings,
+    actuation: Actuation,
+) -> bool:
+    """Whether this result is written (the module doc): never for a workload that is off
+    (its pods or namespace say so, or the namespace is excluded); under ``opted-in`` only
+    when its namespace's label chose recommend or auto, or the default mode is auto."""
+    if scope == "off" or actuation.held_back == "off":
+        return False
+    selected = selector_mode(namespace, namespace_labels, {}, opt_in)
+    if selected.mode is Automation.OFF:
+        return False
+    return scope == "all" or selected.source == "namespace" or selected.mode is Automation.AUTO
+
+
+def resource_not_served(exc: ApiException) -> bool:
+    """A 404 for the resource itself (its CRD not installed), not for one object or its
+    namespace. kube-apiserver answers a path it does not serve with the plain text ``404 page
+    not found`` (group or resource unknown), and a missing object or namespace with a Status
+    whose ``details.name`` names it (both seen on kube-apiserver v1.35.4 in the tests)."""
+    if exc.status != 404:
+        return False
+    try:
+        status = json.loads(exc.body or "")
+    except (TypeError, ValueError):
+        return True
+    details = (status.get("details") or {}) if isinstance(status, dict) else {}
+    return not details.get("name")
 
 
 def _time(decision: FractionDecision) -> str:
@@ -119,14 +172,37 @@ def new_object(decision: FractionDecision, owner_uid: str) -> dict[str, Any]:
     }
 
 
-class RecommendationWriter:
-    """Keeps one FractionRecommendation per workload equal to its last result (see the
-    module doc). ``api``: the actuator's :class:`KubeApi` (its reads of workloads)."""
+class NotServedError(RuntimeError):
+    """The FractionRecommendation resource answered 404: its CRD is not installed."""
 
-    def __init__(self, api: KubeApi, registry: CollectorRegistry, timeout_s: float = 30.0) -> None:
+
+class RecommendationWriter:
+    """Keeps one FractionRecommendation per workload in scope equal to its last result (see
+    the module doc). ``api``: the actuator's :class:`KubeApi` (its reads of workloads);
+    ``namespace_labels``: a namespace's labels (the actuator's watch-fed cache); without it
+    no namespace is opted in. ``clock``: monotonic seconds, for the re-check of the CRD."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        registry: CollectorRegistry,
+        timeout_s: float = 30.0,
+        *,
+        scope: Scope = "opted-in",
+        namespace_labels: NamespaceLabelsOf | None = None,
+        opt_in: OptInSettings | None = None,
+        recheck_s: float = 600.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._kube = api
         self._custom = client.CustomObjectsApi(api.api)
         self._timeout_s = timeout_s
+        self.scope: Scope = scope
+        self._namespace_labels = namespace_labels
+        self._opt_in = opt_in or OptInSettings()
+        self._recheck_s = recheck_s
+        self._clock = clock
+        self._not_served_until: float | None = None  # writes stop until then
         self._waiting: dict[Key, tuple[FractionDecision, Actuation]] = {}
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -135,7 +211,9 @@ class RecommendationWriter:
         self.writes = Counter(
             "fracpilot_recommendation_writes_total",
             "FractionRecommendation writes by result: status (patched), created, gone (the "
-            "workload is not there), skipped (a kind without an ownerReference), error",
+            "workload is not there), skipped (a kind without an ownerReference), "
+            "not_opted_in (out of FRACPILOT_POLICYSYNC_RECOMMENDATIONS' scope), not_served "
+            "(the CRD is not installed: not written), error",
             ["result"],
             registry=registry,
         )
@@ -149,8 +227,18 @@ class RecommendationWriter:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
+    @property
+    def served(self) -> bool:
+        """False while writes stop because the CRD was not served (until the re-check)."""
+        return self._not_served_until is None or self._clock() >= self._not_served_until
+
     def offer(self, decision: FractionDecision, actuation: Actuation) -> None:
         """Write this result (later; a newer result of the workload replaces it)."""
+        if self.scope == "off":
+            return
+        if not self.served:  # not even queued: nothing waits on an absent CRD
+            self.writes.labels("not_served").inc()
+            return
         w = decision.workload
         self._waiting[w.namespace, object_name(w.owner_kind, w.owner_name)] = (decision, actuation)
         self._idle.clear()
@@ -167,15 +255,41 @@ class RecommendationWriter:
             while self._waiting:
                 key = next(iter(self._waiting))
                 decision, actuation = self._waiting.pop(key)
-                try:
-                    self.writes.labels(await self.write(decision, actuation)).inc()
-                except Exception as exc:  # the API away: the workload's next result writes it
-                    self.writes.labels("error").inc()
-                    log.warning(
-                        "could not write a FractionRecommendation",
-                        extra={"object": "/".join(key), "error": repr(exc)[:500]},
-                    )
+                self.writes.labels(await self._write_in_scope(key, decision, actuation)).inc()
             self._idle.set()
+
+    async def _write_in_scope(
+        self, key: Key, decision: FractionDecision, actuation: Actuation
+    ) -> str:
+        """One result: written when in scope and the CRD is served; the metric's label."""
+        try:
+            namespace = decision.workload.namespace
+            labels = await self._namespace_labels(namespace) if self._namespace_labels else {}
+            if not in_scope(self.scope, namespace, labels, self._opt_in, actuation):
+                return "not_opted_in"
+            if not self.served:
+                return "not_served"
+            return await self.write(decision, actuation)
+        except NotServedError as exc:
+            self._stop_writing(str(exc))
+            return "not_served"
+        except Exception as exc:  # the API away: the workload's next result writes it
+            log.warning(
+                "could not write a FractionRecommendation",
+                extra={"object": "/".join(key), "error": repr(exc)[:500]},
+            )
+            return "error"
+
+    def _stop_writing(self, why: str) -> None:
+        """Log once per outage; drop what waits; ask again after ``recheck_s``."""
+        if self._not_served_until is None:
+            log.warning(
+                "FractionRecommendations are not written: the CRD is not served",
+                extra={"error": why, "recheck_s": self._recheck_s},
+            )
+        self._not_served_until = self._clock() + self._recheck_s
+        self.writes.labels("not_served").inc(len(self._waiting))
+        self._waiting.clear()
 
     async def write(self, decision: FractionDecision, actuation: Actuation) -> str:
         """One result written now; returns how (the metric's result label)."""
@@ -202,15 +316,15 @@ class RecommendationWriter:
                 )
             )  # fmt: skip
         except ApiException as exc:
-            if exc.status == 404:
-                raise RuntimeError(
-                    f"{PLURAL}.{GROUP} is not served: is the FractionRecommendation CRD "
-                    "installed (deploy/crds/)?"
-                ) from exc
+            if resource_not_served(exc):
+                raise _not_served() from exc
             if exc.status != 409:  # 409: created meanwhile; patch it all the same
                 raise
         if not await self._patch_status(w.namespace, name, body):
             raise RuntimeError(f"{w.namespace}/{name} created, then not found")
+        if self._not_served_until is not None:
+            log.info("FractionRecommendations are written again: the CRD is served")
+            self._not_served_until = None
         return "created"
 
     async def _patch_status(self, namespace: str, name: str, body: dict[str, Any]) -> bool:
@@ -223,10 +337,22 @@ class RecommendationWriter:
                 )
             )  # fmt: skip
         except ApiException as exc:
+            if resource_not_served(exc):  # no object read, nor create tried, for nothing
+                raise _not_served() from exc
             if exc.status == 404:
                 return False
             raise
+        if self._not_served_until is not None:
+            log.info("FractionRecommendations are written again: the CRD is served")
+            self._not_served_until = None
         return True
 
     async def _call(self, call: Any) -> object:
         return await in_thread(call, self._timeout_s + 1.0, name="recommendation")
+
+
+def _not_served() -> NotServedError:
+    return NotServedError(
+        f"{PLURAL}.{GROUP} is not served: is the FractionRecommendation CRD installed "
+        "(deploy/crds/, or the chart's fractionPolicies.crds.install)?"
+    )
