@@ -460,7 +460,7 @@ def test_a_shrink_refused_gives_the_card_up() -> None:
     asyncio.run(backend.reconcile(NOW))
     assert ("evict", "chat-0") not in api.writes
     assert api.node_events[-1].startswith("ConsolidationCardAbandoned: ")
-    assert "in-place GPU share change (consolidation: " in api.node_events[-1]
+    assert "consolidation shrink of " in api.node_events[-1]
     assert backend.consolidation.card == ""
 
 

@@ -64,7 +64,7 @@ from fracpilot_actuator.kube.inventory import build_inventory
 from fracpilot_actuator.kube.namespaces import NamespaceLabels
 from fracpilot_actuator.kube.reader import ClusterReader
 from fracpilot_actuator.kube.settings import KubeBackendSettings
-from fracpilot_actuator.kube.shared_cards import SharedCards, patch_share
+from fracpilot_actuator.kube.shared_cards import CONSOLIDATION_SHRINK, SharedCards, patch_share
 from fracpilot_actuator.metrics import ConsolidationMetrics
 from fracpilot_actuator.stores.ports import ConsolidationProgress, DisruptionHistory
 from fracpilot_libs.contracts import (
@@ -592,6 +592,7 @@ class Consolidator:
             step.fraction,
             f"consolidation: {step.reason}",
             now=now,
+            purpose=CONSOLIDATION_SHRINK,
         )
         if error is not None:
             await self._give_up(view, node, error)

@@ -36,6 +36,7 @@ from fracpilot_libs.owners import top_owner
 
 log = logging.getLogger(__name__)
 REDIVISION = "co-tenant re-division"  # patch_share's purpose for a decision's co-tenants
+CONSOLIDATION_SHRINK = "consolidation shrink"  # ... for a tenant shrunk to make room for a move
 
 
 class SharedCards:
