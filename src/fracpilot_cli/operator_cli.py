@@ -417,7 +417,8 @@ def report_command(
         typer.Option(
             "--mig",
             help="add MIG profile recommendations even when the GPUs are not MIG cards "
-            "modelled here (A100/H100 80GB; added for those without it; docs/mig.md)",
+            "modelled here (A100, A30, H100, H200, B200; added for those without it; "
+            "docs/mig.md)",
         ),
     ] = False,
 ) -> None:

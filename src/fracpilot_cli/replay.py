@@ -324,8 +324,9 @@ def replay_command(
     mig_gpu: Annotated[
         str,
         typer.Option(
-            metavar="a100-80gb|h100-80gb",
-            help="with --mig: the MIG card (default: the trace's GPU model, else A100 80GB)",
+            metavar="CARD",
+            help="with --mig: the MIG card, a key as docs/mig.md lists them (h200-141gb, "
+            "b200-180gb, ...; default: the trace's GPU model, else A100 80GB)",
         ),
     ] = "",
     mig_config: Annotated[

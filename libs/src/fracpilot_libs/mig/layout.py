@@ -4,7 +4,7 @@ A layout is a list of GPUs, each with the instances placed on it (a profile and 
 it starts at), or held whole with MIG disabled for a workload no profile holds. :func:`pack` is
 first-fit decreasing: instances largest first (memory slices, then compute slices), each on the
 first GPU with a valid start slot whose memory slices are all free, at the lowest such slot,
-within the profile's instance count, the card's 7 instances and 7 compute slices; a new GPU when
+within the profile's instance count, the card's instances and compute slices; a new GPU when
 none has room. Every placement it makes passes :func:`problems_of`, which checks a GPU from
 scratch (the property tests run it on random packings).
 

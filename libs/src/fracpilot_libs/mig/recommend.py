@@ -2,12 +2,13 @@
 
 Memory is hard: the profile's instance memory must hold the memory need (an instance cannot
 borrow memory; past it is an out-of-memory error). Compute is the profile's share of the card,
-its compute slices of 7, and must cover the compute need. The candidates form a chain in which
-each profile holds at least the memory and compute of the one before (1g.10gb, 1g.20gb, 2g.20gb,
-3g.40gb, 4g.40gb, 7g.80gb; media-extension profiles are never picked), so "smallest" is the
-first that fits both. A compute need above a whole card is capped at the whole card, as the
-engine caps a fraction at 1. A memory need above the largest profile fits no profile: the
-workload needs the card with MIG disabled (its full memory), or a bigger card.
+its compute slices of the card's (7; the A30's 4), and must cover the compute need. The
+candidates form a chain in which each profile holds at least the memory and compute of the one
+before (on an A100 80GB 1g.10gb, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb; media-extension
+profiles are never picked), so "smallest" is the first that fits both. A compute need above a
+whole card is capped at the whole card, as the engine caps a fraction at 1. A memory need above
+the largest profile fits no profile: the workload needs the card with MIG disabled (its full
+memory), or a bigger card.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ class Recommendation:
         p = self.profile
         return (
             f"{p.name}: {p.memory_mib / 1024:.2f} GiB >= {gib:.2f} GiB memory, "
-            f"{p.compute_slices}/7 = {p.compute_share:.3f} >= {need.compute_share:.3f} compute"
+            f"{p.compute_slices}/{self.card.compute_slices} = {p.compute_share:.3f} >= "
+            f"{need.compute_share:.3f} compute"
             f" (sized by {self.driver})"
         )
 

@@ -15,7 +15,8 @@ share of its *card* the pod uses, as every other sample does, so a fraction, a p
 profile's level (``sizing.grids.profile_level``) all speak of the same card.
 
 - compute: the instance's ratio times its compute slices over the card's (``3g`` of 7 on
-  A100/H100/H200/B200: times 3/7; A30 has 4);
+  A100/H100/H200/B200: times 3/7; the A30 has 4), the card's slices from its profile table
+  (:func:`fracpilot_libs.mig.profiles.card_for_model`), 7 for a card without one;
 - memory: the bytes used as measured, and as total the instance's memory over its share of the
   card's memory slices (a ``3g.40gb`` holds 4 of 8: its 39.25 GiB count as a 78.5 GiB card), so
   used / total is the share of the card. The instance's own memory is its FB figures or, when it
@@ -30,14 +31,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fracpilot_libs.mig.profiles import MEMORY_SLICES, card_for_model
+from fracpilot_libs.mig.profiles import COMPUTE_SLICES, MEMORY_SLICES, card_for_model
 
 GIB = 1024**3
 INSTANCE_ID_LABEL = "GPU_I_ID"
 PROFILE_LABEL = "GPU_I_PROFILE"
-# Compute slices of a whole card by model: the A30 splits into 4, the others into 7.
-_SLICES_BY_MODEL = (("A30", 4),)
-_DEFAULT_SLICES = 7
 # ``3g.40gb``, ``1g.10gb+me``, ``1c.3g.40gb`` (a compute-instance profile within a 3g).
 _PROFILE = re.compile(r"^(?:\d+c\.)?(?P<slices>\d+)g\.(?P<gb>\d+)gb", re.IGNORECASE)
 _GI_PROFILE = re.compile(r"^(?:\d+c\.)?(?P<gi>\d+g\.\d+gb(?:\+me)?)", re.IGNORECASE)
@@ -75,11 +73,9 @@ def mig_instance(parent_uuid: str, labels: Mapping[str, str]) -> MigInstance | N
 
 
 def card_slices(model: str) -> int:
-    words = model.replace("-", " ").split()
-    for name, slices in _SLICES_BY_MODEL:
-        if name in words:
-            return slices
-    return _DEFAULT_SLICES
+    """The compute slices of a whole ``model`` card: its table's, else the usual 7."""
+    card = card_for_model(model)
+    return card.compute_slices if card is not None else COMPUTE_SLICES
 
 
 @functools.cache
@@ -106,11 +102,13 @@ def profile_memory_bytes(profile: str) -> int | None:
 def memory_share(profile: str, model: str, card_memory_bytes: int | None = None) -> float | None:
     """The instance's share of the card's memory: its memory slices over the card's.
 
-    From the profile table when the card has one here (``1g.20gb``: 2 of 8); else the profile's
-    nominal size over the card's (its model name's "80GB", else ``card_memory_bytes``), to the
-    nearest eighth: every MIG card splits its memory into 8 slices, or 4 (A30: quarters are
-    eighths too), and the names round the sizes (H100 NVL ``1g.12gb`` of 94 GB: 1/8). A profile
-    holding all the card's compute slices holds all its memory. None when nothing says.
+    From the profile table when the card has one here (``1g.20gb``: 2 of 8). Else the profile's
+    nominal size over the card's, to the nearest of the card's memory slices: the card's size
+    from its table (its largest profile's "141gb": dcgm-exporter may name a profile otherwise
+    than the table, ``7g.79gb`` for ``7g.80gb``, NVIDIA/dcgm-exporter issue 713), else its model
+    name's "80GB", else ``card_memory_bytes``; the names round the sizes (``1g.12gb`` of 94 GB:
+    1/8). A profile holding all the card's compute slices holds all its memory. None when
+    nothing says.
     """
     match = _PROFILE.match(profile)
     if match is None:
@@ -125,14 +123,17 @@ def memory_share(profile: str, model: str, card_memory_bytes: int | None = None)
         return 1.0
     named = _CARD_GB.search(model)
     card_gb = (
-        float(named.group("gb"))
+        float(card.nominal_gb)
+        if card is not None
+        else float(named.group("gb"))
         if named is not None
         else (card_memory_bytes / GIB if card_memory_bytes else None)
     )
     if not card_gb:
         return None
-    eighths = round(int(match.group("gb")) / card_gb * MEMORY_SLICES)
-    return min(max(eighths, 1), MEMORY_SLICES) / MEMORY_SLICES
+    slices = card.memory_slices if card is not None else MEMORY_SLICES
+    share = round(int(match.group("gb")) / card_gb * slices)
+    return min(max(share, 1), slices) / slices
 
 
 def card_memory_bytes(instance_memory_bytes: int, share: float) -> int:

@@ -20,7 +20,7 @@ from fracpilot_libs.mig.layout import (
     peak_count,
     problems_of,
 )
-from fracpilot_libs.mig.profiles import A100_80GB, CARDS, H100_80GB, MigCard, MigProfile
+from fracpilot_libs.mig.profiles import A30_24GB, A100_80GB, CARDS, MigCard, MigProfile
 
 card_st = st.sampled_from(list(CARDS.values()))
 
@@ -40,10 +40,10 @@ def assert_valid(gpu: GpuLayout, card: MigCard) -> None:
         assert p.start in p.profile.starts
         slots += list(range(p.start, p.start + p.profile.memory_slices))
     assert len(slots) == len(set(slots)), "memory slices shared"
-    assert all(0 <= s < 8 for s in slots)
-    assert sum(p.profile.compute_slices for p in gpu.placements) <= 7
+    assert all(0 <= s < card.memory_slices for s in slots)
+    assert sum(p.profile.compute_slices for p in gpu.placements) <= card.compute_slices
     assert sum(p.profile.memory_mib for p in gpu.placements) <= card.largest.memory_mib
-    assert len(gpu.placements) <= 7
+    assert len(gpu.placements) <= card.max_instances
     for name, n in Counter(p.profile.name for p in gpu.placements).items():
         assert n <= card.profile(name).max_instances
 
@@ -73,29 +73,64 @@ def test_no_fewer_gpus_than_the_slices_demand_and_none_left_idle(
     gpus = pack(instances, card)
     compute = sum(p.compute_slices for _, p in instances)
     memory = sum(p.memory_slices for _, p in instances)
-    assert len(gpus) >= max(-(-compute // 7), -(-memory // 8))
+    assert len(gpus) >= max(-(-compute // card.compute_slices), -(-memory // card.memory_slices))
     assert all(g.placements for g in gpus)
     shuffled = list(reversed(instances))  # the order given does not matter
     assert [g.counts() for g in pack(shuffled, card)] == [g.counts() for g in gpus]
 
 
-@pytest.mark.parametrize("card", [A100_80GB, H100_80GB], ids=["a100", "h100"])
+SEVEN_BY_EIGHT = [c for c in CARDS.values() if (c.compute_slices, c.memory_slices) == (7, 8)]
+
+
+def shaped(card: MigCard, compute: int, memory: int, me: bool = False) -> MigProfile:
+    """The card's profile of ``compute`` and ``memory`` slices (names differ by card)."""
+    (found,) = (
+        p
+        for p in card.profiles
+        if (p.compute_slices, p.memory_slices, p.media_extensions) == (compute, memory, me)
+    )
+    return found
+
+
+@pytest.mark.parametrize("card", SEVEN_BY_EIGHT, ids=lambda c: c.key)
 def test_known_packings(card: MigCard) -> None:
-    p = card.profile
-    full = pack([("a", p("3g.40gb")), ("b", p("4g.40gb"))], card)
+    three, four = shaped(card, 3, 4), shaped(card, 4, 4)
+    full = pack([("a", three), ("b", four)], card)
     assert len(full) == 1
     assert {(x.profile.name, x.start) for x in full[0].placements} == {
-        ("4g.40gb", 0),
-        ("3g.40gb", 4),
+        (four.name, 0),
+        (three.name, 4),
     }
-    sevens = pack([(str(i), p("1g.10gb")) for i in range(8)], card)
+    sevens = pack([(str(i), shaped(card, 1, 1)) for i in range(8)], card)
     assert [len(g.placements) for g in sevens] == [7, 1]
-    # 2g.20gb starts only at 0, 2 and 4: a fourth needs a second GPU even though slices 6-7
-    # are free, where a 1g.20gb then fits
-    twos = pack([*((str(i), p("2g.20gb")) for i in range(4)), ("x", p("1g.20gb"))], card)
-    assert [g.counts() for g in twos] == [{"2g.20gb": 3, "1g.20gb": 1}, {"2g.20gb": 1}]
-    one = pack([("me", p("1g.10gb+me")), ("me2", p("1g.10gb+me"))], card)
-    assert len(one) == 2  # one media-extension instance per card
+    # the 2g starts only at 0, 2 and 4: a fourth needs a second GPU even though slices 6-7
+    # are free, where a 1g of two memory slices (where the card has it) then fits
+    two = shaped(card, 2, 2)
+    twos = pack([(str(i), two) for i in range(4)], card)
+    assert [g.counts() for g in twos] == [{two.name: 3}, {two.name: 1}]
+    if any((p.compute_slices, p.memory_slices) == (1, 2) for p in card.profiles):
+        one_x2 = shaped(card, 1, 2)
+        twos = pack([*((str(i), two) for i in range(4)), ("x", one_x2)], card)
+        assert [g.counts() for g in twos] == [{two.name: 3, one_x2.name: 1}, {two.name: 1}]
+    me = shaped(card, 1, 1, me=True)
+    assert len(pack([("me", me), ("me2", me)], card)) == 2  # one media-extension instance
+
+
+def test_known_packings_of_the_a30_four_slices() -> None:
+    card = A30_24GB
+    p = card.profile
+    full = pack([("a", p("2g.12gb")), ("b", p("1g.6gb")), ("c", p("1g.6gb"))], card)
+    assert [sorted((x.profile.name, x.start) for x in g.placements) for g in full] == [
+        [("1g.6gb", 2), ("1g.6gb", 3), ("2g.12gb", 0)]
+    ]
+    fours = pack([(str(i), p("1g.6gb")) for i in range(5)], card)
+    assert [len(g.placements) for g in fours] == [4, 1]  # 4 instances at most on an A30
+    whole = pack([("a", p("4g.24gb")), ("b", p("1g.6gb"))], card)
+    assert len(whole) == 2
+    gpu = GpuLayout([Placement(p("1g.6gb"), s) for s in range(4)] + [Placement(p("1g.6gb"), 4)])
+    found = problems_of(gpu, card)
+    assert any("5 compute slices: the card has 4" in f for f in found), found
+    assert any("runs past memory slice 4" in f for f in found), found
 
 
 @pytest.mark.parametrize(
@@ -160,7 +195,7 @@ def test_the_instances_for_the_peak_hold_every_moment(
     card: MigCard, raw: list[tuple[int, int, int]]
 ) -> None:
     chain = card.candidates
-    spans = [Span(a, a + d, chain[k]) for a, d, k in raw]
+    spans = [Span(a, a + d, chain[k % len(chain)]) for a, d, k in raw]
     counts, whole = instances_for_peak(spans, card)
     assert whole == 0
     instances = sorted(

@@ -1,5 +1,5 @@
 """MIG profile tables and recommendations: the smallest profile that holds a workload's memory
-(hard) and compute (slices of 7), checked at every boundary of both cards' tables."""
+(hard) and compute (slices of the card's), checked at every boundary of every card's table."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fracpilot_libs.mig.profiles import (
+    A30_24GB,
     A100_80GB,
     CARDS,
     H100_80GB,
@@ -20,22 +21,52 @@ from fracpilot_libs.mig.recommend import MigNeed, recommend
 GIB = 1024**3
 cards = pytest.mark.parametrize("card", list(CARDS.values()), ids=list(CARDS))
 
+_ALL = (0, 1, 2, 3, 4, 5, 6)
+
+
+def seven_by_eight(g1: str, g2: str, g4: str, g8: str) -> dict[str, tuple[object, ...]]:
+    """The 7 x 8 cards' table, named by their sizes."""
+    return {
+        f"1g.{g1}": (1, 1, 7, _ALL),
+        f"1g.{g1}+me": (1, 1, 1, _ALL),
+        f"1g.{g2}": (1, 2, 4, (0, 2, 4, 6)),
+        f"2g.{g2}": (2, 2, 3, (0, 2, 4)),
+        f"3g.{g4}": (3, 4, 2, (0, 4)),
+        f"4g.{g4}": (4, 4, 1, (0,)),
+        f"7g.{g8}": (7, 8, 1, (0,)),
+    }
+
+
 # name: (compute slices, memory slices, max instances, valid starts), as the MIG User Guide's
-# tables and `nvidia-smi mig -lgipp` give them (see fracpilot_libs.mig.profiles)
+# tables, the GPU Operator's mig-parted config and `nvidia-smi mig -lgip(p)` give them (see
+# fracpilot_libs.mig.profiles)
 EXPECTED = {
-    "1g.10gb": (1, 1, 7, (0, 1, 2, 3, 4, 5, 6)),
-    "1g.10gb+me": (1, 1, 1, (0, 1, 2, 3, 4, 5, 6)),
-    "1g.20gb": (1, 2, 4, (0, 2, 4, 6)),
-    "2g.20gb": (2, 2, 3, (0, 2, 4)),
-    "3g.40gb": (3, 4, 2, (0, 4)),
-    "4g.40gb": (4, 4, 1, (0,)),
-    "7g.80gb": (7, 8, 1, (0,)),
+    "a100-80gb": seven_by_eight("10gb", "20gb", "40gb", "80gb"),
+    "h100-80gb": seven_by_eight("10gb", "20gb", "40gb", "80gb"),
+    "a100-40gb": seven_by_eight("5gb", "10gb", "20gb", "40gb"),
+    "h100-94gb": seven_by_eight("12gb", "24gb", "47gb", "94gb"),
+    "h200-141gb": seven_by_eight("18gb", "35gb", "71gb", "141gb"),
+    "h200-nvl": {
+        k: v for k, v in seven_by_eight("18gb", "35gb", "71gb", "141gb").items() if k != "1g.35gb"
+    },
+    "b200-180gb": seven_by_eight("23gb", "45gb", "90gb", "180gb"),
+    "a30-24gb": {
+        "1g.6gb": (1, 1, 4, (0, 1, 2, 3)),
+        "1g.6gb+me": (1, 1, 1, (0, 1, 2, 3)),
+        "2g.12gb": (2, 2, 2, (0, 2)),
+        "2g.12gb+me": (2, 2, 1, (0, 2)),
+        "4g.24gb": (4, 4, 1, (0,)),
+    },
 }
-CHAIN = ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
+SLICES = {key: (4, 4, 4) if key == "a30-24gb" else (7, 8, 7) for key in EXPECTED}
 
 
 def need(memory_bytes: int, compute: float) -> MigNeed:
     return MigNeed("ns/w", memory_bytes, compute)
+
+
+def test_every_card_has_its_expected_table() -> None:
+    assert set(CARDS) == set(EXPECTED)
 
 
 @cards
@@ -44,10 +75,11 @@ def test_the_tables_hold_the_upstream_slices_counts_and_starts(card: MigCard) ->
         p.name: (p.compute_slices, p.memory_slices, p.max_instances, p.starts)
         for p in card.profiles
     }
-    assert got == EXPECTED
-    assert [p.name for p in card.candidates] == CHAIN
-    assert card.profile("7g.80gb").memory_slices == card.memory_slices == 8
-    assert card.profile("7g.80gb").compute_slices == card.compute_slices == 7
+    assert got == EXPECTED[card.key]
+    assert (card.compute_slices, card.memory_slices, card.max_instances) == SLICES[card.key]
+    assert card.largest.memory_slices == card.memory_slices
+    assert card.largest.compute_slices == card.compute_slices
+    assert all(p.compute_share == p.compute_slices / card.compute_slices for p in card.profiles)
 
 
 @cards
@@ -69,10 +101,12 @@ def test_each_candidate_holds_at_least_the_one_before(card: MigCard) -> None:
 
 
 @cards
-@pytest.mark.parametrize("index", range(len(CHAIN)))
+@pytest.mark.parametrize("index", range(6))
 def test_memory_boundaries(card: MigCard, index: int) -> None:
     """A need of exactly a profile's memory fits it; one byte more goes to the next one."""
-    p = card.profile(CHAIN[index])
+    if index >= len(card.candidates):
+        return  # a card with fewer candidates (A30, H200 NVL): its last one is covered
+    p = card.candidates[index]
     at = recommend(need(p.memory_bytes, 0.0), card)
     # the smallest profile holding this much memory: 1g.20gb, not 2g.20gb, for 20 GB
     first_with_this_memory = next(c for c in card.candidates if c.memory_mib == p.memory_mib)
@@ -83,18 +117,20 @@ def test_memory_boundaries(card: MigCard, index: int) -> None:
 
 
 @cards
-@pytest.mark.parametrize("slices", range(1, 8))
-def test_compute_boundaries(card: MigCard, slices: int) -> None:
-    """A compute need of exactly k/7 fits a profile with k slices; a bit more needs more."""
-    smallest = next(c for c in card.candidates if c.compute_slices >= slices)
-    assert recommend(need(0, slices / 7), card).profile == smallest
-    assert recommend(need(0, slices / 7 + 1e-12), card).profile == smallest  # float noise
-    if slices < 7:
-        more = next(c for c in card.candidates if c.compute_slices > slices)
-        assert recommend(need(0, slices / 7 + 1e-6), card).profile == more
+def test_compute_boundaries(card: MigCard) -> None:
+    """A compute need of exactly k/n (n the card's slices) fits a profile with k slices; a bit
+    more needs more."""
+    n = card.compute_slices
+    for slices in range(1, n + 1):
+        smallest = next(c for c in card.candidates if c.compute_slices >= slices)
+        assert recommend(need(0, slices / n), card).profile == smallest
+        assert recommend(need(0, slices / n + 1e-12), card).profile == smallest  # float noise
+        if slices < n:
+            more = next(c for c in card.candidates if c.compute_slices > slices)
+            assert recommend(need(0, slices / n + 1e-6), card).profile == more
 
 
-@cards
+@pytest.mark.parametrize("card", [A100_80GB, H100_80GB], ids=lambda c: c.key)
 def test_the_brief_s_examples(card: MigCard) -> None:
     assert recommend(need(int(9 * GIB), 0.05), card).profile == card.profile("1g.10gb")
     assert recommend(need(int(10.1 * GIB), 0.05), card).profile == card.profile("1g.20gb")
@@ -107,9 +143,30 @@ def test_the_brief_s_examples(card: MigCard) -> None:
     assert recommend(need(int(41 * GIB), 0.1), card).profile == card.profile("7g.80gb")
 
 
+def test_an_a30_is_sized_in_quarters() -> None:
+    card = A30_24GB
+    rec = recommend(need(int(5 * GIB), 0.25), card)
+    assert rec.profile == card.profile("1g.6gb")
+    assert "1/4 = 0.250 >= 0.250 compute" in rec.reason
+    assert recommend(need(int(5 * GIB), 0.26), card).profile == card.profile("2g.12gb")
+    assert recommend(need(int(12 * GIB), 0.0), card).profile == card.profile("4g.24gb")
+    assert recommend(need(int(23 * GIB), 0.0), card).profile is None  # 23344 MiB < 23 GiB
+
+
+def test_h200_and_b200_needs_take_their_profiles() -> None:
+    h200, b200 = CARDS["h200-141gb"], CARDS["b200-180gb"]
+    assert recommend(need(int(16 * GIB), 0.1), h200).profile == h200.profile("1g.35gb")
+    assert recommend(need(int(30 * GIB), 0.2), h200).profile == h200.profile("2g.35gb")
+    assert recommend(need(int(20 * GIB), 0.1), b200).profile == b200.profile("1g.23gb")
+    rec = recommend(need(int(50 * GIB), 0.5), b200)
+    assert (rec.profile, rec.driver) == (b200.profile("4g.90gb"), "compute")
+    nvl = CARDS["h200-nvl"]  # no 1g.35gb on the NVL: a 2g.35gb holds the 16+ GiB
+    assert recommend(need(int(16 * GIB), 0.1), nvl).profile == nvl.profile("2g.35gb")
+
+
 @cards
 def test_memory_past_the_largest_profile_fits_none_and_compute_is_capped(card: MigCard) -> None:
-    largest = card.profile("7g.80gb")
+    largest = card.largest
     rec = recommend(need(largest.memory_bytes + 1, 0.1), card)
     assert rec.profile is None
     assert not rec.fits
@@ -119,7 +176,7 @@ def test_memory_past_the_largest_profile_fits_none_and_compute_is_capped(card: M
 
 
 def test_instance_memory_errs_low_against_the_names() -> None:
-    for card in (A100_80GB, H100_80GB):
+    for card in CARDS.values():
         for p in card.profiles:
             nominal_gb = int(p.name.split(".")[1].split("gb")[0])
             assert p.memory_mib * MIB < nominal_gb * GIB
@@ -133,9 +190,23 @@ def test_instance_memory_errs_low_against_the_names() -> None:
         ("NVIDIA H100 80GB HBM3", "h100-80gb"),
         ("NVIDIA H100 PCIe 80GB", "h100-80gb"),
         ("h100-80gb", "h100-80gb"),
-        ("NVIDIA A100-SXM4-40GB", None),
-        ("NVIDIA H100 NVL", None),
-        ("NVIDIA H100 NVL 94GB", None),
+        ("NVIDIA A100-SXM4-40GB", "a100-40gb"),
+        ("NVIDIA A100-PCIE-40GB", "a100-40gb"),
+        ("NVIDIA A30", "a30-24gb"),
+        ("NVIDIA A30-PCIE-24GB", "a30-24gb"),
+        ("NVIDIA H100 NVL", "h100-94gb"),
+        ("NVIDIA H100 NVL 94GB", "h100-94gb"),
+        ("NVIDIA H200", "h200-141gb"),
+        ("NVIDIA H200 MIG 3g.71gb", "h200-141gb"),
+        ("NVIDIA-H200-MIG-1g.18gb", "h200-141gb"),
+        ("NVIDIA H200 NVL", "h200-nvl"),
+        ("NVIDIA B200", "b200-180gb"),
+        ("b200-180gb", "b200-180gb"),
+        # other tables, not modelled: one word, so \bH200 / \bB200 do not match
+        ("NVIDIA GH200 480GB", None),
+        ("NVIDIA GB200", None),
+        ("NVIDIA B300 SXM6 AC", None),
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", None),
         ("Tesla T4", None),
         ("", None),
     ],
@@ -155,7 +226,7 @@ def test_a_need_is_a_share_and_bytes() -> None:
 @settings(max_examples=300, deadline=None)
 @given(
     st.sampled_from(list(CARDS.values())),
-    st.integers(0, 90 * GIB),
+    st.integers(0, 200 * GIB),
     st.floats(0.0, 1.5, allow_nan=False),
 )
 def test_the_recommendation_is_the_smallest_that_fits(

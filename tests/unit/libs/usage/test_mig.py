@@ -62,6 +62,8 @@ def instance(
         ("1c.3g.40gb", "NVIDIA A100-SXM4-80GB", 3 / 7, 40 * GIB),
         ("2g.12gb", "NVIDIA A30", 2 / 4, 12 * GIB),
         ("4g.24gb", "NVIDIA A30", 1.0, 24 * GIB),
+        ("3g.71gb", "NVIDIA H200", 3 / 7, 71 * GIB),
+        ("7g.180gb", "NVIDIA B200", 1.0, 180 * GIB),
     ],
 )
 def test_profile_names_give_compute_share_and_nominal_memory(
@@ -76,6 +78,8 @@ def test_unparsable_profile_says_nothing() -> None:
     assert profile_memory_bytes("") is None
     assert card_slices("NVIDIA A30") == 4
     assert card_slices("NVIDIA A100-PCIE-40GB") == 7
+    assert card_slices("NVIDIA B200") == 7
+    assert card_slices("NVIDIA GB200") == 7  # no table: the usual 7
 
 
 def test_instance_identity_is_parent_uuid_and_instance_id() -> None:
@@ -104,8 +108,19 @@ def test_two_instances_of_one_card_are_two_exact_devices() -> None:
     assert by_pod[CHAT].gpu_model == "NVIDIA A100-SXM4-80GB MIG 3g.40gb"
 
 
-def test_instance_without_fb_figures_takes_the_profiles_memory_marked_estimated() -> None:
-    mig = {"GPU_I_ID": "3", "GPU_I_PROFILE": "1g.10gb", "model": "NVIDIA H100 80GB HBM3"}
+@pytest.mark.parametrize(
+    ("model", "profile", "card_scale_total", "compute"),
+    [
+        ("NVIDIA H100 80GB HBM3", "1g.10gb", 8 * 10 * GIB, 0.7 / 7),  # 1 of 8 memory slices
+        ("NVIDIA B200", "1g.45gb", 4 * 45 * GIB, 0.7 / 7),  # 2 of 8
+        ("NVIDIA H200", "3g.71gb", 2 * 71 * GIB, 0.7 * 3 / 7),  # 4 of 8
+        ("NVIDIA A30", "1g.6gb", 4 * 6 * GIB, 0.7 / 4),  # 1 of the A30's 4
+    ],
+)
+def test_instance_without_fb_figures_takes_the_profiles_memory_marked_estimated(
+    model: str, profile: str, card_scale_total: int, compute: float
+) -> None:
+    mig = {"GPU_I_ID": "3", "GPU_I_PROFILE": profile, "model": model}
     points = [
         series("DCGM_FI_PROF_GR_ENGINE_ACTIVE", 0.7, CHAT, **mig),
         # dcgm-exporter's per-process memory of the pod (the instance has no FB figures)
@@ -114,9 +129,9 @@ def test_instance_without_fb_figures_takes_the_profiles_memory_marked_estimated(
     observations, rejections = observe_points(points, TABLE, GpuInventory())
     assert rejections == []
     (obs,) = observations
-    assert obs.memory_total_bytes == 8 * 10 * GIB  # 1 of 8 memory slices
+    assert obs.memory_total_bytes == card_scale_total
     assert obs.memory_used_bytes == 4_096 * MIB
-    assert obs.compute == pytest.approx(0.1)
+    assert obs.compute == pytest.approx(compute)
     assert not obs.exact
 
 
