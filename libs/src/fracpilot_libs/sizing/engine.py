@@ -289,6 +289,14 @@ def _level_step(policy: Policy) -> float:
     return step / policy.target_utilization if policy.compute_sizing is not _SOFT else step
 
 
+def compute_level_upsizes(state: WorkloadState, need: Need, policy: Policy, current: float) -> bool:
+    """The compute level alone calls for an upsize: more than one level step above the
+    fraction, and not over rare bursts only (which soft sizing leaves out)."""
+    return need.compute_need > current + _level_step(policy) and not rare_bursts_above(
+        state, policy, current
+    )
+
+
 def upsize_target(need: Need, policy: Policy) -> float:
     """Where an upsize goes: half ``downsize_min_change`` above the need, so that a need
     creeping up (a memory peak, a busier day) does not resize at every step of a fine grid,
@@ -355,10 +363,7 @@ def decide(
     elif moving is _UP and (
         memory_over >= policy.memory_upsize_confirmations
         or need.recent_need > current + EPS
-        or (
-            need.compute_need > current + _level_step(policy)
-            and not rare_bursts_above(state, policy, current)
-        )
+        or compute_level_upsizes(state, need, policy, current)
     ):
         if memory_over >= policy.memory_upsize_confirmations:
             rule = "upsize at once: memory need exceeds the fraction"

@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from fracpilot_libs.contracts import Direction, Policy
+from fracpilot_libs.contracts import ComputeSizing, Direction, Policy
 from fracpilot_libs.sizing.engine import (
     EPS,
+    compute_level_upsizes,
     downsize_wait,
     need_of,
     pending_request,
-    rare_bursts_above,
     sizing_direction,
 )
 from fracpilot_libs.sizing.need import Need
@@ -62,7 +62,10 @@ def describe(
         outlook = Outlook.NO_HISTORY
     elif requested is not None:
         outlook = Outlook.UPSIZING if requested > held else Outlook.DOWNSIZING
-    elif direction is Direction.UP and not _rare_bursts_only(state, policy, need, held):
+    elif direction is Direction.UP and (
+        max(need.memory_need, _recent_need_next(state, policy)) > held + EPS
+        or compute_level_upsizes(state, need, policy, held)
+    ):
         outlook = Outlook.UPSIZING
     elif direction is Direction.DOWN:
         below = state.below_since if state.below_since is not None else now
@@ -76,8 +79,12 @@ def describe(
     return EngineOutlook(outlook, held, need.fraction, need, requested, wait_s, held_by)
 
 
-def _rare_bursts_only(state: WorkloadState, policy: Policy, need: Need, held: float) -> bool:
-    """The fraction is above ``held`` only by the soft level, over rare bursts: no upsize."""
-    if max(need.memory_need, need.recent_need) > held + EPS:
-        return False
-    return rare_bursts_above(state, policy, held)
+def _recent_need_next(state: WorkloadState, policy: Policy) -> float:
+    """The need of the samples in a row once the next sample, like the last, is in: the
+    confirmation it may complete (the engine upsizes on it at that sample)."""
+    recent = state.recent_compute
+    window = (*recent, recent[-1])[-policy.compute_upsize_confirmations :] if recent else ()
+    if not window or len(window) < policy.compute_upsize_confirmations:
+        return 0.0
+    low = min(window)
+    return low if policy.compute_sizing is ComputeSizing.SOFT else low / policy.target_utilization
