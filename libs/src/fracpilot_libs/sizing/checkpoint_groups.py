@@ -7,7 +7,7 @@ is the workload's usage slot (:func:`fracpilot_libs.nats.subjects.slot_of`, fixe
 the slot of its samples), ``g`` a hash of its whole key modulo :data:`GROUPS_PER_SLOT`. A slot
 belongs to one partition whatever the partition count, and a partition to one replica at a
 time, so one writer writes a group, and a change of the partition count moves groups whole.
-About 24 states a group at 100,000 workloads (17 KB compressed), 245 at 1,000,000 (175 KB,
+About 24 states a group at 100,000 workloads (13 KB compressed), 245 at 1,000,000 (140 KB,
 under nats-server's 1 MB payload).
 
 A group's value is zlib-compressed: a header line, ``fracpilot-states 2``, then for each state
