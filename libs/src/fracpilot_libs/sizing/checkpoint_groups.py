@@ -11,11 +11,12 @@ About 24 states a group at 100,000 workloads (13 KB compressed), 245 at 1,000,00
 under nats-server's 1 MB payload).
 
 A group's value is zlib-compressed: a header line, ``fracpilot-states 2``, then for each state
-the length of its KV key (2 bytes, little-endian), the length of its binary state (4 bytes),
-the key and the state (:func:`~fracpilot_libs.sizing.state.state_bytes`: its exact doubles
-packed, about 3 µs a state to encode where its JSON took about 45). Groups of the first
-version (``fracpilot-states 1``, written before 2026-12-05's binary states) are still read:
-one line a state, its KV key, a space, its JSON (:func:`~fracpilot_libs.sizing.state.state_json`).
+the length of its KV key (2 bytes, little-endian), the length of its state (4 bytes), the key
+and the state in binary (:func:`~fracpilot_libs.sizing.state.state_bytes`: its exact doubles
+packed, about 3 µs a state to encode where its JSON took about 45; a state holding an int past
+64 bits is kept as its JSON instead, which holds any). Groups of the first version
+(``fracpilot-states 1``, written before 2026-12-05's binary states) are still read: one line a
+state, its KV key, a space, its JSON (:func:`~fracpilot_libs.sizing.state.state_json`).
 
 Checkpoints written before groups, one per workload under its KV key, are still read
 (:class:`CheckpointRead`): a workload in both takes the state with the later stream position,
@@ -38,6 +39,7 @@ from fracpilot_libs.sizing.state import (
     load_state,
     state_bytes,
     state_from_bytes,
+    state_json,
 )
 
 GROUP_PREFIX = "groups/"
@@ -46,6 +48,8 @@ _GROUP_KEY = re.compile(r"groups/(\d+)/(\d+)")
 _HEADER = b"fracpilot-states 2\n"
 _HEADER_JSON = b"fracpilot-states 1\n"  # the first version: a line of JSON a state
 _ENTRY = struct.Struct("<HI")  # a state's key length, then its length
+_BINARY = b"\x02"  # a state's first byte in binary (state_bytes); "{" in JSON, for an int
+# past 64 bits
 _MAX_GROUP = 256 * 1024 * 1024  # inflated: far above any group's size
 
 
@@ -75,7 +79,11 @@ def dump_group(states: Iterable[tuple[str, WorkloadState]]) -> bytes:
     parts = [_HEADER]
     pack = _ENTRY.pack
     for key, state in states:
-        name, body = key.encode(), state_bytes(state)
+        try:
+            body = state_bytes(state)
+        except (OverflowError, struct.error):  # an int past 64 bits (a queue of 2^63 requests)
+            body = state_json(state)  # its JSON holds any int; the reader takes either
+        name = key.encode()
         parts += (pack(len(name), len(body)), name, body)
     return zlib.compress(b"".join(parts), 1)
 
@@ -108,7 +116,7 @@ def load_group(data: bytes) -> Iterator[tuple[str, WorkloadState | ValueError]]:
             yield f"{name or '?'}#{n - 1}", ValueError("not a workload's KV key")
             continue
         try:
-            loaded = state_from_bytes(state)
+            loaded = state_from_bytes(state) if state[:1] == _BINARY else load_state(state)
         except Exception as exc:  # any failure to load means a corrupt checkpoint
             yield name, ValueError(str(exc))
             continue

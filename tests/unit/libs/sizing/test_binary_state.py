@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from factories import sample
-from fracpilot_libs.contracts import Policy
+from fracpilot_libs.contracts import AppSignals, Policy
 from fracpilot_libs.sizing.checkpoint_groups import CheckpointRead, dump_group, load_group
 from fracpilot_libs.sizing.engine import decide
 from fracpilot_libs.sizing.state import (
@@ -227,3 +227,40 @@ def test_huge_weights_that_overflow_their_sum_still_load() -> None:
     weights = array("d", [1e308] * 3 + [0.0] * (BUCKETS - 3))
     state = dataclasses.replace(_GOOD, compute_weights=weights, compute_total=1e308)
     assert_identical(load_state(state_bytes(state)), state)
+
+
+def test_a_state_with_an_int_past_64_bits_is_kept_in_its_group_as_json() -> None:
+    """A valid sample may report 2^63 waiting requests (no upper bound): that state cannot be
+    packed, and is written as its JSON rather than failing its whole group's write."""
+    huge = dataclasses.replace(_GOOD, recent_waiting=(2**63, 10**30), samples=2**70)
+    with pytest.raises((OverflowError, struct.error)):
+        state_bytes(huge)
+    keys = ["c/ns/Deployment/w0", "c/ns/Deployment/w1"]
+    loaded = dict(load_group(dump_group(zip(keys, (huge, _GOOD), strict=True))))
+    assert loaded == {keys[0]: huge, keys[1]: _GOOD}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(0.0, 1.0),
+            st.floats(0.0, 1.0),
+            st.none() | st.integers(0, 2**65),
+            st.none() | st.floats(0.0, 1.0),
+        ),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_the_engines_states_from_any_samples_load_back_from_a_group(
+    readings: list[tuple[float, float, int | None, float | None]],
+) -> None:
+    state = WorkloadState()
+    for minute, (compute, memory, waiting, kv) in enumerate(readings):
+        signals = AppSignals(waiting_requests=waiting, kv_cache_usage=kv)
+        at = sample(compute=compute, memory_share=memory, minute=minute * 7, signals=signals)
+        state, _ = decide(state, at, Policy())
+    assert list(load_group(dump_group([("c/ns/Deployment/w", state)]))) == [
+        ("c/ns/Deployment/w", state)
+    ]
