@@ -14,7 +14,9 @@ publishing, what the decision service pays):
 - ``one zlib a key``: one per workload, zlib-compressed JSON;
 - ``groups``: the states of a usage slot's workloads in 4 values a slot, compressed together
   (:mod:`fracpilot_libs.sizing.checkpoint_groups`), written by the decision service's own
-  :class:`~fracpilot_decision.checkpoints.Checkpointer`.
+  :class:`~fracpilot_decision.checkpoints.Checkpointer` (binary states since 2026-12-05);
+- ``JSON groups``: the same groups in their first version, a line of JSON a state (before the
+  binary states), made here as that version's ``dump_group`` made them.
 
 The states are real: the decision engine's after replaying the public GenAI trace
 (``/work/shared/data`` or ``--trace``), sampled every two hours, shuffled and shared out over
@@ -30,7 +32,8 @@ import contextlib
 import random
 import sys
 import time
-from collections.abc import Iterator
+import zlib
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import nats
@@ -52,7 +55,14 @@ from fracpilot_libs.sizing.state import WorkloadState, dump_state, state_json
 from support.nats_cluster import NatsCluster
 
 TRACE = Path("/work/shared/data/genai_public.csv.gz")
-FORMATS = ("one JSON a key", "one zlib a key", "groups")
+FORMATS = ("one JSON a key", "one zlib a key", "groups", "JSON groups")
+
+
+def json_group(states: Iterable[tuple[str, WorkloadState]]) -> bytes:
+    """A group of the first version (``fracpilot-states 1``), as dump_group wrote it before
+    binary states: key, space, JSON, a line a state, compressed at zlib's level 1."""
+    lines = [key.encode() + b" " + state_json(state) for key, state in states]
+    return zlib.compress(b"fracpilot-states 1\n" + b"\n".join(lines), 1)
 
 
 def trace_states(path: Path) -> list[WorkloadState]:
@@ -85,6 +95,20 @@ async def one_round(checkpoints: Checkpointer, fmt: str, states: dict[str, Workl
     if fmt == "groups":
         assert not await checkpoints.write(states, list(states))
         return len({group_key(k) for k in states})
+    if fmt == "JSON groups":  # as the Checkpointer wrote them: ~100 states in flight at once
+        members: dict[str, list[str]] = {}
+        for key in sorted(states):
+            members.setdefault(group_key(key) or "", []).append(key)
+        batch, in_batch = [], 0
+        for group, names in members.items():
+            batch.append((group, json_group((k, states[k]) for k in names)))
+            in_batch += len(names)
+            if in_batch >= CHECKPOINT_CHUNK:
+                assert not await checkpoints.kv.put_many(checkpoints.nc, batch, 10.0)
+                batch, in_batch = [], 0
+        if batch:
+            assert not await checkpoints.kv.put_many(checkpoints.nc, batch, 10.0)
+        return len(members)
     encode = state_json if fmt == "one JSON a key" else dump_state
     keys = list(states)
     for i in range(0, len(keys), CHECKPOINT_CHUNK):  # as the decision service wrote them
@@ -127,6 +151,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--trace", type=Path, default=TRACE)
     parser.add_argument("--nodes", type=int, nargs="+", default=[1, 3], help="1: R1, 3: R3")
+    parser.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS,
+                        help="the formats measured (default all)")  # fmt: skip
     args = parser.parse_args()
     print(machine_note())
     protos = trace_states(args.trace)
@@ -144,12 +170,14 @@ def main() -> None:
         groups.setdefault(group_key(key), []).append(key)
     grouped = sum(len(dump_group((k, states[k]) for k in keys)) for keys in groups.values())
     sizes["groups"] = grouped / len(states)
+    grouped = sum(len(json_group((k, states[k]) for k in keys)) for keys in groups.values())
+    sizes["JSON groups"] = grouped / len(states)
     print(f"{len(protos)} distinct states from the trace, {args.workloads:,} workloads, "
           f"{args.rounds} rounds")  # fmt: skip
     print(f"{'format':16} {'nodes':>5} {'values/round':>12} {'bytes/state':>11} "
           f"{'server us/state':>15} {'us/sample':>9} {'client us/state':>15}")  # fmt: skip
     for nodes in args.nodes:
-        for fmt in FORMATS:
+        for fmt in args.formats:
             with servers(nodes) as (url, pids):
                 server, own, values = asyncio.run(
                     measure(url, pids, nodes, fmt, states, args.rounds)

@@ -130,8 +130,9 @@ BUCKETS = {
         "when a partition moves to another replica: several workloads' states in a group "
         "(key `groups/<usage slot>/<0..3>`); one workload's under its `subjects.kv_key` as "
         "written before groups (still read); each partition's mark (`marks/<usage stream>`).",
-        value="a group: zlib-compressed lines of KV key, space, state as JSON "
-        "(fracpilot_libs.sizing.checkpoint_groups.dump_group); before groups, one state as "
+        value="a group: zlib-compressed, a header line, then each state's KV key and binary "
+        "state (fracpilot_libs.sizing.checkpoint_groups.dump_group; the first version, lines "
+        "of KV key, space, state as JSON, still read); before groups, one state as "
         "zlib-compressed or plain JSON (fracpilot_libs.sizing.state.dump_state); a mark: JSON",
     ),
     "DECISION_PARTITION_BUCKET": Bucket(

@@ -207,10 +207,15 @@ async def test_a_corrupt_group_or_state_in_a_group_is_skipped_and_counted(nats_u
         value = dump_group((k, decide(WorkloadState(), states[k], Policy())[0]) for k in keys)
         restored |= set(keys)
         await kv.put(group, value)
-    # one state in a group made unreadable: the rest of the group restores
+    # one state in a group made unreadable: the rest of the group restores (that group in the
+    # first version's format, JSON lines, as written before binary states: read as well)
     bad_group = shared[1]
     bad_key = by_group[bad_group][0]
-    lines = zlib.decompress((await kv.get(bad_group)).value or b"").split(b"\n")
+    lines = [b"fracpilot-states 1"]
+    for k in by_group[bad_group]:
+        lines.append(
+            k.encode() + b" " + state_json(decide(WorkloadState(), states[k], Policy())[0])
+        )
     lines[1] = bad_key.encode() + b' {"v": 99}'
     await kv.put(bad_group, zlib.compress(b"\n".join(lines)))
     restored.discard(bad_key)
