@@ -271,7 +271,8 @@ def load_state(data: bytes) -> WorkloadState:
 # lengths of the variable parts, every scalar; an absent optional is 0.0 with its bit clear),
 # then the doubles of the histogram (trailing zeros dropped), the memory slots, the recent
 # compute samples, the resize times and the memory profile, the waiting requests (int64) and
-# the KV note (UTF-8). Every double as it is in memory: the state loads back identical.
+# the KV note (UTF-8); the KV pool's source is two bits of the mask, above the optionals'.
+# Every double as it is in memory: the state loads back identical.
 
 _BINARY = b"\x02"  # the first byte of a binary state (JSON starts "{", zlib "x")
 _HEAD = struct.Struct("<BHBHBBHBH2d3q16d")
@@ -288,6 +289,8 @@ _OPTIONAL = (  # one bit each in the head's mask, in this order; then memory_jum
     "kv_bytes_per_token",
 )
 _ANCHOR_BIT, _SIZED_BIT = 1 << len(_OPTIONAL), 1 << (len(_OPTIONAL) + 1)
+_SOURCE_SHIFT = len(_OPTIONAL) + 2  # kv_pool_source: its index in _SOURCES, two bits
+_SOURCES = (PoolSource.UNKNOWN, PoolSource.READ, PoolSource.LEARNED)
 _NO_KV3 = (0.0, 0.0, 0.0)
 _NO_KV2 = (0.0, 0.0)
 _MAX_SLOTS, _MAX_RECENT, _MAX_WAITING, _MAX_RESIZES = 8 * MEMORY_SLOTS, 20, 21, 1441
@@ -326,6 +329,7 @@ def state_bytes(state: WorkloadState) -> bytes:
         mask |= _ANCHOR_BIT
     if sized is not None:
         mask |= _SIZED_BIT
+    mask |= _SOURCES.index(s.kv_pool_source) << _SOURCE_SHIFT
     note = s.kv_note[:_KV_NOTE_MAX].encode()
     head = _HEAD.pack(
         2,
@@ -386,7 +390,7 @@ def state_from_bytes(data: bytes) -> WorkloadState:
         or n_profile > _MAX_PROFILE
         or n_profile % 2
         or n_note > 4 * _KV_NOTE_MAX
-        or mask >> (len(_OPTIONAL) + 2)
+        or mask >> _SOURCE_SHIFT >= len(_SOURCES)
     ):
         raise bad("binary state with a part too long")
     n_doubles = n + n_slots + n_recent + n_resizes + n_profile
@@ -463,4 +467,5 @@ def state_from_bytes(data: bytes) -> WorkloadState:
         kv_bytes_per_token=per_token,
         kv_sized=kv_sized,
         kv_note=note,
+        kv_pool_source=_SOURCES[mask >> _SOURCE_SHIFT],
     )

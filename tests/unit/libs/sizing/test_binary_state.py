@@ -19,6 +19,7 @@ from factories import sample
 from fracpilot_libs.contracts import AppSignals, Policy
 from fracpilot_libs.sizing.checkpoint_groups import CheckpointRead, dump_group, load_group
 from fracpilot_libs.sizing.engine import decide
+from fracpilot_libs.sizing.kv_memory import PoolSource
 from fracpilot_libs.sizing.state import (
     BUCKETS,
     MEMORY_SLOTS,
@@ -75,6 +76,7 @@ states = st.builds(
     kv_bytes_per_token=st.none() | positive,
     kv_sized=st.none() | st.tuples(non_negative, non_negative, st.floats(-1.0, 1e12)),
     kv_note=st.text(max_size=300),
+    kv_pool_source=st.sampled_from(PoolSource),
 )
 
 
