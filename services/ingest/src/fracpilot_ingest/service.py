@@ -331,8 +331,13 @@ class IngestService:
     ) -> OnAcked:
         async def acked(stored: bool) -> None:
             at = time.time()
+            # What _published does for each sample of a batch, its lookups made once.
+            observe, signals = self.metrics.usage.observe, self.signals
             for sample, obs in rows:
-                self._published(source, sample, obs, step_s, now, stored, at, alone=False)
+                if stored:
+                    observe(sample, step_s, at)
+                if obs is not None:
+                    signals.published(obs, now)
             if last := next((obs for _, obs in reversed(rows) if obs is not None), None):
                 self.metrics.lag.labels(source).set(max(0.0, now - last.timestamp))  # once
             for attribution, n in Tally(s.attribution.value for s, _ in rows).items():
