@@ -30,6 +30,8 @@ from fracpilot_libs.usage.mappings import (
     gpu_model_name,
 )
 from fracpilot_libs.usage.mig import (
+    INSTANCE_ID_LABEL,
+    PROFILE_LABEL,
     card_memory_bytes,
     compute_share,
     memory_share,
@@ -146,8 +148,13 @@ def _renamed_instances(points: Iterable[MetricPoint]) -> set[tuple[str, str]]:
 
 
 def _pod_of(
-    point: MetricPoint, mapping: MetricMapping, renamed: set[tuple[str, str]]
+    point: MetricPoint,
+    mapping: MetricMapping,
+    renamed: set[tuple[str, str]],
+    exporters: dict[tuple[str, tuple[str, ...]], bool] | None = None,
 ) -> PodKey | None:
+    """The pod a point names, if any. ``exporters``: what the exporter-pod check said of each
+    pod name so far (an instant names each pod in several series; one regex search each)."""
     labels = point.labels
     roles = mapping.roles
     for pod_label in roles.pod:
@@ -155,14 +162,25 @@ def _pod_of(
             break
     else:
         return None
-    if pod_label == "pod" and _target(point) in renamed:
+    if renamed and pod_label == "pod" and _target(point) in renamed:
         return None  # this target's exporter labels were renamed: ``pod`` is the exporter's
-    if _is_exporter_pod(pod, roles.exporter_pod_prefixes):
+    prefixes = roles.exporter_pod_prefixes
+    exporter = exporters.get((pod, prefixes)) if exporters is not None else None
+    if exporter is None:
+        exporter = _is_exporter_pod(pod, prefixes)
+        if exporters is not None:
+            exporters[pod, prefixes] = exporter
+    if exporter:
         return None  # the exporter's own pod (an idle GPU): nobody uses this GPU
-    namespace = _role(labels, roles.namespace)
-    if not namespace:
+    for name in roles.namespace:
+        if namespace := labels.get(name):
+            break
+    else:
         return None
-    return PodKey(namespace, pod, _role(labels, roles.container))
+    for name in roles.container:
+        if container := labels.get(name):
+            return PodKey(namespace, pod, container)
+    return PodKey(namespace, pod, "")
 
 
 def _is_exporter_pod(pod: str, names: tuple[str, ...]) -> bool:
@@ -203,6 +221,7 @@ def observe_points(
     priority = {id(row): i for i, row in enumerate(table.rows)}
 
     match = table.match
+    exporters: dict[tuple[str, tuple[str, ...]], bool] = {}  # what _pod_of found of each pod
     for point in points:
         labels = point.labels
         mapping = match(point.metric, labels)
@@ -219,8 +238,13 @@ def observe_points(
         rejection = None
         if not 0.0 <= scaled < math.inf or (scaled > _MAX_SHARE and mapping.quantity in _SHARES):
             value, rejection = _checked_value(point, mapping)
-        uuid = _role(labels, mapping.roles.gpu_uuid)
-        instance = mig_instance(uuid, labels) if uuid else None
+        roles = mapping.roles
+        uuid = _role(labels, roles.gpu_uuid)
+        # mig_instance, called only for a series that names an instance (one in many)
+        if uuid and (labels.get(INSTANCE_ID_LABEL) or labels.get(PROFILE_LABEL)):
+            instance = mig_instance(uuid, labels)
+        else:
+            instance = None
         device = instance.device_id if instance is not None else uuid  # MIG: the instance
         if rejection is not None:
             rejections.append(rejection)
@@ -228,7 +252,7 @@ def observe_points(
                 gpus[device].rejected = True
             continue
         assert value is not None
-        pod = _pod_of(point, mapping, renamed)
+        pod = _pod_of(point, mapping, renamed, exporters)
         if pod is None and mapping.level is not Level.DEVICE:  # nobody to attribute it to
             rejections.append(Rejection("no_pod", f"no pod label: {_describe(point)}"))
             continue
