@@ -19,6 +19,7 @@ removed (:meth:`WorkloadUsageMetrics.expire`), so a deleted workload leaves no f
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -82,6 +83,18 @@ class _Series:
         self.allocated: Gauge | None = None
         self.compute: Gauge | None = None
         self.memory: Gauge | None = None
+
+    def count(
+        self, whole_h: float, allocated_h: float, whole_usd: float, allocated_usd: float
+    ) -> None:
+        """Add GPU-hours and USD, as whole GPUs and as allocated, to the counters."""
+        whole_s, allocated_s, saved_s, whole_c, allocated_c, saved_c = self.counters
+        whole_s.inc(whole_h * SECONDS_PER_HOUR)
+        allocated_s.inc(allocated_h * SECONDS_PER_HOUR)
+        saved_s.inc((whole_h - allocated_h) * SECONDS_PER_HOUR)
+        whole_c.inc(whole_usd)
+        allocated_c.inc(allocated_usd)
+        saved_c.inc(whole_usd - allocated_usd)
 
 
 class WorkloadUsageMetrics:
@@ -176,24 +189,41 @@ class WorkloadUsageMetrics:
         self._hourly: dict[str, float] = {}  # USD per hour by GPU model (few models)
 
     def observe(self, sample: UsageSample, step_s: float, now: float) -> None:
-        """Count one sample, seen at ``now`` (wall-clock seconds, for the TTL). Runs once per
-        sample published: the arithmetic of :func:`sample_cost` inline, each child at hand."""
+        """Count one sample, seen at ``now`` (wall-clock seconds, for the TTL)."""
+        self.observe_all((sample,), step_s, now)
+
+    def observe_all(self, samples: Iterable[UsageSample], step_s: float, now: float) -> None:
+        """Count samples (a batch's), seen at ``now``: the arithmetic of :func:`sample_cost`
+        inline, each workload's children at hand, and the samples beyond the cap summed into
+        ``_other`` once (with the default cap of 500, nearly every sample of a large cluster:
+        seven counter increments each took 4 µs of a cycle's ~50 per sample)."""
         if step_s < 0:
             raise ValueError(f"step_s must be >= 0, got {step_s}")
-        # The price lookup parses the model name: once per model, not per sample.
-        model = sample.gpu_model
-        if (hourly := self._hourly.get(model)) is None:
-            if len(self._hourly) >= 1024:  # labels are the exporters': bounded all the same
-                self._hourly.clear()
-            hourly = self._hourly[model] = self.prices.hourly(model)
-        workload = sample.workload
-        labels = (workload.namespace, workload.owner_name)
-        seen = self.seen
-        if labels in seen or len(seen) < self.limit:  # tracked, or room for it
+        hours = step_s / SECONDS_PER_HOUR
+        seen, limit, prices = self.seen, self.limit, self._hourly
+        beyond = 0  # samples beyond the cap, and what they add up to
+        other_whole_h = other_allocated_h = other_whole_usd = other_allocated_usd = 0.0
+        for sample in samples:
+            # The price lookup parses the model name: once per model, not per sample.
+            model = sample.gpu_model
+            if (hourly := prices.get(model)) is None:
+                if len(prices) >= 1024:  # labels are the exporters': bounded all the same
+                    prices.clear()
+                hourly = prices[model] = self.prices.hourly(model)
+            fraction = sample.allocated_fraction
+            allocated_hours = hours if fraction is None else hours * fraction
+            workload = sample.workload
+            labels = (workload.namespace, workload.owner_name)
+            if labels not in seen and len(seen) >= limit:  # beyond the cap
+                beyond += 1
+                other_whole_h += hours
+                other_allocated_h += allocated_hours
+                other_whole_usd += hours * hourly
+                other_allocated_usd += allocated_hours * hourly
+                continue
             seen.touch(labels, now)
             if (series := self._series.get(labels)) is None:
                 series = self._series[labels] = self._new_series(labels)
-            fraction = sample.allocated_fraction
             if fraction is not None:
                 if series.allocated is None:
                     series.allocated = self.allocated_ratio.labels(*labels)
@@ -204,22 +234,12 @@ class WorkloadUsageMetrics:
             series.compute.set(sample.compute)
             assert series.memory is not None
             series.memory.set(sample.memory_share)
-        else:  # beyond the cap
-            self.overflow.inc()
+            series.count(hours, allocated_hours, hours * hourly, allocated_hours * hourly)
+        if beyond:
+            self.overflow.inc(beyond)
             if (series := self._series.get(OTHER_LABELS)) is None:
                 series = self._series[OTHER_LABELS] = self._new_series(OTHER_LABELS)
-        hours = step_s / SECONDS_PER_HOUR
-        fraction = 1.0 if sample.allocated_fraction is None else sample.allocated_fraction
-        allocated_hours = hours * fraction
-        whole_usd = hours * hourly
-        allocated_usd = allocated_hours * hourly
-        whole_s, allocated_s, saved_s, whole_c, allocated_c, saved_c = series.counters
-        whole_s.inc(hours * SECONDS_PER_HOUR)
-        allocated_s.inc(allocated_hours * SECONDS_PER_HOUR)
-        saved_s.inc((hours - allocated_hours) * SECONDS_PER_HOUR)
-        whole_c.inc(whole_usd)
-        allocated_c.inc(allocated_usd)
-        saved_c.inc(whole_usd - allocated_usd)
+            series.count(other_whole_h, other_allocated_h, other_whole_usd, other_allocated_usd)
 
     def _new_series(self, labels: tuple[str, str]) -> _Series:
         return _Series(tuple(metric.labels(*labels) for metric in self._counters))

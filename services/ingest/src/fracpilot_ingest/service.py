@@ -331,11 +331,11 @@ class IngestService:
     ) -> OnAcked:
         async def acked(stored: bool) -> None:
             at = time.time()
-            # What _published does for each sample of a batch, its lookups made once.
-            observe, signals = self.metrics.usage.observe, self.signals
-            for sample, obs in rows:
-                if stored:
-                    observe(sample, step_s, at)
+            # What _published does for each sample, for the whole batch at once.
+            if stored:
+                self.metrics.usage.observe_all([sample for sample, _ in rows], step_s, at)
+            signals = self.signals
+            for _, obs in rows:
                 if obs is not None:
                     signals.published(obs, now)
             if last := next((obs for _, obs in reversed(rows) if obs is not None), None):
