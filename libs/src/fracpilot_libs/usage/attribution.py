@@ -220,12 +220,15 @@ def observe_points(
     # By identity: hashing a pydantic row hashes every field, once per point.
     priority = {id(row): i for i, row in enumerate(table.rows)}
 
-    match = table.match
+    by_metric = table.rows_by_metric
     exporters: dict[tuple[str, tuple[str, ...]], bool] = {}  # what _pod_of found of each pod
     for point in points:
         labels = point.labels
-        mapping = match(point.metric, labels)
-        if mapping is None:
+        # table.match, inline (once per point)
+        for mapping in by_metric.get(point.metric, ()):
+            if mapping.selects(labels):
+                break
+        else:
             continue
         if mapping.level is Level.APP:
             rows = table.app_rows(point.metric, labels)
@@ -238,8 +241,10 @@ def observe_points(
         rejection = None
         if not 0.0 <= scaled < math.inf or (scaled > _MAX_SHARE and mapping.quantity in _SHARES):
             value, rejection = _checked_value(point, mapping)
-        roles = mapping.roles
-        uuid = _role(labels, roles.gpu_uuid)
+        uuid = ""
+        for name in mapping.roles.gpu_uuid:  # _role, inline
+            if uuid := labels.get(name, ""):
+                break
         # mig_instance, called only for a series that names an instance (one in many)
         if uuid and (labels.get(INSTANCE_ID_LABEL) or labels.get(PROFILE_LABEL)):
             instance = mig_instance(uuid, labels)
@@ -453,16 +458,39 @@ def _split_gpu(
             )
         )
         return []
-    values: dict[Quantity, dict[PodKey, tuple[float, bool]]] = {}
+    model = instance_model(gpu.model, gpu.profile)[:128]
     if len(pods) == 1 and not gpu.pods:
-        # The common case (one pod, device numbers only), as _per_pod would split it: the
-        # lone pod has the device's numbers, exact.
-        for quantity in (Quantity.COMPUTE, Quantity.MEMORY_USED):
-            device = gpu.device.get(quantity)
-            values[quantity] = {} if device is None else {pods[0]: (max(0.0, device[1]), True)}
-    else:
-        for quantity in (Quantity.COMPUTE, Quantity.MEMORY_USED):
-            values[quantity] = _per_pod(quantity, pods, gpu, allocated)
+        # The common case (one pod, device numbers only), as _per_pod would split it and the
+        # loop below make it: the lone pod has the device's numbers, exact.
+        pod = pods[0]
+        device_compute = gpu.device.get(Quantity.COMPUTE)
+        device_memory = gpu.device.get(Quantity.MEMORY_USED)
+        if device_compute is None or device_memory is None:
+            missing = "compute" if device_compute is None else "memory"
+            follow_ups.append(
+                Rejection(
+                    "incomplete",
+                    f"GPU {uuid} pod {pod.namespace}/{pod.pod}: no "
+                    f"{missing} number at {timestamp:.0f}",
+                )
+            )
+            return []
+        return [
+            Observation(
+                pod,
+                uuid,
+                gpu.node,
+                timestamp,
+                min(max(0.0, device_compute[1]), 1.0),
+                int(max(0.0, device_memory[1])),
+                total,
+                measured,
+                gpu_model=model,
+            )
+        ]
+    values: dict[Quantity, dict[PodKey, tuple[float, bool]]] = {}
+    for quantity in (Quantity.COMPUTE, Quantity.MEMORY_USED):
+        values[quantity] = _per_pod(quantity, pods, gpu, allocated)
     out = []
     for pod in pods:
         compute = values[Quantity.COMPUTE].get(pod)
@@ -488,7 +516,7 @@ def _split_gpu(
                 memory_total_bytes=total,
                 exact=compute[1] and memory[1] and measured,
                 # the card's model and the profile; prices look up the card's (pricing)
-                gpu_model=instance_model(gpu.model, gpu.profile)[:128],
+                gpu_model=model,
             )
         )
     return out
