@@ -6,6 +6,7 @@ repeated point is caught here and nowhere else).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from dataclasses import dataclass, field
@@ -47,6 +48,12 @@ def sample_id(source: str, workload: WorkloadRef, obs: Observation) -> str:
         return readable
     digest = hashlib.sha256(readable.encode()).hexdigest()[:40]
     return f"{source}|{digest}|{int(obs.timestamp)}"
+
+
+@functools.lru_cache(maxsize=64)
+def _utc(timestamp: float) -> datetime:
+    """The samples of an instant share its time: one datetime (immutable) for them all."""
+    return datetime.fromtimestamp(timestamp, UTC)
 
 
 def _where(obs: Observation) -> str:
@@ -103,6 +110,7 @@ def to_sample(
             kv_max_sequence_tokens=obs.kv_max_sequence_tokens,
         )
     fields: dict[str, object] = {
+        "schema_version": SCHEMA_VERSION,  # the model's __dict__ as validation leaves it
         "sample_id": sample_id(source, workload, obs),
         "workload": workload,
         "pod": obs.pod.pod,
@@ -110,7 +118,7 @@ def to_sample(
         "node": obs.node,
         "gpu_uuid": obs.gpu_uuid,
         "gpu_model": obs.gpu_model,
-        "timestamp": datetime.fromtimestamp(obs.timestamp, UTC),
+        "timestamp": _utc(obs.timestamp),
         "compute": obs.compute,
         "memory_used_bytes": obs.memory_used_bytes,
         "memory_total_bytes": obs.memory_total_bytes,
@@ -123,6 +131,7 @@ def to_sample(
         sample = _checked(fields)
     else:
         try:
+            del fields["schema_version"]  # its default: not among the fields set
             sample = UsageSample(**fields)
         except ValidationError as exc:
             return Rejection("invalid", f"{_where(obs)}: {describe_validation_error(exc)}")
@@ -179,7 +188,7 @@ def _checked(fields: dict[str, object]) -> UsageSample:
     """The model of fields :func:`_plainly_valid` accepted: what ``model_construct`` does
     (its ``__dict__``, the fields set, no extra, no private attributes)."""
     sample: UsageSample = _new_object(UsageSample)
-    _set_attribute(sample, "__dict__", {"schema_version": SCHEMA_VERSION, **fields})
+    _set_attribute(sample, "__dict__", fields)
     _set_attribute(sample, "__pydantic_fields_set__", set(_FIELDS_SET))
     _set_attribute(sample, "__pydantic_extra__", None)
     _set_attribute(sample, "__pydantic_private__", None)

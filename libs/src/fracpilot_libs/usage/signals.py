@@ -73,6 +73,8 @@ class SignalTracker:
 
     def mark(self, obs: Observation) -> Observation:
         """The observation with the events its pod has pending (nothing is consumed)."""
+        if obs.preemptions_total is None and not self.pending_oom:
+            return obs  # no counter to compare, no kill pending: most samples
         ref = (obs.pod.namespace, obs.pod.pod)
         last = self.preemptions.get(ref)
         contention = (
