@@ -35,7 +35,7 @@ from fracpilot_ingest.shards import IngestShards
 from fracpilot_ingest.sources import make_sources
 from fracpilot_ingest.sources.base import Source, SourceContext
 from fracpilot_ingest.supervision import SourceSupervisor
-from fracpilot_libs.contracts import Allocation, UsageSample
+from fracpilot_libs.contracts import Allocation, UsageSample, WorkloadRef
 from fracpilot_libs.deadlines import within
 from fracpilot_libs.gc_pause import gc_paused
 from fracpilot_libs.nats import subjects
@@ -264,9 +264,13 @@ class IngestService:
                 observations = [o for o in observations if keep(o.gpu_uuid, o.timestamp)]
             now = time.time()
             ready: list[tuple[UsageSample, Observation | None]] = []
+            mark, workloads, resolve = self.signals.mark, inventory.workloads, self.owners.resolve
             for obs in observations:
-                obs = self.signals.mark(obs)
-                result = await self._to_sample(source, obs, inventory, now)
+                obs = mark(obs)
+                # _to_sample, its lookups made once and no coroutine for a known workload
+                pod = PodKey(obs.pod.namespace, obs.pod.pod)
+                workload = workloads.get(pod) or await resolve(obs.pod.namespace, obs.pod.pod)
+                result = self._sample_of(source, obs, pod, workload, inventory, now)
                 if isinstance(result, Rejection):
                     rejections.append(result)
                     continue
@@ -390,7 +394,19 @@ class IngestService:
         workload = inventory.workloads.get(pod) or await self.owners.resolve(
             obs.pod.namespace, obs.pod.pod
         )
-        fraction = inventory.fractions.get(obs.gpu_uuid, {}).get(pod)
+        return self._sample_of(source, obs, pod, workload, inventory, now)
+
+    def _sample_of(
+        self,
+        source: str,
+        obs: Observation,
+        pod: PodKey,
+        workload: WorkloadRef,
+        inventory: GpuInventory,
+        now: float,
+    ) -> UsageSample | Rejection:
+        fractions = inventory.fractions.get(obs.gpu_uuid)
+        fraction = fractions.get(pod) if fractions is not None else None
         return to_sample(
             obs,
             workload,
