@@ -56,14 +56,17 @@ def _number(raw: Any) -> float | None:
         return None
 
 
-def points_by_instant(result: Any) -> dict[float, list[MetricPoint]]:
+def points_by_instant(result: Any, *, owned: bool = False) -> dict[float, list[MetricPoint]]:
     """A range-query result as metric points grouped by their timestamp.
 
     Whatever the response holds, this never raises: a series or point of the wrong shape (labels
     that are not strings, a point that is not ``[time, value]``, a time that is not a finite
     number) is left out and logged, so one bad series never stops the others; a value that is
     not a number becomes NaN, which attribution rejects with a reason.
-    """
+
+    ``owned``: the result is the caller's to give away (a response just decoded): each series'
+    label dict becomes its points' labels, ``__name__`` taken out of it, rather than a copy
+    (a dict copied and one freed per series, a tenth of the parse)."""
     instants: dict[float, list[MetricPoint]] = defaultdict(list)
     malformed = 0
     # Per series and point (300,000 of them for 100,000 GPUs): the checks inline, the point
@@ -88,7 +91,7 @@ def points_by_instant(result: Any) -> dict[float, list[MetricPoint]]:
         except TypeError:
             malformed += 1
             continue
-        labels = dict(metric)
+        labels = metric if owned else dict(metric)
         name = labels.pop("__name__", "")
         for point in values:
             if (type(point) is not list and not isinstance(point, list)) or len(point) != 2:
