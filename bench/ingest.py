@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import inspect
 import json
 import logging
 import os
@@ -54,6 +55,8 @@ from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.embedded import EmbeddedNats
 from fracpilot_libs.usage.attribution import GpuInventory
 from fracpilot_libs.usage.range_queries import points_by_instant
+
+OWNED = {"owned": True} if "owned" in inspect.signature(points_by_instant).parameters else {}
 
 try:
     from fracpilot_libs.gc_pause import gc_paused
@@ -141,7 +144,10 @@ async def service_path(
         start = time.perf_counter()
         sent = 0
         with gc_paused():  # as the prometheus source parses it (RangeQueryClient.fetch)
-            instants = points_by_instant(json.loads(body)["data"]["result"])
+            result = json.loads(body)["data"]["result"]
+            # The decoded response handed over, as the prometheus source does (a commit before
+            # ``owned``, under --compare: copied, as it did then).
+            instants = points_by_instant(result, **OWNED)
         # As the service's reading loop: every instant into the window, then one drain.
         with gc_paused():
             for points in instants.values():

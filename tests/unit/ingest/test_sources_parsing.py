@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 import re
@@ -251,6 +252,17 @@ def test_points_by_instant_turns_unreadable_values_into_nan() -> None:
     assert math.isnan(
         points_by_instant([{"metric": {"__name__": "m"}, "values": [[T, None]]}])[T][0].value
     )
+
+
+def test_a_response_handed_over_gives_the_same_points_and_a_copy_is_left_alone() -> None:
+    copied = points_by_instant(RANGE_RESULT)
+    assert all("__name__" in series["metric"] for series in RANGE_RESULT)  # not changed
+    handed_over = copy.deepcopy(RANGE_RESULT)
+    owned = points_by_instant(handed_over, owned=True)
+    assert repr(owned) == repr(copied)  # (repr: NaN is not equal to itself)
+    # Its label dicts became the points' labels, without the name.
+    assert owned[T][0].labels is handed_over[0]["metric"]
+    assert "__name__" not in handed_over[0]["metric"]
 
 
 def test_points_by_instant_of_nothing() -> None:

@@ -164,3 +164,30 @@ def test_a_workload_back_after_expiry_is_exported_and_counted_from_zero() -> Non
     metrics.observe(sample(name="back", allocated=0.5), 3600, NOW + 62)
     assert value(registry, "fracpilot_gpu_whole_seconds_total", **labels) == 3600.0
     assert value(registry, "fracpilot_workload_allocated_ratio", **labels) == 0.5
+
+
+def test_a_batch_counts_as_its_samples_one_by_one() -> None:
+    # observe_all sums the samples beyond the cap into _other once per batch.
+    batch = [
+        sample(name=name, allocated=fraction, gpu_model=A100)
+        for name, fraction in (("a", 0.5), ("b", None), ("c", 0.25), ("d", 0.5), ("a", 0.125))
+    ]
+    one_by_one, at_once = CollectorRegistry(), CollectorRegistry()
+    single = WorkloadUsageMetrics(one_by_one, PRICES, limit=2)
+    for s in batch:
+        single.observe(s, 900, NOW)
+    WorkloadUsageMetrics(at_once, PRICES, limit=2).observe_all(batch, 900, NOW)
+
+    def exported(registry: CollectorRegistry) -> dict[tuple[str, tuple[object, ...]], float]:
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for m in registry.collect()
+            for s in m.samples
+            if not s.name.endswith("_created")
+        }
+
+    expected = exported(one_by_one)
+    assert exported(at_once) == pytest.approx(expected)
+    assert expected[("fracpilot_workload_metrics_overflow_total", ())] == 2.0
+    other = (("namespace", OTHER), ("workload", OTHER))
+    assert expected[("fracpilot_cost_whole_usd_total", other)] == pytest.approx(2.0)  # 2 x 1 USD

@@ -283,6 +283,11 @@ class MappingTable:
     def metric_names(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(r.metric for r in self.rows))
 
+    @property
+    def rows_by_metric(self) -> Mapping[str, tuple[MetricMapping, ...]]:
+        """The rows of each metric name, in table order; :meth:`match` tries them in turn."""
+        return self._by_metric
+
     def match(self, metric: str, labels: Mapping[str, str]) -> MetricMapping | None:
         for row in self._by_metric.get(metric, ()):
             if row.selects(labels):

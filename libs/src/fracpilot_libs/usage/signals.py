@@ -73,6 +73,8 @@ class SignalTracker:
 
     def mark(self, obs: Observation) -> Observation:
         """The observation with the events its pod has pending (nothing is consumed)."""
+        if obs.preemptions_total is None and not self.pending_oom:
+            return obs  # no counter to compare, no kill pending: most samples
         ref = (obs.pod.namespace, obs.pod.pod)
         last = self.preemptions.get(ref)
         contention = (
@@ -92,3 +94,10 @@ class SignalTracker:
             self.pending_oom.discard(ref)
         if obs.preemptions_total is not None:
             self.preemptions[ref] = (obs.preemptions_total, now)
+
+    def published_all(self, observations: Iterable[Observation | None], now: float) -> None:
+        """:meth:`published` for each observation of a batch (None: a sample of none); most
+        carry no event, and those cost no call."""
+        for obs in observations:
+            if obs is not None and (obs.oom_event or obs.preemptions_total is not None):
+                self.published(obs, now)

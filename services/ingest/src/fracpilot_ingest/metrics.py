@@ -19,6 +19,7 @@ removed (:meth:`WorkloadUsageMetrics.expire`), so a deleted workload leaves no f
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -28,6 +29,7 @@ from fracpilot_libs.pricing import GpuPrices
 from fracpilot_libs.series_expiry import LastSeen
 
 OTHER = "_other"
+OTHER_LABELS = (OTHER, OTHER)
 LABELS = ("namespace", "workload")
 SECONDS_PER_HOUR = 3600.0
 
@@ -74,16 +76,25 @@ class _Series:
     it checks and locks on every call, so it is called once per workload, not per sample).
     A gauge's child is made when first set: one never set is not exported."""
 
-    __slots__ = ("counters", "gauges")
+    __slots__ = ("allocated", "compute", "counters", "memory")
 
     def __init__(self, counters: tuple[Counter, ...]) -> None:
         self.counters = counters  # whole, allocated, saved seconds; whole, allocated, saved USD
-        self.gauges: dict[Gauge, Gauge] = {}
+        self.allocated: Gauge | None = None
+        self.compute: Gauge | None = None
+        self.memory: Gauge | None = None
 
-    def gauge(self, metric: Gauge, labels: tuple[str, str]) -> Gauge:
-        if (child := self.gauges.get(metric)) is None:
-            child = self.gauges[metric] = metric.labels(*labels)
-        return child
+    def count(
+        self, whole_h: float, allocated_h: float, whole_usd: float, allocated_usd: float
+    ) -> None:
+        """Add GPU-hours and USD, as whole GPUs and as allocated, to the counters."""
+        whole_s, allocated_s, saved_s, whole_c, allocated_c, saved_c = self.counters
+        whole_s.inc(whole_h * SECONDS_PER_HOUR)
+        allocated_s.inc(allocated_h * SECONDS_PER_HOUR)
+        saved_s.inc((whole_h - allocated_h) * SECONDS_PER_HOUR)
+        whole_c.inc(whole_usd)
+        allocated_c.inc(allocated_usd)
+        saved_c.inc(whole_usd - allocated_usd)
 
 
 class WorkloadUsageMetrics:
@@ -177,45 +188,61 @@ class WorkloadUsageMetrics:
         self._series: dict[tuple[str, str], _Series] = {}  # by workload labels
         self._hourly: dict[str, float] = {}  # USD per hour by GPU model (few models)
 
-    def _labels(self, sample: UsageSample, now: float) -> tuple[str, str] | None:
-        """The workload's labels (now seen), or None when it is beyond the cap."""
-        key = (sample.workload.namespace, sample.workload.owner_name)
-        if key in self.seen or len(self.seen) < self.limit:
-            self.seen.touch(key, now)
-            return key
-        return None
-
-    def observe(self, sample: UsageSample, step_s: float, now: float) -> SampleCost:
+    def observe(self, sample: UsageSample, step_s: float, now: float) -> None:
         """Count one sample, seen at ``now`` (wall-clock seconds, for the TTL)."""
-        # The price lookup parses the model name: once per model, not per sample.
-        if (hourly := self._hourly.get(sample.gpu_model)) is None:
-            if len(self._hourly) >= 1024:  # labels are the exporters': bounded all the same
-                self._hourly.clear()
-            hourly = self._hourly[sample.gpu_model] = self.prices.hourly(sample.gpu_model)
-        cost = sample_cost(sample, step_s, self.prices, hourly)
-        labels = self._labels(sample, now)
-        overflow = labels is None
-        if labels is None:
-            self.overflow.inc()
-            labels = (OTHER, OTHER)
-        series = self._series.get(labels)
-        if series is None:
-            series = self._series[labels] = _Series(
-                tuple(metric.labels(*labels) for metric in self._counters)
-            )
-        if not overflow:
-            if sample.allocated_fraction is not None:
-                series.gauge(self.allocated_ratio, labels).set(sample.allocated_fraction)
-            series.gauge(self.compute_ratio, labels).set(sample.compute)
-            series.gauge(self.memory_ratio, labels).set(sample.memory_share)
-        whole_s, allocated_s, saved_s, whole_usd, allocated_usd, saved_usd = series.counters
-        whole_s.inc(cost.whole_gpu_hours * SECONDS_PER_HOUR)
-        allocated_s.inc(cost.allocated_gpu_hours * SECONDS_PER_HOUR)
-        saved_s.inc(cost.saved_gpu_hours * SECONDS_PER_HOUR)
-        whole_usd.inc(cost.whole_usd)
-        allocated_usd.inc(cost.allocated_usd)
-        saved_usd.inc(cost.saved_usd)
-        return cost
+        self.observe_all((sample,), step_s, now)
+
+    def observe_all(self, samples: Iterable[UsageSample], step_s: float, now: float) -> None:
+        """Count samples (a batch's), seen at ``now``: the arithmetic of :func:`sample_cost`
+        inline, each workload's children at hand, and the samples beyond the cap summed into
+        ``_other`` once (with the default cap of 500, nearly every sample of a large cluster:
+        seven counter increments each took 4 µs of a cycle's ~50 per sample)."""
+        if step_s < 0:
+            raise ValueError(f"step_s must be >= 0, got {step_s}")
+        hours = step_s / SECONDS_PER_HOUR
+        seen, limit, prices = self.seen, self.limit, self._hourly
+        beyond = 0  # samples beyond the cap, and what they add up to
+        other_whole_h = other_allocated_h = other_whole_usd = other_allocated_usd = 0.0
+        for sample in samples:
+            # The price lookup parses the model name: once per model, not per sample.
+            model = sample.gpu_model
+            if (hourly := prices.get(model)) is None:
+                if len(prices) >= 1024:  # labels are the exporters': bounded all the same
+                    prices.clear()
+                hourly = prices[model] = self.prices.hourly(model)
+            fraction = sample.allocated_fraction
+            allocated_hours = hours if fraction is None else hours * fraction
+            workload = sample.workload
+            labels = (workload.namespace, workload.owner_name)
+            if labels not in seen and len(seen) >= limit:  # beyond the cap
+                beyond += 1
+                other_whole_h += hours
+                other_allocated_h += allocated_hours
+                other_whole_usd += hours * hourly
+                other_allocated_usd += allocated_hours * hourly
+                continue
+            seen.touch(labels, now)
+            if (series := self._series.get(labels)) is None:
+                series = self._series[labels] = self._new_series(labels)
+            if fraction is not None:
+                if series.allocated is None:
+                    series.allocated = self.allocated_ratio.labels(*labels)
+                series.allocated.set(fraction)
+            if series.compute is None:
+                series.compute = self.compute_ratio.labels(*labels)
+                series.memory = self.memory_ratio.labels(*labels)
+            series.compute.set(sample.compute)
+            assert series.memory is not None
+            series.memory.set(sample.memory_share)
+            series.count(hours, allocated_hours, hours * hourly, allocated_hours * hourly)
+        if beyond:
+            self.overflow.inc(beyond)
+            if (series := self._series.get(OTHER_LABELS)) is None:
+                series = self._series[OTHER_LABELS] = self._new_series(OTHER_LABELS)
+            series.count(other_whole_h, other_allocated_h, other_whole_usd, other_allocated_usd)
+
+    def _new_series(self, labels: tuple[str, str]) -> _Series:
+        return _Series(tuple(metric.labels(*labels) for metric in self._counters))
 
     def expire(self, now: float) -> list[tuple[str, str]]:
         """Remove the series of workloads not seen for the TTL; returns their labels.

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import time
 from collections import Counter as Tally
 from collections.abc import Callable, Sequence
@@ -34,7 +35,7 @@ from fracpilot_ingest.shards import IngestShards
 from fracpilot_ingest.sources import make_sources
 from fracpilot_ingest.sources.base import Source, SourceContext
 from fracpilot_ingest.supervision import SourceSupervisor
-from fracpilot_libs.contracts import Allocation, UsageSample
+from fracpilot_libs.contracts import Allocation, UsageSample, WorkloadRef
 from fracpilot_libs.deadlines import within
 from fracpilot_libs.gc_pause import gc_paused
 from fracpilot_libs.nats import subjects
@@ -55,6 +56,7 @@ from fracpilot_libs.usage.signals import SignalTracker
 log = logging.getLogger(__name__)
 SERVICE = "ingest"
 GIB = 1024**3
+_ATTRIBUTION = operator.attrgetter("attribution")  # in C, for every sample of a batch
 
 
 class IngestService:
@@ -262,9 +264,13 @@ class IngestService:
                 observations = [o for o in observations if keep(o.gpu_uuid, o.timestamp)]
             now = time.time()
             ready: list[tuple[UsageSample, Observation | None]] = []
+            mark, workloads, resolve = self.signals.mark, inventory.workloads, self.owners.resolve
             for obs in observations:
-                obs = self.signals.mark(obs)
-                result = await self._to_sample(source, obs, inventory, now)
+                obs = mark(obs)
+                # _to_sample, its lookups made once and no coroutine for a known workload
+                pod = PodKey(obs.pod.namespace, obs.pod.pod)
+                workload = workloads.get(pod) or await resolve(obs.pod.namespace, obs.pod.pod)
+                result = self._sample_of(source, obs, pod, workload, inventory, now)
                 if isinstance(result, Rejection):
                     rejections.append(result)
                     continue
@@ -331,12 +337,15 @@ class IngestService:
     ) -> OnAcked:
         async def acked(stored: bool) -> None:
             at = time.time()
-            for sample, obs in rows:
-                self._published(source, sample, obs, step_s, now, stored, at, alone=False)
+            # What _published does for each sample, for the whole batch at once.
+            samples = [sample for sample, _ in rows]
+            if stored:
+                self.metrics.usage.observe_all(samples, step_s, at)
+            self.signals.published_all([obs for _, obs in rows], now)
             if last := next((obs for _, obs in reversed(rows) if obs is not None), None):
                 self.metrics.lag.labels(source).set(max(0.0, now - last.timestamp))  # once
-            for attribution, n in Tally(s.attribution.value for s, _ in rows).items():
-                self.metrics.published.labels(source, attribution).inc(n)  # once a batch
+            for attribution, n in Tally(map(_ATTRIBUTION, samples)).items():
+                self.metrics.published.labels(source, attribution.value).inc(n)  # once a batch
             if stored and lines:  # the per-workload view: each sample's own JSON, as stored
                 bus = self.runtime.bus
                 for (sample, _), line in zip(rows, lines, strict=True):
@@ -385,7 +394,19 @@ class IngestService:
         workload = inventory.workloads.get(pod) or await self.owners.resolve(
             obs.pod.namespace, obs.pod.pod
         )
-        fraction = inventory.fractions.get(obs.gpu_uuid, {}).get(pod)
+        return self._sample_of(source, obs, pod, workload, inventory, now)
+
+    def _sample_of(
+        self,
+        source: str,
+        obs: Observation,
+        pod: PodKey,
+        workload: WorkloadRef,
+        inventory: GpuInventory,
+        now: float,
+    ) -> UsageSample | Rejection:
+        fractions = inventory.fractions.get(obs.gpu_uuid)
+        fraction = fractions.get(pod) if fractions is not None else None
         return to_sample(
             obs,
             workload,

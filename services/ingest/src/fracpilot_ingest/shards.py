@@ -36,7 +36,7 @@ from fracpilot_libs.leases.metrics import LeaseMetrics
 from fracpilot_libs.leases.ownership import Ownership, default_replica_id
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.client_types import NatsClient
-from fracpilot_libs.nats.kv import KvBucket, RevisionMismatchError
+from fracpilot_libs.nats.kv import KvBucket, KvEntry, RevisionMismatchError
 
 log = logging.getLogger(__name__)
 CAS_TRIES = 5  # cursor writes racing another replica's (an old owner finishing late)
@@ -74,6 +74,7 @@ class IngestShards:
         self._taken: set[int] = set()  # claimed and not handed over, dropped or lost
         self._cycle_over = asyncio.Event()  # set while no cycle is in flight
         self._cycle_over.set()
+        self._read: dict[str, KvEntry | None] = {}  # the cycle's cursors as it read them
 
     async def start(self, nc: NatsClient, replicas: int) -> None:
         """Open the lease bucket and run one round (a lone replica holds every shard when
@@ -128,50 +129,85 @@ class IngestShards:
         self._cycle_over.set()  # one not ended (its source restarted) is over
         self._cycle_over = asyncio.Event()
         owned = sorted(self.held())
-        stored = await self._cursors(kv, owned)
+        entries = await self._entries(kv, owned)
+        # Kept for end_cycle: its compare-and-set starts from these revisions, not a re-read.
+        self._read = {cursor_key(k, self.count): entry for k, entry in entries.items()}
+        stored = _values(entries)
         if any(k not in stored for k in owned):  # a new shard count: from the floor
             entry = await kv.get(CURSOR_PREFIX)
             floor = parse_cursor(entry.value) if entry is not None else None
             fallback = fallback if floor is None else floor
         return plan_cycle(self.count, owned, stored, fallback)
 
-    async def _cursors(self, kv: KvBucket, shards: Sequence[int]) -> dict[int, float]:
+    async def _entries(self, kv: KvBucket, shards: Sequence[int]) -> dict[int, KvEntry | None]:
         entries = await asyncio.gather(*(kv.get(cursor_key(k, self.count)) for k in shards))
-        stored: dict[int, float] = {}
-        for k, entry in zip(shards, entries, strict=True):
-            cursor = parse_cursor(entry.value) if entry is not None else None
-            if cursor is not None:
-                stored[k] = cursor
-        return stored
+        return dict(zip(shards, entries, strict=True))
 
     async def end_cycle(self, kv: KvBucket, plan: CyclePlan, until: float | None) -> None:
         """The cycle's batches are all acknowledged: move each of its shards' cursors to
         ``until`` (None: nothing was read)."""
+        read, self._read = self._read, {}
         try:
             if until is not None:
                 keys = [cursor_key(k, self.count) for k in plan.cursors]
-                await asyncio.gather(*(self._advance(kv, key, until) for key in keys))
+                moved = await asyncio.gather(
+                    *(
+                        self._advance(kv, key, until, read=key in read, entry=read.get(key))
+                        for key in keys
+                    )
+                )
                 # The floor, every shard's earliest cursor, is the unsharded cursor: where a
-                # shard of another count starts, and an unsharded ingest after this one.
-                every = await self._cursors(kv, range(self.count))
+                # shard of another count starts, and an unsharded ingest after this one. The
+                # cycle's own cursors are known from the writes; only the others are read.
+                others = [k for k in range(self.count) if k not in plan.cursors]
+                every = _values(await self._entries(kv, others))
+                every.update(
+                    (k, cursor)
+                    for k, cursor in zip(plan.cursors, moved, strict=True)
+                    if cursor is not None
+                )
                 if len(every) == self.count:
                     await self._advance(kv, CURSOR_PREFIX, min(every.values()))
         finally:
             self._cycle_over.set()
 
-    async def _advance(self, kv: KvBucket, key: str, until: float) -> None:
-        """Move a cursor forward to ``until``, never back (compare-and-set)."""
+    async def _advance(
+        self,
+        kv: KvBucket,
+        key: str,
+        until: float,
+        *,
+        read: bool = False,
+        entry: KvEntry | None = None,
+    ) -> float | None:
+        """Move a cursor forward to ``until``, never back (compare-and-set), from ``entry``
+        when the cycle ``read`` it already (else it is read first); returns the cursor now
+        stored (None: unknown, every write lost to another replica's)."""
         value = f"{until:.3f}".encode()
         for _ in range(CAS_TRIES):
-            entry = await kv.get(key)
-            if not advanced(parse_cursor(entry.value) if entry else None, until):
-                return
+            if not read:
+                entry = await kv.get(key)
+            read = False  # a retry reads again
+            stored = parse_cursor(entry.value) if entry else None
+            if not advanced(stored, until):
+                return stored
             try:
                 if entry is None:
                     await kv.create(key, value)
                 else:
                     await kv.update(key, value, last=entry.revision)
-                return
+                return until
             except RevisionMismatchError:
                 continue  # another replica wrote it meanwhile: read it again
         log.warning("cursor not moved", extra={"key": key, "until": until})
+        return None
+
+
+def _values(entries: dict[int, KvEntry | None]) -> dict[int, float]:
+    """The cursors among ``entries`` that hold one."""
+    stored: dict[int, float] = {}
+    for k, entry in entries.items():
+        cursor = parse_cursor(entry.value) if entry is not None else None
+        if cursor is not None:
+            stored[k] = cursor
+    return stored

@@ -88,7 +88,8 @@ class RangeQueryClient:
                     step=f"{self.step_s:g}s",
                     timeout=int(self.timeout_s),
                 )
-                merged.update(points_by_instant(series(result) if series else result))
+                parsed = series(result) if series else result  # this call's own objects
+                merged.update(points_by_instant(parsed, owned=True))
         return dict(sorted(merged.items()))
 
 
