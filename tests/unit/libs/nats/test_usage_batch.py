@@ -90,7 +90,7 @@ def test_the_same_instant_read_again_gives_the_same_batch_ids(
 )
 def test_a_bad_sample_is_refused_alone(samples: list[UsageSample], bad: bytes, where: int) -> None:
     (batch, *_) = encode_samples(samples, 1, max_samples=len(samples))
-    head, *lines = batch.payload.split(b"\n")
+    head, *lines = batch.text.split(b"\n")
     index = where % (len(lines) + 1)
     lines.insert(index, bad)
     header = UsageBatchHeader.model_validate_json(head).model_copy(update={"samples": len(lines)})
@@ -119,6 +119,36 @@ def test_a_bad_sample_is_refused_alone(samples: list[UsageSample], bad: bytes, w
 def test_a_batch_whose_header_is_not_read_is_refused_whole(payload: bytes) -> None:
     with pytest.raises(DecodeError):
         decode_batch(payload)
+
+
+@given(samples=usage_samples(), partitions=st.integers(1, 16))
+def test_a_batch_reads_the_same_deflated_or_as_text(
+    samples: list[UsageSample], partitions: int
+) -> None:
+    """Batches stored as text (before 2026-12-05) and deflated ones, in one stream, read alike."""
+    deflated = encode_samples(samples, partitions)
+    text = encode_samples(samples, partitions, deflate=False)
+    assert [b.batch_id for b in deflated] == [b.batch_id for b in text]  # one id: deduplicated
+    for d, t in zip(deflated, text, strict=True):
+        assert d.payload[:1] == b"x"
+        assert t.payload[:1] == b"{"
+        assert t.payload == d.text == t.text
+        assert decode_batch(d.payload) == decode_batch(t.payload)
+        assert as_samples(d.subject, d.payload) == as_samples(t.subject, t.payload)
+
+
+def test_a_deflated_batch_is_smaller_than_its_text() -> None:
+    many = [sample(name="chat", pod=f"chat-{i}", sample_id=f"s-{i:06}") for i in range(500)]
+    (batch,) = encode_samples(many, 1)
+    assert len(batch.payload) * 5 < len(batch.text)
+
+
+@pytest.mark.parametrize("cut", [1, 2, 10, -1], ids=["one_byte", "two_bytes", "ten", "all_but_1"])
+def test_a_deflated_batch_that_does_not_inflate_is_refused_whole(cut: int) -> None:
+    (batch,) = encode_samples([sample(name="chat", sample_id="s-1")], 1)
+    with pytest.raises(DecodeError) as refused:
+        decode_batch(batch.payload[:cut])
+    assert refused.value.kind == "decode"
 
 
 def test_a_large_instant_is_cut_under_the_payload_limit() -> None:
