@@ -175,7 +175,34 @@ def traffic(nut: NatsUnderTest) -> Counter[str]:
         varz = monitor(base, "varz")
         for k in ("in_msgs", "out_msgs", "in_bytes", "out_bytes"):
             out[f"server {k}"] += int(varz.get(k) or 0)
+    out.update(stream_counts(nut))
     return out
+
+
+def stream_counts(nut: NatsUnderTest) -> Counter[str]:
+    """Each stream's messages and bytes stored, each consumer's deliveries and acknowledgement
+    floor (the most any node has seen: every replica reports them)."""
+    seen: dict[str, int] = {}
+    page = "jsz?accounts=true&streams=true&consumers=true"
+    for base in nut.monitors:
+        for account in monitor(base, page).get("account_details") or []:
+            for st in account.get("stream_detail") or []:
+                state = st.get("state") or {}
+                counts = {
+                    f"stream {st['name']} stored msgs": int(state.get("last_seq") or 0),
+                    f"stream {st['name']} stored bytes": int(state.get("bytes") or 0),
+                }
+                for c in st.get("consumer_detail") or []:
+                    who = f"consumer {st['name']}/{c['name']}"
+                    counts[f"{who} delivered"] = int(
+                        (c.get("delivered") or {}).get("consumer_seq") or 0
+                    )
+                    counts[f"{who} ack floor"] = int(
+                        (c.get("ack_floor") or {}).get("consumer_seq") or 0
+                    )
+                for key, value in counts.items():
+                    seen[key] = max(seen.get(key, 0), value)
+    return Counter(seen)
 
 
 def print_traffic(before: Counter[str], after: Counter[str], samples: int, seconds: float) -> None:

@@ -1,7 +1,8 @@
 """The usage batch wire format: many samples in one message, each one decodable alone.
 
 A batch is the samples of one usage partition from one scrape instant (at most
-:data:`MAX_BATCH_SAMPLES` of them, else several batches), published on
+:data:`MAX_BATCH_SAMPLES` of them and :data:`MAX_BATCH_BYTES` on the wire, else several
+batches), published on
 :func:`fracpilot_libs.nats.subjects.usage_batch_subject` with its batch id as ``Nats-Msg-Id``.
 The payload is lines separated by ``\\n``: first a
 :class:`~fracpilot_libs.contracts.UsageBatchHeader` (its ``batch_format`` is the version of
@@ -41,7 +42,13 @@ from fracpilot_libs.contracts import USAGE_BATCH_FORMAT, UsageBatchHeader, Usage
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.decoding import DecodeError, classify
 
-MAX_BATCH_SAMPLES = 500  # ~250 KiB of JSON: well under nats-server's 1 MiB max_payload
+# Samples a message at most: at R3 nats-server's CPU goes by the replicated message, not the
+# byte (docs/performance.md, "nats-server CPU per sample at R3"), so a batch is as large as
+# the payload limit allows: 2,000 bench samples are 880 KiB of text, 62 KiB deflated.
+MAX_BATCH_SAMPLES = 2000
+# A batch deflated to more than this (samples that do not compress) is cut in two, again and
+# again: under nats-server's default max_payload of 1 MiB, headers included.
+MAX_BATCH_BYTES = 900 * 1024
 BATCH_ID_HEADER = "Fracpilot-Batch-Id"  # on a dead-lettered sample of a batch
 BATCH_INDEX_HEADER = "Fracpilot-Batch-Index"  # its line, 0 = the first sample
 DEFLATE_LEVEL = 1  # zlib's fastest: 6 makes it 20% smaller for twice the CPU
@@ -128,9 +135,23 @@ def encode_samples(
     for p in sorted(by_partition):
         rows = sorted(by_partition[p], key=lambda row: row[0])
         for start in range(0, len(rows), max_samples):
-            rows_cut = rows[start : start + max_samples]
-            batches.append(encode_batch(p, partitions, rows_cut, deflate=deflate))
+            batches.extend(_cut(p, partitions, rows[start : start + max_samples], deflate))
     return batches
+
+
+def _cut(
+    partition: int, partitions: int, rows: list[tuple[str, bytes]], deflate: bool
+) -> list[EncodedBatch]:
+    """One batch, or halves of it while it is over :data:`MAX_BATCH_BYTES` (the same rows cut
+    the same way every time: an instant read again gets the same batch ids)."""
+    batch = encode_batch(partition, partitions, rows, deflate=deflate)
+    if len(batch.payload) <= MAX_BATCH_BYTES or len(rows) == 1:
+        return [batch]
+    half = len(rows) // 2
+    return [
+        *_cut(partition, partitions, rows[:half], deflate),
+        *_cut(partition, partitions, rows[half:], deflate),
+    ]
 
 
 def decode_batch(payload: bytes) -> DecodedBatch:

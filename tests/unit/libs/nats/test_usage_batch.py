@@ -3,6 +3,7 @@ refused alone; a header this version does not read refuses the batch."""
 
 from __future__ import annotations
 
+import random
 from datetime import timedelta
 
 import pytest
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 from factories import T0, sample
 from fracpilot_libs.contracts import UsageBatchHeader, UsageSample
-from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats import subjects, usage_batch
 from fracpilot_libs.nats.decoding import DecodeError
 from fracpilot_libs.nats.usage_batch import (
     MAX_BATCH_SAMPLES,
@@ -152,11 +153,27 @@ def test_a_deflated_batch_that_does_not_inflate_is_refused_whole(cut: int) -> No
 
 
 def test_a_large_instant_is_cut_under_the_payload_limit() -> None:
-    many = [sample(name="chat", pod=f"chat-{i}", sample_id=f"s-{i:06}") for i in range(1234)]
+    many = [sample(name="chat", pod=f"chat-{i}", sample_id=f"s-{i:06}") for i in range(4321)]
     batches = encode_samples(many, 1)
-    assert [len(decode_batch(b.payload).lines) for b in batches] == [500, 500, 234]
-    assert max(len(b.payload) for b in batches) < 1024 * 1024
-    assert MAX_BATCH_SAMPLES == 500
+    assert [len(decode_batch(b.payload).lines) for b in batches] == [2000, 2000, 321]
+    assert max(len(b.payload) for b in batches) <= usage_batch.MAX_BATCH_BYTES
+    assert MAX_BATCH_SAMPLES == 2000
+
+
+def test_samples_that_do_not_deflate_are_cut_under_the_byte_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(usage_batch, "MAX_BATCH_BYTES", 10_000)
+    rng = random.Random(7)
+    noise = [rng.randbytes(120).hex() for _ in range(200)]  # 240 characters, barely deflating
+    many = [sample(name="chat", pod=noise[i], sample_id=f"s-{i:06}") for i in range(200)]
+    batches = encode_samples(many, 1)
+    assert len(batches) > 1
+    assert all(len(b.payload) <= 10_000 for b in batches)
+    lines = [line for b in batches for line in decode_batch(b.payload).lines]
+    assert [decode_sample(line).sample_id for line in lines] == [f"s-{i:06}" for i in range(200)]
+    again = encode_samples(list(reversed(many)), 1)
+    assert [b.batch_id for b in again] == [b.batch_id for b in batches]
 
 
 def test_a_stored_message_reads_as_the_samples_in_it() -> None:
