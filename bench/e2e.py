@@ -4,6 +4,7 @@ with ``--cluster``, R3 on a three-node JetStream cluster next to R1 on one serve
 Usage: python bench/e2e.py [--workloads 1000 10000 100000] [--rounds 8 | --duration S]
                            [--interval 15] [--hot 100] [--backlog 200000] [--partitions 16]
                            [--profile DIR] [--cluster [--pairs 1]] [--wire sample|batch|both]
+                           [--only R1|R3] [--nats-stats] [--nats-profile DIR]
 
 For each workload count, on a fresh embedded nats-server, with one decision replica and the
 actuator on the simulated cluster (each a process, as deployed):
@@ -34,6 +35,10 @@ processes routed as one cluster on loopback (``tests/support/nats_cluster.py``; 
 see a cluster and make every stream and bucket R3; the bench reads the replicas back and
 prints them). nats-server CPU is the sum over its processes (``/proc/<pid>/stat``), per
 sample published. Printed side by side with the ratios R3 / R1. No raw baseline there.
+``--only R3`` runs one side alone; ``--nats-stats`` prints what the servers carried meanwhile
+(messages and bytes by client and over the routes, each stream's messages stored, each
+consumer's deliveries, from each node's monitoring pages); ``--nats-profile DIR`` writes each
+node's Go CPU profile (``go tool pprof -top DIR/nats-*``).
 
 The publisher is a process of its own (asyncio, ``publish_async``), on the same machine.
 """
