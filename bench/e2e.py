@@ -4,6 +4,7 @@ with ``--cluster``, R3 on a three-node JetStream cluster next to R1 on one serve
 Usage: python bench/e2e.py [--workloads 1000 10000 100000] [--rounds 8 | --duration S]
                            [--interval 15] [--hot 100] [--backlog 200000] [--partitions 16]
                            [--profile DIR] [--cluster [--pairs 1]] [--wire sample|batch|both]
+                           [--only R1|R3] [--nats-stats] [--nats-profile DIR]
 
 For each workload count, on a fresh embedded nats-server, with one decision replica and the
 actuator on the simulated cluster (each a process, as deployed):
@@ -34,6 +35,10 @@ processes routed as one cluster on loopback (``tests/support/nats_cluster.py``; 
 see a cluster and make every stream and bucket R3; the bench reads the replicas back and
 prints them). nats-server CPU is the sum over its processes (``/proc/<pid>/stat``), per
 sample published. Printed side by side with the ratios R3 / R1. No raw baseline there.
+``--only R3`` runs one side alone; ``--nats-stats`` prints what the servers carried meanwhile
+(messages and bytes by client and over the routes, each stream's messages stored, each
+consumer's deliveries, from each node's monitoring pages); ``--nats-profile DIR`` writes each
+node's Go CPU profile (``go tool pprof -top DIR/nats-*``).
 
 The publisher is a process of its own (asyncio, ``publish_async``), on the same machine.
 """
@@ -43,11 +48,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import math
 import multiprocessing
 import sys
 import time
+import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,7 +92,7 @@ from pipeline_harness import (
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.embedded import EmbeddedNats
 from fracpilot_libs.server_process import free_port
-from support.nats_cluster import NatsCluster, replicas_of
+from support.nats_cluster import ClusterNode, NatsCluster, replicas_of
 
 LAG = "fracpilot_decision_sample_lag_seconds"
 SAMPLES = "fracpilot_decision_samples_total"
@@ -99,6 +107,8 @@ class NatsUnderTest:
     label: str
     url: str  # comma-separated for a cluster, as FRACPILOT_NATS_URL takes it
     pids: tuple[int, ...]
+    monitors: tuple[str, ...] = ()  # each node's monitoring endpoint, http://host:port
+    profilers: tuple[str, ...] = ()  # each node's Go pprof endpoint (--nats-profile)
 
     def cpu_seconds(self) -> float:
         return sum(cpu_seconds(pid) for pid in self.pids)
@@ -111,11 +121,112 @@ def one_server() -> Iterator[NatsUnderTest]:
         yield NatsUnderTest("one server", server.url, (server.proc.pid,))
 
 
+class ProfiledNode(ClusterNode):
+    """A cluster node that also serves Go's pprof (nats-server's ``--profile`` port)."""
+
+    def __init__(self, name: str, store_dir: Path) -> None:
+        super().__init__(name, store_dir)
+        self.profile_port = free_port()
+
+    def command(self, routes: list[str]) -> list[str]:
+        return [*super().command(routes), "--profile", str(self.profile_port)]
+
+
+PROFILE_NATS = False  # --nats-profile: the cluster's nodes serve pprof
+
+
 @contextlib.contextmanager
 def three_nodes() -> Iterator[NatsUnderTest]:
-    with NatsCluster(3) as cluster:
+    cluster = NatsCluster(3)
+    if PROFILE_NATS:
+        cluster.nodes = [ProfiledNode(n.name, n.store_dir) for n in cluster.nodes]
+    with cluster:
         pids = tuple(n.proc.pid for n in cluster.nodes if n.proc is not None)
-        yield NatsUnderTest("three nodes", cluster.url, pids)
+        yield NatsUnderTest(
+            "three nodes",
+            cluster.url,
+            pids,
+            tuple(f"http://127.0.0.1:{n.monitor_port}" for n in cluster.nodes),
+            tuple(
+                f"http://127.0.0.1:{n.profile_port}"
+                for n in cluster.nodes
+                if isinstance(n, ProfiledNode)
+            ),
+        )
+
+
+# --- what nats-server's traffic is made of (--nats-stats) ----------------------------------------
+
+
+def monitor(base: str, page: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{base}/{page}", timeout=5) as response:
+        return dict(json.loads(response.read()))
+
+
+def traffic(nut: NatsUnderTest) -> Counter[str]:
+    """Messages and bytes by kind, summed over the nodes: each client connection by its name
+    (in = to the server), the routes between the nodes, JetStream API requests."""
+    out: Counter[str] = Counter()
+    for base in nut.monitors:
+        for c in monitor(base, "connz?limit=1024").get("connections") or []:
+            who = str(c.get("name") or "unnamed")
+            for k in ("in_msgs", "out_msgs", "in_bytes", "out_bytes"):
+                out[f"client {who} {k}"] += int(c.get(k) or 0)
+        for r in monitor(base, "routez").get("routes") or []:
+            for k in ("in_msgs", "out_msgs", "in_bytes", "out_bytes"):
+                out[f"routes {k}"] += int(r.get(k) or 0)
+        jsz = monitor(base, "jsz")
+        out["jetstream api requests"] += int((jsz.get("api") or {}).get("total") or 0)
+        varz = monitor(base, "varz")
+        for k in ("in_msgs", "out_msgs", "in_bytes", "out_bytes"):
+            out[f"server {k}"] += int(varz.get(k) or 0)
+    out.update(stream_counts(nut))
+    return out
+
+
+def stream_counts(nut: NatsUnderTest) -> Counter[str]:
+    """Each stream's messages and bytes stored, each consumer's deliveries and acknowledgement
+    floor (the most any node has seen: every replica reports them)."""
+    seen: dict[str, int] = {}
+    page = "jsz?accounts=true&streams=true&consumers=true"
+    for base in nut.monitors:
+        for account in monitor(base, page).get("account_details") or []:
+            for st in account.get("stream_detail") or []:
+                state = st.get("state") or {}
+                counts = {
+                    f"stream {st['name']} stored msgs": int(state.get("last_seq") or 0),
+                    f"stream {st['name']} stored bytes": int(state.get("bytes") or 0),
+                }
+                for c in st.get("consumer_detail") or []:
+                    who = f"consumer {st['name']}/{c['name']}"
+                    counts[f"{who} delivered"] = int(
+                        (c.get("delivered") or {}).get("consumer_seq") or 0
+                    )
+                    counts[f"{who} ack floor"] = int(
+                        (c.get("ack_floor") or {}).get("consumer_seq") or 0
+                    )
+                for key, value in counts.items():
+                    seen[key] = max(seen.get(key, 0), value)
+    return Counter(seen)
+
+
+def print_traffic(before: Counter[str], after: Counter[str], samples: int, seconds: float) -> None:
+    print(f"    nats traffic over {seconds:.0f} s, all nodes (per s; per 1,000 samples)")
+    for key in sorted(after):
+        delta = after[key] - before.get(key, 0)
+        if delta > 0:
+            print(f"      {key:<58}{delta / seconds:>14,.1f}{delta / samples * 1000:>14,.1f}")
+
+
+async def profile_nodes(nut: NatsUnderTest, seconds: int, into: Path, tag: str) -> None:
+    """Each node's CPU profile over ``seconds`` (Go pprof), written into ``into``."""
+
+    def one(i: int, base: str) -> None:
+        url = f"{base}/debug/pprof/profile?seconds={seconds}"
+        with urllib.request.urlopen(url, timeout=seconds + 30) as response:
+            (into / f"nats-{tag}-n{i}.pprof").write_bytes(response.read())
+
+    await asyncio.gather(*(asyncio.to_thread(one, i, base) for i, base in enumerate(nut.profilers)))
 
 
 async def stream_replicas(url: str) -> str:
@@ -276,6 +387,7 @@ async def paced_on(
         before = scrape(port)
         base = metric(before, SAMPLES)
         cpu0, srv0 = cpu_seconds(decision.proc.pid), nut.cpu_seconds()
+        traffic0 = traffic(nut) if args.nats_stats and nut.monitors else None
         target = workloads / args.interval
         total = workloads * args.rounds
         batches_of = args.partitions if wire == "batch" else 0
@@ -286,6 +398,11 @@ async def paced_on(
         started = time.monotonic()
         due = Due(started, target, total) if batches_of else None
         watcher = asyncio.create_task(watch_backlog(nut.url, port, base, points, due))
+        profiling = None
+        if args.nats_profile and nut.profilers:
+            profiling = asyncio.create_task(
+                profile_nodes(nut, int(total / target / 2), args.nats_profile, tag)
+            )
         published: dict[str, float] = await asyncio.to_thread(pipe.recv)
         proc.join()
         ended = time.monotonic()
@@ -299,6 +416,10 @@ async def paced_on(
         elapsed = time.monotonic() - started
         used = cpu_seconds(decision.proc.pid) - cpu0
         server_used = nut.cpu_seconds() - srv0
+        if traffic0 is not None:
+            print_traffic(traffic0, traffic(nut), total, elapsed)
+        if profiling is not None:
+            await profiling
         await asyncio.sleep(1.0)  # the last results
         after = scrape(port)
         decided = metric(after, SAMPLES) - base
@@ -554,6 +675,8 @@ async def cluster_main(args: argparse.Namespace) -> None:
         for n in range(args.pairs):
             runs: dict[str, tuple[Paced, Drain | None]] = {}
             for name, nats_under_test in (("R1", one_server), ("R3", three_nodes)):
+                if args.only and name != args.only:
+                    continue
                 label = f"{w:,} workloads, {WIRE_LABEL[wire]}, {name} (pair {n + 1})"
                 print(f"... paced, {label}", flush=True)
                 with nats_under_test() as nut:
@@ -567,6 +690,8 @@ async def cluster_main(args: argparse.Namespace) -> None:
                     with nats_under_test() as nut:
                         d = await drain_on(nut, w, args)
                 runs[name] = (p, d)
+            if args.only:  # one side only: its row beside itself
+                runs = {"R1": runs[args.only], "R3": runs[args.only]}
             pairs.append(Pair(w, runs["R1"][0], runs["R3"][0], runs["R1"][1], runs["R3"][1]))
             report_pair(pairs[-1])
     if len(pairs) > 1:
@@ -607,6 +732,12 @@ async def main() -> None:
         help="a setting of the decision service (repeat)",
     )
     parser.add_argument("--profile", type=Path, help="write the decision service's cProfile")
+    parser.add_argument("--only", choices=("R1", "R3"), help="--cluster: that side alone")
+    parser.add_argument("--nats-stats", action="store_true",
+                        help="--cluster: nats traffic by client, routes, API")  # fmt: skip
+    parser.add_argument("--nats-profile", type=Path, metavar="DIR",
+                        help="--cluster: each node's Go CPU profile over the first half "
+                        "of the publishing, into DIR (go tool pprof -top DIR/nats-*)")  # fmt: skip
     parser.add_argument(
         "--wire",
         choices=("sample", "batch", "both"),
@@ -622,6 +753,10 @@ async def main() -> None:
         args.rounds = max(1, round(args.duration / args.interval))
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
+    if args.nats_profile:
+        args.nats_profile.mkdir(parents=True, exist_ok=True)
+        global PROFILE_NATS
+        PROFILE_NATS = True
     size = check_payload()
     print(f"{machine_note()}; sample {size} bytes; {args.partitions} partitions; "
           f"{args.rounds} rounds every {args.interval:g} s"

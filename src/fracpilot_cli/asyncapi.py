@@ -89,7 +89,8 @@ def _messages(channel_map: dict[str, Channel]) -> dict[str, Any]:
         "name": "UsageBatch",
         "title": "UsageBatch",
         "summary": "Lines separated by a newline: a UsageBatchHeader, then one UsageSample "
-        "each (fracpilot_libs.nats.usage_batch).",
+        "each (fracpilot_libs.nats.usage_batch), zlib-deflated (batches stored before "
+        "2026-12-05 are the text: a reader tells them apart by the first byte, 0x78 or {).",
         "contentType": "application/x-ndjson",
         "headers": {"$ref": "#/components/schemas/NatsHeaders"},
         "payload": {

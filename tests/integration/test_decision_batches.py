@@ -125,7 +125,7 @@ async def test_a_bad_sample_in_a_batch_is_dead_lettered_alone_with_its_batch_id(
     settings = DecisionSettings(nats={"url": nats_url})
     good = [sample(name="chat", pod=f"chat-{i}", sample_id=f"s-{i}") for i in range(3)]
     (batch,) = encode_samples(good, 1)  # one partition: all in one batch
-    head, *lines = batch.payload.split(b"\n")
+    head, *lines = batch.text.split(b"\n")
     bad = json.dumps({**json.loads(lines[1]), "compute": 7.5}).encode()  # out of range
     lines.insert(1, bad)
     header = UsageBatchHeader.model_validate_json(head)

@@ -49,7 +49,7 @@ from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.bus import Bus
 from fracpilot_libs.nats.connect import NatsSecurityError, open_connection
 from fracpilot_libs.nats.decoding import decode
-from fracpilot_libs.nats.usage_batch import decode_batch
+from fracpilot_libs.nats.usage_batch import batch_text, decode_batch
 from helpers import running, usage_stream_of, wait_for
 from support.fuzzing import decodes
 from support.nats_auth import SecuredNats, TlsFiles, make_tls_files, make_user_nkey
@@ -225,8 +225,8 @@ async def test_services_run_the_pipeline_under_their_own_identities(
         assert {d.service for d in letters} == set(SERVICES), letters
 
     # (the junk published above for the dead-letter paths is left out)
-    def samples_in(data: bytes) -> list[bytes]:  # a usage batch, or one sample
-        if data.startswith(b'{"batch_format"'):
+    def samples_in(data: bytes) -> list[bytes]:  # a usage batch (deflated), or one sample
+        if batch_text(data).startswith(b'{"batch_format"'):
             return decode_batch(data).lines
         return [data]
 

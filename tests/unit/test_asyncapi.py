@@ -132,7 +132,7 @@ def real_messages() -> list[BaseModel]:
     (batch,) = encode_samples([sample()], 16)
     return [
         sample(gpu_model="NVIDIA A100-SXM4-80GB"),
-        UsageBatchHeader.model_validate_json(batch.payload.split(b"\n")[0]),
+        UsageBatchHeader.model_validate_json(batch.text.split(b"\n")[0]),
         decision(),
         ActuationResult(
             decision_id="d-1",

@@ -307,7 +307,7 @@ class IngestService:
         by_id = {sample.sample_id: (sample, obs) for sample, obs in ready}
         for batch in self._encode([s for s, _ in ready]):
             rows = [by_id[sample_id] for sample_id in batch.sample_ids]
-            lines = batch.payload.split(b"\n")[1:] if self.settings.usage_view else []
+            lines = batch.text.split(b"\n")[1:] if self.settings.usage_view else []
 
             acked = self._on_batch_acked(source, rows, lines, step_s, now)
             # Back-pressure: waits here while the window is full.

@@ -3,6 +3,7 @@ refused alone; a header this version does not read refuses the batch."""
 
 from __future__ import annotations
 
+import random
 from datetime import timedelta
 
 import pytest
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 from factories import T0, sample
 from fracpilot_libs.contracts import UsageBatchHeader, UsageSample
-from fracpilot_libs.nats import subjects
+from fracpilot_libs.nats import subjects, usage_batch
 from fracpilot_libs.nats.decoding import DecodeError
 from fracpilot_libs.nats.usage_batch import (
     MAX_BATCH_SAMPLES,
@@ -90,7 +91,7 @@ def test_the_same_instant_read_again_gives_the_same_batch_ids(
 )
 def test_a_bad_sample_is_refused_alone(samples: list[UsageSample], bad: bytes, where: int) -> None:
     (batch, *_) = encode_samples(samples, 1, max_samples=len(samples))
-    head, *lines = batch.payload.split(b"\n")
+    head, *lines = batch.text.split(b"\n")
     index = where % (len(lines) + 1)
     lines.insert(index, bad)
     header = UsageBatchHeader.model_validate_json(head).model_copy(update={"samples": len(lines)})
@@ -121,12 +122,58 @@ def test_a_batch_whose_header_is_not_read_is_refused_whole(payload: bytes) -> No
         decode_batch(payload)
 
 
+@given(samples=usage_samples(), partitions=st.integers(1, 16))
+def test_a_batch_reads_the_same_deflated_or_as_text(
+    samples: list[UsageSample], partitions: int
+) -> None:
+    """Batches stored as text (before 2026-12-05) and deflated ones, in one stream, read alike."""
+    deflated = encode_samples(samples, partitions)
+    text = encode_samples(samples, partitions, deflate=False)
+    assert [b.batch_id for b in deflated] == [b.batch_id for b in text]  # one id: deduplicated
+    for d, t in zip(deflated, text, strict=True):
+        assert d.payload[:1] == b"x"
+        assert t.payload[:1] == b"{"
+        assert t.payload == d.text == t.text
+        assert decode_batch(d.payload) == decode_batch(t.payload)
+        assert as_samples(d.subject, d.payload) == as_samples(t.subject, t.payload)
+
+
+def test_a_deflated_batch_is_smaller_than_its_text() -> None:
+    many = [sample(name="chat", pod=f"chat-{i}", sample_id=f"s-{i:06}") for i in range(500)]
+    (batch,) = encode_samples(many, 1)
+    assert len(batch.payload) * 5 < len(batch.text)
+
+
+@pytest.mark.parametrize("cut", [1, 2, 10, -1], ids=["one_byte", "two_bytes", "ten", "all_but_1"])
+def test_a_deflated_batch_that_does_not_inflate_is_refused_whole(cut: int) -> None:
+    (batch,) = encode_samples([sample(name="chat", sample_id="s-1")], 1)
+    with pytest.raises(DecodeError) as refused:
+        decode_batch(batch.payload[:cut])
+    assert refused.value.kind == "decode"
+
+
 def test_a_large_instant_is_cut_under_the_payload_limit() -> None:
-    many = [sample(name="chat", pod=f"chat-{i}", sample_id=f"s-{i:06}") for i in range(1234)]
+    many = [sample(name="chat", pod=f"chat-{i}", sample_id=f"s-{i:06}") for i in range(4321)]
     batches = encode_samples(many, 1)
-    assert [len(decode_batch(b.payload).lines) for b in batches] == [500, 500, 234]
-    assert max(len(b.payload) for b in batches) < 1024 * 1024
-    assert MAX_BATCH_SAMPLES == 500
+    assert [len(decode_batch(b.payload).lines) for b in batches] == [2000, 2000, 321]
+    assert max(len(b.payload) for b in batches) <= usage_batch.MAX_BATCH_BYTES
+    assert MAX_BATCH_SAMPLES == 2000
+
+
+def test_samples_that_do_not_deflate_are_cut_under_the_byte_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(usage_batch, "MAX_BATCH_BYTES", 10_000)
+    rng = random.Random(7)
+    noise = [rng.randbytes(120).hex() for _ in range(200)]  # 240 characters, barely deflating
+    many = [sample(name="chat", pod=noise[i], sample_id=f"s-{i:06}") for i in range(200)]
+    batches = encode_samples(many, 1)
+    assert len(batches) > 1
+    assert all(len(b.payload) <= 10_000 for b in batches)
+    lines = [line for b in batches for line in decode_batch(b.payload).lines]
+    assert [decode_sample(line).sample_id for line in lines] == [f"s-{i:06}" for i in range(200)]
+    again = encode_samples(list(reversed(many)), 1)
+    assert [b.batch_id for b in again] == [b.batch_id for b in batches]
 
 
 def test_a_stored_message_reads_as_the_samples_in_it() -> None:
