@@ -24,10 +24,12 @@ class CheckpointSettings(BaseModel):
         "written once for several samples. A crash replays at most this much",
     )
     when_idle_s: float = Field(
-        default=1.0,
+        default=30.0,
         ge=0,
         description="checkpoint a partition as soon as no sample came for this long (so a "
-        "quiet pipeline is checkpointed at once); 0: only on the interval",
+        "pipeline that stopped is checkpointed without waiting for the interval); longer than "
+        "the sampling interval, or every partition is quiet between two scrapes and each "
+        "state is written once a sample; 0: only on the interval",
     )
 
 
