@@ -5,6 +5,7 @@ instant) at least once, never as two different batches."""
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -21,6 +22,7 @@ from fracpilot_ingest.shard_plan import (
     advanced,
     by_shard,
     cursor_key,
+    encode_by_shard,
     gpu_shard,
     gpu_uuid_labels,
     parse_cursor,
@@ -105,6 +107,39 @@ def test_a_shards_batches_are_the_same_whoever_encodes_it(
         alone = encode_samples(group, partitions, max_samples)
         for batch in alone:
             assert everything[batch.batch_id] == batch.payload
+
+
+@given(
+    gpus=st.lists(st.sampled_from(GPUS), min_size=1, max_size=40, unique=True),
+    mig=st.sets(st.integers(0, 39)),
+    shards=st.integers(1, 9),
+    partitions=st.integers(1, 4),
+    max_samples=st.integers(1, 7),
+    order=st.randoms(use_true_random=False),
+)
+def test_encoding_all_shards_in_one_pass_gives_each_shards_own_batches(
+    gpus: list[str],
+    mig: set[int],
+    shards: int,
+    partitions: int,
+    max_samples: int,
+    order: random.Random,
+) -> None:
+    """What the service publishes (:func:`encode_by_shard`, the samples serialized in one
+    pass in any order) is, batch for batch, what each shard's samples encoded alone give:
+    the same subjects, ids, payloads and samples, in shard order; a MIG instance's sample
+    goes with its card's shard."""
+    devices = [f"{g}/GI{i}" if i in mig else g for i, g in enumerate(gpus)]
+    samples = _samples(gpus, 1_700_000_000.0)
+    samples = [s.model_copy(update={"gpu_uuid": d}) for s, d in zip(samples, devices, strict=True)]
+    order.shuffle(samples)
+    expected = [
+        (b.subject, b.batch_id, b.payload, b.sample_ids)
+        for group in by_shard(samples, shards)
+        for b in encode_samples(group, partitions, max_samples)
+    ]
+    got = encode_by_shard(samples, shards, partitions, max_samples)
+    assert [(b.subject, b.batch_id, b.payload, b.sample_ids) for b in got] == expected
 
 
 # --- a model of replicas, cycles, deaths and moves --------------------------------------------

@@ -30,7 +30,7 @@ from fracpilot_ingest.node_facts import hami_device_memory
 from fracpilot_ingest.owners import KubernetesOwners, OwnerResolver, make_owners
 from fracpilot_ingest.pod_facts import kai_shared_gpus, oom_kills
 from fracpilot_ingest.settings import IngestSettings, mapping_table
-from fracpilot_ingest.shard_plan import by_shard, gpu_uuid_labels
+from fracpilot_ingest.shard_plan import encode_by_shard, gpu_uuid_labels
 from fracpilot_ingest.shards import IngestShards
 from fracpilot_ingest.sources import make_sources
 from fracpilot_ingest.sources.base import Source, SourceContext
@@ -321,11 +321,7 @@ class IngestService:
         same ids, whichever replica publishes the shard (:mod:`fracpilot_ingest.shard_plan`)."""
         if self.shards is None:
             return encode_samples(samples, self.partitions)
-        return [
-            batch
-            for group in by_shard(samples, self.shards.count)
-            for batch in encode_samples(group, self.partitions)
-        ]
+        return encode_by_shard(samples, self.shards.count, self.partitions)
 
     def _on_batch_acked(
         self,
