@@ -30,6 +30,7 @@ from fracpilot_ingest.shard_plan import (
     shard_of,
 )
 from fracpilot_libs.nats.usage_batch import encode_samples
+from fracpilot_libs.usage.attribution import Observation, PodKey
 from fracpilot_libs.usage.mappings import MappingTable
 
 GPUS = [f"GPU-{i:04d}-{i * 7919 % 10007:05d}" for i in range(64)]
@@ -71,7 +72,16 @@ def test_a_cycle_starts_at_its_earliest_cursor_and_keeps_each_shard_past_its_own
     assert plan.keeps(gpu0, 315.0)
     assert plan.keeps(gpu2, 115.0)
     assert not plan.keeps(gpu1, 1e12)  # not held
+    asked = [(g, t) for g in (gpu0, gpu1, gpu2, f"{gpu2}/GI3") for t in (115.0, 300.0, 315.0)]
+    observations = [_observation(g, t) for g, t in asked]
+    assert [(o.gpu_uuid, o.timestamp) for o in plan.kept(observations)] == [
+        (g, t) for g, t in asked if plan.keeps(g, t)
+    ]
     assert plan_cycle(4, [], {}, 0.0).start is None
+
+
+def _observation(gpu: str, instant: float) -> Observation:
+    return Observation(PodKey("ns", "p"), gpu, "n", instant, 0.5, 1, 2, exact=True)
 
 
 def _samples(gpus: list[str], instant: float) -> list:  # type: ignore[type-arg]

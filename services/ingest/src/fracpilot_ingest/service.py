@@ -250,18 +250,19 @@ class IngestService:
         step_s: float | None = None,
         *,
         wait: bool = True,
-        keep: Callable[[str, float], bool] | None = None,
+        keep: Callable[[list[Observation]], list[Observation]] | None = None,
     ) -> int:
         """Attribute, validate and publish the points of one instant; returns samples sent.
 
         ``step_s``: the time each sample stands for (default: the interval). ``wait``: return
         once every batch is acknowledged (else they are left in the source's window).
-        ``keep``: sharded, whether this replica publishes a GPU's sample of the instant."""
+        ``keep``: sharded, the observations this replica publishes (its shards' past their
+        cursors)."""
         step = self.settings.interval_s if step_s is None else step_s
         with gc_paused():  # a burst of objects without cycles (fracpilot_libs.gc_pause)
             observations, rejections = observe_points(points, self.table, inventory)
             if keep is not None:
-                observations = [o for o in observations if keep(o.gpu_uuid, o.timestamp)]
+                observations = keep(observations)
             now = time.time()
             ready: list[tuple[UsageSample, Observation | None]] = []
             mark, workloads, resolve = self.signals.mark, inventory.workloads, self.owners.resolve

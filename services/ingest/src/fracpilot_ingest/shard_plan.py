@@ -29,6 +29,7 @@ from typing import Any
 from fracpilot_libs.contracts import UsageSample
 from fracpilot_libs.nats.subjects import usage_partition
 from fracpilot_libs.nats.usage_batch import MAX_BATCH_SAMPLES, EncodedBatch, encode_partitions
+from fracpilot_libs.usage.attribution import Observation
 from fracpilot_libs.usage.mappings import MappingTable
 from fracpilot_libs.usage.mig import card_of
 
@@ -126,6 +127,16 @@ class CyclePlan:
         the cycle's and the instant is past that shard's cursor."""
         cursor = self.cursors.get(_memos(self.shards)[1][gpu_uuid])
         return cursor is not None and instant > cursor
+
+    def kept(self, observations: Sequence[Observation]) -> list[Observation]:
+        """The observations this cycle publishes (:meth:`keeps` of each), in one pass: once
+        per sample of the replica's share."""
+        shard, cursors = _memos(self.shards)[1], self.cursors
+        return [
+            obs
+            for obs in observations
+            if (cursor := cursors.get(shard[obs.gpu_uuid])) is not None and obs.timestamp > cursor
+        ]
 
     def of_shards(self, series: list[Any], gpu_labels: Sequence[str]) -> list[Any]:
         """The series of a range-query response that can give this cycle a sample, before
