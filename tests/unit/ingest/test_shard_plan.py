@@ -253,8 +253,14 @@ def test_the_series_a_replica_parses_give_every_sample_its_cycle_keeps(
     assert "UUID" in labels
     series = [{"metric": {"__name__": "DCGM_FI_DEV_FB_USED", "UUID": g}} for g in gpus]
     app = {"metric": {"__name__": "vllm:num_requests_waiting", "pod": "chat-0"}}
-    kept = plan.of_shards([*series, app, "junk"], labels)
+    # Named by a later label of the table when the first is missing or not a string.
+    later = [{"metric": {"UUID": 7, labels[-1]: g}} for g in gpus]
+    malformed = ["junk", None, {"values": []}, {"metric": ["UUID"]}, {"metric": "UUID"}]
+    kept = plan.of_shards([*series, *later, app, *malformed], labels)
     assert app in kept
-    assert "junk" in kept  # malformed: left to the parser, which counts it
+    for bad in malformed:  # left to the parser, which counts it
+        assert bad in kept
     for s in series:
         assert (s in kept) == plan.keeps(s["metric"]["UUID"], 1.0)
+    for s in later:
+        assert (s in kept) == plan.keeps(s["metric"][labels[-1]], 1.0)

@@ -145,18 +145,25 @@ class CyclePlan:
         GPU later) or malformed (the parser counts them). :meth:`keeps` still decides per
         sample and instant."""
         shard, held = _memos(self.shards)[0], self.cursors
-        kept = []
-        for one in series:  # inline: once per series of the whole response
-            labels = one.get("metric") if isinstance(one, dict) else None
-            gpu = None
-            if isinstance(labels, dict):
-                for name in gpu_labels:
+        first, others = gpu_labels[0] if gpu_labels else "", gpu_labels[1:]
+        kept: list[Any] = []
+        keep = kept.append
+        for one in series:  # once per series of the whole response, on every replica: inline
+            try:
+                labels = one["metric"]
+                gpu = labels.get(first) if first else None
+            except (TypeError, KeyError, AttributeError):  # not a series, no labels: kept
+                keep(one)
+                continue
+            if not (gpu and isinstance(gpu, str)):
+                gpu = None
+                for name in others:
                     uuid = labels.get(name)
                     if uuid and isinstance(uuid, str):
                         gpu = uuid
                         break
             if gpu is None or shard[gpu] in held:
-                kept.append(one)
+                keep(one)
         return kept
 
 
