@@ -57,7 +57,7 @@ async def replica_path(
     await service.runtime.bus.connect()
     await service.runtime.bus.ensure_streams()
     plan = plan_cycle(shards, mine, {}, fallback=0.0)
-    keep = plan.keeps if shards > 1 else None
+    keep = plan.kept if shards > 1 else None
     labels = gpu_uuid_labels(service.table)
     await asyncio.to_thread(barrier.wait)
     start, cpu = time.perf_counter(), time.process_time()

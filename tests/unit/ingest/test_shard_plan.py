@@ -5,6 +5,7 @@ instant) at least once, never as two different batches."""
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -21,6 +22,7 @@ from fracpilot_ingest.shard_plan import (
     advanced,
     by_shard,
     cursor_key,
+    encode_by_shard,
     gpu_shard,
     gpu_uuid_labels,
     parse_cursor,
@@ -28,6 +30,7 @@ from fracpilot_ingest.shard_plan import (
     shard_of,
 )
 from fracpilot_libs.nats.usage_batch import encode_samples
+from fracpilot_libs.usage.attribution import Observation, PodKey
 from fracpilot_libs.usage.mappings import MappingTable
 
 GPUS = [f"GPU-{i:04d}-{i * 7919 % 10007:05d}" for i in range(64)]
@@ -69,7 +72,16 @@ def test_a_cycle_starts_at_its_earliest_cursor_and_keeps_each_shard_past_its_own
     assert plan.keeps(gpu0, 315.0)
     assert plan.keeps(gpu2, 115.0)
     assert not plan.keeps(gpu1, 1e12)  # not held
+    asked = [(g, t) for g in (gpu0, gpu1, gpu2, f"{gpu2}/GI3") for t in (115.0, 300.0, 315.0)]
+    observations = [_observation(g, t) for g, t in asked]
+    assert [(o.gpu_uuid, o.timestamp) for o in plan.kept(observations)] == [
+        (g, t) for g, t in asked if plan.keeps(g, t)
+    ]
     assert plan_cycle(4, [], {}, 0.0).start is None
+
+
+def _observation(gpu: str, instant: float) -> Observation:
+    return Observation(PodKey("ns", "p"), gpu, "n", instant, 0.5, 1, 2, exact=True)
 
 
 def _samples(gpus: list[str], instant: float) -> list:  # type: ignore[type-arg]
@@ -105,6 +117,39 @@ def test_a_shards_batches_are_the_same_whoever_encodes_it(
         alone = encode_samples(group, partitions, max_samples)
         for batch in alone:
             assert everything[batch.batch_id] == batch.payload
+
+
+@given(
+    gpus=st.lists(st.sampled_from(GPUS), min_size=1, max_size=40, unique=True),
+    mig=st.sets(st.integers(0, 39)),
+    shards=st.integers(1, 9),
+    partitions=st.integers(1, 4),
+    max_samples=st.integers(1, 7),
+    order=st.randoms(use_true_random=False),
+)
+def test_encoding_all_shards_in_one_pass_gives_each_shards_own_batches(
+    gpus: list[str],
+    mig: set[int],
+    shards: int,
+    partitions: int,
+    max_samples: int,
+    order: random.Random,
+) -> None:
+    """What the service publishes (:func:`encode_by_shard`, the samples serialized in one
+    pass in any order) is, batch for batch, what each shard's samples encoded alone give:
+    the same subjects, ids, payloads and samples, in shard order; a MIG instance's sample
+    goes with its card's shard."""
+    devices = [f"{g}/GI{i}" if i in mig else g for i, g in enumerate(gpus)]
+    samples = _samples(gpus, 1_700_000_000.0)
+    samples = [s.model_copy(update={"gpu_uuid": d}) for s, d in zip(samples, devices, strict=True)]
+    order.shuffle(samples)
+    expected = [
+        (b.subject, b.batch_id, b.payload, b.sample_ids)
+        for group in by_shard(samples, shards)
+        for b in encode_samples(group, partitions, max_samples)
+    ]
+    got = encode_by_shard(samples, shards, partitions, max_samples)
+    assert [(b.subject, b.batch_id, b.payload, b.sample_ids) for b in got] == expected
 
 
 # --- a model of replicas, cycles, deaths and moves --------------------------------------------
@@ -208,8 +253,14 @@ def test_the_series_a_replica_parses_give_every_sample_its_cycle_keeps(
     assert "UUID" in labels
     series = [{"metric": {"__name__": "DCGM_FI_DEV_FB_USED", "UUID": g}} for g in gpus]
     app = {"metric": {"__name__": "vllm:num_requests_waiting", "pod": "chat-0"}}
-    kept = plan.of_shards([*series, app, "junk"], labels)
+    # Named by a later label of the table when the first is missing or not a string.
+    later = [{"metric": {"UUID": 7, labels[-1]: g}} for g in gpus]
+    malformed = ["junk", None, {"values": []}, {"metric": ["UUID"]}, {"metric": "UUID"}]
+    kept = plan.of_shards([*series, *later, app, *malformed], labels)
     assert app in kept
-    assert "junk" in kept  # malformed: left to the parser, which counts it
+    for bad in malformed:  # left to the parser, which counts it
+        assert bad in kept
     for s in series:
         assert (s in kept) == plan.keeps(s["metric"]["UUID"], 1.0)
+    for s in later:
+        assert (s in kept) == plan.keeps(s["metric"][labels[-1]], 1.0)

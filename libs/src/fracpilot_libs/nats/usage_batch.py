@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pydantic import ValidationError
@@ -131,6 +131,19 @@ def encode_samples(
     for sample in samples:
         p = subjects.usage_partition(sample.workload, partitions)
         by_partition.setdefault(p, []).append((sample.sample_id, sample.to_json()))
+    return encode_partitions(by_partition, partitions, max_samples, deflate=deflate)
+
+
+def encode_partitions(
+    by_partition: Mapping[int, list[tuple[str, bytes]]],
+    partitions: int,
+    max_samples: int = MAX_BATCH_SAMPLES,
+    *,
+    deflate: bool = True,
+) -> list[EncodedBatch]:
+    """:func:`encode_samples` for samples already serialized and grouped: ``(sample_id,
+    UsageSample JSON)`` rows by partition (a caller grouping by more than the partition
+    serializes in one pass, in the order the samples lie in memory)."""
     batches = []
     for p in sorted(by_partition):
         rows = sorted(by_partition[p], key=lambda row: row[0])

@@ -30,7 +30,7 @@ from fracpilot_ingest.node_facts import hami_device_memory
 from fracpilot_ingest.owners import KubernetesOwners, OwnerResolver, make_owners
 from fracpilot_ingest.pod_facts import kai_shared_gpus, oom_kills
 from fracpilot_ingest.settings import IngestSettings, mapping_table
-from fracpilot_ingest.shard_plan import by_shard, gpu_uuid_labels
+from fracpilot_ingest.shard_plan import encode_by_shard, gpu_uuid_labels
 from fracpilot_ingest.shards import IngestShards
 from fracpilot_ingest.sources import make_sources
 from fracpilot_ingest.sources.base import Source, SourceContext
@@ -250,18 +250,19 @@ class IngestService:
         step_s: float | None = None,
         *,
         wait: bool = True,
-        keep: Callable[[str, float], bool] | None = None,
+        keep: Callable[[list[Observation]], list[Observation]] | None = None,
     ) -> int:
         """Attribute, validate and publish the points of one instant; returns samples sent.
 
         ``step_s``: the time each sample stands for (default: the interval). ``wait``: return
         once every batch is acknowledged (else they are left in the source's window).
-        ``keep``: sharded, whether this replica publishes a GPU's sample of the instant."""
+        ``keep``: sharded, the observations this replica publishes (its shards' past their
+        cursors)."""
         step = self.settings.interval_s if step_s is None else step_s
         with gc_paused():  # a burst of objects without cycles (fracpilot_libs.gc_pause)
             observations, rejections = observe_points(points, self.table, inventory)
             if keep is not None:
-                observations = [o for o in observations if keep(o.gpu_uuid, o.timestamp)]
+                observations = keep(observations)
             now = time.time()
             ready: list[tuple[UsageSample, Observation | None]] = []
             mark, workloads, resolve = self.signals.mark, inventory.workloads, self.owners.resolve
@@ -321,11 +322,7 @@ class IngestService:
         same ids, whichever replica publishes the shard (:mod:`fracpilot_ingest.shard_plan`)."""
         if self.shards is None:
             return encode_samples(samples, self.partitions)
-        return [
-            batch
-            for group in by_shard(samples, self.shards.count)
-            for batch in encode_samples(group, self.partitions)
-        ]
+        return encode_by_shard(samples, self.shards.count, self.partitions)
 
     def _on_batch_acked(
         self,

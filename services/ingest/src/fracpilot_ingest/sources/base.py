@@ -18,7 +18,7 @@ from fracpilot_ingest.metrics import IngestMetrics
 from fracpilot_ingest.shards import IngestShards
 from fracpilot_libs.contracts import Allocation, UsageSample
 from fracpilot_libs.nats.kv import KvBucket
-from fracpilot_libs.usage.attribution import MetricPoint
+from fracpilot_libs.usage.attribution import MetricPoint, Observation
 from fracpilot_libs.usage.samples import PublishedSeries
 
 
@@ -31,8 +31,8 @@ class Reading:
     samples: Sequence[UsageSample] = ()  # samples the source made itself (the simulator)
     # The source's own note of what this reading covers (the Prometheus cursor's new end).
     until: float | None = field(default=None)
-    # Sharded (fracpilot_ingest.shards): whether to publish a GPU's sample of an instant.
-    keep: Callable[[str, float], bool] | None = None
+    # Sharded (fracpilot_ingest.shards): the observations of an instant to publish.
+    keep: Callable[[list[Observation]], list[Observation]] | None = None
 
 
 class Source(Protocol):

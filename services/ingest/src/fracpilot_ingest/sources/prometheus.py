@@ -133,7 +133,7 @@ class PrometheusSource:
             self._plan = plan = await shards.begin_cycle(self._kv, self._first)
             if (start := plan.start) is None:
                 return Reading(step)  # no shard held (yet)
-            self.cursor, keep = start, plan.keeps
+            self.cursor, keep = start, plan.kept
             series = functools.partial(plan.of_shards, gpu_labels=shards.gpu_labels)
         if end <= self.cursor:
             return Reading(step)
