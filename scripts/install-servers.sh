@@ -84,7 +84,9 @@ if ! usable "$prom"; then
   fi
 fi
 
-"$prom" --version 2>&1 | head -n 1
+# The first line of each version (read whole first: `| head` under pipefail fails on SIGPIPE).
+version=$("$prom" --version 2>&1)
+echo "${version%%$'\n'*}"
 
 # chromium: installed only when missing, like prometheus (no service comes with it).
 chrome=${FRACPILOT_CHROMIUM_BIN:-$(command -v chromium || true)}
@@ -100,4 +102,5 @@ if ! usable "$chrome"; then
     exit 1
   fi
 fi
-"$chrome" --version 2>/dev/null | head -n 1
+version=$("$chrome" --version 2>/dev/null)
+echo "${version%%$'\n'*}"

@@ -41,7 +41,12 @@ up_to_date() {
   grep -qx "recipe=$RECIPE" "$STAMP" || return 1
   [ -x "$BIN/kube-apiserver" ] && [ -x "$BIN/etcd" ] && [ -x "$BIN/helm" ] || return 1
   [ "$("$BIN/kube-apiserver" --version 2>/dev/null)" = "Kubernetes $K8S_VERSION" ] || return 1
-  "$BIN/etcd" --version 2>/dev/null | grep -qx "etcd Version: ${etcd#v}" || return 1
+  # Read whole, then matched: with pipefail, `etcd --version | grep -q` fails whenever grep
+  # exits before etcd has written its last line (SIGPIPE), which under load made a cached
+  # build look stale, and its rebuild removed the stamp under the other test workers.
+  local etcd_says
+  etcd_says=$("$BIN/etcd" --version 2>/dev/null) || return 1
+  grep -qx "etcd Version: ${etcd#v}" <<<"$etcd_says" || return 1
   [ "$("$BIN/helm" version --short 2>/dev/null | cut -d+ -f1)" = "$HELM_VERSION" ] || return 1
 }
 
