@@ -466,14 +466,7 @@ def _split_gpu(
         device_compute = gpu.device.get(Quantity.COMPUTE)
         device_memory = gpu.device.get(Quantity.MEMORY_USED)
         if device_compute is None or device_memory is None:
-            missing = "compute" if device_compute is None else "memory"
-            follow_ups.append(
-                Rejection(
-                    "incomplete",
-                    f"GPU {uuid} pod {pod.namespace}/{pod.pod}: no "
-                    f"{missing} number at {timestamp:.0f}",
-                )
-            )
+            follow_ups.append(_incomplete(uuid, pod, device_compute is None, timestamp))
             return []
         return [
             Observation(
@@ -496,14 +489,7 @@ def _split_gpu(
         compute = values[Quantity.COMPUTE].get(pod)
         memory = values[Quantity.MEMORY_USED].get(pod)
         if compute is None or memory is None:
-            missing = "compute" if compute is None else "memory"
-            follow_ups.append(
-                Rejection(
-                    "incomplete",
-                    f"GPU {uuid} pod {pod.namespace}/{pod.pod}: no "
-                    f"{missing} number at {timestamp:.0f}",
-                )
-            )
+            follow_ups.append(_incomplete(uuid, pod, compute is None, timestamp))
             continue
         out.append(
             Observation(
@@ -520,6 +506,15 @@ def _split_gpu(
             )
         )
     return out
+
+
+def _incomplete(uuid: str, pod: PodKey, no_compute: bool, timestamp: float) -> Rejection:
+    """A pod of a GPU whose compute (else memory) number is missing at this instant."""
+    missing = "compute" if no_compute else "memory"
+    return Rejection(
+        "incomplete",
+        f"GPU {uuid} pod {pod.namespace}/{pod.pod}: no {missing} number at {timestamp:.0f}",
+    )
 
 
 def _per_pod(
