@@ -45,6 +45,7 @@ from fracpilot_libs.contracts import (
     WorkloadTarget,
     utcnow,
 )
+from fracpilot_libs.deadlines import event_set
 from fracpilot_libs.nats import subjects
 from helpers import counter, read_stream, reset_nats, running, wait_for
 from support import kube
@@ -437,6 +438,8 @@ async def test_a_recreate_evicted_before_a_restart_is_verified_after_it(
     # (same NATS: its state bucket holds the waiting recreate).
     service = ActuatorService(settings_for(nats_url, cluster), kube_api=kube_admin)
     async with running(service):
+        # Ready is not leading: the recreate is taken up once this replica leads.
+        assert await event_set(service.acting, 20)
         assert made.workload.key in service.backend.recreates  # type: ignore[union-attr]
         cluster.kai_pod("chat-2", f"spare-{cluster.ns}", owner, "0.62", "g2")
         _, result = await apply(nats_url, made, count=2, publish=False)

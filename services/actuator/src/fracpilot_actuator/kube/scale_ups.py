@@ -107,22 +107,29 @@ class ScaleUps:
         await self._save_recreates()
 
     async def load_recreates(self) -> None:
-        """The recreates a previous run (or the previous leader) left waiting, as saved."""
-        self.recreates.clear()
+        """The recreates a previous run (or the previous leader) left waiting, as saved.
+
+        Read whole, then swapped in: while the read awaits, the set held before stays in view
+        (a new leader re-reads what its standby read at start; an empty set in between would
+        read as "nothing waiting")."""
         try:
             records = await self.records.load()
         except UnreadableHistoryError as exc:
             log.error("pending recreates unreadable: none is verified", exc_info=exc)
+            self.recreates.clear()
             return
+        loaded: dict[str, PendingRecreate] = {}
         for key, text in records.items():
             try:
-                self.recreates[key] = recreate_from_record(text)
+                loaded[key] = recreate_from_record(text)
             except ValueError as exc:
                 log.error(
                     "a pending recreate is unreadable: dropped",
                     extra={"workload": key},
                     exc_info=exc,
                 )
+        self.recreates.clear()
+        self.recreates.update(loaded)
         if self.recreates:
             log.info("resuming recreates", extra={"workloads": sorted(self.recreates)})
 
