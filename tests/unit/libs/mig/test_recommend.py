@@ -50,6 +50,11 @@ EXPECTED = {
         k: v for k, v in seven_by_eight("18gb", "35gb", "71gb", "141gb").items() if k != "1g.35gb"
     },
     "b200-180gb": seven_by_eight("23gb", "45gb", "90gb", "180gb"),
+    "h100-96gb": seven_by_eight("12gb", "24gb", "48gb", "96gb"),
+    "gh200-144gb": seven_by_eight("18gb", "36gb", "72gb", "144gb"),
+    "gb200-186gb": seven_by_eight("23gb", "47gb", "93gb", "186gb"),
+    "b300-288gb": seven_by_eight("34gb", "67gb", "135gb", "269gb"),
+    "gb300-288gb": seven_by_eight("35gb", "70gb", "139gb", "278gb"),
     "a30-24gb": {
         "1g.6gb": (1, 1, 4, (0, 1, 2, 3)),
         "1g.6gb+me": (1, 1, 1, (0, 1, 2, 3)),
@@ -202,11 +207,27 @@ def test_instance_memory_errs_low_against_the_names() -> None:
         ("NVIDIA H200 NVL", "h200-nvl"),
         ("NVIDIA B200", "b200-180gb"),
         ("b200-180gb", "b200-180gb"),
-        # other tables, not modelled: one word, so \bH200 / \bB200 do not match
-        ("NVIDIA GH200 480GB", None),
-        ("NVIDIA GB200", None),
-        ("NVIDIA B300 SXM6 AC", None),
+        # the driver's names (NVIDIA/open-gpu-kernel-modules README.md, df1c9a3): "GH200" and
+        # "GB200" are one word, so \bH200 / \bB200 do not take them
+        ("NVIDIA GH200 480GB", "h100-96gb"),
+        ("NVIDIA GH200 120GB", "h100-96gb"),
+        ("NVIDIA H20", "h100-96gb"),
+        ("NVIDIA H20-3e", None),  # device 232C, not in the operator's H20 group
+        ("NVIDIA H20 NVL16", None),
+        ("NVIDIA GH200 144G HBM3e", "gh200-144gb"),
+        ("NVIDIA GB200", "gb200-186gb"),
+        ("NVIDIA GB200 MIG 1g.23gb", "gb200-186gb"),
+        ("NVIDIA B300 SXM6 AC", "b300-288gb"),
+        ("NVIDIA GB300", "gb300-288gb"),
         ("NVIDIA RTX PRO 6000 Blackwell Server Edition", None),
+        ("NVIDIA A800-SXM4-80GB", "a100-80gb"),
+        ("NVIDIA A800 80GB PCIe", "a100-80gb"),
+        ("NVIDIA A800-SXM4-40GB", "a100-40gb"),
+        ("NVIDIA A800 40GB Active", "a100-40gb"),
+        ("NVIDIA H800", "h100-80gb"),
+        ("NVIDIA H800 PCIe", "h100-80gb"),
+        ("NVIDIA H800 NVL", "h100-94gb"),
+        ("NVIDIA RTX PRO 5000 Blackwell", None),  # MIG-capable, no table here
         ("Tesla T4", None),
         ("", None),
     ],

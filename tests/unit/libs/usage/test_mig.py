@@ -64,6 +64,7 @@ def instance(
         ("4g.24gb", "NVIDIA A30", 1.0, 24 * GIB),
         ("3g.71gb", "NVIDIA H200", 3 / 7, 71 * GIB),
         ("7g.180gb", "NVIDIA B200", 1.0, 180 * GIB),
+        ("1g.23gb", "NVIDIA GB200", 1 / 7, 23 * GIB),
     ],
 )
 def test_profile_names_give_compute_share_and_nominal_memory(
@@ -79,7 +80,8 @@ def test_unparsable_profile_says_nothing() -> None:
     assert card_slices("NVIDIA A30") == 4
     assert card_slices("NVIDIA A100-PCIE-40GB") == 7
     assert card_slices("NVIDIA B200") == 7
-    assert card_slices("NVIDIA GB200") == 7  # no table: the usual 7
+    assert card_slices("NVIDIA GB200") == 7  # its table's
+    assert card_slices("NVIDIA RTX PRO 5000 Blackwell") == 7  # no table: the usual 7
 
 
 def test_instance_identity_is_parent_uuid_and_instance_id() -> None:
