@@ -1,13 +1,14 @@
 """The MIG profile tables of the A100 80GB and 40GB (and A800s), A30 24GB, H100 80GB (and H800),
 H100 NVL 94GB, H100 96GB (GH200 96GB, H20), GH200 144GB, H200 141GB (SXM and NVL), B200 180GB,
-GB200 186GB, B300 and GB300 288GB: what each GPU instance profile holds and where MIG lets it
-start.
+GB200 186GB, B300 and GB300 288GB and RTX PRO 6000 Blackwell 96GB: what each GPU instance profile
+holds and where MIG lets it start.
 
-A MIG-capable card here has 7 compute (SM) slices and 8 memory slices, except the A30: 4 and 4
-(MIG User Guide, "Supported MIG Profiles", A30 table: fractions in quarters; "Supported GPUs": at
-most 4 instances). A GPU instance profile takes ``compute_slices`` of the card's and a contiguous
-run of ``memory_slices`` of its memory slices, starting at one of its valid start slots
-(``starts``); two instances on a card may not share a memory slice. That is the whole placement
+A MIG-capable card here has 7 compute (SM) slices and 8 memory slices, except the A30 and the RTX
+PRO 6000: 4 and 4 (MIG User Guide, "Supported MIG Profiles", A30 table: fractions in quarters;
+"Supported GPUs": at most 4 instances on the A30 and on every RTX PRO 6000 Blackwell edition). A
+GPU instance profile takes ``compute_slices`` of the card's and a contiguous run of
+``memory_slices`` of its memory slices, starting at one of its valid start slots (``starts``);
+two instances on a card may not share a memory slice. That is the whole placement
 rule NVML enforces (nvmlDeviceGetGpuInstancePossiblePlacements_v2: "A created GPU instance
 occupies memory slices described by its placement. Creation of new GPU instance will fail if
 there is overlap with the already occupied memory slices"; nvmlGpuInstancePlacement_t: ``start``
@@ -95,18 +96,19 @@ hard limit, so every table errs low.
   which give each profile its instance count with its memory slices (an assumption, not observed
   on these cards; mig-parted takes counts, not starts, and tries the orders until one succeeds);
   go-nvml's H200/B200 mocks list the same starts for the 1g, 2g, 3g, 4g and 7g profiles.
-- A card holds at most 7 instances, the A30 4 (MIG User Guide, "Supported GPUs", Max Number of
-  Instances). Before driver R510 a 4g and a 3g profile could not share a card (MIG User Guide,
-  Concepts); newer drivers allow it, and these tables assume them.
+- A card holds at most 7 instances, the A30 and the RTX PRO 6000 4 (MIG User Guide, "Supported
+  GPUs", Max Number of Instances). Before driver R510 a 4g and a 3g profile could not share a
+  card (MIG User Guide, Concepts); newer drivers allow it, and these tables assume them.
 - Model names and PCI device IDs of the cards below and of the A800s / H800s: the NVIDIA driver's
   table of supported GPUs (NVIDIA/open-gpu-kernel-modules README.md, commit df1c9a3, 595.45.04):
   "NVIDIA A800-SXM4-80GB" 20F3, "NVIDIA A800 80GB PCIe" 20F5, "NVIDIA A800-SXM4-40GB" 20BD,
   "NVIDIA A800 40GB Active" 20F6, "NVIDIA H800 PCIe" 2322, "NVIDIA H800" 2324, "NVIDIA H800 NVL"
   233A, "NVIDIA H20" 2329, "NVIDIA GH200 120GB" and "NVIDIA GH200 480GB" 2342, "NVIDIA GH200 144G
-  HBM3e" 2348, "NVIDIA GB200" 2941, "NVIDIA B300 SXM6 AC" 3182, "NVIDIA GB300" 31C2. The
-  operator config groups "A100-80GB, A800-80GB" (0x20F310DE, 0x20F510DE in its filter),
-  "H100-80GB, H800-80GB" (0x232410DE too), "A100-40GB, A800-40GB" (0x20F610DE; not 0x20BD) and
-  "H100 NVL, H800 NVL", so an A800 / H800 takes its A100 / H100 table.
+  HBM3e" 2348, "NVIDIA GB200" 2941, "NVIDIA B300 SXM6 AC" 3182, "NVIDIA GB300" 31C2, "NVIDIA RTX
+  PRO 6000 Blackwell Server Edition" 2BB5, "... Workstation Edition" 2BB1, "... Max-Q Workstation
+  Edition" 2BB4. The operator config groups "A100-80GB, A800-80GB" (0x20F310DE, 0x20F510DE in
+  its filter), "H100-80GB, H800-80GB" (0x232410DE too), "A100-40GB, A800-40GB" (0x20F610DE; not
+  0x20BD) and "H100 NVL, H800 NVL", so an A800 / H800 takes its A100 / H100 table.
 - H100 96GB: "H100 on GH200" and the H20 (MIG User Guide, "Supported GPUs": 96GB, 7 instances).
   Names and counts: builder_test.go "H100-96GB" (1g.12gb x7, 1g.12gb+me x1, 1g.24gb x4, 2g.24gb
   x3, 3g.48gb x2, 4g.48gb x1, 7g.96gb x1) and the operator's all-balanced entry "H100-96GB,
@@ -131,6 +133,20 @@ hard limit, so every table errs low.
   H200's 1g.35gb is another profile), 1g.35gb+me, 1g.70gb x4, 2g.70gb x3, 3g.139gb x2, 4g.139gb,
   7g.278gb (operator config; mig-parted commits 47c56d9 and 7544911). No -lgip capture found:
   memory, IDs and SMs as ``_named_guess`` / None.
+- RTX PRO 6000 Blackwell 96GB, 4 x 4: names and counts 1g.24gb x4, 1g.24gb+me x1, 2g.48gb x2,
+  4g.96gb x1 (builder_test.go "RTX-PRO-6000", device ID 0x2BB510DE; operator all-balanced
+  1g.24gb x2 + 2g.48gb for 0x2BB510DE, which fills 4 of 4). Its +gfx, -me and +me.all variants
+  (same slices, other engines) are read by their base name (:mod:`fracpilot_libs.usage.mig`)
+  and not recommended. -lgip capture of a "RTX PRO 6000 Blackwell Server Edition" in
+  bigstack-oss/cubecos issue 312: 14 1g.24gb 4/4 23.12 GiB SM 46; 21 1g.24gb+me 1/1 23.12; 5
+  2g.48gb 2/2 46.50 SM 94 (captures in GoogleCloudPlatform/container-engine-accelerators PR 564
+  and bottlerocket-os/bottlerocket-kernel-kit PR 300 show 23.62 for 1g.24gb on another driver;
+  the lower is used). Not found: the 4g.96gb row (memory twice the 2g's, ID and SMs None) and
+  the start slots, taken as the A30's {0..3}:1, {0,2}:2, {0}:4 (each profile's count from its
+  memory slices; an assumption). The Workstation editions (0x2BB110DE, 0x2BB410DE) are found by
+  name and given the Server Edition's table, an assumption from the MIG User Guide's "Supported
+  GPUs" (same GB202 chip, 96GB, 4 instances); their IDs stay out of ``device_ids``, which the
+  operator's filter does not name.
 - ``_named_guess``: where no capture of a card was found, its 1-memory-slice profile's memory is
   the name's GB times 0.88, in GiB (below every captured 1-slice profile's share of its name;
   least: the H200's 1g.18gb, 16.00 GiB of 18, 0.889), and a profile of n memory slices n times
@@ -146,8 +162,8 @@ import re
 from dataclasses import dataclass
 
 MIB = 1024 * 1024
-# The split of every card here but the A30 (4 and 4); per card, MigCard.compute_slices and
-# MigCard.memory_slices say it.
+# The split of every card here but the A30 and the RTX PRO 6000 (4 and 4); per card,
+# MigCard.compute_slices and MigCard.memory_slices say it.
 COMPUTE_SLICES = 7
 MEMORY_SLICES = 8
 
@@ -414,6 +430,24 @@ A30_24GB = MigCard(
         MigProfile("4g.24gb", None, 4, 4, 23344, 1, (0,), 56, card_compute_slices=4),
     ),
 )
+_RTX_M2 = _shown_gib(46.50)
+_QUARTERS = (0, 1, 2, 3)  # the A30's starts: none seen on this card (module notes)
+RTX_PRO_6000 = MigCard(
+    key="rtx-pro-6000-96gb",
+    name="RTX PRO 6000 Blackwell 96GB",
+    device_ids=("0x2BB510DE",),
+    max_instances=4,
+    compute_slices=4,
+    memory_slices=4,
+    profiles=(
+        MigProfile("1g.24gb", 14, 1, 1, _shown_gib(23.12), 4, _QUARTERS, 46, card_compute_slices=4),
+        MigProfile(
+            "1g.24gb+me", 21, 1, 1, _shown_gib(23.12), 1, _QUARTERS, 46, True, card_compute_slices=4
+        ),
+        MigProfile("2g.48gb", 5, 2, 2, _RTX_M2, 2, (0, 2), 94, card_compute_slices=4),
+        MigProfile("4g.96gb", None, 4, 4, 2 * _RTX_M2, 1, (0,), None, card_compute_slices=4),
+    ),
+)
 CARDS: dict[str, MigCard] = {
     c.key: c
     for c in (
@@ -430,6 +464,7 @@ CARDS: dict[str, MigCard] = {
         GB200,
         B300,
         GB300,
+        RTX_PRO_6000,
     )
 }
 
@@ -456,6 +491,7 @@ _BY_MODEL: tuple[tuple[re.Pattern[str], MigCard], ...] = tuple(
         (r"\bb300\b", B300),
         (r"\bgb300\b", GB300),
         (r"\ba30\b", A30_24GB),
+        (r"\brtx\s+pro\s+6000\b.*\bblackwell\b", RTX_PRO_6000),
     )
 )
 

@@ -71,6 +71,7 @@ MODELS = {
     "gb200-186gb": "NVIDIA GB200",
     "b300-288gb": "NVIDIA B300 SXM6 AC",
     "gb300-288gb": "NVIDIA GB300",
+    "rtx-pro-6000-96gb": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
 }
 
 
@@ -184,6 +185,45 @@ def test_an_instance_of_an_unknown_card_is_rejected_once_then_read_with_inventor
     assert rejections == []
     assert got["chat-0"].memory_share == pytest.approx(6_144 / 12_288 / 4)  # 12 of 48 GB: 2/8
     assert got["chat-0"].compute == pytest.approx(0.5 / 7)
+
+
+@pytest.mark.parametrize(
+    ("model", "profile", "instance_mib", "slices", "memory_slices"),
+    [
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "1g.24gb", 23_675, 1, 1),
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "1g.24gb+gfx", 23_675, 1, 1),
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "1g.24gb-me", 23_675, 1, 1),
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "1g.24gb+me.all", 23_675, 1, 1),
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "2g.48gb", 47_616, 2, 2),
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "2g.48gb+gfx", 47_616, 2, 2),
+        ("NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", "1g.24gb", 23_675, 1, 1),
+    ],
+)
+def test_an_rtx_pro_6000_instance_is_read_in_quarters_not_sevenths(
+    model: str, profile: str, instance_mib: int, slices: int, memory_slices: int
+) -> None:
+    """The RTX PRO 6000 is split 4 x 4 (its table): a busy 1g.24gb is a quarter of the card's
+    compute, not the 1/7 of the 7-slice fallback, and its memory a quarter of the card's; the
+    +gfx, -me and +me.all variants hold their base profile's slices."""
+    full = pod("full-0", instance_mib)
+    gpu = card(model, MigInstanceState(1, profile, instance_mib, 1.0, pod=full), total_mib=97_887)
+    got, rejections = samples(gpu)
+    assert rejections == []
+    sample = got["full-0"]
+    assert sample.compute == pytest.approx(slices / 4)
+    assert sample.compute != pytest.approx(slices / 7)
+    assert sample.memory_share == pytest.approx(memory_slices / 4)
+    assert memory_share(profile, model) == pytest.approx(memory_slices / 4)
+
+
+def test_a_truly_unknown_card_is_rejected_as_unknown_mig_profile() -> None:
+    gpu = card(
+        "NVIDIA Z100",  # no card of this name: no table, no size, no inventory
+        MigInstanceState(1, "2g.20gb", 20_480, 0.5, pod=pod("chat-0", 1_024)),
+    )
+    got, rejections = samples(gpu)
+    assert got == {}
+    assert [r.reason for r in rejections] == ["unknown_mig_profile"]
 
 
 # --- prices: a MIG instance is priced as its card ------------------------------------------------
