@@ -112,7 +112,7 @@ def test_replay_mig_refuses_a_card_it_does_not_model(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["replay", str(trace), "--mig"])
     assert result.exit_code == 2
     assert "no MIG profile table" in result.output
-    result = CliRunner().invoke(app, ["replay", str(trace), "--mig-gpu", "gb200"])
+    result = CliRunner().invoke(app, ["replay", str(trace), "--mig-gpu", "rtx-pro-5000"])
     assert result.exit_code == 2
     assert "not a MIG card modelled here" in result.output
 

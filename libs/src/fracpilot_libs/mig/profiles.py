@@ -1,12 +1,14 @@
-"""The MIG profile tables of the A100 80GB and 40GB, A30 24GB, H100 80GB, H100 NVL 94GB, H200
-141GB (SXM and NVL) and B200 180GB: what each GPU instance profile holds and where MIG lets it
-start.
+"""The MIG profile tables of the A100 80GB and 40GB (and A800s), A30 24GB, H100 80GB (and H800),
+H100 NVL 94GB, H100 96GB (GH200 96GB, H20), GH200 144GB, H200 141GB (SXM and NVL), B200 180GB,
+GB200 186GB, B300 and GB300 288GB and RTX PRO 6000 Blackwell 96GB: what each GPU instance profile
+holds and where MIG lets it start.
 
-A MIG-capable card here has 7 compute (SM) slices and 8 memory slices, except the A30: 4 and 4
-(MIG User Guide, "Supported MIG Profiles", A30 table: fractions in quarters; "Supported GPUs": at
-most 4 instances). A GPU instance profile takes ``compute_slices`` of the card's and a contiguous
-run of ``memory_slices`` of its memory slices, starting at one of its valid start slots
-(``starts``); two instances on a card may not share a memory slice. That is the whole placement
+A MIG-capable card here has 7 compute (SM) slices and 8 memory slices, except the A30 and the RTX
+PRO 6000: 4 and 4 (MIG User Guide, "Supported MIG Profiles", A30 table: fractions in quarters;
+"Supported GPUs": at most 4 instances on the A30 and on every RTX PRO 6000 Blackwell edition). A
+GPU instance profile takes ``compute_slices`` of the card's and a contiguous run of
+``memory_slices`` of its memory slices, starting at one of its valid start slots (``starts``);
+two instances on a card may not share a memory slice. That is the whole placement
 rule NVML enforces (nvmlDeviceGetGpuInstancePossiblePlacements_v2: "A created GPU instance
 occupies memory slices described by its placement. Creation of new GPU instance will fail if
 there is overlap with the already occupied memory slices"; nvmlGpuInstancePlacement_t: ``start``
@@ -44,16 +46,18 @@ hard limit, so every table errs low.
   MiB (a conservative guess, not an observed H100 value). SMs: A100 14, 14, 14, 28, 42, 56, 98
   and H100 16, 16, 26, 32, 60, 64, 132 (-lgip captures and the go-nvml mocks). PCI device IDs:
   A100-SXM4-80GB 0x20B210DE and A100-PCIE-80GB 0x20B510DE (go-nvml gpus/a100.go); the operator
-  groups 0x233010DE, 0x233110DE and 0x232210DE as "H100-80GB, H800-80GB" (0x233010DE is "NVIDIA
-  H100 80GB HBM3" in gpus/h100.go; which of the other two is the H800 was not found).
+  groups 0x233010DE, 0x233110DE, 0x232210DE and 0x232410DE as "H100-80GB, H800-80GB" (the
+  driver's table, below: 2330 "NVIDIA H100 80GB HBM3", 2331 "NVIDIA H100 PCIe", 2322 "NVIDIA H800
+  PCIe", 2324 "NVIDIA H800").
 - A100 40GB: names 1g.5gb x7, 1g.5gb+me x1, 1g.10gb x4, 2g.10gb x3, 3g.20gb x2, 4g.20gb x1,
   7g.40gb x1 (operator config, "A100-40GB, A800-40GB"; builder_test.go "A100-40GB"), the A100
   fractions of Table 6. Instance memory 4864, 4864, 9856, 9856, 19968, 19968, 40192 MiB, SMs 14,
   14, 14, 28, 42, 56, 98 and the placements above: go-nvml gpus/a100.go (a100_40gb profiles; one
   placement table for both A100s). Device IDs: A100-SXM4-40GB 0x20B010DE, A100-PCIE-40GB
-  0x20F110DE (gpus/a100.go); the operator's 40GB group also holds 0x20B110DE and 0x20F610DE,
-  left out as which of them is an A800 was not found. Profile IDs: no A100-40GB -lgip capture
-  found (the mock's IDs are NVML's enum constants, not the -lgip IDs), so None.
+  0x20F110DE (gpus/a100.go), A800 40GB Active 0x20F610DE (the driver's table, below); the
+  operator's 40GB group also holds 0x20B110DE, which that table does not name: left out.
+  Profile IDs: no A100-40GB -lgip capture found (the mock's IDs are NVML's enum constants, not
+  the -lgip IDs), so None.
 - A30 24GB: MIG User Guide, "Supported MIG Profiles", A30 table: 1g.6gb x4 (memory 1/4, SMs
   1/4), 1g.6gb+me x1, 2g.12gb x2 (2/4), 2g.12gb+me x1, 4g.24gb x1 (full). Instance memory 5836,
   11672, 23344 MiB, SMs 14, 28, 56 and placements {0..3}:1, {0,2}:2, {0}:4: go-nvml gpus/a30.go
@@ -87,16 +91,68 @@ hard limit, so every table errs low.
   figure). go-nvml's gpus/b200.go and gpus/h200.go mocks give round sizes (23552, 18432 MiB:
   the names times 1024, above every capture), other device IDs (0x2B0010DE, 0x233310DE) and
   1-slice placements for 1g.45gb/1g.35gb that contradict their 4 instances, so they are not used.
-- Start slots on the H100 NVL, H200 and B200: no ``-lgipp`` capture found. They are taken as the
-  A100/H100 80GB's, which give each profile its instance count with its memory slices (an
-  assumption, not observed on these cards; mig-parted takes counts, not starts, and tries the
-  orders until one succeeds); go-nvml's H200/B200 mocks list the same starts for the 1g, 2g, 3g,
-  4g and 7g profiles.
-- A card holds at most 7 instances, the A30 4 (MIG User Guide, "Supported GPUs", Max Number of
-  Instances). Before driver R510 a 4g and a 3g profile could not share a card (MIG User Guide,
-  Concepts); newer drivers allow it, and these tables assume them.
-- GH200 (96GB, 144GB), GB200, B300, GB300 and the RTX PRO Blackwell cards are not modelled
-  (their samples are read by the profile names' sizes, :mod:`fracpilot_libs.usage.mig`).
+- Start slots on the H100 NVL, H200, B200 and the 7 x 8 cards below (H100 96GB, GH200 144GB,
+  GB200, B300, GB300): no ``-lgipp`` capture found. They are taken as the A100/H100 80GB's,
+  which give each profile its instance count with its memory slices (an assumption, not observed
+  on these cards; mig-parted takes counts, not starts, and tries the orders until one succeeds);
+  go-nvml's H200/B200 mocks list the same starts for the 1g, 2g, 3g, 4g and 7g profiles.
+- A card holds at most 7 instances, the A30 and the RTX PRO 6000 4 (MIG User Guide, "Supported
+  GPUs", Max Number of Instances). Before driver R510 a 4g and a 3g profile could not share a
+  card (MIG User Guide, Concepts); newer drivers allow it, and these tables assume them.
+- Model names and PCI device IDs of the cards below and of the A800s / H800s: the NVIDIA driver's
+  table of supported GPUs (NVIDIA/open-gpu-kernel-modules README.md, commit df1c9a3, 595.45.04):
+  "NVIDIA A800-SXM4-80GB" 20F3, "NVIDIA A800 80GB PCIe" 20F5, "NVIDIA A800-SXM4-40GB" 20BD,
+  "NVIDIA A800 40GB Active" 20F6, "NVIDIA H800 PCIe" 2322, "NVIDIA H800" 2324, "NVIDIA H800 NVL"
+  233A, "NVIDIA H20" 2329, "NVIDIA GH200 120GB" and "NVIDIA GH200 480GB" 2342, "NVIDIA GH200 144G
+  HBM3e" 2348, "NVIDIA GB200" 2941, "NVIDIA B300 SXM6 AC" 3182, "NVIDIA GB300" 31C2, "NVIDIA RTX
+  PRO 6000 Blackwell Server Edition" 2BB5, "... Workstation Edition" 2BB1, "... Max-Q Workstation
+  Edition" 2BB4. The operator config groups "A100-80GB, A800-80GB" (0x20F310DE, 0x20F510DE in
+  its filter), "H100-80GB, H800-80GB" (0x232410DE too), "A100-40GB, A800-40GB" (0x20F610DE; not
+  0x20BD) and "H100 NVL, H800 NVL", so an A800 / H800 takes its A100 / H100 table.
+- H100 96GB: "H100 on GH200" and the H20 (MIG User Guide, "Supported GPUs": 96GB, 7 instances).
+  Names and counts: builder_test.go "H100-96GB" (1g.12gb x7, 1g.12gb+me x1, 1g.24gb x4, 2g.24gb
+  x3, 3g.48gb x2, 4g.48gb x1, 7g.96gb x1) and the operator's all-balanced entry "H100-96GB,
+  PG506-96GB, GH200, H20" (0x234210DE, 0x233D10DE, 0x20B610DE, 0x232910DE: 1g.12gb x2 + 2g.24gb
+  + 3g.48gb). No -lgip capture found: memory, IDs and SMs as ``_named_guess`` / None.
+- GH200 144GB (0x234810DE, operator "GH200 144G HBM3e"): 1g.18gb x7, 1g.18gb+me, 1g.36gb x4,
+  2g.36gb x3, 3g.72gb x2, 4g.72gb, 7g.144gb (operator config; all-balanced 1g.18gb x2 + 2g.36gb
+  + 3g.72gb). -lgip capture in NVIDIA/mig-parted PR 139 and NVIDIA/gpu-operator PR 1057
+  (2024-10-23): 19/20 1g.18gb(+me) 17.50 GiB SM 16; 15 1g.36gb 35.25 SM 26; 14 2g.36gb 35.25 SM
+  32. The 3g/4g/7g rows were not seen: memory twice and four times the 2-slice figure, as the
+  B200's.
+- GB200 186GB (0x294110DE, "GB200 HGX"): 1g.23gb x7, 1g.23gb+me, 1g.47gb x4, 2g.47gb x3,
+  3g.93gb x2, 4g.93gb, 7g.186gb (mig-parted deployments/systemd/config-default.yaml at bd7160f,
+  as fixed by NVIDIA/mig-parted PR 228 "to match the production boards"; the operator's config
+  at a22dbf6 has the same all-balanced 1g.23gb x2 + 2g.47gb + 3g.93gb; its 3g.95gb, 4g.95gb and
+  7g.189gb are the pre-production names PR 228 replaced). -lgip capture of a production board in
+  NVIDIA/mig-parted issue 227 (2025-08-07): 19/20 1g.23gb(+me) 22.00 GiB SM 18; 15 1g.47gb 45.50
+  SM 32; 14 2g.47gb 45.50 SM 38 (an earlier board's, gpu-operator PR 1303, named its 1-slice
+  profile 1g.24gb: not used). The 3g/4g/7g rows as the GH200 144GB's.
+- B300 (0x318210DE): 1g.34gb x7, 1g.34gb+me, 1g.67gb x4, 2g.67gb x3, 3g.135gb x2, 4g.135gb,
+  7g.269gb; GB300 (0x31C210DE): 1g.35gb x7 (its all-1g.35gb entry, filtered to 0x31C210DE; the
+  H200's 1g.35gb is another profile), 1g.35gb+me, 1g.70gb x4, 2g.70gb x3, 3g.139gb x2, 4g.139gb,
+  7g.278gb (operator config; mig-parted commits 47c56d9 and 7544911). No -lgip capture found:
+  memory, IDs and SMs as ``_named_guess`` / None.
+- RTX PRO 6000 Blackwell 96GB, 4 x 4: names and counts 1g.24gb x4, 1g.24gb+me x1, 2g.48gb x2,
+  4g.96gb x1 (builder_test.go "RTX-PRO-6000", device ID 0x2BB510DE; operator all-balanced
+  1g.24gb x2 + 2g.48gb for 0x2BB510DE, which fills 4 of 4). Its +gfx, -me and +me.all variants
+  (same slices, other engines) are read by their base name (:mod:`fracpilot_libs.usage.mig`)
+  and not recommended. -lgip capture of a "RTX PRO 6000 Blackwell Server Edition" in
+  bigstack-oss/cubecos issue 312: 14 1g.24gb 4/4 23.12 GiB SM 46; 21 1g.24gb+me 1/1 23.12; 5
+  2g.48gb 2/2 46.50 SM 94 (captures in GoogleCloudPlatform/container-engine-accelerators PR 564
+  and bottlerocket-os/bottlerocket-kernel-kit PR 300 show 23.62 for 1g.24gb on another driver;
+  the lower is used). Not found: the 4g.96gb row (memory twice the 2g's, ID and SMs None) and
+  the start slots, taken as the A30's {0..3}:1, {0,2}:2, {0}:4 (each profile's count from its
+  memory slices; an assumption). The Workstation editions (0x2BB110DE, 0x2BB410DE) are found by
+  name and given the Server Edition's table, an assumption from the MIG User Guide's "Supported
+  GPUs" (same GB202 chip, 96GB, 4 instances); their IDs stay out of ``device_ids``, which the
+  operator's filter does not name.
+- ``_named_guess``: where no capture of a card was found, its 1-memory-slice profile's memory is
+  the name's GB times 0.88, in GiB (below every captured 1-slice profile's share of its name;
+  least: the H200's 1g.18gb, 16.00 GiB of 18, 0.889), and a profile of n memory slices n times
+  that (every capture here shows at least n times its 1-slice figure, and so no layout of the
+  smaller profiles holds more than the full one). An assumption, not an observed value; erring
+  low.
 """
 
 from __future__ import annotations
@@ -106,8 +162,8 @@ import re
 from dataclasses import dataclass
 
 MIB = 1024 * 1024
-# The split of every card here but the A30 (4 and 4); per card, MigCard.compute_slices and
-# MigCard.memory_slices say it.
+# The split of every card here but the A30 and the RTX PRO 6000 (4 and 4); per card,
+# MigCard.compute_slices and MigCard.memory_slices say it.
 COMPUTE_SLICES = 7
 MEMORY_SLICES = 8
 
@@ -197,6 +253,14 @@ def _shown_gib(gib: float) -> int:
     return math.ceil(round((gib - 0.005) * 1024, 6))
 
 
+def _named_guess(gb1: int) -> tuple[int, int, int, int]:
+    """The 1-, 2-, 4- and 8-memory-slice profiles' memory (MiB) of a card no capture was found
+    for, from its 1-slice profile's name (``gb1``): that GB times 0.88, in GiB, then n times it
+    for n slices (module notes). An assumption, erring low."""
+    m1 = math.floor(gb1 * 1024 * 0.88)
+    return m1, 2 * m1, 4 * m1, 8 * m1
+
+
 def _table(
     names: tuple[str, str, str, str],
     memory: tuple[int, int, int, int],
@@ -235,19 +299,19 @@ _80GB = ("10gb", "20gb", "40gb", "80gb")
 A100_80GB = MigCard(
     key="a100-80gb",
     name="A100 80GB",
-    device_ids=("0x20B210DE", "0x20B510DE"),
+    device_ids=("0x20B210DE", "0x20B510DE", "0x20F310DE", "0x20F510DE"),  # A800 80GB: 20F3/5
     profiles=_table(_80GB, (9856, 19968, 40192, 80384), (14, 14, 14, 28, 42, 56, 98)),
 )
 H100_80GB = MigCard(
     key="h100-80gb",
     name="H100 80GB",
-    device_ids=("0x233010DE", "0x233110DE", "0x232210DE"),
+    device_ids=("0x233010DE", "0x233110DE", "0x232210DE", "0x232410DE"),  # H800: 2322, 2324
     profiles=_table(_80GB, (9856, 19968, 40192, 80384), (16, 16, 26, 32, 60, 64, 132)),
 )
 A100_40GB = MigCard(
     key="a100-40gb",
     name="A100 40GB",
-    device_ids=("0x20B010DE", "0x20F110DE"),
+    device_ids=("0x20B010DE", "0x20F110DE", "0x20F610DE"),  # A800 40GB Active: 20F6
     profiles=_table(
         ("5gb", "10gb", "20gb", "40gb"),
         (4864, 9856, 19968, 40192),
@@ -293,6 +357,64 @@ B200 = MigCard(
         (19, 20, 15, 14, None, None, None),
     ),
 )
+# GH200 96GB, H20, H100 96GB, PG506-96GB: one operator group, one table; no -lgip capture found.
+H100_96GB = MigCard(
+    key="h100-96gb",
+    name="H100 96GB (GH200 96GB, H20)",
+    device_ids=("0x234210DE", "0x233D10DE", "0x20B610DE", "0x232910DE"),
+    profiles=_table(
+        ("12gb", "24gb", "48gb", "96gb"),
+        _named_guess(12),
+        (None,) * 7,
+        (None,) * 7,
+    ),
+)
+_GH200_144_M2 = _shown_gib(35.25)
+GH200_144GB = MigCard(
+    key="gh200-144gb",
+    name="GH200 144GB HBM3e",
+    device_ids=("0x234810DE",),
+    profiles=_table(
+        ("18gb", "36gb", "72gb", "144gb"),
+        (_shown_gib(17.50), _GH200_144_M2, 2 * _GH200_144_M2, 4 * _GH200_144_M2),
+        (16, 16, 26, 32, None, None, None),
+        (19, 20, 15, 14, None, None, None),
+    ),
+)
+_GB200_M2 = _shown_gib(45.50)
+GB200 = MigCard(
+    key="gb200-186gb",
+    name="GB200 186GB",
+    device_ids=("0x294110DE",),
+    profiles=_table(
+        ("23gb", "47gb", "93gb", "186gb"),
+        (_shown_gib(22.00), _GB200_M2, 2 * _GB200_M2, 4 * _GB200_M2),
+        (18, 18, 32, 38, None, None, None),
+        (19, 20, 15, 14, None, None, None),
+    ),
+)
+B300 = MigCard(
+    key="b300-288gb",
+    name="B300 288GB",
+    device_ids=("0x318210DE",),
+    profiles=_table(
+        ("34gb", "67gb", "135gb", "269gb"),
+        _named_guess(34),
+        (None,) * 7,
+        (None,) * 7,
+    ),
+)
+GB300 = MigCard(
+    key="gb300-288gb",
+    name="GB300 288GB",
+    device_ids=("0x31C210DE",),
+    profiles=_table(
+        ("35gb", "70gb", "139gb", "278gb"),
+        _named_guess(35),
+        (None,) * 7,
+        (None,) * 7,
+    ),
+)
 A30_24GB = MigCard(
     key="a30-24gb",
     name="A30 24GB",
@@ -308,24 +430,68 @@ A30_24GB = MigCard(
         MigProfile("4g.24gb", None, 4, 4, 23344, 1, (0,), 56, card_compute_slices=4),
     ),
 )
+_RTX_M2 = _shown_gib(46.50)
+_QUARTERS = (0, 1, 2, 3)  # the A30's starts: none seen on this card (module notes)
+RTX_PRO_6000 = MigCard(
+    key="rtx-pro-6000-96gb",
+    name="RTX PRO 6000 Blackwell 96GB",
+    device_ids=("0x2BB510DE",),
+    max_instances=4,
+    compute_slices=4,
+    memory_slices=4,
+    profiles=(
+        MigProfile("1g.24gb", 14, 1, 1, _shown_gib(23.12), 4, _QUARTERS, 46, card_compute_slices=4),
+        MigProfile(
+            "1g.24gb+me", 21, 1, 1, _shown_gib(23.12), 1, _QUARTERS, 46, True, card_compute_slices=4
+        ),
+        MigProfile("2g.48gb", 5, 2, 2, _RTX_M2, 2, (0, 2), 94, card_compute_slices=4),
+        MigProfile("4g.96gb", None, 4, 4, 2 * _RTX_M2, 1, (0,), None, card_compute_slices=4),
+    ),
+)
 CARDS: dict[str, MigCard] = {
-    c.key: c for c in (A100_80GB, H100_80GB, A100_40GB, A30_24GB, H100_94GB, H200, H200_NVL, B200)
+    c.key: c
+    for c in (
+        A100_80GB,
+        H100_80GB,
+        A100_40GB,
+        A30_24GB,
+        H100_94GB,
+        H100_96GB,
+        GH200_144GB,
+        H200,
+        H200_NVL,
+        B200,
+        GB200,
+        B300,
+        GB300,
+        RTX_PRO_6000,
+    )
 }
 
 # By the model name, spaced ("NVIDIA A100-SXM4-80GB" as "NVIDIA A100 SXM4 80GB"); first match
-# wins. GH200 (96GB/144GB), GB200, B300 and the RTX PRO cards have other tables, not modelled:
-# "GB200" and "GH200" are one word, so \bB200 and \bH200 do not match them.
+# wins. The names are the driver's (module notes): "GB200" and "GH200" are one word, so \bB200
+# and \bH200 do not match them; "NVIDIA H800" and "NVIDIA GB300" carry no size. The "NVIDIA
+# H20-3e" (232C) and "NVIDIA H20 NVL16" (230E) are other devices, not in the operator's H20 group.
 _BY_MODEL: tuple[tuple[re.Pattern[str], MigCard], ...] = tuple(
     (re.compile(pattern, re.IGNORECASE), card)
     for pattern, card in (
-        (r"\ba100\b.*\b80\s*gb", A100_80GB),
-        (r"\ba100\b.*\b40\s*gb", A100_40GB),
+        (r"\ba[18]00\b.*\b80\s*gb", A100_80GB),
+        (r"\ba[18]00\b.*\b40\s*gb", A100_40GB),
         (r"\bh100\b(?!.*\bnvl\b).*\b80\s*gb", H100_80GB),
-        (r"\bh100\b.*(?:\bnvl\b|\b94\s*gb)", H100_94GB),
+        (r"\bh800\b(?!.*\bnvl\b)", H100_80GB),
+        (r"\bh[18]00\b.*(?:\bnvl\b|\b94\s*gb)", H100_94GB),
+        (r"\bh100\b.*\b96\s*gb", H100_96GB),
+        (r"\bh20\b(?!\s*(?:3e|nvl))", H100_96GB),
+        (r"\bgh200\b.*\b144\s*g", GH200_144GB),
+        (r"\bgh200\b", H100_96GB),
         (r"\bh200\b.*\bnvl\b", H200_NVL),
         (r"\bh200\b", H200),
         (r"\bb200\b", B200),
+        (r"\bgb200\b", GB200),
+        (r"\bb300\b", B300),
+        (r"\bgb300\b", GB300),
         (r"\ba30\b", A30_24GB),
+        (r"\brtx\s+pro\s+6000\b.*\bblackwell\b", RTX_PRO_6000),
     )
 )
 

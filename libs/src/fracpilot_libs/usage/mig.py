@@ -15,8 +15,8 @@ share of its *card* the pod uses, as every other sample does, so a fraction, a p
 profile's level (``sizing.grids.profile_level``) all speak of the same card.
 
 - compute: the instance's ratio times its compute slices over the card's (``3g`` of 7 on
-  A100/H100/H200/B200: times 3/7; the A30 has 4), the card's slices from its profile table
-  (:func:`fracpilot_libs.mig.profiles.card_for_model`), 7 for a card without one;
+  A100/H100/H200/B200: times 3/7; the A30 and RTX PRO 6000 have 4), the card's slices from its
+  profile table (:func:`fracpilot_libs.mig.profiles.card_for_model`), 7 for a card without one;
 - memory: the bytes used as measured, and as total the instance's memory over its share of the
   card's memory slices (a ``3g.40gb`` holds 4 of 8: its 39.25 GiB count as a 78.5 GiB card), so
   used / total is the share of the card. The instance's own memory is its FB figures or, when it

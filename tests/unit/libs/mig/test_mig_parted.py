@@ -120,6 +120,10 @@ def test_the_config_parses_and_asks_for_what_the_layout_places(
             assert per_gpu[index] == (gpu.counts() if gpu.mig_enabled else None)
 
 
+# the A100 80GB's and the A800 80GB's (the operator's group), fracpilot.mig.profiles
+A100_80GB_IDS = ["0x20B210DE", "0x20B510DE", "0x20F310DE", "0x20F510DE"]
+
+
 def test_identical_gpus_share_one_entry() -> None:
     p = A100_80GB.profile
     gpus = pack([(str(i), p("3g.40gb")) for i in range(4)] + [("s", p("1g.10gb"))], A100_80GB)
@@ -127,16 +131,16 @@ def test_identical_gpus_share_one_entry() -> None:
     document = mig_parted_config({"n1": gpus}, A100_80GB)
     assert document["mig-configs"]["fracpilot-n1"] == [
         {
-            "device-filter": ["0x20B210DE", "0x20B510DE"],
+            "device-filter": A100_80GB_IDS,
             "devices": [0, 1],
             "mig-enabled": True,
             "mig-devices": {"3g.40gb": 2},
         },
         {
-            "device-filter": ["0x20B210DE", "0x20B510DE"],
+            "device-filter": A100_80GB_IDS,
             "devices": [2],
             "mig-enabled": True,
             "mig-devices": {"1g.10gb": 1},
         },
-        {"device-filter": ["0x20B210DE", "0x20B510DE"], "devices": [3], "mig-enabled": False},
+        {"device-filter": A100_80GB_IDS, "devices": [3], "mig-enabled": False},
     ]

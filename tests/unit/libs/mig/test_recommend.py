@@ -50,6 +50,18 @@ EXPECTED = {
         k: v for k, v in seven_by_eight("18gb", "35gb", "71gb", "141gb").items() if k != "1g.35gb"
     },
     "b200-180gb": seven_by_eight("23gb", "45gb", "90gb", "180gb"),
+    "h100-96gb": seven_by_eight("12gb", "24gb", "48gb", "96gb"),
+    "gh200-144gb": seven_by_eight("18gb", "36gb", "72gb", "144gb"),
+    "gb200-186gb": seven_by_eight("23gb", "47gb", "93gb", "186gb"),
+    "b300-288gb": seven_by_eight("34gb", "67gb", "135gb", "269gb"),
+    "gb300-288gb": seven_by_eight("35gb", "70gb", "139gb", "278gb"),
+    # mig-parted builder_test.go "RTX-PRO-6000": quarters, 4 instances at most
+    "rtx-pro-6000-96gb": {
+        "1g.24gb": (1, 1, 4, (0, 1, 2, 3)),
+        "1g.24gb+me": (1, 1, 1, (0, 1, 2, 3)),
+        "2g.48gb": (2, 2, 2, (0, 2)),
+        "4g.96gb": (4, 4, 1, (0,)),
+    },
     "a30-24gb": {
         "1g.6gb": (1, 1, 4, (0, 1, 2, 3)),
         "1g.6gb+me": (1, 1, 1, (0, 1, 2, 3)),
@@ -58,7 +70,9 @@ EXPECTED = {
         "4g.24gb": (4, 4, 1, (0,)),
     },
 }
-SLICES = {key: (4, 4, 4) if key == "a30-24gb" else (7, 8, 7) for key in EXPECTED}
+SLICES = {
+    key: (4, 4, 4) if key in ("a30-24gb", "rtx-pro-6000-96gb") else (7, 8, 7) for key in EXPECTED
+}
 
 
 def need(memory_bytes: int, compute: float) -> MigNeed:
@@ -153,6 +167,15 @@ def test_an_a30_is_sized_in_quarters() -> None:
     assert recommend(need(int(23 * GIB), 0.0), card).profile is None  # 23344 MiB < 23 GiB
 
 
+def test_an_rtx_pro_6000_is_sized_in_quarters() -> None:
+    card = CARDS["rtx-pro-6000-96gb"]
+    assert recommend(need(int(20 * GIB), 0.25), card).profile == card.profile("1g.24gb")
+    assert recommend(need(int(20 * GIB), 0.26), card).profile == card.profile("2g.48gb")
+    assert recommend(need(int(24 * GIB), 0.1), card).profile == card.profile("2g.48gb")
+    rec = recommend(need(int(10 * GIB), 0.6), card)
+    assert (rec.profile, rec.driver) == (card.profile("4g.96gb"), "compute")
+
+
 def test_h200_and_b200_needs_take_their_profiles() -> None:
     h200, b200 = CARDS["h200-141gb"], CARDS["b200-180gb"]
     assert recommend(need(int(16 * GIB), 0.1), h200).profile == h200.profile("1g.35gb")
@@ -202,11 +225,30 @@ def test_instance_memory_errs_low_against_the_names() -> None:
         ("NVIDIA H200 NVL", "h200-nvl"),
         ("NVIDIA B200", "b200-180gb"),
         ("b200-180gb", "b200-180gb"),
-        # other tables, not modelled: one word, so \bH200 / \bB200 do not match
-        ("NVIDIA GH200 480GB", None),
-        ("NVIDIA GB200", None),
-        ("NVIDIA B300 SXM6 AC", None),
-        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", None),
+        # the driver's names (NVIDIA/open-gpu-kernel-modules README.md, df1c9a3): "GH200" and
+        # "GB200" are one word, so \bH200 / \bB200 do not take them
+        ("NVIDIA GH200 480GB", "h100-96gb"),
+        ("NVIDIA GH200 120GB", "h100-96gb"),
+        ("NVIDIA H20", "h100-96gb"),
+        ("NVIDIA H20-3e", None),  # device 232C, not in the operator's H20 group
+        ("NVIDIA H20 NVL16", None),
+        ("NVIDIA GH200 144G HBM3e", "gh200-144gb"),
+        ("NVIDIA GB200", "gb200-186gb"),
+        ("NVIDIA GB200 MIG 1g.23gb", "gb200-186gb"),
+        ("NVIDIA B300 SXM6 AC", "b300-288gb"),
+        ("NVIDIA GB300", "gb300-288gb"),
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "rtx-pro-6000-96gb"),
+        ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "rtx-pro-6000-96gb"),
+        ("NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", "rtx-pro-6000-96gb"),
+        ("NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition-MIG-1g.24gb", "rtx-pro-6000-96gb"),
+        ("NVIDIA A800-SXM4-80GB", "a100-80gb"),
+        ("NVIDIA A800 80GB PCIe", "a100-80gb"),
+        ("NVIDIA A800-SXM4-40GB", "a100-40gb"),
+        ("NVIDIA A800 40GB Active", "a100-40gb"),
+        ("NVIDIA H800", "h100-80gb"),
+        ("NVIDIA H800 PCIe", "h100-80gb"),
+        ("NVIDIA H800 NVL", "h100-94gb"),
+        ("NVIDIA RTX PRO 5000 Blackwell", None),  # MIG-capable, no table here
         ("Tesla T4", None),
         ("", None),
     ],

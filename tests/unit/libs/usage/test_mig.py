@@ -64,6 +64,11 @@ def instance(
         ("4g.24gb", "NVIDIA A30", 1.0, 24 * GIB),
         ("3g.71gb", "NVIDIA H200", 3 / 7, 71 * GIB),
         ("7g.180gb", "NVIDIA B200", 1.0, 180 * GIB),
+        # the RTX PRO 6000's 4 compute slices (its table), not the 7 of the fallback
+        ("1g.24gb", "NVIDIA RTX PRO 6000 Blackwell Server Edition", 1 / 4, 24 * GIB),
+        ("2g.48gb", "NVIDIA RTX PRO 6000 Blackwell Server Edition", 2 / 4, 48 * GIB),
+        ("4g.96gb+gfx", "NVIDIA RTX PRO 6000 Blackwell Server Edition", 1.0, 96 * GIB),
+        ("1g.23gb", "NVIDIA GB200", 1 / 7, 23 * GIB),
     ],
 )
 def test_profile_names_give_compute_share_and_nominal_memory(
@@ -79,7 +84,9 @@ def test_unparsable_profile_says_nothing() -> None:
     assert card_slices("NVIDIA A30") == 4
     assert card_slices("NVIDIA A100-PCIE-40GB") == 7
     assert card_slices("NVIDIA B200") == 7
-    assert card_slices("NVIDIA GB200") == 7  # no table: the usual 7
+    assert card_slices("NVIDIA GB200") == 7  # its table's
+    assert card_slices("NVIDIA RTX PRO 6000 Blackwell Server Edition") == 4
+    assert card_slices("NVIDIA RTX PRO 5000 Blackwell") == 7  # no table: the usual 7
 
 
 def test_instance_identity_is_parent_uuid_and_instance_id() -> None:

@@ -55,8 +55,8 @@ def samples(
 
 # A model name per card, as NVML/DCGM name it: "NVIDIA H200" (nvidia-smi -q in NVIDIA/mig-parted
 # issue 120), "NVIDIA H100 NVL" (NVIDIA/dcgm-exporter issue 544), the go-nvml mocks' names for
-# the A100s and the A30; no upstream capture of a B200's name was found, so its NVIDIA prefix is
-# assumed (the table is found by "B200" alone).
+# the A100s and the A30, and the driver's table of supported GPUs for the B200 and the cards
+# after it (NVIDIA/open-gpu-kernel-modules README.md, commit df1c9a3).
 MODELS = {
     "a100-80gb": "NVIDIA A100-SXM4-80GB",
     "h100-80gb": "NVIDIA H100 80GB HBM3",
@@ -66,6 +66,12 @@ MODELS = {
     "h200-141gb": "NVIDIA H200",
     "h200-nvl": "NVIDIA H200 NVL",
     "b200-180gb": "NVIDIA B200",
+    "h100-96gb": "NVIDIA GH200 480GB",
+    "gh200-144gb": "NVIDIA GH200 144G HBM3e",
+    "gb200-186gb": "NVIDIA GB200",
+    "b300-288gb": "NVIDIA B300 SXM6 AC",
+    "gb300-288gb": "NVIDIA GB300",
+    "rtx-pro-6000-96gb": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
 }
 
 
@@ -108,6 +114,9 @@ def test_a_full_instance_uses_its_profiles_share_of_the_card_in_both_quantities(
         ("NVIDIA B200", "2g.45gb", 45_307, 0.5 * 2 / 7, 0.5 * 2 / 8),
         ("NVIDIA B200", "7g.180gb", 181_228, 0.5, 0.5),
         ("NVIDIA A30", "2g.12gb", 11_672, 0.5 * 2 / 4, 0.5 * 2 / 4),
+        ("NVIDIA GB200", "1g.47gb", 46_592, 0.5 * 1 / 7, 0.5 * 2 / 8),
+        ("NVIDIA GH200 144G HBM3e", "3g.72gb", 72_182, 0.5 * 3 / 7, 0.5 * 4 / 8),
+        ("NVIDIA GB300", "1g.35gb", 31_539, 0.5 * 1 / 7, 0.5 * 1 / 8),  # the H200's is 2 of 8
     ],
 )
 def test_h200_b200_and_a30_instances_are_attributed_on_the_cards_scale(
@@ -160,21 +169,51 @@ def test_memory_share_of_the_card(
 
 
 def test_an_instance_of_an_unknown_card_is_rejected_once_then_read_with_inventory() -> None:
-    """A card without a table whose name gives no size ("NVIDIA GB200": no table here) is off
-    the card's scale, so nothing of it is used (rather than a fraction of two scales); the
-    parent's memory from the inventory puts it on the scale."""
+    """A card without a table whose name gives no size ("NVIDIA RTX PRO 5000 Blackwell",
+    MIG-capable in the MIG User Guide, no table here) is off the card's scale, so nothing of it
+    is used (rather than a fraction of two scales); the parent's memory from the inventory puts
+    it on the scale, with the usual 7 compute slices."""
     gpu = card(
-        "NVIDIA GB200",
-        MigInstanceState(1, "1g.23gb", 20_480, 0.5, pod=pod("chat-0", 10_240)),
-        total_mib=190_464,
+        "NVIDIA RTX PRO 5000 Blackwell",
+        MigInstanceState(1, "1g.12gb", 12_288, 0.5, pod=pod("chat-0", 6_144)),
+        total_mib=49_152,
     )
     got, rejections = samples(gpu)
     assert got == {}
     assert [r.reason for r in rejections] == ["unknown_mig_profile"]
-    got, rejections = samples(gpu, GpuInventory(device_memory_bytes={UUID: 190_464 * MIB}))
+    got, rejections = samples(gpu, GpuInventory(device_memory_bytes={UUID: 49_152 * MIB}))
     assert rejections == []
-    assert got["chat-0"].memory_share == pytest.approx(10_240 / 20_480 / 8)
+    assert got["chat-0"].memory_share == pytest.approx(6_144 / 12_288 / 4)  # 12 of 48 GB: 2/8
     assert got["chat-0"].compute == pytest.approx(0.5 / 7)
+
+
+@pytest.mark.parametrize(
+    ("model", "profile", "instance_mib", "slices", "memory_slices"),
+    [
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "1g.24gb", 23_675, 1, 1),
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "1g.24gb+gfx", 23_675, 1, 1),
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "1g.24gb-me", 23_675, 1, 1),
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "1g.24gb+me.all", 23_675, 1, 1),
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "2g.48gb", 47_616, 2, 2),
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "2g.48gb+gfx", 47_616, 2, 2),
+        ("NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", "1g.24gb", 23_675, 1, 1),
+    ],
+)
+def test_an_rtx_pro_6000_instance_is_read_in_quarters_not_sevenths(
+    model: str, profile: str, instance_mib: int, slices: int, memory_slices: int
+) -> None:
+    """The RTX PRO 6000 is split 4 x 4 (its table): a busy 1g.24gb is a quarter of the card's
+    compute, not the 1/7 of the 7-slice fallback, and its memory a quarter of the card's; the
+    +gfx, -me and +me.all variants hold their base profile's slices."""
+    full = pod("full-0", instance_mib)
+    gpu = card(model, MigInstanceState(1, profile, instance_mib, 1.0, pod=full), total_mib=97_887)
+    got, rejections = samples(gpu)
+    assert rejections == []
+    sample = got["full-0"]
+    assert sample.compute == pytest.approx(slices / 4)
+    assert sample.compute != pytest.approx(slices / 7)
+    assert sample.memory_share == pytest.approx(memory_slices / 4)
+    assert memory_share(profile, model) == pytest.approx(memory_slices / 4)
 
 
 def test_a_truly_unknown_card_is_rejected_as_unknown_mig_profile() -> None:
