@@ -23,9 +23,10 @@ it, then its status is patched. A workload that is gone gets no object; the obje
 deleted later is deleted by Kubernetes' garbage collector (the ownerReference). Why an object
 of its own and not an annotation on the workload: :mod:`fracpilot_libs.kube.recommendation_crd`.
 
-The calls (deploy/rbac/actuator.yaml): create ``fractionrecommendations``, patch
-``fractionrecommendations/status``; the owner's uid with the reads the backend already has
-(:meth:`KubeApi.read_owner`, :meth:`KubeApi.read_pod`).
+The calls (deploy/rbac/actuator-recommendations.yaml, bound by the chart only when the scope is
+not ``off``): create ``fractionrecommendations``, patch ``fractionrecommendations/status``; the
+owner's uid with the reads the backend already has (:meth:`KubeApi.read_owner`,
+:meth:`KubeApi.read_pod`).
 
 :func:`status_of` and :func:`new_object` are pure.
 """
