@@ -406,7 +406,7 @@ async def test_without_the_crd_the_writer_warns_once_stops_and_asks_again_later(
                 offer(0.25)
                 assert await writer.drained(10.0)
                 assert count("not_served") == 1
-                assert not writer.served
+                assert not writer.writing
                 for new in (0.3, 0.35, 0.4):  # not even queued: no call, counted
                     offer(new)
                     assert await writer.drained(1.0)
@@ -426,7 +426,7 @@ async def test_without_the_crd_the_writer_warns_once_stops_and_asks_again_later(
             now[0] += 601.0
             offer(0.375)
             assert await writer.drained(10.0)
-            assert writer.served
+            assert writer.writing
             obj = read(admin, "team-a", "deployment-chat")
             assert obj is not None
             assert obj["status"]["recommendedFraction"] == 0.375

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -919,17 +920,68 @@ async def test_the_recommendation_writer_runs_with_its_grant(
     assert got["status"]["recommendedFraction"] == 0.375  # type: ignore[index]
 
 
-async def test_without_its_grant_the_recommendation_writer_is_refused(
-    kube_admin: client.ApiClient, as_actuator: client.ApiClient, actuator: Installed
+async def test_without_its_grant_the_recommendation_writer_warns_once_and_counts(
+    kube_admin: client.ApiClient,
+    kube_namespace: str,
+    as_actuator: client.ApiClient,
+    actuator: Installed,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """actuator.yaml alone (what the chart binds with scope off): the first call, the status
-    patch, answers 403."""
+    """actuator.yaml alone (what the chart binds with scope off) while the writer runs (the
+    scope set otherwise by hand): the status patch answers 403; one warning, the results
+    counted forbidden, the API not asked again before the re-check, the writer still running.
+    Once actuator-recommendations.yaml is bound and the re-check is due, the next is written."""
     install_crds(kube_admin)
     wait_bound(as_actuator, actuator, ACTUATOR_CALLS)
-    writer = RecommendationWriter(KubeApi(as_actuator), CollectorRegistry(), 10.0)
-    with pytest.raises(ApiException) as info:
-        await writer.write(chat_decision(kube_admin, actuator.workload_namespace, 0.25), HELD)
-    assert info.value.status == 403
+    ns = actuator.workload_namespace
+    now = [1000.0]
+    registry = CollectorRegistry()
+    writer = RecommendationWriter(
+        KubeApi(as_actuator), registry, 10.0, scope="all", recheck_s=600.0, clock=lambda: now[0]
+    )
+
+    def count(result: str) -> float:
+        got = registry.get_sample_value("fracpilot_recommendation_writes_total", {"result": result})
+        return got or 0.0
+
+    async def offered(new: float, timeout_s: float = 10.0) -> None:
+        writer.offer(chat_decision(kube_admin, ns, new), HELD)
+        assert await writer.drained(timeout_s)
+
+    writer.start()
+    try:
+        with caplog.at_level(logging.WARNING):
+            await offered(0.25)
+            assert (count("forbidden"), writer.writing) == (1, False)
+            for new in (0.3, 0.35):  # not even queued: no call, counted
+                await offered(new, 1.0)
+            assert count("forbidden") == 3
+            now[0] += 601.0  # the re-check is due: asked once more, still 403
+            await offered(0.4)
+            assert count("forbidden") == 4
+        warned = [r for r in caplog.records if "not written" in r.getMessage()]
+        assert [r.getMessage() for r in warned] == [
+            "FractionRecommendations are not written: the actuator may not write them (RBAC)"
+        ]
+        assert "actuator-recommendations.yaml" in warned[0].error
+        assert count("error") == 0
+
+        create_objects(
+            kube_admin,
+            load_manifests(
+                RBAC_DIR / "actuator-recommendations.yaml", kube_namespace, kube_namespace
+            ),
+        )
+        wait_bound(as_actuator, actuator, ACTUATOR_RECOMMENDATION_CALLS)
+        now[0] += 601.0
+        await offered(0.375)
+        assert (count("created"), writer.writing) == (1, True)
+        got = client.CustomObjectsApi(kube_admin).get_namespaced_custom_object(
+            GROUP, VERSION, ns, RECOMMENDATION_PLURAL, "deployment-chat"
+        )
+        assert got["status"]["recommendedFraction"] == 0.375  # type: ignore[index]
+    finally:
+        await writer.stop()
 
 
 async def test_the_backend_runs_with_the_actuator_token(
