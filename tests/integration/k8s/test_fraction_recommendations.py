@@ -1,11 +1,12 @@
 """FractionRecommendation objects against a real kube-apiserver and NATS: the actuator (in-process,
 backend=kubernetes, the chart's recommend-only defaults, the ServiceAccount token of
-deploy/rbac/actuator.yaml) writes each workload's last decision into an object of its own in
-the workload's namespace, owned by the workload, once the namespace opted in (labelled
-``fracpilot.io/mode=recommend``: a fresh install writes nothing in a team's namespace); the
-user's Deployment is not touched (GitOps: no drift); ``kubectl get fractionrecommendations``
-(the API's Table) prints the printer columns. Where the CRD is not installed (a control plane
-of its own) the writer stops after one warning and asks again after its re-check interval.
+deploy/rbac/actuator.yaml and actuator-recommendations.yaml) writes each workload's last
+decision into an object of its own in the workload's namespace, owned by the workload, once
+the namespace opted in (labelled ``fracpilot.io/mode=recommend``: a fresh install writes
+nothing in a team's namespace); the user's Deployment is not touched (GitOps: no drift);
+``kubectl get fractionrecommendations`` (the API's Table) prints the printer columns. Where
+the CRD is not installed (a control plane of its own) the writer stops after one warning and
+asks again after its re-check interval.
 
 The garbage collection through the ownerReference: test_fraction_recommendations_gc.py (it
 runs kube-controller-manager's garbage collector on a control plane of its own).
@@ -62,11 +63,13 @@ def crds(kube_admin: client.ApiClient) -> None:
 def as_actuator(
     kube: ControlPlane, kube_admin: client.ApiClient, kube_namespace: str
 ) -> Iterator[client.ApiClient]:
-    """deploy/rbac/actuator.yaml applied as the chart applies it (its namespace: the test's;
-    the ClusterRole renamed per test), and a client with the ServiceAccount's token."""
+    """deploy/rbac/actuator.yaml and actuator-recommendations.yaml applied as the chart applies
+    them with the default scope (their namespace: the test's; the ClusterRoles renamed per
+    test), and a client with the ServiceAccount's token."""
     ns = kube_namespace
     core, rbac = client.CoreV1Api(kube_admin), client.RbacAuthorizationV1Api(kube_admin)
-    text = (REPO_ROOT / "deploy" / "rbac" / "actuator.yaml").read_text()
+    files = ("actuator.yaml", "actuator-recommendations.yaml")
+    text = "\n---\n".join((REPO_ROOT / "deploy" / "rbac" / f).read_text() for f in files)
     text = text.replace("namespace: fracpilot", f"namespace: {ns}")
     for doc in (d for d in yaml.safe_load_all(text) if d):
         kind = doc["kind"]
@@ -403,7 +406,7 @@ async def test_without_the_crd_the_writer_warns_once_stops_and_asks_again_later(
                 offer(0.25)
                 assert await writer.drained(10.0)
                 assert count("not_served") == 1
-                assert not writer.served
+                assert not writer.writing
                 for new in (0.3, 0.35, 0.4):  # not even queued: no call, counted
                     offer(new)
                     assert await writer.drained(1.0)
@@ -423,7 +426,7 @@ async def test_without_the_crd_the_writer_warns_once_stops_and_asks_again_later(
             now[0] += 601.0
             offer(0.375)
             assert await writer.drained(10.0)
-            assert writer.served
+            assert writer.writing
             obj = read(admin, "team-a", "deployment-chat")
             assert obj is not None
             assert obj["status"]["recommendedFraction"] == 0.375

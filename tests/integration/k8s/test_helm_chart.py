@@ -13,7 +13,8 @@ option on):
 - the apiserver accepts every object: a server-side apply with ``dryRun=All``.
 
 Also: values.schema.json refuses wrong values with a message that names the value, the
-chart's RBAC is deploy/rbac/*.yaml's rules (patching nodes only with consolidation auto),
+chart's RBAC is deploy/rbac/*.yaml's rules (patching nodes only with consolidation auto,
+writing FractionRecommendations only when their scope is not off),
 every FRACPILOT_ variable the chart sets is a real setting of that service and parses, and a
 real ``helm install`` + ``upgrade`` keeps the generated webhook certificate and NATS password
 (``lookup``), with a caBundle that verifies the serving certificate for the webhook Service's
@@ -454,6 +455,7 @@ def test_rbac_is_deploy_rbac_rules(rendered: dict[str, list[dict[str, Any]]]) ->
         consolidation = {("ClusterRole", "fracpilot-actuator-consolidation")}
         assert roles == {
             ("ClusterRole", "fracpilot-actuator"),
+            ("ClusterRole", "fracpilot-actuator-recommendations"),  # scope opted-in
             ("Role", "fracpilot-actuator"),
             ("ClusterRole", "fracpilot-ingest"),
             ("ClusterRole", "fracpilot-policy-edit"),
@@ -543,6 +545,76 @@ def test_nodes_are_patched_only_with_consolidation_auto(
     ):
         docs = helm.template("default", "fracpilot", "--set", args)
         assert (consolidation_grant(docs), patches_nodes(docs)) == ([], []), args
+
+
+def test_recommendations_are_granted_only_when_their_scope_is_not_off(
+    helm: Helm, rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    """Least privilege: with fractionPolicies.recommendations off (the writer does not start)
+    no rule names fractionrecommendations; with opted-in (the default) or all,
+    deploy/rbac/actuator-recommendations.yaml's rules, exactly the verbs RecommendationWriter
+    uses (create the object, patch its status), bound to the actuator's account."""
+
+    def recommendation_rules(docs: list[dict[str, Any]]) -> list[tuple[str, str, dict[str, Any]]]:
+        return [
+            (d["kind"], d["metadata"]["name"], rule)
+            for d in docs
+            for rule in d.get("rules") or ()
+            if any(r.split("/")[0] in ("fractionrecommendations", "*") for r in rule["resources"])
+        ]
+
+    name = "fracpilot-actuator-recommendations"
+    writer_rules = [
+        {
+            "apiGroups": ["fracpilot.io"],
+            "resources": ["fractionrecommendations"],
+            "verbs": ["create"],
+        },
+        {
+            "apiGroups": ["fracpilot.io"],
+            "resources": ["fractionrecommendations/status"],
+            "verbs": ["patch"],
+        },
+    ]
+    assert rules_in(RBAC_DIR / "actuator-recommendations.yaml", "ClusterRole") == writer_rules
+    off = helm.template("default", "fracpilot", "--set", "fractionPolicies.recommendations=off")
+    assert container_env(off, "actuator")["FRACPILOT_POLICYSYNC_RECOMMENDATIONS"] == "off"
+    assert recommendation_rules(off) == []
+    assert [d for d in off if d["metadata"]["name"] == name] == []
+    default = rendered["default"]
+    for scope, docs in (
+        ("opted-in", default),
+        (
+            "all",
+            helm.template("default", "fracpilot", "--set", "fractionPolicies.recommendations=all"),
+        ),
+    ):
+        assert container_env(docs, "actuator")["FRACPILOT_POLICYSYNC_RECOMMENDATIONS"] == scope
+        assert recommendation_rules(docs) == [
+            ("ClusterRole", name, rule) for rule in writer_rules
+        ], scope
+        binding = find(docs, "ClusterRoleBinding", name)
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": name,
+        }
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "fracpilot-actuator", "namespace": "fracpilot"}
+        ]
+        assert (
+            find(docs, "ClusterRole", name)["metadata"]["labels"]["app.kubernetes.io/component"]
+            == "actuator"
+        )
+    # off changes nothing else: the two objects and the variable.
+    names = {(d["kind"], d["metadata"]["name"]) for d in default}
+    assert names - {(d["kind"], d["metadata"]["name"]) for d in off} == {
+        ("ClusterRole", name),
+        ("ClusterRoleBinding", name),
+    }
+    # No actuator, no grant.
+    docs = helm.template("default", "fracpilot", "--set", "actuator.enabled=false")
+    assert recommendation_rules(docs) == []
 
 
 def test_the_notes_say_when_nodes_may_be_drained(helm: Helm) -> None:

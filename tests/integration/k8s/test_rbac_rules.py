@@ -3,7 +3,9 @@
 ``ACTUATOR_CALLS`` and ``INGEST_CALLS`` are the single lists of the API calls each service
 makes: add a call here when the code starts making it, then the rule in the YAML.
 ``ACTUATOR_CONSOLIDATION_CALLS`` are the calls only consolidation in auto mode makes, granted by
-actuator-consolidation.yaml, which is installed only then. The tests apply the YAML as the chart
+actuator-consolidation.yaml, which is installed only then; ``ACTUATOR_RECOMMENDATION_CALLS``
+those of the FractionRecommendation writer, granted by actuator-recommendations.yaml, installed
+unless FRACPILOT_POLICYSYNC_RECOMMENDATIONS is off. The tests apply the YAML as the chart
 would (namespace substituted), mint a token for the ServiceAccount and prove with it that
 
 - every listed call is allowed (SelfSubjectAccessReview), and the important ones succeed for
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -51,15 +54,19 @@ from fracpilot_actuator.kube.consolidation_round import MARK_REASON, MARK_TAINT
 from fracpilot_actuator.kube.namespaces import NamespaceLabels
 from fracpilot_actuator.kube.placeholders import PRIORITY_CLASS
 from fracpilot_actuator.kube.settings import KubeBackendSettings
+from fracpilot_actuator.policy_sync.recommendations import RecommendationWriter
 from fracpilot_actuator.settings import EvictionSettings
 from fracpilot_actuator.stores.nats_kv import KvTargetStore
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import FractionDecision, Outcome, PlanKind, utcnow
+from fracpilot_libs.kube.policy_crd import GROUP, VERSION
+from fracpilot_libs.kube.recommendation_crd import PLURAL as RECOMMENDATION_PLURAL
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.bus import Bus
 from helpers import wait_for as wait_until
 from k8s_control_plane import REPO_ROOT, ControlPlane, wait_for
 from support.kube import gpu_node, kai_reservation, running_pod
+from support.policy_crds import install_crds
 
 pytestmark = pytest.mark.integration
 
@@ -164,19 +171,6 @@ ACTUATOR_CALLS: tuple[Call, ...] = (
         for plural in ("fractionpolicies", "clusterfractionpolicies")
     ),
     Call("patch", "fracpilot.io", "fractionpolicies", "status", why="a policy's status"),
-    Call(
-        "create",
-        "fracpilot.io",
-        "fractionrecommendations",
-        why="a workload's FractionRecommendation, once (RecommendationWriter)",
-    ),
-    Call(
-        "patch",
-        "fracpilot.io",
-        "fractionrecommendations",
-        "status",
-        why="the recommendation of each decision (RecommendationWriter)",
-    ),
     *(
         Call(verb, "scheduling.run.ai", "queues", scope="cluster", why="KAI queue quota/limit")
         for verb in ("list", "watch")
@@ -223,7 +217,27 @@ ACTUATOR_CONSOLIDATION_CALLS: tuple[Call, ...] = (
     ),
 )
 
-# Calls the actuator must not be able to make (with consolidation auto: all but its calls).
+# What only the FractionRecommendation writer calls (RecommendationWriter.write, scope opted-in
+# or all): deploy/rbac/actuator-recommendations.yaml, which the chart installs only when
+# fractionPolicies.recommendations is not off.
+ACTUATOR_RECOMMENDATION_CALLS: tuple[Call, ...] = (
+    Call(
+        "create",
+        "fracpilot.io",
+        "fractionrecommendations",
+        why="a workload's FractionRecommendation, once (RecommendationWriter)",
+    ),
+    Call(
+        "patch",
+        "fracpilot.io",
+        "fractionrecommendations",
+        "status",
+        why="the recommendation of each decision (RecommendationWriter)",
+    ),
+)
+
+# Calls the actuator must not be able to make (with consolidation auto or the recommendation
+# writer's file: all but their calls).
 ACTUATOR_FORBIDDEN: tuple[Call, ...] = (
     Call("delete", "", "nodes", scope="cluster"),
     Call("patch", "", "nodes", scope="cluster"),
@@ -263,6 +277,8 @@ ACTUATOR_FORBIDDEN: tuple[Call, ...] = (
     Call("update", "fracpilot.io", "fractionpolicies"),
     Call("delete", "fracpilot.io", "fractionpolicies"),
     Call("patch", "fracpilot.io", "clusterfractionpolicies", scope="cluster"),
+    Call("create", "fracpilot.io", "fractionrecommendations"),  # the writer's file only
+    Call("patch", "fracpilot.io", "fractionrecommendations", "status"),  # the same
     Call("patch", "fracpilot.io", "fractionrecommendations"),  # its status only
     Call("delete", "fracpilot.io", "fractionrecommendations"),  # the garbage collector's
     Call("list", "fracpilot.io", "fractionrecommendations", scope="cluster"),
@@ -371,6 +387,14 @@ def actuator_consolidating(kube_admin: client.ApiClient, kube_namespace: str) ->
 
 
 @pytest.fixture
+def actuator_recommending(kube_admin: client.ApiClient, kube_namespace: str) -> Installed:
+    """The actuator's RBAC as the chart installs it with fractionPolicies.recommendations
+    opted-in (the default) or all."""
+    files = ("actuator.yaml", "actuator-recommendations.yaml")
+    return install(kube_admin, kube_namespace, files, "fracpilot-actuator")
+
+
+@pytest.fixture
 def ingest(kube_admin: client.ApiClient, kube_namespace: str) -> Installed:
     return install(kube_admin, kube_namespace, ("ingest.yaml",), "fracpilot-ingest")
 
@@ -386,6 +410,15 @@ def as_actuator_consolidating(
     kube: ControlPlane, actuator_consolidating: Installed
 ) -> Iterator[client.ApiClient]:
     installed = actuator_consolidating
+    with kube.service_account_client(installed.namespace, installed.service_account) as api:
+        yield api
+
+
+@pytest.fixture
+def as_actuator_recommending(
+    kube: ControlPlane, actuator_recommending: Installed
+) -> Iterator[client.ApiClient]:
+    installed = actuator_recommending
     with kube.service_account_client(installed.namespace, installed.service_account) as api:
         yield api
 
@@ -783,6 +816,172 @@ async def test_with_consolidation_auto_the_actuator_marks_a_node_and_no_more(
     statuses = {what: status_of(call) for what, call in forbidden.items()}
     assert statuses == dict.fromkeys(forbidden, 403)
     assert admin_core.read_node(node).metadata.deletion_timestamp is None
+
+
+# --- the actuator, FractionRecommendations written (scope opted-in or all) -------------------
+
+
+def test_recommendations_rbac_file_grants_create_and_status_patch_only() -> None:
+    documents = load_manifests(RBAC_DIR / "actuator-recommendations.yaml", "ns", "x")
+    assert [d["kind"] for d in documents] == ["ClusterRole", "ClusterRoleBinding"]
+    role, binding = documents
+    assert role["rules"] == [
+        {
+            "apiGroups": ["fracpilot.io"],
+            "resources": ["fractionrecommendations"],
+            "verbs": ["create"],
+        },
+        {
+            "apiGroups": ["fracpilot.io"],
+            "resources": ["fractionrecommendations/status"],
+            "verbs": ["patch"],
+        },
+    ]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "fracpilot-actuator", "namespace": "ns"}
+    ]
+    # actuator.yaml alone grants nothing on them: scope off installs only that.
+    plain = load_manifests(RBAC_DIR / "actuator.yaml", "ns", "x")
+    assert not [
+        rule
+        for d in plain
+        for rule in d.get("rules") or ()
+        if any(r.startswith("fractionrecommendations") for r in rule["resources"])
+    ]
+
+
+def test_with_recommendations_the_actuator_may_write_them_and_nothing_else_new(
+    as_actuator_recommending: client.ApiClient, actuator_recommending: Installed
+) -> None:
+    api, installed = as_actuator_recommending, actuator_recommending
+    calls = ACTUATOR_CALLS + ACTUATOR_RECOMMENDATION_CALLS
+    wait_bound(api, installed, ACTUATOR_CALLS)
+    wait_bound(api, installed, ACTUATOR_RECOMMENDATION_CALLS)
+    assert [c for c in calls if not allowed(api, c, installed)] == []
+    granted_now = {_what(c) for c in ACTUATOR_RECOMMENDATION_CALLS}
+    still_forbidden = tuple(c for c in ACTUATOR_FORBIDDEN if _what(c) not in granted_now)
+    assert len(still_forbidden) == len(ACTUATOR_FORBIDDEN) - 2  # create, patch status
+    assert [c for c in still_forbidden if allowed(api, c, installed)] == []
+    assert_every_rule_is_used(installed, calls)
+    # Without the writer's calls listed, its grant is one no code uses.
+    with pytest.raises(
+        AssertionError, match=r"grants create fracpilot\.io/fractionrecommendations "
+    ):
+        assert_every_rule_is_used(installed, ACTUATOR_CALLS)
+
+
+HELD = Actuation(PlanKind.IN_PLACE, Outcome.DRY_RUN, "recommend", held_back="policy")
+
+
+def chat_decision(kube_admin: client.ApiClient, ns: str, new: float) -> FractionDecision:
+    """Deployment chat in ``ns`` (made once: the writer reads its uid) and a decision for it."""
+    apps = client.AppsV1Api(kube_admin)
+    if not apps.list_namespaced_deployment(ns).items:
+        apps.create_namespaced_deployment(
+            ns,
+            client.V1Deployment(
+                metadata=client.V1ObjectMeta(name="chat"),
+                spec=client.V1DeploymentSpec(
+                    selector=client.V1LabelSelector(match_labels={"app": "chat"}),
+                    template=client.V1PodTemplateSpec(
+                        metadata=client.V1ObjectMeta(labels={"app": "chat"}),
+                        spec=client.V1PodSpec(
+                            containers=[client.V1Container(name="s", image="registry.invalid/s")]
+                        ),
+                    ),
+                ),
+            ),
+        )
+    return decision(
+        0.5, new, name="chat", decision_id=f"d-{uuid.uuid4().hex[:8]}",
+        workload=decision(name="chat").workload.model_copy(update={"namespace": ns}),
+        decided_at=utcnow(), pod="chat-0",
+    )  # fmt: skip
+
+
+async def test_the_recommendation_writer_runs_with_its_grant(
+    kube_admin: client.ApiClient,
+    as_actuator_recommending: client.ApiClient,
+    actuator_recommending: Installed,
+) -> None:
+    """RecommendationWriter.write with the token of actuator.yaml and
+    actuator-recommendations.yaml: the object is created, then its status patched."""
+    install_crds(kube_admin)  # deploy/crds/, FractionRecommendation with them (idempotent)
+    api, installed = as_actuator_recommending, actuator_recommending
+    wait_bound(api, installed, ACTUATOR_RECOMMENDATION_CALLS)
+    ns = installed.workload_namespace
+    writer = RecommendationWriter(KubeApi(api), CollectorRegistry(), 10.0)
+    assert await writer.write(chat_decision(kube_admin, ns, 0.25), HELD) == "created"
+    assert await writer.write(chat_decision(kube_admin, ns, 0.375), HELD) == "status"
+    got = client.CustomObjectsApi(kube_admin).get_namespaced_custom_object(
+        GROUP, VERSION, ns, RECOMMENDATION_PLURAL, "deployment-chat"
+    )
+    assert got["status"]["recommendedFraction"] == 0.375  # type: ignore[index]
+
+
+async def test_without_its_grant_the_recommendation_writer_warns_once_and_counts(
+    kube_admin: client.ApiClient,
+    kube_namespace: str,
+    as_actuator: client.ApiClient,
+    actuator: Installed,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """actuator.yaml alone (what the chart binds with scope off) while the writer runs (the
+    scope set otherwise by hand): the status patch answers 403; one warning, the results
+    counted forbidden, the API not asked again before the re-check, the writer still running.
+    Once actuator-recommendations.yaml is bound and the re-check is due, the next is written."""
+    install_crds(kube_admin)
+    wait_bound(as_actuator, actuator, ACTUATOR_CALLS)
+    ns = actuator.workload_namespace
+    now = [1000.0]
+    registry = CollectorRegistry()
+    writer = RecommendationWriter(
+        KubeApi(as_actuator), registry, 10.0, scope="all", recheck_s=600.0, clock=lambda: now[0]
+    )
+
+    def count(result: str) -> float:
+        got = registry.get_sample_value("fracpilot_recommendation_writes_total", {"result": result})
+        return got or 0.0
+
+    async def offered(new: float, timeout_s: float = 10.0) -> None:
+        writer.offer(chat_decision(kube_admin, ns, new), HELD)
+        assert await writer.drained(timeout_s)
+
+    writer.start()
+    try:
+        with caplog.at_level(logging.WARNING):
+            await offered(0.25)
+            assert (count("forbidden"), writer.writing) == (1, False)
+            for new in (0.3, 0.35):  # not even queued: no call, counted
+                await offered(new, 1.0)
+            assert count("forbidden") == 3
+            now[0] += 601.0  # the re-check is due: asked once more, still 403
+            await offered(0.4)
+            assert count("forbidden") == 4
+        warned = [r for r in caplog.records if "not written" in r.getMessage()]
+        assert [r.getMessage() for r in warned] == [
+            "FractionRecommendations are not written: the actuator may not write them (RBAC)"
+        ]
+        assert "actuator-recommendations.yaml" in warned[0].error
+        assert count("error") == 0
+
+        create_objects(
+            kube_admin,
+            load_manifests(
+                RBAC_DIR / "actuator-recommendations.yaml", kube_namespace, kube_namespace
+            ),
+        )
+        wait_bound(as_actuator, actuator, ACTUATOR_RECOMMENDATION_CALLS)
+        now[0] += 601.0
+        await offered(0.375)
+        assert (count("created"), writer.writing) == (1, True)
+        got = client.CustomObjectsApi(kube_admin).get_namespaced_custom_object(
+            GROUP, VERSION, ns, RECOMMENDATION_PLURAL, "deployment-chat"
+        )
+        assert got["status"]["recommendedFraction"] == 0.375  # type: ignore[index]
+    finally:
+        await writer.stop()
 
 
 async def test_the_backend_runs_with_the_actuator_token(

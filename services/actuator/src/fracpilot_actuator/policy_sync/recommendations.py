@@ -16,6 +16,10 @@ A workload that leaves the scope keeps its object as last written (its owner's d
 When the FractionRecommendation CRD is not served (its resource answers 404), writing stops:
 one warning, ``fracpilot_recommendation_writes_total{result="not_served"}`` counts each result
 not written, and the API is asked again after ``recheck_s`` (10 minutes), not once a result.
+Likewise when the actuator's token may not write them (the status patch answers 403:
+deploy/rbac/actuator-recommendations.yaml not bound, e.g. installed with the scope ``off`` and
+set otherwise by hand): one warning, ``result="forbidden"``, asked again after ``recheck_s``.
+A 403 on the create alone (a namespace being deleted, a quota) is that workload's: an error.
 
 A write is a merge patch of the object's status; when the object is not there
 (404), the workload is read for its uid and the object is created with an ownerReference to
@@ -23,9 +27,10 @@ it, then its status is patched. A workload that is gone gets no object; the obje
 deleted later is deleted by Kubernetes' garbage collector (the ownerReference). Why an object
 of its own and not an annotation on the workload: :mod:`fracpilot_libs.kube.recommendation_crd`.
 
-The calls (deploy/rbac/actuator.yaml): create ``fractionrecommendations``, patch
-``fractionrecommendations/status``; the owner's uid with the reads the backend already has
-(:meth:`KubeApi.read_owner`, :meth:`KubeApi.read_pod`).
+The calls (deploy/rbac/actuator-recommendations.yaml, bound by the chart only when the scope is
+not ``off``): create ``fractionrecommendations``, patch ``fractionrecommendations/status``; the
+owner's uid with the reads the backend already has (:meth:`KubeApi.read_owner`,
+:meth:`KubeApi.read_pod`).
 
 :func:`status_of` and :func:`new_object` are pure.
 """
@@ -172,8 +177,26 @@ def new_object(decision: FractionDecision, owner_uid: str) -> dict[str, Any]:
     }
 
 
-class NotServedError(RuntimeError):
+class WritesStoppedError(RuntimeError):
+    """No FractionRecommendation can be written now, whichever the workload: writes stop until
+    the re-check. ``result``: the metric's label for the results not written meanwhile."""
+
+    result = "error"
+    summary = ""
+
+
+class NotServedError(WritesStoppedError):
     """The FractionRecommendation resource answered 404: its CRD is not installed."""
+
+    result = "not_served"
+    summary = "the CRD is not served"
+
+
+class ForbiddenError(WritesStoppedError):
+    """The status patch answered 403: the actuator's token may not write them."""
+
+    result = "forbidden"
+    summary = "the actuator may not write them (RBAC)"
 
 
 class RecommendationWriter:
@@ -202,7 +225,8 @@ class RecommendationWriter:
         self._opt_in = opt_in or OptInSettings()
         self._recheck_s = recheck_s
         self._clock = clock
-        self._not_served_until: float | None = None  # writes stop until then
+        self._stopped_until: float | None = None  # writes stop until then
+        self._stopped_result = NotServedError.result  # and are counted so meanwhile
         self._waiting: dict[Key, tuple[FractionDecision, Actuation]] = {}
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -213,7 +237,8 @@ class RecommendationWriter:
             "FractionRecommendation writes by result: status (patched), created, gone (the "
             "workload is not there), skipped (a kind without an ownerReference), "
             "not_opted_in (out of FRACPILOT_POLICYSYNC_RECOMMENDATIONS' scope), not_served "
-            "(the CRD is not installed: not written), error",
+            "(the CRD is not installed: not written), forbidden (the RBAC of "
+            "actuator-recommendations.yaml is not bound: not written), error",
             ["result"],
             registry=registry,
         )
@@ -228,16 +253,17 @@ class RecommendationWriter:
                 await self._task
 
     @property
-    def served(self) -> bool:
-        """False while writes stop because the CRD was not served (until the re-check)."""
-        return self._not_served_until is None or self._clock() >= self._not_served_until
+    def writing(self) -> bool:
+        """False while writes stop because the CRD was not served or the writes were
+        forbidden (until the re-check)."""
+        return self._stopped_until is None or self._clock() >= self._stopped_until
 
     def offer(self, decision: FractionDecision, actuation: Actuation) -> None:
         """Write this result (later; a newer result of the workload replaces it)."""
         if self.scope == "off":
             return
-        if not self.served:  # not even queued: nothing waits on an absent CRD
-            self.writes.labels("not_served").inc()
+        if not self.writing:  # not even queued: nothing waits on an absent CRD or right
+            self.writes.labels(self._stopped_result).inc()
             return
         w = decision.workload
         self._waiting[w.namespace, object_name(w.owner_kind, w.owner_name)] = (decision, actuation)
@@ -267,12 +293,12 @@ class RecommendationWriter:
             labels = await self._namespace_labels(namespace) if self._namespace_labels else {}
             if not in_scope(self.scope, namespace, labels, self._opt_in, actuation):
                 return "not_opted_in"
-            if not self.served:
-                return "not_served"
+            if not self.writing:
+                return self._stopped_result
             return await self.write(decision, actuation)
-        except NotServedError as exc:
-            self._stop_writing(str(exc))
-            return "not_served"
+        except WritesStoppedError as exc:
+            self._stop_writing(exc)
+            return exc.result
         except Exception as exc:  # the API away: the workload's next result writes it
             log.warning(
                 "could not write a FractionRecommendation",
@@ -280,16 +306,23 @@ class RecommendationWriter:
             )
             return "error"
 
-    def _stop_writing(self, why: str) -> None:
-        """Log once per outage; drop what waits; ask again after ``recheck_s``."""
-        if self._not_served_until is None:
+    def _stop_writing(self, why: WritesStoppedError) -> None:
+        """Log once per outage (and when its cause changes); drop what waits; ask again after
+        ``recheck_s``."""
+        if self._stopped_until is None or self._stopped_result != why.result:
             log.warning(
-                "FractionRecommendations are not written: the CRD is not served",
-                extra={"error": why, "recheck_s": self._recheck_s},
+                f"FractionRecommendations are not written: {why.summary}",
+                extra={"error": str(why), "recheck_s": self._recheck_s},
             )
-        self._not_served_until = self._clock() + self._recheck_s
-        self.writes.labels("not_served").inc(len(self._waiting))
+        self._stopped_until = self._clock() + self._recheck_s
+        self._stopped_result = why.result
+        self.writes.labels(why.result).inc(len(self._waiting))
         self._waiting.clear()
+
+    def _written_again(self) -> None:
+        if self._stopped_until is not None:
+            log.info("FractionRecommendations are written again")
+            self._stopped_until = None
 
     async def write(self, decision: FractionDecision, actuation: Actuation) -> str:
         """One result written now; returns how (the metric's result label)."""
@@ -322,9 +355,7 @@ class RecommendationWriter:
                 raise
         if not await self._patch_status(w.namespace, name, body):
             raise RuntimeError(f"{w.namespace}/{name} created, then not found")
-        if self._not_served_until is not None:
-            log.info("FractionRecommendations are written again: the CRD is served")
-            self._not_served_until = None
+        self._written_again()
         return "created"
 
     async def _patch_status(self, namespace: str, name: str, body: dict[str, Any]) -> bool:
@@ -339,16 +370,24 @@ class RecommendationWriter:
         except ApiException as exc:
             if resource_not_served(exc):  # no object read, nor create tried, for nothing
                 raise _not_served() from exc
+            if exc.status == 403:  # RBAC is checked before the object is looked up
+                raise _forbidden() from exc
             if exc.status == 404:
                 return False
             raise
-        if self._not_served_until is not None:
-            log.info("FractionRecommendations are written again: the CRD is served")
-            self._not_served_until = None
+        self._written_again()
         return True
 
     async def _call(self, call: Any) -> object:
         return await in_thread(call, self._timeout_s + 1.0, name="recommendation")
+
+
+def _forbidden() -> ForbiddenError:
+    return ForbiddenError(
+        f"patch {PLURAL}/status.{GROUP} is forbidden: is deploy/rbac/actuator-recommendations"
+        ".yaml bound to the actuator's ServiceAccount (the chart binds it unless "
+        "fractionPolicies.recommendations is off)?"
+    )
 
 
 def _not_served() -> NotServedError:
