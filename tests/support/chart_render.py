@@ -13,6 +13,16 @@ from k8s_control_plane import REPO_ROOT, ensure_testbin
 
 CHART = REPO_ROOT / "helm" / "fracpilot"
 
+# ``helm install`` on a test session's shared apiserver: leave out the cluster-wide objects the
+# chart makes once per cluster (the policy CRDs, the aggregated roles, the placeholders'
+# PriorityClass), which other tests of that apiserver may have made already without this
+# release's ownership (helm then refuses to install, even with --dry-run=client).
+SHARED_CLUSTER_VALUES = (
+    "--set=fractionPolicies.crds.install=false",
+    "--set=fractionPolicies.roles=false",
+    "--set=priorityClass.create=false",
+)
+
 
 def render(*args: str, namespace: str = "gpu-platform") -> list[dict[str, Any]]:
     helm = ensure_testbin() / "helm"

@@ -48,6 +48,7 @@ from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import Policy
 from fracpilot_libs.sizing.policies import cluster_default
 from k8s_control_plane import REPO_ROOT, ControlPlane, k8s_version, wait_for
+from support.chart_render import SHARED_CLUSTER_VALUES
 
 pytestmark = pytest.mark.integration
 
@@ -626,9 +627,7 @@ def test_the_notes_say_when_nodes_may_be_drained(helm: Helm) -> None:
             "--namespace",
             "fracpilot",
             "--dry-run=client",
-            # Cluster-wide objects other tests of this apiserver made (not this release's).
-            "--set=fractionPolicies.crds.install=false",
-            "--set=fractionPolicies.roles=false",
+            *SHARED_CLUSTER_VALUES,
             *args,
         )
         return proc.stdout.split("NOTES:", 1)[1]

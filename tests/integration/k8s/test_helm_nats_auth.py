@@ -48,6 +48,7 @@ from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.connect import NatsSecurityError, open_connection
 from helpers import running, wait_for
 from k8s_control_plane import REPO_ROOT, ControlPlane, ensure_testbin
+from support.chart_render import SHARED_CLUSTER_VALUES
 from support.nats_auth import SecuredNats, chart_tls_files
 from support.nats_config_cluster import ConfigFileCluster
 
@@ -525,8 +526,7 @@ def install_notes(kube: ControlPlane, *args: str) -> str:
     proc = subprocess.run(
         [
             *(str(kube.helm), "install", "fp", str(CHART), "--namespace", NS, "--dry-run=client"),
-            # Cluster-wide objects other tests of this apiserver made (not this release's).
-            *("--set=fractionPolicies.crds.install=false", "--set=fractionPolicies.roles=false"),
+            *SHARED_CLUSTER_VALUES,
             *("--kubeconfig", str(kube.write_kubeconfig()), *args),
         ],
         capture_output=True,

@@ -20,6 +20,7 @@ import yaml
 from fracpilot_actuator.opt_in import webhook_selectors
 from fracpilot_actuator.settings import ActuatorSettings
 from k8s_control_plane import REPO_ROOT, ControlPlane
+from support.chart_render import SHARED_CLUSTER_VALUES
 
 pytestmark = pytest.mark.integration
 
@@ -160,9 +161,7 @@ def notes(kube: ControlPlane, *args: str) -> str:
             "--namespace",
             RELEASE_NS,
             "--dry-run=client",
-            # Cluster-wide objects other tests of this apiserver made (not this release's).
-            "--set=fractionPolicies.crds.install=false",
-            "--set=fractionPolicies.roles=false",
+            *SHARED_CLUSTER_VALUES,
             "--kubeconfig",
             str(kube.write_kubeconfig()),
             *args,

@@ -35,6 +35,7 @@ from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.nats.bus import Bus
 from helpers import reset_nats, running
 from k8s_control_plane import ControlPlane
+from support.chart_render import SHARED_CLUSTER_VALUES
 
 pytestmark = pytest.mark.integration
 
@@ -401,9 +402,7 @@ def test_the_notes_name_helm_test_and_where_the_certificate_comes_from(
             "--namespace",
             "fracpilot",
             "--dry-run=client",
-            # Cluster-wide objects other tests of this apiserver made (not this release's).
-            "--set=fractionPolicies.crds.install=false",
-            "--set=fractionPolicies.roles=false",
+            *SHARED_CLUSTER_VALUES,
             "--kubeconfig",
             str(kube.write_kubeconfig()),
             *values,

@@ -55,7 +55,7 @@ from fracpilot_actuator.kube.namespaces import NamespaceLabels
 from fracpilot_actuator.kube.placeholders import PRIORITY_CLASS
 from fracpilot_actuator.kube.settings import KubeBackendSettings
 from fracpilot_actuator.policy_sync.recommendations import RecommendationWriter
-from fracpilot_actuator.settings import EvictionSettings
+from fracpilot_actuator.settings import CapacitySettings, EvictionSettings
 from fracpilot_actuator.stores.nats_kv import KvTargetStore
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.contracts import FractionDecision, Outcome, PlanKind, utcnow
@@ -1001,7 +1001,9 @@ async def test_the_backend_runs_with_the_actuator_token(
         lambda: client.SchedulingV1Api(kube_admin).create_priority_class(
             client.V1PriorityClass(  # the chart's, as the backend would make it
                 metadata=client.V1ObjectMeta(name=PRIORITY_CLASS),
-                value=-10,
+                # The chart's value: the session's apiserver is shared, and a PriorityClass's
+                # value cannot change (the chart tests apply theirs on the same apiserver).
+                value=CapacitySettings().priority,
                 preemption_policy="Never",
             )
         ),
