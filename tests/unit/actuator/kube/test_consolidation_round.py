@@ -28,7 +28,8 @@ from fracpilot_actuator.kube.consolidation_round import (
 from fracpilot_actuator.kube.inventory import Inventory, build_inventory
 from fracpilot_actuator.settings import ConsolidationSettings, OptInSettings
 from fracpilot_libs.contracts import CardForecast
-from fracpilot_libs.placement.consolidation import SCALE_DOWN_DISABLED, StepKind
+from fracpilot_libs.placement.consolidation import SCALE_DOWN_DISABLED
+from fracpilot_libs.placement.consolidation_steps import StepKind
 from support.kube_objects import T0, node, pod, reservation
 
 UUID_A, UUID_B = "GPU-a", "GPU-b"

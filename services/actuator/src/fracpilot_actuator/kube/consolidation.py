@@ -80,8 +80,12 @@ from fracpilot_libs.contracts import (
 )
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.owners import Controller, OwnerKey, top_owner
-from fracpilot_libs.placement.consolidation import ConsolidationPlan, ConsolidationStep, StepKind
 from fracpilot_libs.placement.consolidation_events import consolidation_report, planned_move
+from fracpilot_libs.placement.consolidation_steps import (
+    ConsolidationPlan,
+    ConsolidationStep,
+    StepKind,
+)
 
 log = logging.getLogger(__name__)
 

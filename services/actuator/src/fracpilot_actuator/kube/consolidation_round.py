@@ -74,15 +74,13 @@ from fracpilot_actuator.opt_in import Automation, automation_of
 from fracpilot_actuator.settings import ConsolidationSettings, OptInSettings
 from fracpilot_libs.contracts import CardForecast, GpuSharing, Mode
 from fracpilot_libs.placement.card_budget import TenantForecast, divide, fits
-from fracpilot_libs.placement.consolidation import (
+from fracpilot_libs.placement.consolidation import consolidation_plan
+from fracpilot_libs.placement.consolidation_limits import CardBudget, DisruptionBudget, Gang
+from fracpilot_libs.placement.consolidation_steps import (
     Candidate,
-    CardBudget,
     ConsolidationPlan,
     ConsolidationStep,
-    DisruptionBudget,
-    Gang,
     StepKind,
-    consolidation_plan,
 )
 from fracpilot_libs.placement.planner import Placement
 from fracpilot_libs.placement.scheduling_facts import LabelSelector, Requirement
