@@ -14,7 +14,7 @@ PodGroups, PodDisruptionBudgets, the namespaces' labels), asks the round what to
   budget, a workload in flight) and recorded as a disruption before the eviction, which goes
   through the Eviction API (PDBs hold: a 429 is retried, then the node is given up), with an
   Event on the pod saying why; the next move waits until the replacement is bound
-  (:func:`.consolidation_round.move_verdict`, read from the new pod);
+  (:func:`.consolidation_moves.move_verdict`, read from the new pod);
 - takes the mark off (with an Event) when the node is empty, or the plan is given up: a refusal
   of the round, an eviction refused, a replacement not bound within ``move_timeout_s``.
 
@@ -45,20 +45,20 @@ from typing import Any, Protocol
 from fracpilot_actuator.guardrails import Disruption, GuardState, Subject, check
 from fracpilot_actuator.kube.api import KubeApi
 from fracpilot_actuator.kube.cache import Fence
-from fracpilot_actuator.kube.consolidation_round import (
-    MARK_REASON,
-    MARK_TAINT,
-    ConsolidationView,
-    MoveInFlight,
+from fracpilot_actuator.kube.consolidation_moves import MoveInFlight, move_verdict
+from fracpilot_actuator.kube.consolidation_progress import (
     Progress,
-    consolidation_round,
-    disruption_budgets,
-    marked_nodes,
-    move_verdict,
     progress_json,
     progress_of,
     resume_refusal,
 )
+from fracpilot_actuator.kube.consolidation_round import (
+    MARK_REASON,
+    MARK_TAINT,
+    consolidation_round,
+    marked_nodes,
+)
+from fracpilot_actuator.kube.consolidation_view import ConsolidationView, disruption_budgets
 from fracpilot_actuator.kube.executor import COMPONENT, StepExecutor
 from fracpilot_actuator.kube.inventory import build_inventory
 from fracpilot_actuator.kube.namespaces import NamespaceLabels
@@ -217,7 +217,7 @@ class Consolidator:
         """Take up what the previous leader saved: the node or card being emptied, the move in
         flight (its replacement is verified as if this process had evicted it) and the recent
         moves (the rate limit); or give it up when the cluster no longer matches
-        (:func:`.consolidation_round.resume_refusal`). What this process held is replaced."""
+        (:func:`.consolidation_progress.resume_refusal`). What this process held is replaced."""
         self.move, self.workload, self.card, self.card_node = None, "", "", ""
         self.marked, self.moves, self.last_round = "", [], None
         if self.progress is None or self.backend.settings.consolidation.mode == "off":
