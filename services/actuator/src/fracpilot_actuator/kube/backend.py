@@ -53,7 +53,8 @@ from fracpilot_actuator.guardrails import Disruption, GuardState
 from fracpilot_actuator.kube.api import KubeApi
 from fracpilot_actuator.kube.cache import InventoryCache
 from fracpilot_actuator.kube.cluster_view import ClusterView, Guards
-from fracpilot_actuator.kube.consolidation import Consolidator, Publish
+from fracpilot_actuator.kube.consolidation import Consolidator
+from fracpilot_actuator.kube.consolidation_notices import Publish
 from fracpilot_actuator.kube.enforcement import (
     NOT_ENFORCED,
     Enforcement,

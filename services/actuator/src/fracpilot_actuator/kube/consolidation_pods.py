@@ -1,11 +1,13 @@
 """Which pods a consolidation round may move and which it may shrink in place: the opt-in
 rule and what the live part moves (:func:`pins`), shared isolation's shrinkable tenants
-(:func:`shrinkable`) and the card budget they give the planner (:func:`shared_card_budget`).
+(:func:`shrinkable`, given the forecasts :func:`card_forecasts` keeps) and the card budget they
+give the planner (:func:`shared_card_budget`).
 The rules are told in :mod:`.consolidation_round`'s docstring. Pure."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 
 from fracpilot_actuator.kube.card_division import LIVE_RULES, STEP, fixed_need, tenant_forecast
 from fracpilot_actuator.kube.consolidation_view import ConsolidationView
@@ -15,7 +17,9 @@ from fracpilot_actuator.kube.kai import is_multi_device
 from fracpilot_actuator.kube.object_values import KAI_FRACTION, is_opted_out
 from fracpilot_actuator.opt_in import Automation, automation_of
 from fracpilot_actuator.settings import OptInSettings
-from fracpilot_libs.contracts import CardForecast, GpuSharing, Mode
+from fracpilot_actuator.stores.forecasts import ForecastBook
+from fracpilot_libs.contracts import CardForecast, GpuSharing, MemoryIsolation, Mode
+from fracpilot_libs.owners import Controller, OwnerKey, top_owner
 from fracpilot_libs.placement.card_budget import TenantForecast, divide, fits
 from fracpilot_libs.placement.consolidation_limits import CardBudget
 
@@ -85,6 +89,32 @@ def shrinkable(
         if enforced.enforced or enforced.unknown:
             continue
         out[key] = tenant_forecast(forecast)
+    return out
+
+
+def card_forecasts(
+    book: ForecastBook,
+    view: ConsolidationView,
+    owners: Mapping[OwnerKey, Controller],
+    now: datetime,
+) -> dict[str, CardForecast]:
+    """Each KAI pod's card forecast, its workload's last decision's (the decisions seen by
+    this process: :class:`~fracpilot_actuator.stores.forecasts.ForecastBook`), when that
+    decision's policy is auto and its isolation not ``enforced`` (what :func:`shrinkable`
+    is given)."""
+    if not len(book):
+        return {}
+    out: dict[str, CardForecast] = {}
+    for pod in view.inventory.pods.values():
+        if pod.backend is not GpuSharing.KAI or pod.terminating:
+            continue
+        kind, name = top_owner(pod.namespace, pod.controller, owners, pod.name)
+        known = book.get((pod.namespace, kind, name), now)
+        if known is None or known.mode is not Mode.AUTO:
+            continue
+        if known.isolation is MemoryIsolation.ENFORCED:
+            continue
+        out[pod.key] = known.forecast
     return out
 
 
