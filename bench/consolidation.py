@@ -39,12 +39,10 @@ from fracpilot_libs.placement.card_budget import TenantForecast
 from fracpilot_libs.placement.consolidation import (
     SAFE_TO_EVICT,
     SCALE_DOWN_DISABLED,
-    ConsolidationPlan,
-    DisruptionBudget,
-    Gang,
     consolidation_plan,
-    pooled_card_budget,
 )
+from fracpilot_libs.placement.consolidation_limits import DisruptionBudget, Gang, pooled_card_budget
+from fracpilot_libs.placement.consolidation_steps import ConsolidationPlan
 from fracpilot_libs.placement.planner import ClusterState, Gpu, Placement
 from fracpilot_libs.placement.quantities import Resources
 from fracpilot_libs.placement.scheduling_facts import (

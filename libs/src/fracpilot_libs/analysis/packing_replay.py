@@ -58,12 +58,8 @@ from fracpilot_libs.analysis.shared_packing import (
 from fracpilot_libs.analysis.trace import TracePoint
 from fracpilot_libs.contracts import PlanKind, Policy, WorkloadRef
 from fracpilot_libs.placement.card_budget import CardRules, Isolation, TenantForecast
-from fracpilot_libs.placement.consolidation import (
-    SAFE_TO_EVICT,
-    ConsolidationStep,
-    apply_consolidation,
-    consolidation_plan,
-)
+from fracpilot_libs.placement.consolidation import SAFE_TO_EVICT, consolidation_plan
+from fracpilot_libs.placement.consolidation_steps import ConsolidationStep, apply_consolidation
 from fracpilot_libs.placement.planner import (
     ClusterState,
     Placement,

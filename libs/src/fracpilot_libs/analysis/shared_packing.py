@@ -44,11 +44,8 @@ from fracpilot_libs.placement.card_budget import (
     holds,
     holds_memory,
 )
-from fracpilot_libs.placement.consolidation import (
-    SAFE_TO_EVICT,
-    consolidation_plan,
-    pooled_card_budget,
-)
+from fracpilot_libs.placement.consolidation import SAFE_TO_EVICT, consolidation_plan
+from fracpilot_libs.placement.consolidation_limits import pooled_card_budget
 from fracpilot_libs.placement.planner import ClusterState, Gpu, Placement
 from fracpilot_libs.sizing.engine import decide
 from fracpilot_libs.sizing.forecast import jump_after

@@ -21,11 +21,12 @@ a card whose budget does not hold it) the move is refused; the planner never pre
 the scheduler.
 
 **Card budgets** (``shared`` isolation, :mod:`fracpilot_libs.placement.card_budget`): with a
-:data:`CardBudget`, a card must hold its tenants' pooled budget after a move; when no card has
-room for the pod, the card that would hold it once its tenants shrink in place to their budgeted
-shares (an annotation patch, free under shared isolation) gets those ``shrink`` steps first, each
-down to the tenant's share and never below, and only if that card would then be the scheduler's
-choice. A moved pod keeps its fraction (card sizing re-divides the card later).
+:data:`~.consolidation_limits.CardBudget`, a card must hold its tenants' pooled budget after a
+move; when no card has room for the pod, the card that would hold it once its tenants shrink in
+place to their budgeted shares (an annotation patch, free under shared isolation) gets those
+``shrink`` steps first, each down to the tenant's share and never below, and only if that card
+would then be the scheduler's choice. A moved pod keeps its fraction (card sizing re-divides the
+card later).
 
 **What a move must respect** (each from its upstream source):
 
@@ -41,171 +42,44 @@ choice. A moved pod keeps its fraction (card sizing re-divides the card later).
 - ``cluster-autoscaler.kubernetes.io/safe-to-evict: "false"`` on a pod (``PodSafeToEvictKey`` and
   ``hasNotSafeToEvictAnnotation``, ``cluster-autoscaler/utils/drain/drain.go`` at
   000d777365d7e43f3d5adf46a0c39421d4b3c357): it stays;
-- PodDisruptionBudgets (:class:`DisruptionBudget`: ``status.disruptionsAllowed`` and the pods the
-  budget selects): a plan never evicts more of a budget's pods than it allows;
-- gangs (:class:`Gang`, a KAI PodGroup): never below ``minMember``, the actuator's rule
-  (``fracpilot_actuator.kube.gangs.gang_refusal``) taken as data: a group of ``minMember`` > 1
-  gives up at most ``running - minMember`` members in one plan;
+- PodDisruptionBudgets (:class:`~.consolidation_limits.DisruptionBudget`:
+  ``status.disruptionsAllowed`` and the pods the budget selects): a plan never evicts more of a
+  budget's pods than it allows;
+- gangs (:class:`~.consolidation_limits.Gang`, a KAI PodGroup): never below ``minMember``, the
+  actuator's rule (``fracpilot_actuator.kube.gangs.gang_refusal``) taken as data: a group of
+  ``minMember`` > 1 gives up at most ``running - minMember`` members in one plan;
 - the scheduler's predicates for the target node and the backend's fit rule (above);
 - ``max_moves``: the consolidation rate limit, moves per plan (shrinks are not moves);
 - ``pinned``: pods the caller keeps where they are (the actuator: pods not opted in to auto).
 
 Pods known to ``state`` but missing from ``facts`` (when facts are given) are not moved: where
 they may go cannot be checked. Without ``facts`` every node may take every pod (replay).
+
+The plan as data is :mod:`.consolidation_steps`, the limits as data :mod:`.consolidation_limits`,
+and the cluster as the moves change it :mod:`.consolidation_board`.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 
-from fracpilot_libs.contracts import PlanKind
-from fracpilot_libs.placement.card_budget import CardRules, TenantForecast, divide, fits
-from fracpilot_libs.placement.planner import (
-    EPSILON,
-    ClusterState,
-    FitRule,
-    Gpu,
-    Placement,
-    ResizePlan,
-    apply_pod_plan,
+from fracpilot_libs.placement.consolidation_board import Board
+from fracpilot_libs.placement.consolidation_limits import CardBudget, DisruptionBudget, Gang
+from fracpilot_libs.placement.consolidation_steps import (
+    Candidate,
+    ConsolidationPlan,
+    ConsolidationStep,
+    Refusal,
+    StepKind,
 )
-from fracpilot_libs.placement.predicates import node_fits
-from fracpilot_libs.placement.scheduling_facts import ClusterFacts, PodFacts
+from fracpilot_libs.placement.planner import EPSILON, ClusterState, FitRule
+from fracpilot_libs.placement.scheduling_facts import ClusterFacts
 
 SCALE_DOWN_DISABLED = "cluster-autoscaler.kubernetes.io/scale-down-disabled"
 SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
-
-
-@dataclass(frozen=True, slots=True)
-class DisruptionBudget:
-    """A PodDisruptionBudget as the plan needs it: how many of its pods may be evicted now
-    (``status.disruptionsAllowed``) and which pods (``namespace/name``) it selects."""
-
-    name: str
-    allowed: int
-    pods: frozenset[str]
-
-
-@dataclass(frozen=True, slots=True)
-class Gang:
-    """A KAI PodGroup: its ``minMember``, how many of its members run, and which pods they are."""
-
-    name: str
-    min_member: int
-    running: int
-    pods: frozenset[str]
-
-    @property
-    def may_lose(self) -> int | None:
-        """How many members one plan may move (None: any; a group of one pod is its own)."""
-        return None if self.min_member <= 1 else max(0, self.running - self.min_member)
-
-
-CardBudget = Callable[[str, Mapping[str, float]], Mapping[str, float] | None]
-"""Each tenant's budgeted share of a card: ``budget(gpu_uuid, {pod_key: fraction})`` for the
-tenants the card would hold, None when the card does not hold them (shared isolation)."""
-
-
-def pooled_card_budget(
-    forecasts: Mapping[str, TenantForecast], rules: CardRules | None = None
-) -> CardBudget:
-    """The card budget of :mod:`~fracpilot_libs.placement.card_budget` (pooled headroom) from
-    each pod's forecast; a pod without one needs exactly its fraction, with no jump."""
-    card_rules = rules or CardRules()
-
-    def budget(gpu_uuid: str, tenants: Mapping[str, float]) -> Mapping[str, float] | None:
-        del gpu_uuid  # every card is one whole GPU here
-        known = {
-            k: forecasts.get(k) or TenantForecast(memory_peak=f, memory_jump=0.0, compute=f)
-            for k, f in tenants.items()
-        }
-        if not fits(known.values(), card_rules):
-            return None
-        return divide(known, card_rules)
-
-    return budget
-
-
-class StepKind(StrEnum):
-    SHRINK = "shrink"  # in place, on the target card, to make room for the move that follows
-    MOVE = "move"  # evict; the scheduler places the replacement on ``to_gpu``
-
-
-class Candidate(StrEnum):
-    NODE = "node"
-    GPU = "gpu"
-
-
-@dataclass(frozen=True, slots=True)
-class ConsolidationStep:
-    kind: StepKind
-    placement: Placement  # the pod as it is before the step
-    fraction: float  # its fraction after the step
-    from_node: str
-    to_gpu: str  # a shrink stays on its card
-    to_node: str
-    frees: Candidate  # what the step is for: emptying a node, or a card
-    frees_name: str  # that node's name or that card's uuid
-    reason: str
-
-    @property
-    def pod_key(self) -> str:
-        return self.placement.pod_key
-
-    def as_resize_plan(self) -> ResizePlan:
-        """The planner's step, as the actuator executes one (in place, or recreate elsewhere)."""
-        return ResizePlan(
-            kind=PlanKind.IN_PLACE if self.kind is StepKind.SHRINK else PlanKind.RECREATE_ELSEWHERE,
-            workload=self.placement.workload,
-            pod=self.placement.pod,
-            fraction_before=self.placement.fraction,
-            fraction_after=self.fraction,
-            gpu_before=self.placement.gpu_uuid,
-            gpu_after=self.to_gpu,
-            reason=self.reason,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Refusal:
-    """A candidate the plan leaves, and why."""
-
-    candidate: Candidate
-    name: str
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class ConsolidationPlan:
-    steps: tuple[ConsolidationStep, ...]
-    freed_nodes: tuple[str, ...]  # held GPU pods before, none after
-    emptied_gpus: tuple[str, ...]  # held a tenant before, none after
-    gpus_on_freed_nodes: int  # every GPU of the freed nodes (what the autoscaler gives back)
-    cards_freed: int  # cards in use before minus cards in use after
-    refused: tuple[Refusal, ...] = field(default=())
-
-    @property
-    def moves(self) -> tuple[ConsolidationStep, ...]:
-        return tuple(s for s in self.steps if s.kind is StepKind.MOVE)
-
-    def summary(self) -> str:
-        """ "would free 3 GPU(s) and 1 node(s) (8 GPUs on them) with 4 move(s); ..."."""
-        return (
-            f"would free {self.cards_freed} GPU(s) and {len(self.freed_nodes)} node(s) "
-            f"({self.gpus_on_freed_nodes} GPUs on them) with {len(self.moves)} move(s); "
-            f"{len(self.refused)} candidate(s) refused"
-        )
-
-
-def apply_consolidation(state: ClusterState, plan: ConsolidationPlan) -> ClusterState:
-    """The cluster once every step of the plan is done, in order."""
-    for step in plan.steps:
-        state = apply_pod_plan(state, step.as_resize_plan())
-    return state
 
 
 def consolidation_plan(
@@ -231,7 +105,7 @@ def consolidation_plan(
     topology spread (KAI); ``pinned``: pods (``namespace/name``) the caller's own rules keep
     where they are, with why (the actuator's opt-in rule)."""
     return _Planner(
-        _Board(state, facts, spread, fit),
+        Board(state, facts, spread, fit),
         max_moves=max_moves,
         node_annotations=node_annotations or {},
         pod_annotations=pod_annotations or {},
@@ -240,149 +114,6 @@ def consolidation_plan(
         card_budget=card_budget,
         pinned=pinned or {},
     ).plan()
-
-
-# --- the cluster as moves change it, with an undo journal ------------------------------------
-
-
-class _Board:
-    """Who holds how much of which card, kept sorted by free share so that the best fit is a
-    bisection away, and the scheduler's facts kept beside it; every change is journalled so a
-    candidate that cannot be emptied is undone."""
-
-    def __init__(
-        self, state: ClusterState, facts: ClusterFacts | None, spread: bool, fit: FitRule | None
-    ) -> None:
-        self.gpus: dict[str, Gpu] = {g.uuid: g for g in state.gpus}
-        self.node_gpus: dict[str, list[str]] = {}
-        for g in state.gpus:
-            self.node_gpus.setdefault(g.node, []).append(g.uuid)
-        self.placements: dict[str, Placement] = {}  # as they were: workload and pod name
-        self.where: dict[str, str] = {}  # pod key -> card
-        self.fraction: dict[str, float] = {}
-        self.tenants: dict[str, dict[str, float]] = {u: {} for u in self.gpus}
-        self.node_tenants: dict[str, int] = dict.fromkeys(self.node_gpus, 0)
-        for p in state.placements:
-            if p.gpu_uuid in self.gpus:
-                key = p.pod_key
-                self.placements[key] = p
-                self.where[key] = p.gpu_uuid
-                self.fraction[key] = p.fraction
-                self.tenants[p.gpu_uuid][key] = p.fraction
-                self.node_tenants[self.gpus[p.gpu_uuid].node] += 1
-        self.free: dict[str, float] = {u: 1.0 - sum(t.values()) for u, t in self.tenants.items()}
-        self.order: list[tuple[float, str]] = sorted((f, u) for u, f in self.free.items())
-        self.journal: list[tuple[str, str, float]] = []  # (pod, card before, fraction before)
-        self.all_gpus = state.gpus
-        self.fit = fit
-        self._state: ClusterState | None = None
-        self.spread = spread
-        self.facts = facts
-        self.pod_facts: dict[str, PodFacts] = {}
-        self.pods_on: dict[str, tuple[PodFacts, ...]] = {}
-        self.facts_node: dict[str, str] = {}  # pod key -> the node its facts are under
-        self.anti_affinity_anywhere = False
-        if facts is not None:
-            self.pods_on = dict(facts.pods_on_nodes)
-            for node, pods in facts.pods_on_nodes.items():
-                for pf in pods:
-                    self.pod_facts[pf.key] = pf
-                    self.facts_node[pf.key] = node
-                    self.anti_affinity_anywhere |= bool(pf.anti_affinity)
-
-    # -- reading
-
-    def node_of(self, uuid: str) -> str:
-        return self.gpus[uuid].node
-
-    def on_node(self, node: str) -> list[str]:
-        return [k for u in self.node_gpus.get(node, ()) for k in self.tenants[u]]
-
-    def state(self) -> ClusterState:
-        """The cluster as a :class:`ClusterState` (for a backend's fit rule), rebuilt on demand."""
-        if self._state is None:
-            self._state = ClusterState(
-                gpus=self.all_gpus,
-                placements=tuple(self._placement(k, u) for k, u in self.where.items()),
-            )
-        return self._state
-
-    def _placement(self, key: str, uuid: str) -> Placement:
-        was = self.placements[key]
-        if was.gpu_uuid == uuid and was.fraction == self.fraction[key]:
-            return was
-        # what the backend recorded for the pod is not what it holds after a step: a planned
-        # share, as apply_pod_plan leaves it
-        update = {"gpu_uuid": uuid, "fraction": self.fraction[key], "memory_mib": None}
-        return was.model_copy(update={**update, "cores": None})
-
-    def holds(self, uuid: str, fraction: float, key: str) -> bool:
-        """The backend's fit rule for a pod off the board (evicted) onto this card."""
-        if self.fit is not None:
-            return self.fit(self.state(), uuid, fraction, key)
-        return self.free[uuid] + EPSILON >= fraction
-
-    def node_refusal(self, key: str, node: str) -> str | None:
-        """kube-scheduler's verdict on the pod (off the board) going to the node."""
-        if self.facts is None:
-            return None
-        pod = self.pod_facts[key]
-        facts = self.facts.nodes.get(node)
-        if facts is None:
-            return f"node {node}: not known"
-        if not (pod.affinity or pod.anti_affinity or pod.spread or self.anti_affinity_anywhere):
-            # Without inter-pod terms or spread, only the node's own pods count (resources):
-            # the same verdict on a view holding just them, without a copy of the cluster.
-            pods = {node: self.pods_on.get(node, ())}
-            return node_fits(pod, facts, ClusterFacts(self.facts.nodes, pods), spread=self.spread)
-        view = ClusterFacts(self.facts.nodes, self.pods_on, self.facts.namespace_labels)
-        return node_fits(pod, facts, view, spread=self.spread)
-
-    # -- changing
-
-    def put(self, key: str, uuid: str, fraction: float, journal: bool = True) -> None:
-        """The pod on card ``uuid`` at ``fraction`` ("" = off the board: evicted)."""
-        before = self.where.get(key, "")
-        if journal:
-            self.journal.append((key, before, self.fraction[key]))
-        self._state = None
-        if before:
-            del self.tenants[before][key]
-            self._refresh(before)
-            if before != uuid:
-                self.node_tenants[self.node_of(before)] -= 1
-        self.fraction[key] = fraction
-        if uuid:
-            self.where[key] = uuid
-            self.tenants[uuid][key] = fraction
-            self._refresh(uuid)
-            if before != uuid:
-                self.node_tenants[self.node_of(uuid)] += 1
-        else:
-            del self.where[key]
-        if key in self.pod_facts:
-            old = self.facts_node.get(key, "")
-            new = self.node_of(uuid) if uuid else ""
-            if old != new:
-                if old:
-                    self.pods_on[old] = tuple(p for p in self.pods_on[old] if p.key != key)
-                if new:
-                    self.pods_on[new] = (*self.pods_on.get(new, ()), self.pod_facts[key])
-                self.facts_node[key] = new
-
-    def _refresh(self, uuid: str) -> None:
-        old = (self.free[uuid], uuid)
-        del self.order[bisect.bisect_left(self.order, old)]
-        # a sum over the card's tenants, not a running total: no float drift, and an empty
-        # card is exactly 1.0 free
-        free = 1.0 - sum(self.tenants[uuid].values())
-        self.free[uuid] = free
-        bisect.insort(self.order, (free, uuid))
-
-    def rollback(self, mark: int) -> None:
-        while len(self.journal) > mark:
-            key, uuid, fraction = self.journal.pop()
-            self.put(key, uuid, fraction, journal=False)
 
 
 # --- the planner ------------------------------------------------------------------------------
@@ -402,7 +133,7 @@ class _Attempt:
 class _Planner:
     def __init__(
         self,
-        board: _Board,
+        board: Board,
         *,
         max_moves: int,
         node_annotations: Mapping[str, Mapping[str, str]],

@@ -13,7 +13,7 @@ from fracpilot_libs.contracts import (
     ConsolidationReport,
     PlannedMove,
 )
-from fracpilot_libs.placement.consolidation import (
+from fracpilot_libs.placement.consolidation_steps import (
     Candidate,
     ConsolidationPlan,
     ConsolidationStep,

@@ -12,23 +12,21 @@ from typing import Any
 
 import pytest
 
-from fracpilot_actuator.kube.consolidation_round import (
-    MARK_TAINT,
-    ConsolidationView,
-    MoveInFlight,
+from fracpilot_actuator.kube.consolidation_moves import MoveInFlight, move_verdict
+from fracpilot_actuator.kube.consolidation_pods import shrinkable
+from fracpilot_actuator.kube.consolidation_progress import (
     Progress,
-    consolidation_round,
-    disruption_budgets,
-    move_verdict,
     progress_json,
     progress_of,
     resume_refusal,
-    shrinkable,
 )
+from fracpilot_actuator.kube.consolidation_round import MARK_TAINT, consolidation_round
+from fracpilot_actuator.kube.consolidation_view import ConsolidationView, disruption_budgets
 from fracpilot_actuator.kube.inventory import Inventory, build_inventory
 from fracpilot_actuator.settings import ConsolidationSettings, OptInSettings
 from fracpilot_libs.contracts import CardForecast
-from fracpilot_libs.placement.consolidation import SCALE_DOWN_DISABLED, StepKind
+from fracpilot_libs.placement.consolidation import SCALE_DOWN_DISABLED
+from fracpilot_libs.placement.consolidation_steps import StepKind
 from support.kube_objects import T0, node, pod, reservation
 
 UUID_A, UUID_B = "GPU-a", "GPU-b"

@@ -17,6 +17,7 @@ from fracpilot_actuator.actuation import Actuation
 from fracpilot_actuator.guardrails import Disruption, GuardrailSettings, GuardState
 from fracpilot_actuator.kube.api import KubeApi
 from fracpilot_actuator.kube.backend import KubernetesBackend
+from fracpilot_actuator.kube.cluster_view import ClusterView, Guards
 from fracpilot_actuator.kube.enforcement import (
     NOT_ENFORCED,
     Enforcement,
@@ -30,7 +31,8 @@ from fracpilot_actuator.kube.enforcement import (
     parse_memory_limit,
 )
 from fracpilot_actuator.kube.inventory import PodInfo, build_inventory
-from fracpilot_actuator.kube.judge import ActuationPlan, ClusterView, Guards, Skip, judge
+from fracpilot_actuator.kube.judge import judge
+from fracpilot_actuator.kube.judgement import ActuationPlan, Skip
 from fracpilot_actuator.kube.settings import KubeBackendSettings
 from fracpilot_actuator.settings import OptInSettings
 from fracpilot_actuator.stores.memory import MemoryAllocationStore, MemoryTargetStore

@@ -8,9 +8,11 @@ from typing import Any
 
 from factories import decision
 from fracpilot_actuator.guardrails import GuardrailSettings, GuardState
+from fracpilot_actuator.kube.cluster_view import ClusterView, Guards
 from fracpilot_actuator.kube.gangs import Member, PodGroup, gang_refusal, parse_pod_groups
 from fracpilot_actuator.kube.inventory import build_inventory
-from fracpilot_actuator.kube.judge import ActuationPlan, ClusterView, Guards, Skip, judge
+from fracpilot_actuator.kube.judge import judge
+from fracpilot_actuator.kube.judgement import ActuationPlan, Skip
 from fracpilot_libs.contracts import Outcome, PlanKind, WorkloadRef
 from support.kube_objects import MEM_MIB, T0, kai, node, reservation
 

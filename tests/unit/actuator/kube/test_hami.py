@@ -14,9 +14,11 @@ from hypothesis import strategies as st
 from factories import decision
 from fracpilot_actuator.admission.sizing import sizing_patch
 from fracpilot_actuator.guardrails import GuardrailSettings, GuardState
+from fracpilot_actuator.kube.cluster_view import ClusterView, Guards
 from fracpilot_actuator.kube.hami import fit_rule
 from fracpilot_actuator.kube.inventory import Inventory, build_inventory
-from fracpilot_actuator.kube.judge import ActuationPlan, ClusterView, Guards, judge
+from fracpilot_actuator.kube.judge import judge
+from fracpilot_actuator.kube.judgement import ActuationPlan
 from fracpilot_libs.contracts import MIB, GpuSharing, PlanKind, WorkloadTarget
 from fracpilot_libs.hami.fit import DeviceRequest, device_request, misfit
 from fracpilot_libs.hami.placement import accepts, usage

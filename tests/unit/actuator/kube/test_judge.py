@@ -10,15 +10,10 @@ from hypothesis import strategies as st
 
 from factories import decision
 from fracpilot_actuator.guardrails import Disruption, GuardrailSettings, GuardState
+from fracpilot_actuator.kube.cluster_view import ClusterView, Guards
 from fracpilot_actuator.kube.inventory import build_inventory
-from fracpilot_actuator.kube.judge import (
-    ActuationPlan,
-    ClusterView,
-    Guards,
-    Skip,
-    judge,
-    memory_share_mib,
-)
+from fracpilot_actuator.kube.judge import judge, memory_share_mib
+from fracpilot_actuator.kube.judgement import ActuationPlan, Skip
 from fracpilot_libs.contracts import FractionDecision, GpuSharing, Outcome, PlanKind
 from support.kube_objects import MEM_MIB, T0, hami, kai, node, pod, reservation
 

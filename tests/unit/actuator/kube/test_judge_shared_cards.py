@@ -8,9 +8,11 @@ from typing import Any
 
 from factories import decision, workload
 from fracpilot_actuator.guardrails import GuardrailSettings, GuardState
+from fracpilot_actuator.kube.cluster_view import ClusterView, CoTenant, Guards
 from fracpilot_actuator.kube.enforcement import Enforcement
 from fracpilot_actuator.kube.inventory import build_inventory
-from fracpilot_actuator.kube.judge import ActuationPlan, ClusterView, CoTenant, Guards, judge
+from fracpilot_actuator.kube.judge import judge
+from fracpilot_actuator.kube.judgement import ActuationPlan
 from fracpilot_actuator.stores.forecasts import KnownForecast
 from fracpilot_libs.contracts import (
     CardForecast,

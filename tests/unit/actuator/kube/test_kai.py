@@ -19,8 +19,10 @@ from hypothesis import strategies as st
 
 from factories import decision
 from fracpilot_actuator.guardrails import GuardrailSettings, GuardState
+from fracpilot_actuator.kube.cluster_view import ClusterView, Guards
 from fracpilot_actuator.kube.inventory import Inventory, build_inventory
-from fracpilot_actuator.kube.judge import ActuationPlan, ClusterView, Guards, Skip, judge
+from fracpilot_actuator.kube.judge import judge
+from fracpilot_actuator.kube.judgement import ActuationPlan, Skip
 from fracpilot_actuator.kube.kai import (
     BindTarget,
     bind_targets,

@@ -7,8 +7,10 @@ from typing import Any
 
 from factories import decision
 from fracpilot_actuator.guardrails import GuardrailSettings, GuardState
+from fracpilot_actuator.kube.cluster_view import ClusterView, Guards
 from fracpilot_actuator.kube.inventory import build_inventory
-from fracpilot_actuator.kube.judge import ActuationPlan, ClusterView, Guards, judge
+from fracpilot_actuator.kube.judge import judge
+from fracpilot_actuator.kube.judgement import ActuationPlan
 from fracpilot_actuator.kube.placeholders import placeholder_pod
 from fracpilot_libs.contracts import FractionDecision, PlanKind
 from support.kube_objects import MEM_MIB, T0, kai, node, reservation

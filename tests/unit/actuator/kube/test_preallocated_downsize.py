@@ -13,9 +13,11 @@ import pytest
 
 from factories import decision, workload
 from fracpilot_actuator.guardrails import Disruption, GuardrailSettings, GuardState
+from fracpilot_actuator.kube.cluster_view import ClusterView, CoTenant, Guards
 from fracpilot_actuator.kube.enforcement import enforcement_map
 from fracpilot_actuator.kube.inventory import build_inventory
-from fracpilot_actuator.kube.judge import ActuationPlan, ClusterView, CoTenant, Guards, Skip, judge
+from fracpilot_actuator.kube.judge import judge
+from fracpilot_actuator.kube.judgement import ActuationPlan, Skip
 from fracpilot_actuator.kube.preallocation import pool_fits, server_of
 from fracpilot_actuator.stores.forecasts import KnownForecast
 from fracpilot_libs.contracts import CardForecast, FractionDecision, Mode, Outcome, PlanKind

@@ -12,9 +12,11 @@ import pytest
 
 from factories import decision
 from fracpilot_actuator.guardrails import GuardrailSettings, GuardState
+from fracpilot_actuator.kube.cluster_view import ClusterView, Guards
 from fracpilot_actuator.kube.gangs import PodGroup
 from fracpilot_actuator.kube.inventory import build_inventory
-from fracpilot_actuator.kube.judge import ActuationPlan, ClusterView, Guards, Skip, judge
+from fracpilot_actuator.kube.judge import judge
+from fracpilot_actuator.kube.judgement import ActuationPlan, Skip
 from fracpilot_actuator.kube.kai_objects import KaiReader
 from fracpilot_actuator.kube.queues import (
     Queue,

@@ -14,7 +14,7 @@ from fracpilot_actuator.simulated.consolidation import (
     simulated_round,
 )
 from fracpilot_libs.contracts import WorkloadRef
-from fracpilot_libs.placement.consolidation import ConsolidationStep
+from fracpilot_libs.placement.consolidation_steps import ConsolidationStep
 from fracpilot_libs.placement.planner import ClusterState, Placement, add_node
 
 T = datetime(2026, 3, 2, 12, tzinfo=UTC)

@@ -20,11 +20,8 @@ from fracpilot_libs.analysis.packing_replay import (
 from fracpilot_libs.analysis.replay import replay
 from fracpilot_libs.analysis.trace import TracePoint
 from fracpilot_libs.contracts import Policy, UsageSample, WorkloadRef
-from fracpilot_libs.placement.consolidation import (
-    SAFE_TO_EVICT,
-    apply_consolidation,
-    consolidation_plan,
-)
+from fracpilot_libs.placement.consolidation import SAFE_TO_EVICT, consolidation_plan
+from fracpilot_libs.placement.consolidation_steps import apply_consolidation
 
 T0 = datetime(2026, 3, 2, tzinfo=UTC)
 CARD = 1000  # bytes of device memory: shares are easy to read

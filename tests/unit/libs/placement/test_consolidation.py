@@ -17,15 +17,19 @@ from fracpilot_libs.placement.consolidation import (
     DO_NOT_DISRUPT,
     SAFE_TO_EVICT,
     SCALE_DOWN_DISABLED,
-    Candidate,
+    consolidation_plan,
+)
+from fracpilot_libs.placement.consolidation_limits import (
     CardBudget,
-    ConsolidationPlan,
     DisruptionBudget,
     Gang,
+    pooled_card_budget,
+)
+from fracpilot_libs.placement.consolidation_steps import (
+    Candidate,
+    ConsolidationPlan,
     StepKind,
     apply_consolidation,
-    consolidation_plan,
-    pooled_card_budget,
 )
 from fracpilot_libs.placement.planner import ClusterState, Gpu, Placement, apply_pod_plan
 from fracpilot_libs.placement.predicates import node_rule

@@ -5,7 +5,9 @@ Pure:
 - :mod:`.inventory`: Node and Pod objects -> the planner's ``ClusterState``, each pod's GPU
   share and owner, and the problems found on the way (a bad annotation names its pod);
 - :mod:`.judge`: one decision and the cluster -> a plan or a skip (opt-out, validity, the
-  guardrails, dry-run, resume);
+  guardrails, dry-run, resume), given a :mod:`.cluster_view`, answering a :mod:`.judgement`;
+  :mod:`.card_plan`: its shared-isolation step (a card divided among its tenants);
+  :mod:`.scale_up_plan`: a scale-up waiting for capacity, planned;
 - :mod:`.kai`: KAI-Scheduler's shapes (reservation flags, multi-device fraction pods,
   BindRequests, the fractions its rounding keeps); :mod:`.queues`: KAI Queues and how far an
   in-place upsize may take them;

@@ -52,7 +52,9 @@ from fracpilot_actuator.actuation import Actuation, Report
 from fracpilot_actuator.guardrails import Disruption, GuardState
 from fracpilot_actuator.kube.api import KubeApi
 from fracpilot_actuator.kube.cache import InventoryCache
-from fracpilot_actuator.kube.consolidation import Consolidator, Publish
+from fracpilot_actuator.kube.cluster_view import ClusterView, Guards
+from fracpilot_actuator.kube.consolidation import Consolidator
+from fracpilot_actuator.kube.consolidation_notices import Publish
 from fracpilot_actuator.kube.enforcement import (
     NOT_ENFORCED,
     Enforcement,
@@ -61,7 +63,8 @@ from fracpilot_actuator.kube.enforcement import (
 )
 from fracpilot_actuator.kube.executor import InPlaceConflictError, StepExecutor, StepFailure
 from fracpilot_actuator.kube.inventory import Inventory
-from fracpilot_actuator.kube.judge import ActuationPlan, ClusterView, Guards, Skip, judge
+from fracpilot_actuator.kube.judge import judge
+from fracpilot_actuator.kube.judgement import ActuationPlan, Skip
 from fracpilot_actuator.kube.namespaces import NamespaceLabels
 from fracpilot_actuator.kube.object_values import CAPACITY_ROLE, ROLE, parse_time
 from fracpilot_actuator.kube.placeholders import PendingScaleUp, pending_of
@@ -153,7 +156,7 @@ class KubernetesBackend:
             api, settings, self.instance, self.reader.fence, caching=self.reader.cache is not None
         )
         self.scale_ups = ScaleUps(self, pending_recreates)
-        self.cards = SharedCards(api)  # shared isolation: co-tenants' forecasts (judge.py)
+        self.cards = SharedCards(api)  # shared isolation: co-tenants' forecasts (card_plan.py)
         self.consolidation = Consolidator(
             self, consolidation_metrics, consolidation_events, consolidation_progress
         )

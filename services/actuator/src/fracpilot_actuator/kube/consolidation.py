@@ -14,7 +14,7 @@ PodGroups, PodDisruptionBudgets, the namespaces' labels), asks the round what to
   budget, a workload in flight) and recorded as a disruption before the eviction, which goes
   through the Eviction API (PDBs hold: a 429 is retried, then the node is given up), with an
   Event on the pod saying why; the next move waits until the replacement is bound
-  (:func:`.consolidation_round.move_verdict`, read from the new pod);
+  (:func:`.consolidation_moves.move_verdict`, read from the new pod);
 - takes the mark off (with an Event) when the node is empty, or the plan is given up: a refusal
   of the round, an eviction refused, a replacement not bound within ``move_timeout_s``.
 
@@ -27,39 +27,41 @@ PodGroups, PodDisruptionBudgets, the namespaces' labels), asks the round what to
   ``FractionRedivided`` Event (:func:`.shared_cards.patch_share`), before the move.
 
 Each move's start and result, a plan given up and a node (card) freed go on the event stream too
-(``ConsolidationMove``, :data:`~fracpilot_libs.nats.subjects.CONSOLIDATION_STREAM`). The node or
-card being emptied, the move in flight and the recent moves are saved at each change
-(``progress``: the actuator's state bucket): a new leader (:meth:`Consolidator.resume`) goes on
-with them, verifying the move in flight, or gives them up when the cluster no longer matches.
+(``ConsolidationMove``); the gauges, the reports, the event stream and the node Events are told
+by :mod:`.consolidation_notices`. The node or card being emptied, the move in flight and the
+recent moves are saved at each change (``progress``: the actuator's state bucket): a new
+leader (:meth:`Consolidator.resume`) goes on with them, verifying the move in flight, or gives
+them up when the cluster no longer matches.
 Without a store, a new leader finds a marked node by its taint and re-plans it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from datetime import UTC, datetime, timedelta
+from collections.abc import Mapping
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from fracpilot_actuator.guardrails import Disruption, GuardState, Subject, check
 from fracpilot_actuator.kube.api import KubeApi
 from fracpilot_actuator.kube.cache import Fence
-from fracpilot_actuator.kube.consolidation_round import (
-    MARK_REASON,
-    MARK_TAINT,
-    ConsolidationView,
-    MoveInFlight,
+from fracpilot_actuator.kube.consolidation_moves import MoveInFlight, move_verdict
+from fracpilot_actuator.kube.consolidation_notices import ConsolidationNotices, Publish
+from fracpilot_actuator.kube.consolidation_pods import card_forecasts
+from fracpilot_actuator.kube.consolidation_progress import (
     Progress,
-    consolidation_round,
-    disruption_budgets,
-    marked_nodes,
-    move_verdict,
     progress_json,
     progress_of,
     resume_refusal,
 )
-from fracpilot_actuator.kube.executor import COMPONENT, StepExecutor
+from fracpilot_actuator.kube.consolidation_round import (
+    MARK_REASON,
+    MARK_TAINT,
+    consolidation_round,
+    marked_nodes,
+)
+from fracpilot_actuator.kube.consolidation_view import ConsolidationView, disruption_budgets
+from fracpilot_actuator.kube.executor import StepExecutor
 from fracpilot_actuator.kube.inventory import build_inventory
 from fracpilot_actuator.kube.namespaces import NamespaceLabels
 from fracpilot_actuator.kube.reader import ClusterReader
@@ -67,27 +69,11 @@ from fracpilot_actuator.kube.settings import KubeBackendSettings
 from fracpilot_actuator.kube.shared_cards import CONSOLIDATION_SHRINK, SharedCards, patch_share
 from fracpilot_actuator.metrics import ConsolidationMetrics
 from fracpilot_actuator.stores.ports import ConsolidationProgress, DisruptionHistory
-from fracpilot_libs.contracts import (
-    CardForecast,
-    ConsolidationMode,
-    ConsolidationMove,
-    ConsolidationReport,
-    GpuSharing,
-    MemoryIsolation,
-    Mode,
-    MoveState,
-    WireModel,
-)
-from fracpilot_libs.nats import subjects
+from fracpilot_libs.contracts import GpuSharing, MoveState
 from fracpilot_libs.owners import Controller, OwnerKey, top_owner
-from fracpilot_libs.placement.consolidation import ConsolidationPlan, ConsolidationStep, StepKind
-from fracpilot_libs.placement.consolidation_events import consolidation_report, planned_move
+from fracpilot_libs.placement.consolidation_steps import ConsolidationStep, StepKind
 
 log = logging.getLogger(__name__)
-
-Publish = Callable[[str, WireModel], Awaitable[object]]
-"""Publishes a message on a subject (the bus's ``publish``: JetStream, trace context in the
-headers)."""
 
 
 class ConsolidationHost(Protocol):
@@ -120,7 +106,7 @@ class Consolidator:
         by its taint and re-plans it)."""
         self.backend = backend
         self.metrics = metrics
-        self.publish = publish
+        self.notices = ConsolidationNotices(backend, metrics, publish)
         self.progress = progress
         self.saved = ""  # the progress as last saved
         self.card = ""  # the card being emptied (its GPU uuid)
@@ -128,7 +114,6 @@ class Consolidator:
         self.move: MoveInFlight | None = None
         self.moves: list[datetime] = []  # when each move of the last hour started
         self.last_round: datetime | None = None
-        self.last_summary = ""
         self.workload = ""  # the moving pod's workload key, in flight for the guardrails
         self.marked = ""  # the node being emptied, as the last round saw it
 
@@ -170,9 +155,9 @@ class Consolidator:
             now=now,
             card=self.card,
             card_node=self.card_node,
-            forecasts=self._forecasts(view, owners, now),
+            forecasts=card_forecasts(self.backend.cards.book, view, owners, now),
         )
-        await self._report(chosen.would, "" if chosen.unmark else chosen.node, now)
+        await self.notices.report(chosen.would, "" if chosen.unmark else chosen.node, now)
         if chosen.unmark and chosen.card:
             await self._release_card(view, chosen.unmark, done=chosen.done)
             return
@@ -194,7 +179,7 @@ class Consolidator:
         if chosen.mark and chosen.card:  # no taint on a card (consolidation_round's docstring)
             self.card, self.card_node = chosen.card, chosen.node
             log.info("consolidating card", extra={"gpu": chosen.card, "reason": chosen.mark})
-            await self._node_event(
+            await self.notices.node_event(
                 view.nodes.get(chosen.node) or {"metadata": {"name": chosen.node}},
                 "ConsolidationCardStarted",
                 chosen.mark,
@@ -213,7 +198,7 @@ class Consolidator:
         """Take up what the previous leader saved: the node or card being emptied, the move in
         flight (its replacement is verified as if this process had evicted it) and the recent
         moves (the rate limit); or give it up when the cluster no longer matches
-        (:func:`.consolidation_round.resume_refusal`). What this process held is replaced."""
+        (:func:`.consolidation_progress.resume_refusal`). What this process held is replaced."""
         self.move, self.workload, self.card, self.card_node = None, "", "", ""
         self.marked, self.moves, self.last_round = "", [], None
         if self.progress is None or self.backend.settings.consolidation.mode == "off":
@@ -235,7 +220,7 @@ class Consolidator:
                 self.card, self.card_node = saved.card, saved.node
                 await self._release_card(view, why)
             else:  # no mark to take off
-                await self._moved(
+                await self.notices.moved(
                     MoveState.ABANDONED, saved.node, None, f"not resumed by a new leader: {why}"
                 )
             await self._save()
@@ -296,13 +281,13 @@ class Consolidator:
             log.info("consolidation freed a card", extra={"gpu": card, "node": node})
             if self.metrics is not None:
                 self.metrics.freed_gpus.inc()
-            await self._node_event(raw, "ConsolidationCardDone", text)
-            await self._moved(MoveState.FREED, node, None, text, freed_gpus=1)
+            await self.notices.node_event(raw, "ConsolidationCardDone", text)
+            await self.notices.moved(MoveState.FREED, node, None, text, freed_gpus=1)
         else:
             text = f"consolidation of GPU {card} on node {node} given up: {why}"
             log.warning("consolidation given up", extra={"gpu": card, "reason": why})
-            await self._node_event(raw, "ConsolidationCardAbandoned", text, warning=True)
-            await self._moved(MoveState.ABANDONED, node, None, text)
+            await self.notices.node_event(raw, "ConsolidationCardAbandoned", text, warning=True)
+            await self.notices.moved(MoveState.ABANDONED, node, None, text)
         await self._save()
 
     # --- reading --------------------------------------------------------------------------
@@ -335,84 +320,6 @@ class Consolidator:
             namespace_labels=labels,
         )
 
-    def _forecasts(
-        self, view: ConsolidationView, owners: Mapping[OwnerKey, Controller], now: datetime
-    ) -> dict[str, CardForecast]:
-        """Each KAI pod's card forecast, its workload's last decision's (the decisions seen by
-        this process: :class:`~fracpilot_actuator.stores.forecasts.ForecastBook`), when that
-        decision's policy is auto and its isolation not ``enforced``."""
-        book = self.backend.cards.book
-        if not len(book):
-            return {}
-        out: dict[str, CardForecast] = {}
-        for pod in view.inventory.pods.values():
-            if pod.backend is not GpuSharing.KAI or pod.terminating:
-                continue
-            kind, name = top_owner(pod.namespace, pod.controller, owners, pod.name)
-            known = book.get((pod.namespace, kind, name), now)
-            if known is None or known.mode is not Mode.AUTO:
-                continue
-            if known.isolation is MemoryIsolation.ENFORCED:
-                continue
-            out[pod.key] = known.forecast
-        return out
-
-    async def _report(self, would: ConsolidationPlan, node: str, now: datetime) -> None:
-        gpus, nodes, summary = would.cards_freed, len(would.freed_nodes), would.summary()
-        if self.metrics is not None:
-            self.metrics.would_free_gpus.set(gpus)
-            self.metrics.would_free_nodes.set(nodes)
-        if summary == self.last_summary:
-            return  # published when it changes, not every round
-        self.last_summary = summary
-        log.info(
-            "consolidation plan",
-            extra={"summary": summary, "would_free_gpus": gpus, "would_free_nodes": nodes},
-        )
-        cluster = self.backend.settings.cluster
-        report: ConsolidationReport = consolidation_report(
-            would, cluster=cluster, mode=self._mode(), at=now, node=node
-        )
-        await self._send(subjects.consolidation_report_subject(cluster), report)
-
-    def _mode(self) -> ConsolidationMode:
-        auto = self.backend.settings.consolidation.mode == "auto"
-        return ConsolidationMode.AUTO if auto else ConsolidationMode.RECOMMEND
-
-    async def _moved(
-        self,
-        state: MoveState,
-        node: str,
-        step: ConsolidationStep | None = None,
-        detail: str = "",
-        **result: Any,
-    ) -> None:
-        """A move's start or result, a plan given up or a node freed, on the event stream."""
-        cluster = self.backend.settings.cluster
-        event = ConsolidationMove(
-            cluster=cluster,
-            state=state,
-            node=node,
-            move=planned_move(step) if step is not None else None,
-            detail=detail[:4000],
-            at=datetime.now(UTC),
-            **result,
-        )
-        await self._send(subjects.consolidation_move_subject(cluster), event)
-
-    async def _send(self, subject: str, message: WireModel) -> None:
-        if self.publish is None:
-            return
-        try:
-            await self.publish(subject, message)
-        except Exception as exc:  # the event stream is a view: consolidation carries on
-            log.warning(
-                "consolidation event not published",
-                extra={"subject": subject, "error": str(exc)[:300]},
-            )
-
-    # --- the mark ---------------------------------------------------------------------------
-
     async def _mark(self, view: ConsolidationView, node: str, reason: str) -> bool:
         raw = view.nodes[node]
         meta = raw.get("metadata") or {}
@@ -432,7 +339,7 @@ class Consolidator:
             return False
         self.backend.reader.fence(Fence("nodes", version))  # the next round sees the mark
         log.info("consolidating node", extra={"node": node, "reason": reason})
-        await self._node_event(raw, "ConsolidationStarted", reason)
+        await self.notices.node_event(raw, "ConsolidationStarted", reason)
         return True
 
     async def _unmark(
@@ -464,38 +371,15 @@ class Consolidator:
         if done:
             text = f"node {node} emptied of GPU pods by consolidation: {why}"
             log.info("consolidation freed a node", extra={"node": node})
-            await self._node_event(raw, "ConsolidationDone", text)
-            await self._moved(MoveState.FREED, node, None, text, freed_node=node, freed_gpus=gpus)
+            await self.notices.node_event(raw, "ConsolidationDone", text)
+            await self.notices.moved(
+                MoveState.FREED, node, None, text, freed_node=node, freed_gpus=gpus
+            )
         else:
             text = f"consolidation of node {node} given up: {why}"
             log.warning("consolidation given up", extra={"node": node, "reason": why})
-            await self._node_event(raw, "ConsolidationAbandoned", text, warning=True)
-            await self._moved(MoveState.ABANDONED, node, None, text)
-
-    async def _node_event(
-        self, raw: dict[str, Any] | Any, reason: str, message: str, warning: bool = False
-    ) -> None:
-        meta = raw.get("metadata") or {}
-        name = str(meta.get("name", ""))
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        suffix = hashlib.sha256(f"{reason}{message}{now}".encode()).hexdigest()[:10]
-        body = {
-            "metadata": {"name": f"{name}.{suffix}"[:253], "namespace": "default"},
-            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": name, "uid": name},
-            "reason": reason,
-            "message": message[:1024],
-            "type": "Warning" if warning else "Normal",
-            "source": {"component": "fracpilot-actuator"},
-            "reportingComponent": COMPONENT,
-            "reportingInstance": self.backend.instance,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        try:
-            await self.backend.api.create_event("default", body)
-        except Exception as exc:
-            log.warning("could not write an event", extra={"node": name, "error": str(exc)[:300]})
+            await self.notices.node_event(raw, "ConsolidationAbandoned", text, warning=True)
+            await self.notices.moved(MoveState.ABANDONED, node, None, text)
 
     # --- one step -------------------------------------------------------------------------
 
@@ -560,14 +444,16 @@ class Consolidator:
         backend.guards = backend.guards.begin(workload)
         self.workload = workload
         await self._save()
-        await self._moved(MoveState.STARTED, node, step, explanation)
+        await self.notices.moved(MoveState.STARTED, node, step, explanation)
         failure = await backend.executor.evict_pod(pod)
         if failure is not None:
             self.move = None
             backend.guards = backend.guards.end(workload)
             if self.metrics is not None:
                 self.metrics.moves.labels("failed").inc()
-            await self._moved(MoveState.FAILED, node, step, f"the eviction failed: {failure}")
+            await self.notices.moved(
+                MoveState.FAILED, node, step, f"the eviction failed: {failure}"
+            )
             await self._give_up(view, node, f"the eviction of {pod.key} failed: {failure}")
             return
         self.moves.append(now)
@@ -618,7 +504,7 @@ class Consolidator:
                 "consolidation move verified",
                 extra={"pod": step.pod_key, "node": verdict.node, "detail": verdict.reason},
             )
-            await self._moved(
+            await self.notices.moved(
                 MoveState.VERIFIED,
                 step.from_node,
                 step,
@@ -638,6 +524,6 @@ class Consolidator:
             return True
         if self.metrics is not None:
             self.metrics.moves.labels("failed").inc()
-        await self._moved(MoveState.FAILED, step.from_node, step, verdict.reason)
+        await self.notices.moved(MoveState.FAILED, step.from_node, step, verdict.reason)
         await self._give_up(view, step.from_node, verdict.reason)
         return True

@@ -17,9 +17,9 @@ from typing import Any
 
 from fracpilot_actuator.kube.api import KubeApi
 from fracpilot_actuator.kube.cache import Fence, InventoryCache
+from fracpilot_actuator.kube.cluster_view import ClusterView
 from fracpilot_actuator.kube.enforcement import Enforcement, configmaps_of, enforcement_map
 from fracpilot_actuator.kube.inventory import Inventory, PodInfo, build_inventory, owner_parents
-from fracpilot_actuator.kube.judge import ClusterView
 from fracpilot_actuator.kube.kai_objects import KaiReader
 from fracpilot_actuator.kube.settings import KubeBackendSettings
 from fracpilot_libs.contracts import WorkloadRef

@@ -1,6 +1,6 @@
 """What waits after a decision was acted on: scale-ups waiting for capacity, recreates waiting
 for their replacements. This module only executes; the plans are the judge's
-(:func:`~fracpilot_actuator.kube.judge.plan_scale_up`,
+(:func:`~fracpilot_actuator.kube.scale_up_plan.plan_scale_up`,
 :func:`~fracpilot_actuator.kube.verification.replacement_verdict`).
 
 - A scale-up's pods move once the judge says they fit (their placeholder was bound on a new
@@ -34,18 +34,16 @@ from typing import Any, Protocol
 
 from fracpilot_actuator.actuation import Actuation, Report
 from fracpilot_actuator.guardrails import GuardState
+from fracpilot_actuator.kube.cluster_view import ClusterView
 from fracpilot_actuator.kube.enforcement import NOT_ENFORCED, Enforcement
 from fracpilot_actuator.kube.errors import KubeError
 from fracpilot_actuator.kube.executor import StepExecutor
 from fracpilot_actuator.kube.inventory import Inventory
-from fracpilot_actuator.kube.judge import (
-    ClusterView,
-    actuation_of,
-    memory_share_mib,
-    plan_scale_up,
-)
+from fracpilot_actuator.kube.judge import memory_share_mib
+from fracpilot_actuator.kube.judgement import actuation_of
 from fracpilot_actuator.kube.object_values import KAI_SCALE_ADJUST_NAMESPACE
 from fracpilot_actuator.kube.placeholders import PendingScaleUp
+from fracpilot_actuator.kube.scale_up_plan import plan_scale_up
 from fracpilot_actuator.kube.settings import KubeBackendSettings
 from fracpilot_actuator.kube.verification import (
     PendingRecreate,

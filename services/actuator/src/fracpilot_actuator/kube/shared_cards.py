@@ -1,6 +1,6 @@
 """Shared isolation's I/O: the co-tenants' facts before the judge, their re-division after it.
 
-The judge (:func:`fracpilot_actuator.kube.judge.plan_card`) divides a card among its
+The judge (:func:`fracpilot_actuator.kube.card_plan.plan_card`) divides a card among its
 tenants; it needs, for each pod on the deciding pod's GPU in its namespace, the pod's
 workload, that workload's last forecast (:class:`~fracpilot_actuator.stores.forecasts.
 ForecastBook`, fed by every decision) and whether its workload object opts out
@@ -20,10 +20,11 @@ from datetime import datetime
 
 from fracpilot_actuator.kube.api import KubeApi
 from fracpilot_actuator.kube.cache import Fence
+from fracpilot_actuator.kube.cluster_view import ClusterView, CoTenant
 from fracpilot_actuator.kube.errors import KubeError
 from fracpilot_actuator.kube.executor import StepExecutor
 from fracpilot_actuator.kube.inventory import PodInfo
-from fracpilot_actuator.kube.judge import ActuationPlan, ClusterView, CoTenant
+from fracpilot_actuator.kube.judgement import ActuationPlan
 from fracpilot_actuator.kube.object_values import (
     DECISION_ID,
     KAI_FRACTION,

@@ -27,9 +27,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from fracpilot_actuator.kube.cluster_view import ClusterView
 from fracpilot_actuator.kube.enforcement import NOT_ENFORCED
 from fracpilot_actuator.kube.inventory import PodInfo
-from fracpilot_actuator.kube.judge import ClusterView
 from fracpilot_libs.contracts import FractionDecision, PlanKind
 from fracpilot_libs.placement.planner import ResizePlan
 

@@ -36,8 +36,8 @@ from fracpilot_libs.contracts import (
     WireModel,
 )
 from fracpilot_libs.nats import subjects
-from fracpilot_libs.placement.consolidation import ConsolidationStep
 from fracpilot_libs.placement.consolidation_events import consolidation_report, planned_move
+from fracpilot_libs.placement.consolidation_steps import ConsolidationStep
 from fracpilot_libs.placement.planner import ResizePlan, plan_resize
 from fracpilot_libs.simulation.workloads import PREALLOCATING
 

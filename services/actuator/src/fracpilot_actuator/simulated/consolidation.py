@@ -19,11 +19,11 @@ from datetime import datetime, timedelta
 from fracpilot_actuator.opt_in import Automation, automation_of
 from fracpilot_actuator.settings import ConsolidationSettings, OptInSettings
 from fracpilot_libs.contracts import Mode, WorkloadRef
-from fracpilot_libs.placement.consolidation import (
+from fracpilot_libs.placement.consolidation import consolidation_plan
+from fracpilot_libs.placement.consolidation_steps import (
     Candidate,
     ConsolidationPlan,
     ConsolidationStep,
-    consolidation_plan,
 )
 from fracpilot_libs.placement.planner import ClusterState, apply_plan
 

@@ -8,7 +8,7 @@
   of workload key -> record (one key: the leader writes the whole set, and a restart reads it
   with one get, not a scan of the bucket's decision claims);
 - consolidation progress: the actuator's state bucket, key ``consolidation.progress``, the JSON
-  text of :class:`~fracpilot_actuator.kube.consolidation_round.Progress` ("" nothing in flight).
+  text of :class:`~fracpilot_actuator.kube.consolidation_progress.Progress` ("" nothing in flight).
 """
 
 from __future__ import annotations

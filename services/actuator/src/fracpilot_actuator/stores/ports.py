@@ -63,7 +63,7 @@ class PendingRecreates(Protocol):
 
 class ConsolidationProgress(Protocol):
     """The node or card consolidation is emptying, with its move in flight: one JSON text
-    (written and read by :mod:`fracpilot_actuator.kube.consolidation_round`), saved whole at
+    (written and read by :mod:`fracpilot_actuator.kube.consolidation_progress`), saved whole at
     each change; "" when nothing is in flight."""
 
     async def load(self) -> str:
