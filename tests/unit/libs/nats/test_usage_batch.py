@@ -68,6 +68,19 @@ def test_a_round_trip_keeps_every_sample_in_its_partition(
 
 
 @given(samples=usage_samples(), partitions=st.integers(1, 16))
+def test_a_batch_carries_each_sample_as_the_one_sample_format_does(
+    samples: list[UsageSample], partitions: int
+) -> None:
+    by_id = {s.sample_id: s for s in samples}
+    for b in encode_samples(samples, partitions, deflate=False):
+        lines = decode_batch(b.payload).lines
+        assert lines == [by_id[sample_id].to_json() for sample_id in b.sample_ids]
+        for sample_id in b.sample_ids:
+            p = subjects.usage_partition(by_id[sample_id].workload, partitions)
+            assert b.subject == subjects.usage_batch_subject(p)
+
+
+@given(samples=usage_samples(), partitions=st.integers(1, 16))
 def test_the_same_instant_read_again_gives_the_same_batch_ids(
     samples: list[UsageSample], partitions: int
 ) -> None:
