@@ -77,10 +77,10 @@ class DecodedBatch:
 
 
 def batch_id(partition: int, sample_ids: Iterable[str]) -> str:
-    digest = hashlib.sha256(str(partition).encode())
-    for sample_id in sample_ids:
-        digest.update(b"\n")
-        digest.update(sample_id.encode())
+    """SHA-256 of the partition, then of ``"\\n" + id`` for each sample id: hashed as one
+    text (the digest of a stream is that of its parts fed one by one, two calls a sample)."""
+    ids = "".join(["\n" + sample_id for sample_id in sample_ids])
+    digest = hashlib.sha256(f"{partition}{ids}".encode())
     return f"b{USAGE_BATCH_FORMAT}-{partition}-{digest.hexdigest()[:32]}"
 
 
