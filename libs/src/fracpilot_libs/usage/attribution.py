@@ -108,7 +108,7 @@ class GpuInventory:
     workloads: dict[PodKey, WorkloadRef] = field(default_factory=dict)  # (ns, pod) -> owner
 
 
-@dataclass
+@dataclass(slots=True)
 class _Gpu:
     node: str = ""
     model: str = ""
@@ -505,6 +505,9 @@ def _pod_order(pod: PodKey) -> tuple[str, str, str]:
     return (pod.namespace, pod.pod, pod.container)
 
 
+_NO_FRACTIONS: dict[PodKey, float | None] = {}  # a GPU no allocation names (never written)
+
+
 def _split_gpu(
     uuid: str, gpu: _Gpu, inventory: GpuInventory, timestamp: float, rejections: list[Rejection]
 ) -> list[Observation]:
@@ -513,7 +516,7 @@ def _split_gpu(
     total, measured = _device_total(uuid, gpu, inventory)
     if total is not None and gpu.profile:
         total = card_memory_bytes(total, gpu.memory_share)  # the card's scale (usage.mig)
-    allocated = inventory.fractions.get(uuid, {})
+    allocated = inventory.fractions.get(uuid) or _NO_FRACTIONS  # read only
     # Pods seen in the series, plus pods the inventory places on this GPU that no series
     # names (dcgm without virtual GPUs labels one sharing pod or none).
     if allocated:
@@ -537,7 +540,7 @@ def _split_gpu(
             )
         )
         return []
-    model = instance_model(gpu.model, gpu.profile)[:128]
+    model = (instance_model(gpu.model, gpu.profile) if gpu.profile else gpu.model)[:128]
     if len(pods) == 1 and not gpu.pods:
         # The common case (one pod, device numbers only), as _per_pod would split it and the
         # loop below make it: the lone pod has the device's numbers, exact.
