@@ -2,6 +2,7 @@
 
 Usage: python bench/ingest.py [--workloads 10000] [--interval 15] [--cluster]
                               [--sample-workloads 10000] [--compare REV] [--repeat 1]
+                              [--baseline-rev REV]
        python bench/ingest.py --latency [--source prometheus|scrape] [--interval 1]
                               [--scrape-interval 1] [--trials 10]
 
@@ -20,6 +21,20 @@ take minutes). ``--compare REV``: the batch path of that commit's code too (its 
 ingest, from ``git archive``, in a child process of this script), in the same run on a fresh
 server: the figure before a change beside the one after. ``--repeat k``: the batch paths k
 times, alternating, the median printed (a shared machine is noisy).
+
+``--baseline-rev REV``: also the one-message path of that commit's code (each acknowledgement
+awaited: the path of a commit before usage batches, whatever ``FRACPILOT_USAGE_WIRE`` it has),
+on a fresh server, the same GPUs as today's one-message path; the batch path's ratio to it is
+printed beside its ratio to today's one-message path. For issue 31 that commit is a190c4a: the
+parent of 8a05f66 (the usage batch codec, the first commit of issue 31; the ingest's publish
+window, 34e994a, came after it on the same branch), so the code as it was when the issue was
+filed (its 692 samples/s was measured at 759aa22; the ingest changed between the two only by
+moves of code to libs). Today's one-message path (``FRACPILOT_USAGE_WIRE=sample``) is faster
+than that, as it shares the cheaper cycle of issue 31's own ingest work.
+
+Another commit's code runs in a child process of this script (its ``libs`` and services from
+``git archive``, first on ``PYTHONPATH``) against a server this process starts, so the child
+needs nothing from the tests of that commit.
 
 ``--latency``: how long a change in an exporter's value takes to reach NATS. The GPU test
 exporter (tests/support) serves one GPU; the real Prometheus (Debian's binary) scrapes it every
@@ -137,6 +152,9 @@ async def service_path(
     service = IngestService(settings)
     await service.runtime.bus.connect()
     await service.runtime.bus.ensure_streams()
+    # A commit before usage batches (--baseline-rev): no window, each sample awaited.
+    takes_wait = "wait" in inspect.signature(service.publish_instant).parameters
+    left = {"wait": False} if takes_wait else {}
     cycles = []
     for response in responses:
         envelope = {"status": "success", "data": {"resultType": "matrix", "result": response}}
@@ -152,8 +170,9 @@ async def service_path(
         with gc_paused():
             for points in instants.values():
                 inventory = GpuInventory()
-                sent += await service.publish_instant("prometheus", points, inventory, wait=False)
-            if (window := service.windows.get("prometheus")) is not None:  # none: one at a time
+                sent += await service.publish_instant("prometheus", points, inventory, **left)
+            windows = getattr(service, "windows", {})
+            if (window := windows.get("prometheus")) is not None:  # none: one at a time
                 await window.drain()
         cycles.append((sent, time.perf_counter() - start))
     await service.runtime.bus.close()
@@ -183,21 +202,22 @@ def two_cycles(workloads: int, interval: float) -> list[list[dict[str, Any]]]:
     return [prometheus_response(workloads, at - interval), prometheus_response(workloads, at)]
 
 
-async def batch_only(workloads: int, interval: float, cluster: bool) -> None:
-    """The batch path alone, its figures on one line (what ``--compare`` reads)."""
-    with nats_under_test(cluster) as url:
-        cycles = await service_path(url, "batch", two_cycles(workloads, interval), interval)
-    print("BATCH " + " ".join(f"{sent} {seconds:.6f}" for sent, seconds in cycles))
+async def child_path(url: str, wire: str, workloads: int, interval: float) -> None:
+    """One path on a server the parent started, its figures on one line (what
+    :func:`path_at` reads): run with another commit's code first on the path."""
+    responses = two_cycles(workloads, interval)
+    cycles = await service_path(url, wire, responses, interval)
+    print("CYCLES " + " ".join(f"{sent} {seconds:.6f}" for sent, seconds in cycles))
 
 
 SERVICES = ("ingest", "decision", "actuator")
 
 
-def compared_batch(
-    rev: str, workloads: int, interval: float, cluster: bool
+def path_at(
+    rev: str, wire: str, workloads: int, interval: float, cluster: bool
 ) -> list[tuple[int, float]]:
-    """The batch path of commit ``rev``'s code: its libs and ingest unpacked from git, run by
-    this script in a child process (a fresh server, as every path here)."""
+    """The ``wire`` path of commit ``rev``'s code (its libs and services unpacked from git, run
+    by this script in a child process) on a fresh server this process starts."""
     repo = Path(__file__).resolve().parents[1]
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
         archive = subprocess.run(
@@ -206,16 +226,16 @@ def compared_batch(
             capture_output=True,
         ).stdout
         subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
-        # Every package of that commit (the cluster's test support imports the actuator).
         code = [f"{tmp}/libs/src"] + [f"{tmp}/services/{s}/src" for s in SERVICES]
         env = dict(os.environ, PYTHONPATH=":".join(code))
-        args = [sys.executable, __file__, "--batch-only", "--workloads", str(workloads)]
-        args += ["--interval", str(interval)] + (["--cluster"] if cluster else [])
-        child = subprocess.run(args, env=env, capture_output=True, text=True)
+        with nats_under_test(cluster) as url:
+            args = [sys.executable, __file__, "--child-path", wire, "--url", url]
+            args += ["--workloads", str(workloads), "--interval", str(interval)]
+            child = subprocess.run(args, env=env, capture_output=True, text=True)
         if child.returncode != 0:
-            raise RuntimeError(f"the batch path at {rev} failed:\n{child.stderr[-3000:]}")
+            raise RuntimeError(f"the {wire} path at {rev} failed:\n{child.stderr[-3000:]}")
     lines = child.stdout.splitlines()
-    figures = next(line for line in lines if line.startswith("BATCH ")).split()[1:]
+    figures = next(line for line in lines if line.startswith("CYCLES ")).split()[1:]
     return [(int(n), float(t)) for n, t in zip(figures[::2], figures[1::2], strict=True)]
 
 
@@ -226,12 +246,19 @@ async def run(
     sample_workloads: int,
     compare: str | None,
     repeat: int,
+    baseline: str | None,
 ) -> None:
     responses = two_cycles(workloads, interval)
-    one_each = [r[: 3 * min(sample_workloads, workloads)] for r in responses]  # 3 series a GPU
+    one_each_gpus = min(sample_workloads, workloads)
+    one_each = [r[: 3 * one_each_gpus] for r in responses]  # 3 series a GPU
     with nats_under_test(cluster) as url:  # each path on a fresh server (or cluster)
         sample_cycles = await service_path(url, "sample", one_each, interval)
         raw_s = await raw_path(url, sample_cycles[1][0], sample_size(responses[1]))
+    # The same GPUs (the first of the response), their values alike: two_cycles is
+    # deterministic but for the time, and a child's instants are as recent as ours.
+    baseline_cycles = (
+        path_at(baseline, "sample", one_each_gpus, interval, cluster) if baseline else None
+    )
     # Per cycle (0: the first, 1: the next), one (samples, seconds) per run.
     batch_runs: list[list[tuple[int, float]]] = [[], []]
     before_runs: list[list[tuple[int, float]]] = [[], []]
@@ -240,7 +267,8 @@ async def run(
             for cycle, figures in enumerate(await service_path(url, "batch", responses, interval)):
                 batch_runs[cycle].append(figures)
         if compare:
-            for cycle, figures in enumerate(compared_batch(compare, workloads, interval, cluster)):
+            compared = path_at(compare, "batch", workloads, interval, cluster)
+            for cycle, figures in enumerate(compared):
                 before_runs[cycle].append(figures)
     timings = {"sample": sample_cycles[1]}
     response = responses[1]
@@ -252,12 +280,21 @@ async def run(
         f"{workloads} workloads, {len(response)} series, one instant a cycle; {where}; "
         f"load {load}; rows without 'first cycle': the next cycle (every one after the first)"
     )
-    print(f"{'path':<64}{'samples':>8}{'seconds':>9}{'samples/s':>11}{'vs today':>9}")
     today = sent / timings["sample"][1]
+    # The one-message path of --baseline-rev (the next cycle, as today's): a column of its own.
+    filed = baseline_cycles[1][0] / baseline_cycles[1][1] if baseline_cycles else None
+    vs_filed = f"vs {baseline}"[:11] if baseline else ""
+    print(
+        f"{'path':<64}{'samples':>8}{'seconds':>9}{'samples/s':>11}{'vs today':>9}"
+        + (f"{vs_filed:>12}" if filed else "")
+    )
 
     def row(what: str, n: int, seconds: float) -> float:
         rate = n / seconds
-        print(f"{what:<64}{n:>8}{seconds:>9.2f}{rate:>11,.0f}{rate / today:>9.2f}")
+        print(
+            f"{what:<64}{n:>8}{seconds:>9.2f}{rate:>11,.0f}{rate / today:>9.2f}"
+            + (f"{rate / filed:>12.2f}" if filed else "")
+        )
         return rate
 
     def median_row(what: str, runs: list[tuple[int, float]]) -> float:
@@ -269,6 +306,8 @@ async def run(
 
     row("raw nats-py JetStream publish, one each", sent, raw_s)
     row("today: one message each, awaited", *timings["sample"])
+    if baseline_cycles:
+        row(f"at {baseline}: one message each, awaited", *baseline_cycles[1])
     if compare:
         median_row(f"usage batches at {compare}, first cycle", before_runs[0])
         median_row(f"usage batches at {compare}", before_runs[1])
@@ -277,6 +316,11 @@ async def run(
     print(
         f"needed for {workloads} workloads every {interval:g} s: {need:,.0f} samples/s; "
         f"headroom today {today / need:.1f}x, with batches {batch_rate / need:.1f}x"
+    )
+    print(
+        f"usage batches (next cycle, median) against one message each: {batch_rate / today:.1f}x "
+        "today's"
+        + (f", {batch_rate / filed:.1f}x {baseline}'s (filed: {filed:,.0f}/s)" if filed else "")
     )
 
 
@@ -365,13 +409,20 @@ def main() -> None:
     )
     parser.add_argument("--compare", metavar="REV", help="also the batch path of this commit")
     parser.add_argument("--repeat", type=int, default=1, help="batch paths run this many times")
-    parser.add_argument("--batch-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--baseline-rev",
+        metavar="REV",
+        help="also the one-message path of this commit (issue 31: a190c4a, the code it was "
+        "filed against); the batch path's ratio to it beside the ratio to today's",
+    )
+    parser.add_argument("--child-path", choices=("sample", "batch"), help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     if args.latency:
         asyncio.run(latency(args.source, args.interval, args.scrape_interval, args.trials))
-    elif args.batch_only:
-        asyncio.run(batch_only(args.workloads, args.interval, args.cluster))
+    elif args.child_path:
+        asyncio.run(child_path(args.url, args.child_path, args.workloads, args.interval))
     else:
         asyncio.run(
             run(
@@ -381,6 +432,7 @@ def main() -> None:
                 args.sample_workloads,
                 args.compare,
                 args.repeat,
+                args.baseline_rev,
             )
         )
 

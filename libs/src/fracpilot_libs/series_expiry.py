@@ -10,7 +10,7 @@ their series (``metric.remove(*labels)``). Time is an argument; nothing here rea
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, KeysView
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -43,6 +43,10 @@ class LastSeen(Generic[K]):
 
     def last_seen(self, key: K) -> float | None:
         return self._seen.get(key)
+
+    def keys(self) -> KeysView[K]:
+        """The keys tracked, a live view (membership in C: a caller's loop per sample)."""
+        return self._seen.keys()
 
     def __contains__(self, key: object) -> bool:
         return key in self._seen

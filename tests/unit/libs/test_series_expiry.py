@@ -57,6 +57,7 @@ def test_expire_returns_exactly_the_keys_whose_last_sighting_is_too_old(
     for key, at in sightings:
         seen.touch(key, at)
         last[key] = max(at, last.get(key, at))
+    keys = seen.keys()  # a live view: what expire leaves
     gone = seen.expire(now)
     assert set(gone) == {k for k, at in last.items() if at < now - ttl}
-    assert {k for k in last if k in seen} == set(last) - set(gone)
+    assert {k for k in last if k in seen} == set(last) - set(gone) == set(keys)

@@ -54,6 +54,7 @@ BATCH_INDEX_HEADER = "Fracpilot-Batch-Index"  # its line, 0 = the first sample
 DEFLATE_LEVEL = 1  # zlib's fastest: 6 makes it 20% smaller for twice the CPU
 _DEFLATED = 0x78  # the first byte of a zlib stream (deflate, 32 KiB window); text starts with {
 _MAX_INFLATED = 64 * 1024 * 1024  # far above a batch's text (500 samples of at most ~2 KiB)
+_SERIALIZER = UsageSample.__pydantic_serializer__  # what UsageSample.to_json calls
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,10 +77,10 @@ class DecodedBatch:
 
 
 def batch_id(partition: int, sample_ids: Iterable[str]) -> str:
-    digest = hashlib.sha256(str(partition).encode())
-    for sample_id in sample_ids:
-        digest.update(b"\n")
-        digest.update(sample_id.encode())
+    """SHA-256 of the partition, then of ``"\\n" + id`` for each sample id: hashed as one
+    text (the digest of a stream is that of its parts fed one by one, two calls a sample)."""
+    ids = "".join(["\n" + sample_id for sample_id in sample_ids])
+    digest = hashlib.sha256(f"{partition}{ids}".encode())
     return f"b{USAGE_BATCH_FORMAT}-{partition}-{digest.hexdigest()[:32]}"
 
 
@@ -128,9 +129,16 @@ def encode_samples(
     """The samples of one instant as batches: grouped by partition, sorted by sample id, cut
     every ``max_samples``, each deflated unless ``deflate`` is false."""
     by_partition: dict[int, list[tuple[str, bytes]]] = {}
+    # Per sample (100,000 an instant): subjects.usage_partition and UsageSample.to_json
+    # without their Python frames (the serializer's bytes are to_json's, not decoded and
+    # encoded again).
+    slot, to_json = subjects.workload_slot, _SERIALIZER.to_json
     for sample in samples:
-        p = subjects.usage_partition(sample.workload, partitions)
-        by_partition.setdefault(p, []).append((sample.sample_id, sample.to_json()))
+        workload = sample.workload
+        p = slot(workload.namespace, workload.owner_name) % partitions
+        if (rows := by_partition.get(p)) is None:
+            rows = by_partition[p] = []
+        rows.append((sample.sample_id, to_json(sample)))
     return encode_partitions(by_partition, partitions, max_samples, deflate=deflate)
 
 

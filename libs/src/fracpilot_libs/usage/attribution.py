@@ -108,7 +108,7 @@ class GpuInventory:
     workloads: dict[PodKey, WorkloadRef] = field(default_factory=dict)  # (ns, pod) -> owner
 
 
-@dataclass
+@dataclass(slots=True)
 class _Gpu:
     node: str = ""
     model: str = ""
@@ -207,42 +207,96 @@ def _checked_value(
     return value, None
 
 
+class _Row(NamedTuple):
+    """What the point loop reads of a mapping row, at hand (the attributes of a pydantic row
+    looked up a dozen times per point were a tenth of attribution)."""
+
+    mapping: MetricMapping
+    rank: int  # its place in the table: earlier rows are preferred
+    requires: tuple[str, ...]
+    excludes: tuple[str, ...]
+    level: Level
+    quantity: Quantity
+    scale: float
+    share: bool  # a 0..1 quantity
+    gpu_uuid: tuple[str, ...]
+    pod: tuple[str, ...]
+    namespace: tuple[str, ...]
+    container: tuple[str, ...]
+    exporters: dict[str, bool]  # what the exporter-pod check said of each pod name
+
+
+def _rows(table: MappingTable) -> dict[str, tuple[_Row, ...]]:
+    """The table's rows by metric as :class:`_Row`; rows with the same exporter-pod prefixes
+    share what the check said of a pod name (an instant names each pod in several series)."""
+    rank = {id(row): i for i, row in enumerate(table.rows)}
+    checked: dict[tuple[str, ...], dict[str, bool]] = {}
+    return {
+        metric: tuple(
+            _Row(
+                m,
+                rank[id(m)],
+                m.requires_labels,
+                m.excludes_labels,
+                m.level,
+                m.quantity,
+                m.scale,
+                m.quantity in _SHARES,
+                m.roles.gpu_uuid,
+                m.roles.pod,
+                m.roles.namespace,
+                m.roles.container,
+                checked.setdefault(m.roles.exporter_pod_prefixes, {}),
+            )
+            for m in mappings
+        )
+        for metric, mappings in table.rows_by_metric.items()
+    }
+
+
 def observe_points(
     points: list[MetricPoint], table: MappingTable, inventory: GpuInventory
 ) -> tuple[list[Observation], list[Rejection]]:
     """Turn the points of one instant into per-pod observations (see the module docstring)."""
     rejections: list[Rejection] = []
-    renamed = _renamed_instances(points)
+    # Targets whose exporter labels were renamed: looked for only once a point's pod comes
+    # from the plain ``pod`` label (a pass over every point; with ``exported_pod``, never).
+    renamed: set[tuple[str, str]] | None = None
     gpus: dict[str, _Gpu] = defaultdict(_Gpu)
     app: dict[tuple[str, str], dict[Quantity, float]] = defaultdict(dict)
     servers: dict[tuple[str, str], str] = {}  # pod -> the LLM server whose KV metrics it has
     timestamp = max((p.timestamp for p in points), default=0.0)
-    # By identity: hashing a pydantic row hashes every field, once per point.
-    priority = {id(row): i for i, row in enumerate(table.rows)}
-
-    by_metric = table.rows_by_metric
-    exporters: dict[tuple[str, tuple[str, ...]], bool] = {}  # what _pod_of found of each pod
+    by_metric = _rows(table)
+    new_tuple, pod_type, device_level, app_level = tuple.__new__, PodKey, Level.DEVICE, Level.APP
     for point in points:
-        labels = point.labels
+        metric, labels, raw, _ = point
         # table.match, inline (once per point)
-        for mapping in by_metric.get(point.metric, ()):
-            if mapping.selects(labels):
+        for row in by_metric.get(metric, ()):
+            if row.requires and not all(labels.get(name) for name in row.requires):
+                continue
+            for name in row.excludes:
+                if labels.get(name):
+                    break
+            else:
                 break
         else:
             continue
-        if mapping.level is Level.APP:
-            rows = table.app_rows(point.metric, labels)
+        mapping, level = row.mapping, row.level
+        if level is app_level:
+            rows = table.app_rows(metric, labels)
+            if renamed is None:
+                renamed = _renamed_instances(points)
             _observe_app(point, rows, renamed, app, servers, rejections)
             continue
-        scaled = point.value * mapping.scale
+        scaled = raw * row.scale
         # A finite, non-negative number (at most 1 for a share) passes without a call; any
         # other is checked again for its reason.
         value: float | None = scaled
         rejection = None
-        if not 0.0 <= scaled < math.inf or (scaled > _MAX_SHARE and mapping.quantity in _SHARES):
+        if not 0.0 <= scaled < math.inf or (scaled > _MAX_SHARE and row.share):
             value, rejection = _checked_value(point, mapping)
         uuid = ""
-        for name in mapping.roles.gpu_uuid:  # _role, inline
+        for name in row.gpu_uuid:  # _role, inline
             if uuid := labels.get(name, ""):
                 break
         # mig_instance, called only for a series that names an instance (one in many)
@@ -257,16 +311,42 @@ def observe_points(
                 gpus[device].rejected = True
             continue
         assert value is not None
-        pod = _pod_of(point, mapping, renamed, exporters)
-        if pod is None and mapping.level is not Level.DEVICE:  # nobody to attribute it to
+        # _pod_of, inline
+        pod: PodKey | None = None
+        name = ""
+        for pod_label in row.pod:
+            if name := labels.get(pod_label, ""):
+                break
+        if name:
+            if pod_label == "pod":
+                if renamed is None:
+                    renamed = _renamed_instances(points)
+                if renamed and _target(point) in renamed:
+                    name = ""  # this target's exporter labels were renamed: it is the exporter's
+            if name and (exporter := row.exporters.get(name)) is None:
+                exporter = row.exporters[name] = _is_exporter_pod(
+                    name, mapping.roles.exporter_pod_prefixes
+                )
+            if name and not exporter:  # else the exporter's own pod: nobody uses this GPU
+                for label in row.namespace:
+                    if namespace := labels.get(label):
+                        for label in row.container:
+                            if container := labels.get(label):
+                                break
+                        else:
+                            container = ""
+                        pod = new_tuple(pod_type, (namespace, name, container))
+                        break
+        if pod is None and level is not device_level:  # nobody to attribute it to
             rejections.append(Rejection("no_pod", f"no pod label: {_describe(point)}"))
             continue
         if not device:
             rejections.append(Rejection("no_gpu", f"no GPU UUID label: {_describe(point)}"))
             continue
         gpu = gpus[device]
-        gpu.node = gpu.node or _role(point.labels, mapping.roles.node)
-        gpu.model = gpu.model or gpu_model_name(_role(point.labels, mapping.roles.model))
+        gpu.node = gpu.node or _role(labels, mapping.roles.node)
+        gpu.model = gpu.model or gpu_model_name(_role(labels, mapping.roles.model))
+        quantity = row.quantity
         if instance is not None:
             # One scale, the card's (usage.mig): compute times the compute slices here, memory
             # by the instance's share of the card's memory in _split_gpu.
@@ -285,22 +365,21 @@ def observe_points(
                 continue
             gpu.profile = instance.profile
             gpu.memory_share = memory
-            if mapping.quantity is Quantity.COMPUTE:
+            if quantity is Quantity.COMPUTE:
                 value *= compute  # the instance's ratio as a share of the whole card
-        if mapping.level is Level.DEVICE:
-            rank = priority[id(mapping)]
-            held = gpu.device.get(mapping.quantity)
-            if held is None or rank < held[0]:  # earlier rows are preferred
-                gpu.device[mapping.quantity] = (rank, value)
+        if level is device_level:
+            held = gpu.device.get(quantity)
+            if held is None or row.rank < held[0]:  # earlier rows are preferred
+                gpu.device[quantity] = (row.rank, value)
             if pod is not None:
                 gpu.seen_pods.add(pod)
         elif pod is not None:
             own = gpu.pods.setdefault(pod, {})
             # Several processes of one pod add up; a container's numbers stand alone.
-            if mapping.level is Level.PROCESS:
-                own[mapping.quantity] = own.get(mapping.quantity, 0.0) + value
+            if level is Level.PROCESS:
+                own[quantity] = own.get(quantity, 0.0) + value
             else:
-                own[mapping.quantity] = value
+                own[quantity] = value
             gpu.seen_pods.add(pod)
 
     observations: list[Observation] = []
@@ -426,6 +505,9 @@ def _pod_order(pod: PodKey) -> tuple[str, str, str]:
     return (pod.namespace, pod.pod, pod.container)
 
 
+_NO_FRACTIONS: dict[PodKey, float | None] = {}  # a GPU no allocation names (never written)
+
+
 def _split_gpu(
     uuid: str, gpu: _Gpu, inventory: GpuInventory, timestamp: float, rejections: list[Rejection]
 ) -> list[Observation]:
@@ -434,7 +516,7 @@ def _split_gpu(
     total, measured = _device_total(uuid, gpu, inventory)
     if total is not None and gpu.profile:
         total = card_memory_bytes(total, gpu.memory_share)  # the card's scale (usage.mig)
-    allocated = inventory.fractions.get(uuid, {})
+    allocated = inventory.fractions.get(uuid) or _NO_FRACTIONS  # read only
     # Pods seen in the series, plus pods the inventory places on this GPU that no series
     # names (dcgm without virtual GPUs labels one sharing pod or none).
     if allocated:
@@ -458,7 +540,7 @@ def _split_gpu(
             )
         )
         return []
-    model = instance_model(gpu.model, gpu.profile)[:128]
+    model = (instance_model(gpu.model, gpu.profile) if gpu.profile else gpu.model)[:128]
     if len(pods) == 1 and not gpu.pods:
         # The common case (one pod, device numbers only), as _per_pod would split it and the
         # loop below make it: the lone pod has the device's numbers, exact.

@@ -56,6 +56,9 @@ def _number(raw: Any) -> float | None:
         return None
 
 
+_ABSENT = object()  # a series without its "metric" or "values" key
+
+
 def points_by_instant(result: Any, *, owned: bool = False) -> dict[float, list[MetricPoint]]:
     """A range-query result as metric points grouped by their timestamp.
 
@@ -79,8 +82,11 @@ def points_by_instant(result: Any, *, owned: bool = False) -> dict[float, list[M
         if type(series) is not dict and not isinstance(series, dict):
             malformed += 1
             continue
-        metric = series.get("metric", {})
-        values = series.get("values", [])
+        # (No default made for every series: ``get(key, {})`` built a dict and a list each.)
+        if (metric := series.get("metric", _ABSENT)) is _ABSENT:
+            metric = {}
+        if (values := series.get("values", _ABSENT)) is _ABSENT:
+            values = []
         if not isinstance(metric, dict) or not isinstance(values, list):
             malformed += 1
             continue

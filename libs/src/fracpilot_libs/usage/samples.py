@@ -36,13 +36,16 @@ class PublishedSeries:
             del self.newest[key]
 
 
-def sample_id(source: str, workload: WorkloadRef, obs: Observation) -> str:
+def sample_id(
+    source: str, workload: WorkloadRef, obs: Observation, workload_key: str | None = None
+) -> str:
     """Deterministic, so re-reading the same instant publishes a duplicate NATS drops.
 
-    Readable when it fits the contract's 200 characters; long Kubernetes names are hashed."""
+    Readable when it fits the contract's 200 characters; long Kubernetes names are hashed.
+    ``workload_key``: ``workload.key``, when the caller has it (a property that formats)."""
+    key = workload.key if workload_key is None else workload_key
     readable = (
-        f"{source}|{workload.key}|{obs.pod.pod}|{obs.pod.container}|{obs.gpu_uuid}|"
-        f"{int(obs.timestamp)}"
+        f"{source}|{key}|{obs.pod.pod}|{obs.pod.container}|{obs.gpu_uuid}|{int(obs.timestamp)}"
     )
     if len(readable) <= 200:
         return readable
@@ -82,7 +85,8 @@ def to_sample(
         )
     if obs.timestamp > now + 60:
         return Rejection("future", f"{_where(obs)}: {obs.timestamp - now:.0f} s in the future")
-    key = (workload.key, obs.pod.pod, obs.pod.container, obs.gpu_uuid)
+    workload_key = workload.key  # a property formatting four fields: once a sample
+    key = (workload_key, obs.pod.pod, obs.pod.container, obs.gpu_uuid)
     newest = published.newest.get(key)
     if newest is not None and obs.timestamp <= newest:
         return Rejection("duplicate", f"{_where(obs)}: not newer than {newest:.0f}")
@@ -111,7 +115,7 @@ def to_sample(
         )
     fields: dict[str, object] = {
         "schema_version": SCHEMA_VERSION,  # the model's __dict__ as validation leaves it
-        "sample_id": sample_id(source, workload, obs),
+        "sample_id": sample_id(source, workload, obs, workload_key),
         "workload": workload,
         "pod": obs.pod.pod,
         "container": obs.pod.container or "main",

@@ -201,6 +201,9 @@ class WorkloadUsageMetrics:
             raise ValueError(f"step_s must be >= 0, got {step_s}")
         hours = step_s / SECONDS_PER_HOUR
         seen, limit, prices = self.seen, self.limit, self._hourly
+        # Whether the cap is reached, and the workloads seen (a live view): read per sample
+        # without a Python call; ``full`` changes only when a workload is touched.
+        known, full = seen.keys(), len(seen) >= limit
         beyond = 0  # samples beyond the cap, and what they add up to
         other_whole_h = other_allocated_h = other_whole_usd = other_allocated_usd = 0.0
         for sample in samples:
@@ -214,7 +217,7 @@ class WorkloadUsageMetrics:
             allocated_hours = hours if fraction is None else hours * fraction
             workload = sample.workload
             labels = (workload.namespace, workload.owner_name)
-            if labels not in seen and len(seen) >= limit:  # beyond the cap
+            if full and labels not in known:  # beyond the cap
                 beyond += 1
                 other_whole_h += hours
                 other_allocated_h += allocated_hours
@@ -222,6 +225,7 @@ class WorkloadUsageMetrics:
                 other_allocated_usd += allocated_hours * hourly
                 continue
             seen.touch(labels, now)
+            full = len(known) >= limit
             if (series := self._series.get(labels)) is None:
                 series = self._series[labels] = self._new_series(labels)
             if fraction is not None:

@@ -46,6 +46,11 @@ class PodNameOwners:
         self._known: dict[tuple[str, str], WorkloadRef] = {}
 
     async def resolve(self, namespace: str, pod: str) -> WorkloadRef:
+        return self.owner_of(namespace, pod)
+
+    def owner_of(self, namespace: str, pod: str) -> WorkloadRef:
+        """:meth:`resolve` without a coroutine: ingest's sample loop calls it for every sample
+        (nothing here waits)."""
         key = (namespace, pod)
         if (workload := self._known.get(key)) is None:
             if len(self._known) >= self.CACHED:

@@ -27,7 +27,7 @@ from opentelemetry.trace import SpanKind
 
 from fracpilot_ingest.metrics import IngestMetrics
 from fracpilot_ingest.node_facts import hami_device_memory
-from fracpilot_ingest.owners import KubernetesOwners, OwnerResolver, make_owners
+from fracpilot_ingest.owners import KubernetesOwners, OwnerResolver, PodNameOwners, make_owners
 from fracpilot_ingest.pod_facts import kai_shared_gpus, oom_kills
 from fracpilot_ingest.settings import IngestSettings, mapping_table
 from fracpilot_ingest.shard_plan import encode_by_shard, gpu_uuid_labels
@@ -266,12 +266,23 @@ class IngestService:
             now = time.time()
             ready: list[tuple[UsageSample, Observation | None]] = []
             mark, workloads, resolve = self.signals.mark, inventory.workloads, self.owners.resolve
+            # Owners by pod name need no coroutine per sample (nothing there waits).
+            owner_of = self.owners.owner_of if isinstance(self.owners, PodNameOwners) else None
+            fractions, max_age = inventory.fractions, self.settings.max_sample_age_s
+            published, new_tuple = self.published_series, tuple.__new__
             for obs in observations:
                 obs = mark(obs)
-                # _to_sample, its lookups made once and no coroutine for a known workload
-                pod = PodKey(obs.pod.namespace, obs.pod.pod)
-                workload = workloads.get(pod) or await resolve(obs.pod.namespace, obs.pod.pod)
-                result = self._sample_of(source, obs, pod, workload, inventory, now)
+                # _to_sample, inline: its lookups made once, no coroutine for a known workload
+                namespace, name, _ = obs.pod
+                pod = new_tuple(PodKey, (namespace, name, ""))
+                if (workload := workloads.get(pod)) is None:
+                    if owner_of is not None:
+                        workload = owner_of(namespace, name)
+                    else:
+                        workload = await resolve(namespace, name)
+                on_gpu = fractions.get(obs.gpu_uuid)
+                fraction = on_gpu.get(pod) if on_gpu is not None else None
+                result = to_sample(obs, workload, source, now, max_age, published, fraction)
                 if isinstance(result, Rejection):
                     rejections.append(result)
                     continue

@@ -3,6 +3,7 @@ refused alone; a header this version does not read refuses the batch."""
 
 from __future__ import annotations
 
+import hashlib
 import random
 from datetime import timedelta
 
@@ -11,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from factories import T0, sample
-from fracpilot_libs.contracts import UsageBatchHeader, UsageSample
+from fracpilot_libs.contracts import USAGE_BATCH_FORMAT, UsageBatchHeader, UsageSample
 from fracpilot_libs.nats import subjects, usage_batch
 from fracpilot_libs.nats.decoding import DecodeError
 from fracpilot_libs.nats.usage_batch import (
@@ -65,6 +66,38 @@ def test_a_round_trip_keeps_every_sample_in_its_partition(
         ids.add(b.batch_id)
     assert len(ids) == len(batches)  # every batch its own id
     assert sorted(back, key=lambda s: s.sample_id) == sorted(samples, key=lambda s: s.sample_id)
+
+
+def fed_one_by_one(partition: int, sample_ids: list[str]) -> str:
+    """The batch id as it was first computed (2026-12-05): the partition, then a newline and
+    each id, fed to the digest one by one. Stored batches' ids: an instant read again after
+    an upgrade must get the same."""
+    digest = hashlib.sha256(str(partition).encode())
+    for sample_id in sample_ids:
+        digest.update(b"\n")
+        digest.update(sample_id.encode())
+    return f"b{USAGE_BATCH_FORMAT}-{partition}-{digest.hexdigest()[:32]}"
+
+
+@given(partition=st.integers(0, 1023), sample_ids=st.lists(names, max_size=20))
+def test_a_batch_id_is_the_digest_it_always_was(partition: int, sample_ids: list[str]) -> None:
+    assert usage_batch.batch_id(partition, sample_ids) == fed_one_by_one(partition, sample_ids)
+    assert (
+        usage_batch.batch_id(3, ["a", "b"]) == "b1-3-" + hashlib.sha256(b"3\na\nb").hexdigest()[:32]
+    )
+
+
+@given(samples=usage_samples(), partitions=st.integers(1, 16))
+def test_a_batch_carries_each_sample_as_the_one_sample_format_does(
+    samples: list[UsageSample], partitions: int
+) -> None:
+    by_id = {s.sample_id: s for s in samples}
+    for b in encode_samples(samples, partitions, deflate=False):
+        lines = decode_batch(b.payload).lines
+        assert lines == [by_id[sample_id].to_json() for sample_id in b.sample_ids]
+        for sample_id in b.sample_ids:
+            p = subjects.usage_partition(by_id[sample_id].workload, partitions)
+            assert b.subject == subjects.usage_batch_subject(p)
 
 
 @given(samples=usage_samples(), partitions=st.integers(1, 16))
