@@ -68,7 +68,6 @@ async def replica_path(
     from fracpilot_libs.usage.attribution import GpuInventory
     from fracpilot_libs.usage.range_queries import points_by_instant
 
-    responses = [prometheus_response(workloads, at + k * INTERVAL) for k in range(cycles)]
     settings = IngestSettings(
         nats={"url": url}, sources="prometheus", cluster="bench", usage_view=False,
         ingest={"shards": shards},
@@ -80,7 +79,11 @@ async def replica_path(
     keep = plan.kept if shards > 1 else None
     labels = gpu_uuid_labels(service.table)
     timed = []
-    for response in responses:
+    for k in range(cycles):
+        # Made before each cycle (not timed), the last one dropped: one response alive, as in
+        # a replica between its readings (a collection's work grows with what is alive).
+        response = None
+        response = prometheus_response(workloads, at + k * INTERVAL)
         await asyncio.to_thread(barrier.wait)
         start, cpu = time.perf_counter(), time.process_time()
         sent = 0
@@ -101,6 +104,19 @@ def _replica(
     return asyncio.run(replica_path(url, workloads, at, shards, mine, barrier, cycles))
 
 
+async def streams(url: str) -> None:
+    """The streams made once, before the replicas (at R3 two replicas creating them at once
+    on a cluster just started timed out now and then); theirs then finds them made."""
+    from fracpilot_ingest.service import IngestService
+    from fracpilot_ingest.settings import IngestSettings
+
+    settings = IngestSettings(nats={"url": url}, sources="prometheus", cluster="bench")
+    bus = IngestService(settings).runtime.bus
+    await bus.connect()
+    await bus.ensure_streams()
+    await bus.close()
+
+
 def one_run(
     code: list[str], cluster: bool, workloads: int, at: float, shards: int,
     owned: list[list[int]], cycles: int,
@@ -112,6 +128,7 @@ def one_run(
 
     ctx = mp.get_context("spawn")
     with nats_under_test(cluster) as url, ctx.Manager() as manager:
+        asyncio.run(streams(url))
         barrier = manager.Barrier(len(owned))
         with ctx.Pool(len(owned)) as pool:
             results = pool.starmap(
