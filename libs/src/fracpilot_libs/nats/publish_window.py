@@ -7,7 +7,12 @@ outstanding: then it waits for one to be acknowledged (back-pressure: the caller
 faster than the server stores). Messages with the same ``key`` (a usage partition) are sent
 one after the other, each once the one before it is acknowledged: a retried message can then
 never be stored after a later one of its key, so each workload's samples stay in order.
-A message whose predecessor of the same key failed is not sent.
+A message whose predecessor of the same key failed is not sent. Messages of one key
+submitted with the same ``round_id`` (the batches of one scrape instant: their samples have
+the same timestamp, so their order among themselves does not matter) are sent together, each
+once every message of its key from the rounds before is acknowledged: at R3 a sharded ingest
+has 8-16 batches of a partition an instant, and one at a time they were as many raft rounds
+in a row at the end of each cycle (docs/performance.md, "Ingest replicas").
 
 :meth:`PublishWindow.drain` waits for every message submitted and raises the first failure:
 the caller moves its cursor only after a drain that did not raise, so a failure means the
@@ -35,7 +40,10 @@ class PublishWindow:
             raise ValueError("the window holds at least one publish")
         self._send = send
         self._slots = asyncio.Semaphore(size)
-        self._last: dict[Hashable, asyncio.Task[bool]] = {}
+        # Per key: its last round's id, the round before's tasks (what it waits for), its tasks.
+        self._last: dict[
+            Hashable, tuple[Hashable, tuple[asyncio.Task[bool], ...], list[asyncio.Task[bool]]]
+        ] = {}
         self._pending: set[asyncio.Task[bool]] = set()
         self._failure: BaseException | None = None
         self.size = size
@@ -45,29 +53,41 @@ class PublishWindow:
         return len(self._pending)
 
     async def submit(
-        self, key: Hashable, subject: str, body: bytes, msg_id: str, on_acked: OnAcked
+        self,
+        key: Hashable,
+        subject: str,
+        body: bytes,
+        msg_id: str,
+        on_acked: OnAcked,
+        round_id: Hashable = None,
     ) -> None:
         """Queue one publish; waits while the window is full. Raises an earlier failure at
-        once (no point reading further: the drain will raise it)."""
+        once (no point reading further: the drain will raise it). ``round_id``: sent with
+        the messages of its key just submitted with the same one (None: a round alone)."""
         if self._failure is not None:
             raise self._failure
         await self._slots.acquire()
-        before = self._last.get(key)
+        last = self._last.get(key)
+        if last is not None and round_id is not None and last[0] == round_id:
+            before, together = last[1], last[2]  # the round goes on: after the same ones
+        else:
+            before, together = (tuple(last[2]) if last else ()), []
+            self._last[key] = (round_id, before, together)
         task = asyncio.create_task(self._publish(before, subject, body, msg_id, on_acked))
-        self._last[key] = task
+        together.append(task)
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
     async def _publish(
         self,
-        before: asyncio.Task[bool] | None,
+        before: tuple[asyncio.Task[bool], ...],
         subject: str,
         body: bytes,
         msg_id: str,
         on_acked: OnAcked,
     ) -> bool:
         try:
-            if before is not None and not await asyncio.shield(before):
+            if before and not all(await asyncio.gather(*map(asyncio.shield, before))):
                 raise PublishSkippedError(f"{subject}: an earlier publish of its key failed")
             await on_acked(await self._send(subject, body, msg_id))
             return True

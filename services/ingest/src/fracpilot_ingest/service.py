@@ -288,7 +288,7 @@ class IngestService:
                     continue
                 ready.append((result, obs))
             self._reject(source, rejections)
-            await self._send(source, ready, step, now, wait=wait)
+            await self._send(source, ready, step, now, wait=wait, one_instant=True)
         return len(ready)
 
     async def publish_samples(
@@ -310,6 +310,7 @@ class IngestService:
         now: float,
         *,
         wait: bool,
+        one_instant: bool = False,
     ) -> None:
         if self.settings.usage_wire == "sample":
             for sample, obs in ready:  # one at a time, each acknowledged before the next
@@ -317,6 +318,9 @@ class IngestService:
             return
         window = self._window(source)
         by_id = {sample.sample_id: (sample, obs) for sample, obs in ready}
+        # One instant's batches of a partition go out together (each still after the instants
+        # before it); the simulator's samples, of any instants, one batch at a time.
+        round_id = object() if one_instant else None
         for batch in self._encode([s for s, _ in ready]):
             rows = [by_id[sample_id] for sample_id in batch.sample_ids]
             lines = batch.text.split(b"\n")[1:] if self.settings.usage_view else []
@@ -324,7 +328,7 @@ class IngestService:
             acked = self._on_batch_acked(source, rows, lines, step_s, now)
             # Back-pressure: waits here while the window is full.
             key = batch.subject
-            await window.submit(key, batch.subject, batch.payload, batch.batch_id, acked)
+            await window.submit(key, batch.subject, batch.payload, batch.batch_id, acked, round_id)
         if wait:
             await window.drain()
 

@@ -93,3 +93,43 @@ async def test_a_failure_stops_its_key_and_is_raised_by_the_drain() -> None:
     with pytest.raises(ValueError, match="at least one"):
         PublishWindow(server.send, size=0)
     assert issubclass(PublishSkippedError, RuntimeError)
+
+
+async def test_a_round_of_one_key_goes_together_after_the_rounds_before() -> None:
+    server = Server()
+    window = PublishWindow(server.send, size=16)
+
+    async def on_acked(stored: bool) -> None:
+        pass
+
+    for i in range(3):  # one instant's three batches of partition p0
+        await window.submit("p0", "s", b"", f"t0-{i}", on_acked, round_id="t0")
+    for i in range(2):  # the next instant's
+        await window.submit("p0", "s", b"", f"t1-{i}", on_acked, round_id="t1")
+    await asyncio.sleep(0.01)
+    assert sorted(server.sent) == ["t0-0", "t0-1", "t0-2"]  # together; t1 waits for all of t0
+    assert server.in_flight == 3
+    server.gate.set()
+    await window.drain()
+    assert server.sent[3:] == ["t1-0", "t1-1"]
+
+
+async def test_a_failure_in_a_round_stops_the_rounds_after_it_not_its_own() -> None:
+    server = Server(failing=frozenset({"t0-1"}))
+    server.gate.set()
+    window = PublishWindow(server.send, size=16)
+    acked: list[str] = []
+
+    def note(msg_id: str) -> OnAcked:
+        async def on_acked(stored: bool) -> None:
+            acked.append(msg_id)
+
+        return on_acked
+
+    for t in range(3):
+        for i in range(2):
+            await window.submit("p0", "s", b"", f"t{t}-{i}", note(f"t{t}-{i}"), round_id=t)
+    with pytest.raises(ConnectionError):
+        await window.drain()
+    assert sorted(server.sent) == ["t0-0", "t0-1"]  # t1 and t2 after a failed round: not sent
+    assert acked == ["t0-0"]
