@@ -62,9 +62,21 @@ _XDIST_GROUPS = {
     "integration/k8s": "k8s",
     # KAI's nodescaleadjuster binds a fixed port: one stack per machine
     "integration/gpu_stack": "gpu-stack",
-    # fault injection: three-node NATS clusters, kills and freezes
-    "chaos": "chaos",
 }
+
+
+def _xdist_group(item: pytest.Item, relative: str) -> str:
+    if relative.startswith("chaos/"):
+        # Each scenario starts its own servers on free ports and kills them by pid: the chaos
+        # run takes them two at a time (Makefile CHAOS_WORKERS). Those on the session's
+        # kube-apiserver stay together: it starts once.
+        if "chaos_kube" in getattr(item, "fixturenames", ()):
+            return "chaos-kube"
+        return f"{relative}::{getattr(item, 'originalname', item.name)}"
+    return next(
+        (g for prefix, g in _XDIST_GROUPS.items() if relative.startswith(prefix + "/")),
+        relative,
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -75,11 +87,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if item.get_closest_marker("xdist_group"):
             continue
         relative = os.path.relpath(str(item.path), root).replace(os.sep, "/")
-        group = next(
-            (g for prefix, g in _XDIST_GROUPS.items() if relative.startswith(prefix + "/")),
-            relative,
-        )
-        item.add_marker(pytest.mark.xdist_group(group))
+        item.add_marker(pytest.mark.xdist_group(_xdist_group(item, relative)))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
