@@ -71,7 +71,7 @@ PYTEST_PARALLEL = -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder -
 test: $(SETUP) lint k8s-testbin gpu-stack-testbin
 	$(BIN)/pytest $(PYTEST_PARALLEL) -m "not chaos"
 	$(BIN)/pytest -n $(CHAOS_WORKERS) --dist loadgroup --no-loadscope-reorder -m chaos \
-		--durations=10
+		--durations=10 tests/chaos
 
 test-unit: $(SETUP)
 	$(BIN)/pytest tests/unit

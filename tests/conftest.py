@@ -109,10 +109,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     root = os.path.dirname(__file__)
     ranks: dict[str, int] = {}
     for item in items:
+        relative = os.path.relpath(str(item.path), root).replace(os.sep, "/")
+        if item.get_closest_marker("chaos") and not relative.startswith("chaos/"):
+            # make test runs the chaos tests from tests/chaos only (collecting the rest in
+            # each worker would cost a few seconds); elsewhere one would never run
+            raise pytest.UsageError(f"{item.nodeid}: a chaos test belongs in tests/chaos")
         if marker := item.get_closest_marker("xdist_group"):
             group = str(marker.args[0] if marker.args else marker.kwargs.get("name", "default"))
         else:
-            relative = os.path.relpath(str(item.path), root).replace(os.sep, "/")
             group = _xdist_group(item, relative)
             item.add_marker(pytest.mark.xdist_group(group))
         ranks[item.nodeid] = _rank(group)
