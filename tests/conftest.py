@@ -132,7 +132,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             # make test runs the chaos tests from tests/chaos only (collecting the rest in
             # each worker would cost a few seconds); elsewhere one would never run
             raise pytest.UsageError(f"{item.nodeid}: a chaos test belongs in tests/chaos")
-        if "chaos_kube" in item.fixturenames and xdist_group(item.nodeid) != "chaos-kube":
+        if (
+            "chaos_kube" in getattr(item, "fixturenames", ())
+            and xdist_group(item.nodeid) != "chaos-kube"
+        ):
             raise pytest.UsageError(f"{item.nodeid}: its module belongs in chaos-kube")
     if hasattr(config, "workerinput"):  # an xdist worker: the controller schedules this order
         items.sort(key=lambda item: _rank(xdist_group(item.nodeid)))
