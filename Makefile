@@ -60,14 +60,18 @@ test test-integration: servers
 
 # The suite waits on servers more than it computes: workers overlap the waits. Each worker
 # starts its own servers; tests/conftest.py keeps the tests of one expensive server (and of
-# one module) together. The chaos suite runs alone afterwards: it measures recovery times,
-# which a machine busy with other tests would stretch.
+# one module) together and hands the longest groups out first (--no-loadscope-reorder keeps
+# its order). The chaos suite runs afterwards, away from the other tests: it measures
+# recovery times, which a busy machine would stretch. Its scenarios run two at a time: each
+# waits on a paced load (samples at a fixed rate) and takes about half a core of two.
 PYTEST_WORKERS ?= 3
-PYTEST_PARALLEL = -n $(PYTEST_WORKERS) --dist loadgroup --durations=25
+CHAOS_WORKERS ?= 2
+PYTEST_PARALLEL = -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=25
 
 test: $(SETUP) lint k8s-testbin gpu-stack-testbin
 	$(BIN)/pytest $(PYTEST_PARALLEL) -m "not chaos"
-	$(BIN)/pytest -m chaos --durations=10
+	$(BIN)/pytest -n $(CHAOS_WORKERS) --dist loadgroup --no-loadscope-reorder -m chaos \
+		--durations=10 tests/chaos
 
 test-unit: $(SETUP)
 	$(BIN)/pytest tests/unit

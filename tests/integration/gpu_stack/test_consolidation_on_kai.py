@@ -64,8 +64,11 @@ GROUP = "gpu-h100"  # ca-kwok-config.yaml's node group
 GROUP_LABEL = "example.io/nodegroup"  # its fromNodeLabelKey
 NG_ANNOTATION = "cluster-autoscaler.kwok.nodegroup/name"  # kwok_constants.go NGNameAnnotation
 HOLD = {"key": "test.fracpilot.io/hold", "value": "true", "effect": "NoSchedule"}
+SCAN_S = 1  # CA's loop (start_autoscaler's 5 s, the last flag wins)
+UNNEEDED_S = 5
 AUTOSCALER_FLAGS = (
-    "--scale-down-unneeded-time=5s",
+    f"--scan-interval={SCAN_S}s",
+    f"--scale-down-unneeded-time={UNNEEDED_S}s",
     "--scale-down-delay-after-add=0s",
     "--scale-down-delay-after-delete=0s",
     "--scale-down-delay-after-failure=5s",
@@ -74,6 +77,12 @@ AUTOSCALER_FLAGS = (
     "--unremovable-node-recheck-timeout=5s",
     "--node-delete-delay-after-taint=0s",
 )
+
+
+# How long nothing may move: fracpilot's rounds run every second (a move it should not make
+# starts in the first ones); a node it emptied would be gone after CA's unneeded time and two
+# more scans.
+QUIET_S = 3 + UNNEEDED_S + 2 * SCAN_S
 
 
 def group_node(name: str, annotations: dict[str, str]) -> dict[str, Any]:
@@ -298,7 +307,7 @@ async def test_nothing_moves_when_it_may_not_and_the_would_free_gauges_say_so(
                 "a consolidation round",
                 60,
             )
-            await asyncio.sleep(15)  # rounds every second; CA scans every 5 s
+            await asyncio.sleep(QUIET_S)
             gauges = (
                 sample(service, "fracpilot_consolidation_would_free_gpus"),
                 sample(service, "fracpilot_consolidation_would_free_nodes"),

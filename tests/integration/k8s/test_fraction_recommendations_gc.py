@@ -34,9 +34,16 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def collected() -> Iterator[ControlPlane]:
-    """A control plane with the garbage collector running against it."""
+    """A control plane with the garbage collector running against it.
+
+    The CRDs are there before the collector starts: it watches the kinds discovery shows it
+    at start, and looks again only every 30 s (kube-controller-manager v1.35.4,
+    cmd/kube-controller-manager/app/core.go, ``garbageCollectorController.Run``'s
+    ``syncPeriod``), which a test installing them later would wait for."""
     bin_dir = ensure_gpu_stack_testbin()
     with ControlPlane() as plane:
+        with plane.admin_client() as admin:
+            install_crds(admin)
         kubeconfig = plane.write_kubeconfig()
         port = free_port()
         kcm = ServerProcess(
@@ -77,7 +84,6 @@ def collected() -> Iterator[ControlPlane]:
 
 async def test_the_recommendation_is_deleted_with_its_workload(collected: ControlPlane) -> None:
     with collected.admin_client() as admin:
-        install_crds(admin)
         core, apps = client.CoreV1Api(admin), client.AppsV1Api(admin)
         ns = "gc"
         objects.ensure_namespace(core, ns)
