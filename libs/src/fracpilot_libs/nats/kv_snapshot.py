@@ -24,6 +24,7 @@ from nats.js.errors import NotFoundError
 
 from fracpilot_libs.nats.errors import TransientNatsError
 from fracpilot_libs.nats.kv import KvBucket
+from fracpilot_libs.nats.kv_initial import InitialValues
 from fracpilot_libs.nats.pull_feed import ConsumerGoneError, PullFeed
 from fracpilot_libs.nats.subjects import stream_position
 
@@ -185,12 +186,21 @@ async def read_kv_watched(kv: KvBucket) -> dict[str, bytes]:
     """Every current value of a KV bucket through a KV watch (deleted keys left out): for an
     identity allowed to watch a bucket but not to read its stream with a consumer of its own
     (the decision service and the policy bucket, deploy/nats/permissions.conf)."""
-    watcher = await kv.watch_all(ignore_deletes=True)
+    # Deletes are read too (and left out here): the last value present may be one, and its
+    # entry is the one that says nothing more is pending (fracpilot_libs.nats.kv_initial).
+    watcher = await kv.watch_all()
+    initial = InitialValues(watcher)
     values: dict[str, bytes] = {}
     try:
-        while (entry := await watcher.updates(timeout=5)) is not None:  # type: ignore[no-untyped-call]
-            if entry.operation not in _DELETED and entry.value:
-                values[entry.key] = entry.value
+        while True:
+            entry = await watcher.updates(timeout=5)  # type: ignore[no-untyped-call]
+            if entry is not None:
+                if entry.operation in _DELETED or not entry.value:
+                    values.pop(entry.key, None)
+                else:
+                    values[entry.key] = entry.value
+            if await initial.saw(entry):
+                break
     finally:
         with contextlib.suppress(Exception):
             await watcher.stop()  # type: ignore[no-untyped-call]

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from fracpilot_libs.nats.consumer import DeadLetterer
 from fracpilot_libs.nats.decoding import DecodeError, decode
 from fracpilot_libs.nats.kv import KvBucket
+from fracpilot_libs.nats.kv_initial import InitialValues
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
@@ -38,6 +39,7 @@ async def follow_kv(
     start it is the caller's) is started again after each."""
     subject = f"$KV.{bucket}"
     generation = reconnects()
+    initial = InitialValues(watcher)
     while not stopping.is_set():
         if generation != reconnects():
             # A watcher is an ephemeral consumer: a restarted server has forgotten it and
@@ -51,6 +53,7 @@ async def follow_kv(
                 await asyncio.sleep(0.5)
                 continue
             generation = reconnects()
+            initial = InitialValues(watcher)
             log.info("KV watch restarted after a reconnect", extra={"bucket": bucket})
         try:
             entry = await watcher.updates(timeout=0.5)
@@ -62,17 +65,27 @@ async def follow_kv(
             log.warning("KV watch failed", extra={"bucket": bucket, "error": str(exc)})
             await asyncio.sleep(0.5)
             continue
-        if entry is None:  # end of the initial values
-            initial_done.set()
-            continue
-        if entry.operation in ("DEL", "PURGE") or not entry.value:
-            await on_update(entry.key, None)
-            continue
-        try:
-            value = decode(model, entry.value)
-        except DecodeError as exc:
-            await dead_letter(f"{subject}.{entry.key}", entry.value, None, exc.kind, exc.reason)
-            continue
-        await on_update(entry.key, value)
+        if entry is not None:
+            await _report(entry, subject, model, on_update, dead_letter)
+        if not initial_done.is_set() and await initial.saw(entry):
+            initial_done.set()  # every value present at the start reported
     with contextlib.suppress(Exception):
         await watcher.stop()
+
+
+async def _report(
+    entry: Any,
+    subject: str,
+    model: type[M],
+    on_update: Callable[[str, M | None], Awaitable[None]],
+    dead_letter: DeadLetterer,
+) -> None:
+    if entry.operation in ("DEL", "PURGE") or not entry.value:
+        await on_update(entry.key, None)
+        return
+    try:
+        value = decode(model, entry.value)
+    except DecodeError as exc:
+        await dead_letter(f"{subject}.{entry.key}", entry.value, None, exc.kind, exc.reason)
+        return
+    await on_update(entry.key, value)
