@@ -6,9 +6,9 @@ The response of bench/ingest.py (3 dcgm series per GPU) through the ingest's own
 each phase timed in process CPU time with the collector off (as the ingest pauses it):
 parse (the JSON body, ``points_by_instant``), observe (``observe_points``), to_sample (the
 service's ``_to_sample``: owner, checks, the validated ``UsageSample``), encode (usage
-batches) and acked (what the service does per sample once a batch is acknowledged: metrics,
-signals). Publishing is not in it (bench/ingest.py times the whole path on a server). Each
-repetition is a new service: its first cycle.
+batches, the service's own encoding) and acked (what the service does once a batch is
+acknowledged, a batch at a time: metrics, signals). Publishing is not in it (bench/ingest.py
+times the whole path on a server). Each repetition is a new service: its first cycle.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from ingest import prometheus_response
 from fracpilot_ingest.service import IngestService
 from fracpilot_ingest.settings import IngestSettings
 from fracpilot_libs.contracts import UsageSample
-from fracpilot_libs.nats.usage_batch import encode_samples
 from fracpilot_libs.usage.attribution import GpuInventory, Observation, observe_points
 from fracpilot_libs.usage.range_queries import points_by_instant
 
@@ -58,10 +57,15 @@ async def cycle(body: str, workloads: int) -> list[float]:
             assert isinstance(sample, UsageSample)
             ready.append((sample, obs))
         marks.append(time.process_time())
-        encode_samples((s for s, _ in ready), settings.decision_partitions)
+        batches = service._encode([s for s, _ in ready])
         marks.append(time.process_time())
-        for sample, obs in ready:
-            service._published("prometheus", sample, obs, 15, now, True, now, alone=False)
+        # As the service's publish window does: each batch's acknowledgement accounted once.
+        by_id = {sample.sample_id: (sample, obs) for sample, obs in ready}
+        for batch in batches:
+            rows: list[tuple[UsageSample, Observation | None]] = [
+                by_id[sample_id] for sample_id in batch.sample_ids
+            ]
+            await service._on_batch_acked("prometheus", rows, [], 15, now)(True)
         marks.append(time.process_time())
     finally:
         gc.enable()
