@@ -104,6 +104,21 @@ async def invalid_best_fits(stack: GpuStack, ns: str, make_node: MakeNode) -> tu
     return tainted, pool_b
 
 
+def cotenants(stack: GpuStack, ns: str, node: str) -> list[tuple[str, str, str, str, bool]]:
+    """The pods on ``node``: name, uid, phase, fraction, terminating (a failure's evidence)."""
+    return [
+        (
+            p["metadata"]["name"],
+            p["metadata"]["uid"],
+            p.get("status", {}).get("phase", ""),
+            (p["metadata"].get("annotations") or {}).get(GPU_FRACTION, ""),
+            bool(p["metadata"].get("deletionTimestamp")),
+        )
+        for p in stack.items("Pod", ns)
+        if p.get("spec", {}).get("nodeName") == node
+    ]
+
+
 def never_names(results: list[ActuationResult], *nodes: str) -> None:
     """No result targets ``nodes``: neither its node_after nor its detail names them."""
     for r in results:
@@ -147,7 +162,10 @@ async def test_a_recreate_never_goes_to_a_tainted_or_unselected_node_however_wel
             "the recreated chat pod Running",
             120,
         )
-        assert new["spec"]["nodeName"] == valid
+        # Seen once in 22 runs under heavy load: bound on home (verified there), though home's
+        # GPU still held its pinned co-tenant by KAI's code. The result and the co-tenant's
+        # state say more the next time.
+        assert new["spec"]["nodeName"] == valid, (verified, cotenants(stack, ns, home))
         assert new["metadata"]["annotations"][GPU_FRACTION] == "0.75"
         assert TARGET_ANNOTATION in new["metadata"]["annotations"]
         assert await in_thread(gpu_portions, stack, new) == ["0.75"]
