@@ -3,31 +3,12 @@ a lost compare-and-set is :class:`RevisionMismatchError`, and batched puts say w
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator
-
-import nats
 import pytest
 
 from fracpilot_libs.nats.client_types import NatsClient
 from fracpilot_libs.nats.kv import KvBucket, KvEntry, RevisionMismatchError, open_kv
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def nc(nats_url: str) -> AsyncIterator[NatsClient]:
-    client = await nats.connect(nats_url)
-    yield client
-    await client.close()
-
-
-@pytest.fixture
-async def bucket(nc: NatsClient) -> AsyncIterator[KvBucket]:
-    """A bucket of its own (made by open_kv: it does not exist yet), deleted afterwards."""
-    name = f"test_kv_{uuid.uuid4().hex[:8]}"
-    yield await open_kv(nc.jetstream(), name)
-    await nc.jetstream().delete_key_value(name)
 
 
 async def value_of(bucket: KvBucket, key: str) -> bytes | None:

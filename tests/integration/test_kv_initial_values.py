@@ -8,16 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
-import nats
 import pytest
 from pydantic import BaseModel
 
-from fracpilot_libs.nats.client_types import NatsClient
-from fracpilot_libs.nats.kv import KvBucket, open_kv
+from fracpilot_libs.nats.kv import KvBucket
 from fracpilot_libs.nats.kv_snapshot import read_kv_watched
 from fracpilot_libs.nats.kv_watch import follow_kv
 
@@ -26,20 +22,6 @@ pytestmark = pytest.mark.integration
 
 class Value(BaseModel):
     n: int
-
-
-@pytest.fixture
-async def nc(nats_url: str) -> AsyncIterator[NatsClient]:
-    client = await nats.connect(nats_url)
-    yield client
-    await client.close()
-
-
-@pytest.fixture
-async def bucket(nc: NatsClient) -> AsyncIterator[KvBucket]:
-    name = f"test_kv_{uuid.uuid4().hex[:8]}"
-    yield await open_kv(nc.jetstream(), name)
-    await nc.jetstream().delete_key_value(name)
 
 
 @pytest.fixture
