@@ -5,7 +5,7 @@ Usage: python bench/ingest_phases.py [--workloads 20000] [--repeat 3]
 The response of bench/ingest.py (3 dcgm series per GPU) through the ingest's own functions,
 each phase timed in process CPU time with the collector off (as the ingest pauses it):
 parse (the JSON body, ``points_by_instant``), observe (``observe_points``), to_sample (the
-service's ``_to_sample``: owner, checks, the validated ``UsageSample``), encode (usage
+service's ``samples_of``: owner, checks, the validated ``UsageSample``), encode (usage
 batches, the service's own encoding) and acked (what the service does once a batch is
 acknowledged, a batch at a time: metrics, signals). Publishing is not in it (bench/ingest.py
 times the whole path on a server). Each repetition is a new service: its first cycle.
@@ -29,7 +29,7 @@ from ingest import prometheus_response
 from fracpilot_ingest.service import IngestService
 from fracpilot_ingest.settings import IngestSettings
 from fracpilot_libs.contracts import UsageSample
-from fracpilot_libs.usage.attribution import GpuInventory, Observation, observe_points
+from fracpilot_libs.usage.attribution import GpuInventory, Observation, Rejection, observe_points
 from fracpilot_libs.usage.range_queries import points_by_instant
 
 PHASES = ("parse", "observe", "to_sample", "encode", "acked")
@@ -51,11 +51,10 @@ async def cycle(body: str, workloads: int) -> list[float]:
         observations, _ = observe_points(points, service.table, inventory)
         marks.append(time.process_time())
         now = time.time()
-        ready: list[tuple[UsageSample, Observation]] = []
-        for obs in observations:
-            sample = await service._to_sample("prometheus", obs, inventory, now)
-            assert isinstance(sample, UsageSample)
-            ready.append((sample, obs))
+        rejected: list[Rejection] = []
+        ready = await service.samples_of("prometheus", observations, inventory, now, rejected)
+        assert not rejected
+        assert len(ready) == workloads
         marks.append(time.process_time())
         batches = service._encode([s for s, _ in ready])
         marks.append(time.process_time())

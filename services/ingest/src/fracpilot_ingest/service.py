@@ -35,7 +35,7 @@ from fracpilot_ingest.shards import IngestShards
 from fracpilot_ingest.sources import make_sources
 from fracpilot_ingest.sources.base import Source, SourceContext
 from fracpilot_ingest.supervision import SourceSupervisor
-from fracpilot_libs.contracts import Allocation, UsageSample, WorkloadRef
+from fracpilot_libs.contracts import Allocation, UsageSample
 from fracpilot_libs.deadlines import within
 from fracpilot_libs.gc_pause import gc_paused
 from fracpilot_libs.nats import subjects
@@ -264,32 +264,46 @@ class IngestService:
             if keep is not None:
                 observations = keep(observations)
             now = time.time()
-            ready: list[tuple[UsageSample, Observation | None]] = []
-            mark, workloads, resolve = self.signals.mark, inventory.workloads, self.owners.resolve
-            # Owners by pod name need no coroutine per sample (nothing there waits).
-            owner_of = self.owners.owner_of if isinstance(self.owners, PodNameOwners) else None
-            fractions, max_age = inventory.fractions, self.settings.max_sample_age_s
-            published, new_tuple = self.published_series, tuple.__new__
-            for obs in observations:
-                obs = mark(obs)
-                # _to_sample, inline: its lookups made once, no coroutine for a known workload
-                namespace, name, _ = obs.pod
-                pod = new_tuple(PodKey, (namespace, name, ""))
-                if (workload := workloads.get(pod)) is None:
-                    if owner_of is not None:
-                        workload = owner_of(namespace, name)
-                    else:
-                        workload = await resolve(namespace, name)
-                on_gpu = fractions.get(obs.gpu_uuid)
-                fraction = on_gpu.get(pod) if on_gpu is not None else None
-                result = to_sample(obs, workload, source, now, max_age, published, fraction)
-                if isinstance(result, Rejection):
-                    rejections.append(result)
-                    continue
-                ready.append((result, obs))
+            ready = await self.samples_of(source, observations, inventory, now, rejections)
             self._reject(source, rejections)
             await self._send(source, ready, step, now, wait=wait, one_instant=True)
         return len(ready)
+
+    async def samples_of(
+        self,
+        source: str,
+        observations: list[Observation],
+        inventory: GpuInventory,
+        now: float,
+        rejections: list[Rejection],
+    ) -> list[tuple[UsageSample, Observation | None]]:
+        """The observations of one instant as validated samples, each with its observation
+        (marked by the signals); the refused ones appended to ``rejections``. A pod the
+        actuator placed belongs to the workload it recorded (so that decisions name the
+        workload the actuator knows); any other pod is resolved by its owners."""
+        ready: list[tuple[UsageSample, Observation | None]] = []
+        mark, workloads, resolve = self.signals.mark, inventory.workloads, self.owners.resolve
+        # Owners by pod name need no coroutine per sample (nothing there waits).
+        owner_of = self.owners.owner_of if isinstance(self.owners, PodNameOwners) else None
+        fractions, max_age = inventory.fractions, self.settings.max_sample_age_s
+        published, new_tuple = self.published_series, tuple.__new__
+        for obs in observations:
+            obs = mark(obs)
+            namespace, name, _ = obs.pod
+            pod = new_tuple(PodKey, (namespace, name, ""))
+            if (workload := workloads.get(pod)) is None:
+                if owner_of is not None:
+                    workload = owner_of(namespace, name)
+                else:
+                    workload = await resolve(namespace, name)
+            on_gpu = fractions.get(obs.gpu_uuid)
+            fraction = on_gpu.get(pod) if on_gpu is not None else None
+            result = to_sample(obs, workload, source, now, max_age, published, fraction)
+            if isinstance(result, Rejection):
+                rejections.append(result)
+                continue
+            ready.append((result, obs))
+        return ready
 
     async def publish_samples(
         self, source: str, samples: Sequence[UsageSample], step_s: float, *, wait: bool = False
@@ -396,38 +410,6 @@ class IngestService:
                 self.settings.publish_window
             )
         return window
-
-    async def _to_sample(
-        self, source: str, obs: Observation, inventory: GpuInventory, now: float
-    ) -> UsageSample | Rejection:
-        # A pod the actuator placed belongs to the workload it recorded (so that decisions
-        # name the workload the actuator knows); any other pod is resolved by its owners.
-        pod = PodKey(obs.pod.namespace, obs.pod.pod)
-        workload = inventory.workloads.get(pod) or await self.owners.resolve(
-            obs.pod.namespace, obs.pod.pod
-        )
-        return self._sample_of(source, obs, pod, workload, inventory, now)
-
-    def _sample_of(
-        self,
-        source: str,
-        obs: Observation,
-        pod: PodKey,
-        workload: WorkloadRef,
-        inventory: GpuInventory,
-        now: float,
-    ) -> UsageSample | Rejection:
-        fractions = inventory.fractions.get(obs.gpu_uuid)
-        fraction = fractions.get(pod) if fractions is not None else None
-        return to_sample(
-            obs,
-            workload,
-            source,
-            now,
-            self.settings.max_sample_age_s,
-            self.published_series,
-            fraction,
-        )
 
     async def _publish(self, sample: UsageSample) -> bool:
         """Publish one sample; False when NATS already had it (a re-read instant)."""
