@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fracpilot_libs.analysis.enforced_packing import PopulationSizer, enforced_policy
-from fracpilot_libs.analysis.packing_bound import engine_parts, two_part_bound
+from fracpilot_libs.analysis.packing_bound import engine_parts, held_parts, two_part_bound
 from fracpilot_libs.analysis.packing_replay import replay_packed
 from fracpilot_libs.analysis.trace import TracePoint, group_by_workload, read_trace
 from fracpilot_libs.contracts import Policy, UsageSample
@@ -86,10 +86,7 @@ def variants(
             out["1d_held"][key].append((f, f))
             out["1d_need"][key].append((min(f, n), min(f, n)))
             out["2d_need"][key].append((min(f, m), min(f, c)))
-            if m >= c:
-                out["2d_held_other_at_need"][key].append((f, min(f, c)))
-            else:
-                out["2d_held_other_at_need"][key].append((min(f, m), f))
+            out["2d_held_other_at_need"][key].append(held_parts(f, need, policy))
             slack = f - n
             out["2d_held_same_slack"][key].append(
                 (min(f, max(LOW, m + slack)), min(f, max(LOW, c + slack)))

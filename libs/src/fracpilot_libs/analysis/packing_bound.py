@@ -215,6 +215,8 @@ class PackBound:
     # with another such pod
     fraction_hours_over_half: float | None = None
     fraction_hours: float | None = None
+    # the fractions as two parts on HAMi's sums (memory, cores): see two_part_bound
+    fractions_two_part: float | None = None
     clairvoyant: float = 0.0  # card-hours of the clairvoyant few-resize reservations
     clairvoyant_fraction_hours: float = 0.0
     # window (s) -> the window peak + hindsight headroom rule's result, per pod and uniform
@@ -294,6 +296,9 @@ class PackBound:
         if self.fractions is not None:
             out["fractions_card_hours"] = round(self.fractions, 4)
             out["fractions_saved_pct"] = round(self.saved_pct(self.fractions), 3)
+        if self.fractions_two_part is not None:
+            out["fractions_two_part_card_hours"] = round(self.fractions_two_part, 4)
+            out["fractions_two_part_saved_pct"] = round(self.saved_pct(self.fractions_two_part), 3)
         if self.fraction_hours and self.fraction_hours_over_half is not None:
             share = 100.0 * self.fraction_hours_over_half / self.fraction_hours
             out["fraction_hours_over_half_pct"] = round(share, 3)
@@ -563,6 +568,17 @@ def two_part_bound(
         for order in orders:
             bound.card_hours[order] += hours * ffd_cards_two_part(items, order)
     return bound
+
+
+def held_parts(held: float, need: Need, policy: Policy) -> tuple[float, float]:
+    """A held fraction as two parts: the part that sized it (the larger of
+    :func:`engine_parts`) held at the fraction, the other at its own need, never above the
+    fraction. What an engine deciding the two apart would hold if the other part's resizes
+    were free (one resize of the fraction sets both)."""
+    memory, compute = engine_parts(need, policy)
+    if memory >= compute:
+        return held, min(held, compute)
+    return min(held, memory), held
 
 
 def engine_parts(need: Need, policy: Policy) -> tuple[float, float]:

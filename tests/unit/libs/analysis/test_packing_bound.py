@@ -16,6 +16,7 @@ from fracpilot_libs.analysis.packing_bound import (
     ffd_cards,
     ffd_cards_2d,
     ffd_cards_two_part,
+    held_parts,
     lower_bound_cards,
     pack_bound,
     past_peaks,
@@ -172,6 +173,11 @@ def test_the_engines_parts_are_its_memory_need_and_compute_need_on_the_grid() ->
     assert max(engine_parts(need, policy)) == need.fraction
     tiny = Need(0.01, 0.01, 0.0, 0.0, 0.3, 0.35, 0.35)
     assert engine_parts(tiny, policy) == pytest.approx((0.35, policy.min_fraction))
+    # held above the need (downsize hold): the larger part at the fraction, the other at its need
+    assert held_parts(0.8, need, policy) == pytest.approx((0.8, 0.25))
+    busy = Need(0.7, 0.7, 0.6, 0.6, 0.1, 0.15, 0.7)
+    assert held_parts(0.9, busy, policy) == pytest.approx((0.15, 0.9))
+    assert held_parts(0.1, busy, policy) == pytest.approx((0.1, 0.1))  # an upsize pending
 
 
 def test_items_above_half_each_take_a_card() -> None:
