@@ -10,20 +10,31 @@ no sizer or planner with hard per-pod memory can beat
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from rich import box
 from rich.console import Console
 from rich.progress import Progress, TaskID
 from rich.table import Table
 
-from fracpilot_libs.analysis.baselines import Sizer
+from fracpilot_libs.analysis.baselines import EngineSizer, Sizer
 from fracpilot_libs.analysis.packing import PackedAccount
-from fracpilot_libs.analysis.packing_bound import PackBound, held_fractions, pack_bound
+from fracpilot_libs.analysis.packing_bound import (
+    PackBound,
+    held_fractions,
+    held_parts,
+    pack_bound,
+    two_part_bound,
+)
 from fracpilot_libs.analysis.packing_replay import PackedReport, replay_packed
 from fracpilot_libs.analysis.replay import Progress as ReplayProgress
 from fracpilot_libs.analysis.replay import replay
 from fracpilot_libs.analysis.trace import TracePoint
+from fracpilot_libs.contracts import UsageSample
 from fracpilot_libs.placement.card_budget import Isolation
 from fracpilot_libs.pricing import GpuPrices
+from fracpilot_libs.sizing.engine import need_of
+from fracpilot_libs.sizing.state import WorkloadState
 
 
 def run_packed(
@@ -131,12 +142,44 @@ def print_packed(out: Console, names: list[str], reports: list[PackedReport], to
             out.print(table)
 
 
+@dataclass
+class _PartsRecorder:
+    """The engine sizer, keeping at each sample its held fraction as two parts
+    (:func:`~fracpilot_libs.analysis.packing_bound.held_parts`)."""
+
+    sizer: EngineSizer
+    parts: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.sizer.name
+
+    def initial(self, requested: float | None) -> float:
+        return self.sizer.initial(requested)
+
+    def start(self) -> WorkloadState:
+        return self.sizer.start()
+
+    def step(self, state: WorkloadState, sample: UsageSample) -> tuple[WorkloadState, float | None]:
+        state, new = self.sizer.step(state, sample)
+        held = sample.allocated_fraction or 1.0
+        part = held_parts(held, need_of(state, self.sizer.policy), self.sizer.policy)
+        self.parts.setdefault(sample.workload.key, []).append(part)
+        return state, new
+
+
 def run_pack_bound(groups: dict[str, list[TracePoint]], sizer: Sizer) -> PackBound:
     """The bounds on the trace, and ``sizer``'s fractions repacked from scratch at every
-    instant (one more replay of the sizer, keeping its timeline)."""
-    timelines = replay(groups, lambda: sizer, keep_timeline=True)
+    instant (one more replay of the sizer, keeping its timeline); for the engine, also as two
+    parts on HAMi's sums."""
+    recorder = _PartsRecorder(sizer) if isinstance(sizer, EngineSizer) else None
+    replayed: Sizer = recorder or sizer
+    timelines = replay(groups, lambda: replayed, keep_timeline=True)
     held = held_fractions({w.workload.key: w.timeline for w in timelines.workloads})
-    return pack_bound(groups, fractions=held)
+    bound = pack_bound(groups, fractions=held)
+    if recorder is not None:
+        bound.fractions_two_part = two_part_bound(groups, recorder.parts).best()
+    return bound
 
 
 def pack_bound_table(name: str, bound: PackBound) -> Table:
@@ -167,6 +210,11 @@ def pack_bound_table(name: str, bound: PackBound) -> Table:
         )
     if bound.fractions is not None:
         table.add_row(f"{name}'s fractions", f"{bound.saved_pct(bound.fractions):.2f}%")
+    if bound.fractions_two_part is not None:
+        table.add_row(
+            f"{name}'s fractions as two parts on HAMi (memory, cores; the smaller at its need)",
+            f"{bound.saved_pct(bound.fractions_two_part):.2f}%",
+        )
     for window, shared in sorted(bound.shared_chosen().items()):
         table.add_row(
             f"shared: last {window / 3600:g} h peak, one pooled headroom {shared.headroom:g} per "

@@ -50,6 +50,8 @@ def test_the_json_carries_the_bounds(trace: Path) -> None:
     assert peaks[0.1] == pytest.approx(50.0)
     # the policy's fractions start at whole GPUs and come down: fewer cards saved than the bound
     assert 0.0 <= bound["fractions_saved_pct"] < 75.0
+    # memory sizes these pods: as two parts the memory is the same and the cores fewer
+    assert bound["fractions_saved_pct"] <= bound["fractions_two_part_saved_pct"] < 75.0
 
 
 def test_the_table_lists_the_bounds(trace: Path) -> None:
@@ -57,3 +59,4 @@ def test_the_table_lists_the_bounds(trace: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "repacked from scratch" in result.output
     assert "whole-trace memory peak + 0.1" in result.output
+    assert "as two parts on HAMi" in result.output

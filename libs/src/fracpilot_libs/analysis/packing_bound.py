@@ -43,6 +43,15 @@ Shared isolation (a pod may use more memory than its fraction; what fails is the
   slice) whose pods use more memory than the card. Per W, the smallest H of the grid within
   the collision budget (``shared_collision_pct`` of card-samples) is the line's figure.
 
+Two parts (HAMi): HAMi fits a pod on a GPU by two sums, ``nvidia.com/gpumem`` (or
+``gpumem-percentage``) and ``nvidia.com/gpucores``, each at most 100 % per GPU
+(:mod:`fracpilot_libs.hami.fit`); fracpilot writes both from one fraction. :func:`two_part_bound`
+repacks per-pod (memory, compute) shares in whole percents on those two sums (first-fit-
+decreasing, see :func:`ffd_cards_two_part`), so that a memory-heavy, compute-light pod may share
+a card with a compute-heavy, memory-light one, which one number per pod forbids.
+:func:`engine_parts` says what the engine's two parts are: it sizes them apart and holds only
+the larger.
+
 Time is cut at every sample boundary (each sample stands for the interval of
 :func:`~fracpilot_libs.analysis.accounting.sample_intervals`, as in the packed account): card-
 hours and whole-card-hours are summed over those slices, so ``whole_card_hours`` equals the
@@ -60,6 +69,10 @@ from typing import Any
 
 from fracpilot_libs.analysis.accounting import sample_intervals
 from fracpilot_libs.analysis.trace import TracePoint
+from fracpilot_libs.contracts import Policy
+from fracpilot_libs.hami.fit import percent
+from fracpilot_libs.sizing.engine import clamp_to_policy
+from fracpilot_libs.sizing.need import Need
 
 HOUR_S = 3600.0
 EPS = 1e-9
@@ -202,6 +215,8 @@ class PackBound:
     # with another such pod
     fraction_hours_over_half: float | None = None
     fraction_hours: float | None = None
+    # the fractions as two parts on HAMi's sums (memory, cores): see two_part_bound
+    fractions_two_part: float | None = None
     clairvoyant: float = 0.0  # card-hours of the clairvoyant few-resize reservations
     clairvoyant_fraction_hours: float = 0.0
     # window (s) -> the window peak + hindsight headroom rule's result, per pod and uniform
@@ -281,6 +296,9 @@ class PackBound:
         if self.fractions is not None:
             out["fractions_card_hours"] = round(self.fractions, 4)
             out["fractions_saved_pct"] = round(self.saved_pct(self.fractions), 3)
+        if self.fractions_two_part is not None:
+            out["fractions_two_part_card_hours"] = round(self.fractions_two_part, 4)
+            out["fractions_two_part_saved_pct"] = round(self.saved_pct(self.fractions_two_part), 3)
         if self.fraction_hours and self.fraction_hours_over_half is not None:
             share = 100.0 * self.fraction_hours_over_half / self.fraction_hours
             out["fraction_hours_over_half_pct"] = round(share, 3)
@@ -487,3 +505,88 @@ def held_fractions(
     """The fraction held at each sample, from replay timelines ``(at, compute, memory,
     fraction)`` (:func:`fracpilot_libs.analysis.replay.replay_workload` with ``keep_timeline``)."""
     return {k: [row[3] for row in rows] for k, rows in timelines.items()}
+
+
+def ffd_cards_two_part(items: Sequence[tuple[int, int]], order: str = "max") -> int:
+    """Cards first-fit-decreasing needs for (memory, cores) requests in HAMi's whole percents,
+    a card holding at most 100 of each (HAMi's ``Fit``: ``CardInsufficientMemory``,
+    ``CardInsufficientCore``). ``order``: decreasing by the larger of the two ("max") or by
+    their sum ("sum"), ties by the pair."""
+    if order not in ("max", "sum"):
+        raise ValueError(f"order must be 'max' or 'sum', not {order!r}")
+
+    def key(item: tuple[int, int]) -> tuple[int, int, int]:
+        first = max(item) if order == "max" else item[0] + item[1]
+        return (first, *item)
+
+    free: list[tuple[int, int]] = []
+    for mem, cores in sorted(items, key=key, reverse=True):
+        for i, (room_m, room_c) in enumerate(free):
+            if mem <= room_m and cores <= room_c:
+                free[i] = (room_m - mem, room_c - cores)
+                break
+        else:
+            free.append((100 - mem, 100 - cores))
+    return len(free)
+
+
+@dataclass
+class TwoPartBound:
+    """Card-hours of (memory, compute) shares repacked from scratch at every instant, on
+    HAMi's two sums, per FFD order; saved against ``whole_card_hours`` (as :class:`PackBound`)."""
+
+    whole_card_hours: float = 0.0
+    card_hours: dict[str, float] = field(default_factory=dict)  # FFD order -> card-hours
+    fraction_hours: float = 0.0  # hours x the larger part, summed (the one-number fractions')
+
+    def saved_pct(self, card_hours: float) -> float:
+        if not self.whole_card_hours:
+            return 0.0
+        return 100.0 * (1.0 - card_hours / self.whole_card_hours)
+
+    def best(self) -> float:
+        """The fewest card-hours of the orders tried."""
+        return min(self.card_hours.values())
+
+
+def two_part_bound(
+    groups: Mapping[str, list[TracePoint]],
+    shares: Mapping[str, Sequence[tuple[float, float]]],
+    orders: Sequence[str] = ("max", "sum"),
+) -> TwoPartBound:
+    """``shares`` maps a workload key to its (memory, compute) share of a card at each of its
+    samples; each becomes HAMi's whole percents (rounded up, as fracpilot writes them) and is
+    repacked by :func:`ffd_cards_two_part` in every slice. One number per pod is the case
+    (f, f): the same as :func:`ffd_cards` of f."""
+    bound = TwoPartBound(card_hours=dict.fromkeys(orders, 0.0))
+    for seconds, on in slices(groups):
+        hours = seconds / HOUR_S
+        held = [shares[k][i] for k, i in on]
+        items = [(percent(m), percent(c)) for m, c in held]
+        bound.whole_card_hours += hours * len(on)
+        bound.fraction_hours += hours * sum(max(m, c) for m, c in items) / 100
+        for order in orders:
+            bound.card_hours[order] += hours * ffd_cards_two_part(items, order)
+    return bound
+
+
+def held_parts(held: float, need: Need, policy: Policy) -> tuple[float, float]:
+    """A held fraction as two parts: the part that sized it (the larger of
+    :func:`engine_parts`) held at the fraction, the other at its own need, never above the
+    fraction. What an engine deciding the two apart would hold if the other part's resizes
+    were free (one resize of the fraction sets both)."""
+    memory, compute = engine_parts(need, policy)
+    if memory >= compute:
+        return held, min(held, compute)
+    return min(held, memory), held
+
+
+def engine_parts(need: Need, policy: Policy) -> tuple[float, float]:
+    """The engine's memory part and compute part of ``need``, each as the engine would hold it
+    alone: on the policy's grid, within its bounds. The engine sizes both and holds only the
+    larger (``need_of`` in :mod:`fracpilot_libs.sizing.engine`: ``memory_need`` is the memory
+    peak plus the headroom, learned or the policy's; the compute part is the larger of
+    ``compute_need`` and ``recent_need``; ``fraction`` is the larger of the two on the grid,
+    clamped); so ``max`` of the two parts is ``need.fraction``."""
+    compute = max(need.compute_need, need.recent_need)
+    return clamp_to_policy(need.memory_need, policy), clamp_to_policy(compute, policy)

@@ -12,15 +12,20 @@ from hypothesis import strategies as st
 
 from fracpilot_libs.analysis.packing_bound import (
     clairvoyant_reservations,
+    engine_parts,
     ffd_cards,
     ffd_cards_2d,
+    ffd_cards_two_part,
+    held_parts,
     lower_bound_cards,
     pack_bound,
     past_peaks,
+    two_part_bound,
     window_reservations,
 )
 from fracpilot_libs.analysis.trace import TracePoint, group_by_workload, read_trace
-from fracpilot_libs.contracts import UsageSample, WorkloadRef
+from fracpilot_libs.contracts import Policy, UsageSample, WorkloadRef
+from fracpilot_libs.sizing.need import Need
 
 T0 = datetime(2026, 3, 2, tzinfo=UTC)
 DATA = Path("/work/shared/data/genai_public.csv.gz")
@@ -126,6 +131,53 @@ def test_compute_only_adds_cards(sizes: list[float]) -> None:
     # with no compute, the two-dimensional FFD is the memory FFD; compute can only add cards
     assert ffd_cards_2d([(s, 0.0) for s in sizes]) == ffd_cards(sizes)
     assert ffd_cards_2d([(s, 1.0) for s in sizes]) == len(sizes)
+
+
+def test_two_parts_pair_a_memory_heavy_pod_with_a_compute_heavy_one() -> None:
+    # a: memory 0.7, compute 0.2; b: memory 0.2, compute 0.7, both for the same two minutes.
+    # One number per pod holds 0.7 each: two cards. On HAMi's two sums: 90 % of each, one card.
+    trace = {k: v for k, v in hand_trace().items() if not k.endswith("/c")}
+    keys = {s[0].sample.workload.owner_name: k for k, s in trace.items()}
+    assert set(keys) == {"a", "b"}
+    two = {keys["a"]: [(0.7, 0.2)] * 2, keys["b"]: [(0.2, 0.7)] * 2}
+    one = {k: [(max(p), max(p)) for p in pairs] for k, pairs in two.items()}
+    for order in ("max", "sum"):
+        assert ffd_cards_two_part([(70, 20), (20, 70)], order) == 1
+        assert ffd_cards_two_part([(70, 70), (70, 70)], order) == 2
+    two_d, one_d = two_part_bound(trace, two), two_part_bound(trace, one)
+    hours = 2 * 2 / 60  # both pods, two one-minute samples each
+    assert two_d.whole_card_hours == one_d.whole_card_hours == pytest.approx(hours)
+    assert two_d.card_hours == pytest.approx({"max": hours / 2, "sum": hours / 2})
+    assert one_d.card_hours == pytest.approx({"max": hours, "sum": hours})
+    assert two_d.saved_pct(two_d.best()) == pytest.approx(50.0)
+    assert one_d.saved_pct(one_d.best()) == pytest.approx(0.0)
+    assert one_d.fraction_hours == two_d.fraction_hours == pytest.approx(hours * 0.7)
+
+
+def test_two_parts_are_hamis_whole_percents_rounded_up() -> None:
+    # 0.375 and 0.625 of memory are 38 % and 63 %: over 100, so two cards (hami/fit.py)
+    assert ffd_cards_two_part([(38, 10), (63, 10)]) == 2
+    assert ffd_cards_two_part([(37, 50), (63, 50)]) == 1
+    trace = {k: v for k, v in hand_trace().items() if not k.endswith("/c")}
+    keys = sorted(trace)
+    bound = two_part_bound(trace, {keys[0]: [(0.375, 0.1)] * 2, keys[1]: [(0.625, 0.1)] * 2})
+    assert bound.saved_pct(bound.best()) == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="order"):
+        ffd_cards_two_part([(1, 1)], "min")
+
+
+def test_the_engines_parts_are_its_memory_need_and_compute_need_on_the_grid() -> None:
+    policy = Policy()
+    need = Need(0.2, 0.2, 0.25, 0.25, 0.55, 0.615, 0.62)
+    assert engine_parts(need, policy) == pytest.approx((0.62, 0.25))
+    assert max(engine_parts(need, policy)) == need.fraction
+    tiny = Need(0.01, 0.01, 0.0, 0.0, 0.3, 0.35, 0.35)
+    assert engine_parts(tiny, policy) == pytest.approx((0.35, policy.min_fraction))
+    # held above the need (downsize hold): the larger part at the fraction, the other at its need
+    assert held_parts(0.8, need, policy) == pytest.approx((0.8, 0.25))
+    busy = Need(0.7, 0.7, 0.6, 0.6, 0.1, 0.15, 0.7)
+    assert held_parts(0.9, busy, policy) == pytest.approx((0.15, 0.9))
+    assert held_parts(0.1, busy, policy) == pytest.approx((0.1, 0.1))  # an upsize pending
 
 
 def test_items_above_half_each_take_a_card() -> None:
