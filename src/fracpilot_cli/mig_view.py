@@ -32,7 +32,8 @@ from fracpilot_libs.mig.layout import GpuLayout, Span, instances_for_peak, pack,
 from fracpilot_libs.mig.mig_parted import config_name, mig_parted_config
 from fracpilot_libs.mig.profiles import A100_80GB, CARDS, MigCard, card_for_model
 from fracpilot_libs.mig.recommend import MigNeed, Recommendation, recommend
-from fracpilot_libs.sizing.engine import need_of, observe
+from fracpilot_libs.sizing.engine import need_of
+from fracpilot_libs.sizing.observation import observe
 from fracpilot_libs.sizing.policies import cluster_default
 from fracpilot_libs.sizing.state import WorkloadState
 

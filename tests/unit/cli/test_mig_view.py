@@ -195,7 +195,7 @@ def test_status_wide_shows_the_recommended_profile() -> None:
     from fracpilot_cli.status import FleetSnapshot, build_status_rows
     from fracpilot_libs.nats import subjects
     from fracpilot_libs.pricing import GpuPrices
-    from fracpilot_libs.sizing.engine import observe
+    from fracpilot_libs.sizing.observation import observe
     from fracpilot_libs.sizing.state import WorkloadState
 
     policy = Policy()

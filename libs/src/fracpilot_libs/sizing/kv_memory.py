@@ -11,10 +11,11 @@ their KV cache fills, and never less than the pool one longest sequence needs::
     need     = fixed + max(KV pool x KV usage, min pool)
 
 The engine keeps the peak of ``need`` over its memory window and adds its headroom, as it does
-with memory in use (:func:`fracpilot_libs.sizing.engine.observe`): so the need is the fixed part
-plus the pool the peak KV usage of the window fills, plus headroom. A server restarted with a
-smaller flag gets a smaller pool that holds as many tokens as that peak (the fixed part does not
-change); the flag is rewritten at every recreate (:mod:`fracpilot_libs.llm_servers`).
+with memory in use (:func:`fracpilot_libs.sizing.observation.observe`): so the need is the
+fixed part plus the pool the peak KV usage of the window fills, plus headroom. A server
+restarted with a smaller flag gets a smaller pool that holds as many tokens as that peak (the
+fixed part does not change); the flag is rewritten at every recreate
+(:mod:`fracpilot_libs.llm_servers`).
 
 **The pool in bytes.** No server exports it by default, but each exports its size in tokens
 (vLLM ``cache_config_info`` ``num_gpu_blocks`` x ``block_size``; SGLang

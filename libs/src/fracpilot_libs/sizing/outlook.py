@@ -1,8 +1,9 @@
 """What the engine is about to do with a workload, for operators (``fracpilot status``).
 
 Read from the engine's state alone, with the engine's own rules (:mod:`fracpilot_libs.sizing.
-engine`): the direction a need calls for, the request pending within the cooldown and the waits
-that hold a downsize back are the engine's functions, not restated here.
+engine` and :mod:`fracpilot_libs.sizing.hysteresis`): the direction a need calls for, the
+request pending within the cooldown and the waits that hold a downsize back are the engine's
+functions, not restated here.
 """
 
 from __future__ import annotations
@@ -11,14 +12,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from fracpilot_libs.contracts import ComputeSizing, Direction, Policy
-from fracpilot_libs.sizing.engine import (
-    EPS,
-    compute_level_upsizes,
-    downsize_wait,
-    need_of,
-    pending_request,
-    sizing_direction,
-)
+from fracpilot_libs.sizing.engine import compute_level_upsizes, need_of
+from fracpilot_libs.sizing.grids import EPS
+from fracpilot_libs.sizing.hysteresis import downsize_wait, pending_request, sizing_direction
 from fracpilot_libs.sizing.need import Need
 from fracpilot_libs.sizing.state import WorkloadState
 

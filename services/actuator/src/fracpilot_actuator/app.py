@@ -231,7 +231,8 @@ class ActuatorService:
         )
 
     async def _kubernetes_backend(self, claims: KvBucket) -> ClusterBackend:
-        from fracpilot_actuator.kube.api import ApiRetry, KubeApi, api_client
+        from fracpilot_actuator.kube.api import KubeApi, api_client
+        from fracpilot_actuator.kube.api_retry import ApiRetry
         from fracpilot_actuator.kube.backend import KubernetesBackend
         from fracpilot_actuator.kube.settings import KubeBackendSettings
 

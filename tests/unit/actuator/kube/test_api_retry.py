@@ -9,7 +9,13 @@ from hypothesis import strategies as st
 from kubernetes.client.exceptions import ApiException
 from tenacity import RetryCallState, Retrying
 
-from fracpilot_actuator.kube.api import ApiRetry, retry_after_s, transient, unanswered, wrapped
+from fracpilot_actuator.kube.api_retry import (
+    ApiRetry,
+    retry_after_s,
+    transient,
+    unanswered,
+    wrapped,
+)
 from fracpilot_actuator.kube.errors import KubeError, PermanentKubeError, TransientKubeError
 
 

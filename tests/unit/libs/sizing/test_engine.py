@@ -34,9 +34,9 @@ from fracpilot_libs.sizing.engine import (
     histogram_percentile,
     memory_need_of,
     need_of,
-    observe,
     round_up_to_grid,
 )
+from fracpilot_libs.sizing.observation import observe
 from fracpilot_libs.sizing.state import (
     BUCKETS,
     WorkloadState,

@@ -8,14 +8,9 @@ from hypothesis import strategies as st
 
 from factories import sample, v1_policy
 from fracpilot_libs.contracts import Direction
-from fracpilot_libs.sizing.engine import (
-    decide,
-    downsize_wait,
-    need_of,
-    observe,
-    pending_request,
-    sizing_direction,
-)
+from fracpilot_libs.sizing.engine import decide, need_of
+from fracpilot_libs.sizing.hysteresis import downsize_wait, pending_request, sizing_direction
+from fracpilot_libs.sizing.observation import observe
 from fracpilot_libs.sizing.state import WorkloadState, evolve
 
 POLICY = v1_policy()  # grid of 8: one step is 0.125

@@ -8,8 +8,9 @@ from hypothesis import strategies as st
 
 from factories import GIB, sample, v1_policy
 from fracpilot_libs.contracts import AppSignals, Direction
-from fracpilot_libs.sizing.engine import decide, need_of, observe
+from fracpilot_libs.sizing.engine import decide, need_of
 from fracpilot_libs.sizing.kv_memory import kv_memory, needed_memory_share
+from fracpilot_libs.sizing.observation import observe
 from fracpilot_libs.sizing.state import WorkloadState
 
 PROPERTY = settings(max_examples=200, deadline=None)

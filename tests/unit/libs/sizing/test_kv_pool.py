@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from factories import GIB, sample, v1_policy
 from fracpilot_libs.contracts import AppSignals, Direction, UsageSample
-from fracpilot_libs.sizing.engine import decide, need_of, observe
+from fracpilot_libs.sizing.engine import decide, need_of
 from fracpilot_libs.sizing.explanations import kv_rule
 from fracpilot_libs.sizing.kv_memory import (
     PoolLearning,
@@ -31,6 +31,7 @@ from fracpilot_libs.sizing.kv_memory import (
     needed_memory_share,
     pool_of,
 )
+from fracpilot_libs.sizing.observation import observe
 from fracpilot_libs.sizing.state import WorkloadState, dump_state, load_state, state_json
 
 PROPERTY = settings(max_examples=200, deadline=None)

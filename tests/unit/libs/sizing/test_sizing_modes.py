@@ -23,7 +23,7 @@ from fracpilot_libs.analysis.replay import replay
 from fracpilot_libs.analysis.trace import group_by_workload, read_trace
 from fracpilot_libs.contracts import AppSignals, GpuSharing, Policy, ReasonCode, UsageSample
 from fracpilot_libs.simulation.workloads import demo_workloads, signals_at, usage_at
-from fracpilot_libs.sizing.engine import decide, need_of, observe
+from fracpilot_libs.sizing.engine import decide, need_of
 from fracpilot_libs.sizing.grids import (
     Grid,
     backend_grid,
@@ -32,6 +32,7 @@ from fracpilot_libs.sizing.grids import (
     levels_of_profiles,
 )
 from fracpilot_libs.sizing.histogram import histogram_percentile, soft_compute_level
+from fracpilot_libs.sizing.observation import observe
 from fracpilot_libs.sizing.state import BUCKETS, WorkloadState
 
 DATA = Path("/work/shared/data/genai_public.csv.gz")

@@ -25,7 +25,7 @@ pods, ReplicaSets and Jobs (all namespaces) instead of the per-decision lists.
 Lists ask for raw JSON (``_preload_content=False``): the inventory reads API dicts, and a
 large pod list is not turned into client models first.
 
-Faults (:class:`ApiRetry`): a call the server answers 429 (overloaded, ``Retry-After``
+Faults (:class:`~fracpilot_actuator.kube.api_retry.ApiRetry`): a call the server answers 429 (overloaded, ``Retry-After``
 honoured) or 5xx, or does not answer in ``timeout_s`` (or at all), is tried again after a
 jittered, doubling wait, a bounded number of times, then the error is raised. A patch answered
 409 (conflict) reads the object again and retries. Every method but :meth:`KubeApi.evict` is
@@ -36,7 +36,8 @@ unanswered one took effect (:meth:`KubeApi.pod_is_going`), so a pod is never evi
 Errors: every client failure leaves this module as a :class:`~fracpilot_actuator.kube.errors.
 TransientKubeError` (no answer, 429, 5xx) or :class:`~fracpilot_actuator.kube.errors.
 PermanentKubeError` (other statuses), with the HTTP status and the server's message; the
-predicates on raw client exceptions (:func:`transient`, :func:`unanswered`) are used here only.
+predicates on raw client exceptions and the retry policy are in
+:mod:`fracpilot_actuator.kube.api_retry`, used here only.
 """  # noqa: E501
 
 from __future__ import annotations
@@ -44,17 +45,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
-from fracpilot_actuator.kube.errors import KubeError, PermanentKubeError, TransientKubeError
+from fracpilot_actuator.kube.api_retry import ApiRetry, OnRetry, status_of, transient, wrapped
+from fracpilot_actuator.kube.errors import KubeError
 
 log = logging.getLogger(__name__)
 
@@ -73,76 +72,6 @@ def version_of(obj: Any) -> int | None:
         return int(obj.metadata.resource_version)
     except (AttributeError, TypeError, ValueError):
         return None
-
-
-TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
-
-
-def status_of(exc: BaseException | None) -> int | None:
-    return int(exc.status) if isinstance(exc, ApiException) and exc.status else None
-
-
-def unanswered(exc: BaseException) -> bool:
-    """The call got no HTTP answer (timeout, refused, reset): it may or may not have happened."""
-    if isinstance(exc, ApiException):
-        return not exc.status
-    return isinstance(exc, (urllib3.exceptions.HTTPError, OSError, TimeoutError))
-
-
-def transient(exc: BaseException) -> bool:
-    """Worth trying again: no answer, overloaded (429) or a server error (5xx)."""
-    return unanswered(exc) or status_of(exc) in TRANSIENT_STATUSES
-
-
-def api_message(exc: BaseException) -> str:
-    """The server's message from an error's JSON body; the exception's text without one."""
-    body = getattr(exc, "body", None)
-    try:
-        return str(json.loads(body).get("message", "")) if body else str(exc)
-    except (ValueError, AttributeError):
-        return str(body)[:300]
-
-
-def wrapped(exc: BaseException) -> BaseException:
-    """A client failure as a :class:`KubeError` (transient or permanent); others unchanged."""
-    if isinstance(exc, KubeError):
-        return exc
-    if isinstance(exc, ApiException) or unanswered(exc):
-        kind = TransientKubeError if transient(exc) else PermanentKubeError
-        return kind(str(exc), status=status_of(exc), message=api_message(exc))
-    return exc
-
-
-def retry_after_s(exc: BaseException | None) -> float:
-    """The server's ``Retry-After`` (seconds) on a 429 or 503; 0 when it gave none."""
-    headers = getattr(exc, "headers", None) or {}
-    try:
-        return max(0.0, float(headers.get("Retry-After", 0)))
-    except (TypeError, ValueError):
-        return 0.0
-
-
-@dataclass(frozen=True)
-class ApiRetry:
-    """How often and how patiently a failed call is tried again (see the module docstring)."""
-
-    attempts: int = 5
-    """Tries in all, the first included."""
-    backoff_s: float = 0.2
-    """The wait after the first failure, doubling after each further one..."""
-    backoff_max_s: float = 5.0
-    """...up to this; each wait is drawn between half of it and all of it (jitter), and is
-    at least the server's Retry-After when that is not longer than this."""
-
-    def wait(self, state: RetryCallState) -> float:
-        ceiling = min(self.backoff_max_s, self.backoff_s * 2 ** (state.attempt_number - 1))
-        jittered = random.uniform(ceiling / 2, ceiling)
-        failure = state.outcome.exception() if state.outcome else None
-        return max(jittered, min(retry_after_s(failure), self.backoff_max_s))
-
-
-OnRetry = Callable[[str, str], None]
-"""Told (call, reason) before each retry: for a metric."""
 
 
 def _items(response: Any) -> list[dict[str, Any]]:

@@ -37,7 +37,7 @@ share), so no pod is evicted twice.
 After an action is done (at once, or when a scale-up finishes) the workload's ``Allocation``
 goes to the :class:`~fracpilot_actuator.stores.ports.AllocationStore`, as the simulated
 cluster does, so that ingest knows the fractions: one record per workload, for one of its pods (see
-:func:`allocation_of`).
+:mod:`.allocations`).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from datetime import datetime
 
 from fracpilot_actuator.actuation import Actuation, Report
 from fracpilot_actuator.guardrails import Disruption, GuardState
+from fracpilot_actuator.kube.allocations import enforced_allocation
 from fracpilot_actuator.kube.api import KubeApi
 from fracpilot_actuator.kube.cache import InventoryCache
 from fracpilot_actuator.kube.cluster_view import ClusterView, Guards
@@ -58,7 +59,6 @@ from fracpilot_actuator.kube.consolidation_notices import Publish
 from fracpilot_actuator.kube.enforcement import (
     NOT_ENFORCED,
     Enforcement,
-    enforced_after,
     enforcement_note,
 )
 from fracpilot_actuator.kube.executor import InPlaceConflictError, StepExecutor, StepFailure
@@ -84,32 +84,14 @@ from fracpilot_actuator.stores.ports import (
     UnreadableHistoryError,
 )
 from fracpilot_libs.contracts import (
-    Allocation,
     FractionDecision,
     Outcome,
     PlanKind,
     WorkloadRef,
 )
-from fracpilot_libs.placement.planner import ResizePlan, allocation_for
+from fracpilot_libs.placement.planner import ResizePlan
 
 log = logging.getLogger(__name__)
-
-
-def allocation_of(
-    workload: WorkloadRef, inventory: Inventory, steps: tuple[ResizePlan, ...], now: datetime
-) -> Allocation | None:
-    """The workload's Allocation, where its pods are once the steps are done.
-
-    For the first pod by name among those that keep their name (in place or unchanged), else
-    the first evicted one (its replacement's name is not known yet). A pod whose GPU is not
-    known yet (a scale-up's) has no record."""
-    known = [s for s in steps if s.gpu_after and inventory.state.gpu(s.gpu_after)]
-    kept = [s for s in known if s.kind in (PlanKind.IN_PLACE, PlanKind.NONE)]
-    step = min(kept or known, key=lambda s: s.pod, default=None)
-    gpu = inventory.state.gpu(step.gpu_after) if step is not None else None
-    if step is None or gpu is None:
-        return None
-    return allocation_for(workload, step.pod, gpu, step.fraction_after, now)
 
 
 def _failed(chosen: ActuationPlan, detail: str, failure: StepFailure) -> Actuation:
@@ -482,17 +464,13 @@ class KubernetesBackend:
         now: datetime,
         enforcement: Mapping[str, Enforcement] | None = None,
     ) -> None:
-        """The workload's Allocation (:func:`allocation_of`); failing to write one never fails
-        the action."""
+        """The workload's Allocation (:func:`~.allocations.enforced_allocation`); failing to
+        write one never fails the action."""
         if self.allocations is None:
             return
-        allocation = allocation_of(workload, inventory, steps, now)
+        allocation = enforced_allocation(workload, inventory, steps, now, enforcement)
         if allocation is None:
             return
-        step = next(s for s in steps if s.pod == allocation.pod)
-        e = (enforcement or {}).get(step.pod, NOT_ENFORCED)
-        enforced = enforced_after(step, e, applied=True)
-        allocation = allocation.model_copy(update={"enforced_fraction": enforced})
         try:
             await self.allocations.put(allocation)
         except Exception as exc:

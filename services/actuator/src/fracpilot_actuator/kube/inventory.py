@@ -42,39 +42,38 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from fracpilot_actuator.kube.hami import hami_share, node_register, registered_gpus
+from fracpilot_actuator.kube.gpu_shares import (
+    GpuShare,
+    NodeGpus,
+    Problem,
+    backend_of,
+    hami_gpu_share,
+    hami_held,
+    kai_share,
+    node_gpus,
+    pod_limits,
+)
+from fracpilot_actuator.kube.hami import registered_gpus
 from fracpilot_actuator.kube.kai import (
     BindTarget,
     is_multi_device,
     is_reservation,
-    memory_fraction,
     multi_device_gpus,
 )
 from fracpilot_actuator.kube.object_values import (
     CAPACITY_ROLE,
     GPU_RESOURCE,
-    HAMI_ALLOCATED,
-    HAMI_CORES,
-    HAMI_MEMORY,
-    HAMI_MEMORY_PERCENT,
-    KAI_FRACTION,
     KAI_GROUP,
-    KAI_MEMORY,
     KAI_RESERVED_GPU,
-    NODE_GPU_COUNT,
-    NODE_GPU_MEMORY,
     RESIZED_AT,
     ROLE,
     as_api_dict,
     as_strings,
     get_path,
-    parse_kai_fraction,
-    parse_mib,
     parse_quantity_int,
     parse_time,
 )
 from fracpilot_libs.contracts import MIB, GpuSharing, WorkloadRef
-from fracpilot_libs.hami.register import RegisteredGpu
 from fracpilot_libs.kai import KaiSettings
 from fracpilot_libs.owners import Controller, OwnerKey, top_owner
 from fracpilot_libs.placement.planner import ClusterState, Gpu, NodeOkFor, Placement
@@ -89,27 +88,6 @@ from fracpilot_libs.placement.scheduling_facts import (
 )
 
 # --- the model --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Problem:
-    """Something in the cluster that cannot be right; ``subject`` is ``pod ns/name``/``node n``."""
-
-    subject: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.subject}: {self.message}"
-
-
-@dataclass(frozen=True)
-class GpuShare:
-    backend: GpuSharing
-    fraction: float
-    gpu_uuid: str  # real UUID, or a synthetic id when the pod's GPU is not known
-    memory_mib: int | None = None
-    kai_key: str | None = None  # the KAI annotation the pod uses: gpu-fraction or gpu-memory
-    cores: int | None = None  # HAMi: the cores HAMi counts for it (allocated annotation)
 
 
 @dataclass(frozen=True)
@@ -210,119 +188,6 @@ def owner_parents(objects: Iterable[Any], kind: str) -> dict[OwnerKey, Controlle
     return parents
 
 
-@dataclass(frozen=True)
-class _Node:
-    name: str
-    gpus: int
-    memory_mib: int
-    registered: tuple[RegisteredGpu, ...] = ()  # HAMi's register: the real GPUs
-
-
-def _node(obj: Mapping[str, Any], default_memory_mib: int, problems: list[Problem]) -> _Node:
-    name = str(get_path(obj, "metadata", "name"))
-    labels = as_strings(get_path(obj, "metadata", "labels"))
-    try:
-        register = node_register(as_strings(get_path(obj, "metadata", "annotations")))
-    except ValueError as exc:  # HAMi registers no GPU there either; its slots are not GPUs
-        problems.append(Problem(f"node {name}", f"{exc}; no GPUs read"))
-        return _Node(name, 0, 0)
-    if register is not None:  # HAMi: nvidia.com/gpu counts slots; the register has the GPUs
-        problems += [Problem(f"node {name}", p) for p in register.problems]
-        gpus = register.gpus
-        return _Node(name, len(gpus), gpus[0].memory_mib if gpus else 0, gpus)
-    count_text = (
-        (get_path(obj, "status", "allocatable") or {}).get(GPU_RESOURCE)
-        or (get_path(obj, "status", "capacity") or {}).get(GPU_RESOURCE)
-        or labels.get(NODE_GPU_COUNT)
-        or "0"
-    )
-    try:
-        count = parse_quantity_int(count_text)
-    except ValueError as exc:
-        problems.append(Problem(f"node {name}", f"GPU count: {exc}"))
-        count = 0
-    memory = default_memory_mib
-    if count:
-        if NODE_GPU_MEMORY in labels:
-            try:
-                memory = parse_mib(labels[NODE_GPU_MEMORY], f"label {NODE_GPU_MEMORY}")
-            except ValueError as exc:
-                problems.append(Problem(f"node {name}", f"{exc}; assuming {memory} MiB"))
-        else:
-            problems.append(
-                Problem(f"node {name}", f"no label {NODE_GPU_MEMORY}; assuming {memory} MiB")
-            )
-    return _Node(name, count, memory)
-
-
-def _limits(pod: Mapping[str, Any]) -> dict[str, str]:
-    """Extended resources of the pod's containers, summed (requests equal limits for them)."""
-    total: dict[str, str] = {}
-    for container in get_path(pod, "spec", "containers") or ():
-        resources = container.get("resources") or {}
-        merged = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
-        for name, value in merged.items():
-            if name.startswith("nvidia.com/"):
-                if name in total and name == GPU_RESOURCE:
-                    total[name] = str(parse_quantity_int(total[name]) + parse_quantity_int(value))
-                else:
-                    total.setdefault(name, str(value))
-    return total
-
-
-def _kai_share(
-    annotations: Mapping[str, str],
-    group: str | None,
-    node: _Node,
-    reserved: Mapping[str, str],
-) -> GpuShare:
-    if KAI_FRACTION in annotations and KAI_MEMORY in annotations:
-        raise ValueError(f"both {KAI_FRACTION} and {KAI_MEMORY} are set (KAI allows one)")
-    if KAI_FRACTION in annotations:
-        fraction, memory, key = parse_kai_fraction(annotations[KAI_FRACTION]), None, KAI_FRACTION
-    else:
-        memory = parse_mib(annotations[KAI_MEMORY], KAI_MEMORY)
-        if memory > node.memory_mib:
-            raise ValueError(
-                f"{KAI_MEMORY} {memory} MiB is more than the GPU's {node.memory_mib} MiB"
-            )
-        fraction, key = min(1.0, memory_fraction(memory, node.memory_mib)), KAI_MEMORY
-    if group and group in reserved:
-        uuid = reserved[group]
-    elif group:
-        uuid = f"{node.name}/group/{group}"
-    else:
-        uuid = f"{node.name}/unknown"
-    return GpuShare(GpuSharing.KAI, fraction, uuid, memory, key)
-
-
-def _hami_share(
-    annotations: Mapping[str, str], limits: Mapping[str, str], node: _Node, memory_factor: int
-) -> GpuShare:
-    share = hami_share(
-        annotations,
-        limits,
-        node=node.name,
-        gpus={g.uuid: g for g in node.registered},
-        default_memory_mib=node.memory_mib,
-        memory_factor=memory_factor,
-    )
-    return GpuShare(
-        GpuSharing.HAMI, share.fraction, share.gpu_uuid, share.memory_mib, cores=share.cores
-    )
-
-
-def backend_of(annotations: Mapping[str, str], limits: Mapping[str, str]) -> GpuSharing | None:
-    """KAI when a KAI annotation is there, HAMi when a HAMi limit or annotation is."""
-    if KAI_FRACTION in annotations or KAI_MEMORY in annotations:
-        return GpuSharing.KAI
-    if HAMI_ALLOCATED in annotations or any(
-        r in limits for r in (HAMI_MEMORY, HAMI_MEMORY_PERCENT, HAMI_CORES)
-    ):
-        return GpuSharing.HAMI
-    return None
-
-
 def build_inventory(
     nodes: Sequence[Any],
     pods: Sequence[Any],
@@ -340,11 +205,11 @@ def build_inventory(
     bound yet counts on the node (and GPU group) KAI chose for it, as KAI counts it."""
     kai, bound = kai or KaiSettings(), bound or {}
     problems: list[Problem] = []
-    node_by_name: dict[str, _Node] = {}
+    node_by_name: dict[str, NodeGpus] = {}
     facts_of_nodes: dict[str, NodeFacts] = {}
     for raw in nodes:
         obj = as_api_dict(raw)
-        parsed = _node(obj, default_gpu_memory_mib, problems)
+        parsed = node_gpus(obj, default_gpu_memory_mib, problems)
         if parsed.gpus:
             node_by_name[parsed.name] = parsed
         try:
@@ -380,7 +245,7 @@ def build_inventory(
         node = node_by_name.get(node_name)
         subject = f"pod {namespace}/{name}"
         try:
-            limits = _limits(pod)
+            limits = pod_limits(pod)
         except ValueError as exc:
             problems.append(Problem(subject, str(exc)))
             limits = {}
@@ -392,9 +257,9 @@ def build_inventory(
             if backend is not None and node is not None:
                 if backend is GpuSharing.KAI:
                     group = labels.get(KAI_GROUP) or next(iter(target.groups), None)
-                    share = _kai_share(annotations, group, node, reserved)
+                    share = kai_share(annotations, group, node, reserved)
                 else:
-                    share = _hami_share(annotations, limits, node, hami_memory_factor)
+                    share = hami_gpu_share(annotations, limits, node, hami_memory_factor)
             elif backend is not None and node_name:
                 raise ValueError(f"it runs on node {node_name}, which reports no GPUs")
             elif backend is None and not reservation and GPU_RESOURCE in limits:
@@ -433,7 +298,7 @@ def build_inventory(
                         pod=name,
                         gpu_uuid=gpu_id,
                         fraction=share.fraction if share is not None else 1.0,
-                        **(_hami_held(share) if share is not None else {}),
+                        **(hami_held(share) if share is not None else {}),
                     )
                 )
             continue
@@ -467,7 +332,7 @@ def build_inventory(
                         pod=name,
                         gpu_uuid=gpu_id,
                         fraction=share.fraction,
-                        **_hami_held(share),
+                        **hami_held(share),
                     )
                 )
 
@@ -501,13 +366,6 @@ def placeholder_gpu(pod: PodInfo) -> str:
     """The GPU a bound placeholder holds whole (KAI: kube-scheduler counts nvidia.com/gpu and
     names no GPU), as the inventory lists it."""
     return f"{pod.node}/placeholder/{pod.namespace}/{pod.name}"
-
-
-def _hami_held(share: GpuShare) -> dict[str, int]:
-    """What HAMi counts against the GPU for a scheduled HAMi share (its allocated annotation)."""
-    if share.backend is not GpuSharing.HAMI or share.cores is None or share.memory_mib is None:
-        return {}
-    return {"memory_mib": share.memory_mib, "cores": share.cores}
 
 
 def last_change(pods: Iterable[PodInfo]) -> datetime | None:
