@@ -130,13 +130,21 @@ def test_a_body_that_is_not_json_is_a_clear_error(server: tuple[str, Answers]) -
         (b"", "not JSON"),
         (b'{"status": "success", "data": ', "not JSON"),
         (b'{"status":"error","errorType":"timeout","error":"query timed out"}', "timeout: query"),
-        (b"[1, 2]", "not a success"),
+        (b"[1, 2]", r"no data.result: b'\[1, 2\]'"),
         (b'{"status": "success", "data": {"resultType": "matrix"}}', "no data.result"),
+        (b'{"status": "success", "data": [1]}', "no data.result"),
     ],
 )
-def test_an_answer_that_is_not_a_success_says_why(body: bytes, says: str) -> None:
+def test_an_answer_without_a_result_says_why(body: bytes, says: str) -> None:
     with pytest.raises(PrometheusQueryError, match=says):
         range_result(body)
+
+
+def test_the_result_is_read_as_prometheus_api_client_read_it() -> None:
+    """``data.result``, whatever ``status`` says or whether it is there (it asked no more)."""
+    for status in (b'"status": "success", ', b""):
+        body = b"{" + status + b'"data": {"resultType": "matrix", "result": []}}'
+        assert range_result(body) == []
 
 
 async def test_an_error_answer_is_counted_as_a_source_error_and_keeps_the_cursor(
