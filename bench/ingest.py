@@ -9,7 +9,8 @@ Usage: python bench/ingest.py [--workloads 10000] [--interval 15] [--cluster]
 Builds a range-query response as Prometheus returns it (dcgm-exporter device series, one pod
 per GPU: GR_ENGINE_ACTIVE, FB_USED, FB_FREE, so 3 series per workload), then times the real
 service path on an embedded nats-server (``--cluster``: three routed on loopback, R3 streams):
-parse the response (its JSON body, as the API returns it), attribute, validate, publish.
+parse the response (its JSON body's bytes, as the API returns it, decoded as the prometheus
+source decodes them), attribute, validate, publish.
 Each path on a fresh server: today's path before usage batches (``FRACPILOT_USAGE_WIRE=sample``:
 one message each, each acknowledgement awaited before the next: the same code as before
 batches), and usage batches through the publish window. A raw baseline publishes the same
@@ -77,6 +78,13 @@ try:
     from fracpilot_libs.gc_pause import gc_paused
 except ImportError:  # --compare with a commit before it: the collector was never paused
     gc_paused = contextlib.nullcontext
+
+try:  # the prometheus source's own decoding of an answer's bytes
+    from fracpilot_ingest.sources.prometheus import range_result
+except ImportError:  # a commit before it: requests' .json() in prometheus-api-client
+
+    def range_result(body: bytes) -> Any:
+        return json.loads(body)["data"]["result"]
 
 
 def prometheus_response(workloads: int, at: float) -> list[dict[str, Any]]:
@@ -158,11 +166,11 @@ async def service_path(
     cycles = []
     for response in responses:
         envelope = {"status": "success", "data": {"resultType": "matrix", "result": response}}
-        body = json.dumps(envelope)
+        body = json.dumps(envelope).encode()  # the bytes of the HTTP answer
         start = time.perf_counter()
         sent = 0
         with gc_paused():  # as the prometheus source parses it (RangeQueryClient.fetch)
-            result = json.loads(body)["data"]["result"]
+            result = range_result(body)
             # The decoded response handed over, as the prometheus source does (a commit before
             # ``owned``, under --compare: copied, as it did then).
             instants = points_by_instant(result, **OWNED)

@@ -4,7 +4,8 @@ Usage: python bench/ingest_phases.py [--workloads 20000] [--repeat 3]
 
 The response of bench/ingest.py (3 dcgm series per GPU) through the ingest's own functions,
 each phase timed in process CPU time with the collector off (as the ingest pauses it):
-parse (the JSON body, ``points_by_instant``), observe (``observe_points``), to_sample (the
+parse (the JSON body as the prometheus source decodes it, ``range_result``, and
+``points_by_instant``), observe (``observe_points``), to_sample (the
 service's ``samples_of``: owner, checks, the validated ``UsageSample``), encode (usage
 batches, the service's own encoding) and acked (what the service does once a batch is
 acknowledged, a batch at a time: metrics, signals). Publishing is not in it (bench/ingest.py
@@ -28,6 +29,7 @@ from ingest import prometheus_response
 
 from fracpilot_ingest.service import IngestService
 from fracpilot_ingest.settings import IngestSettings
+from fracpilot_ingest.sources.prometheus import range_result
 from fracpilot_libs.contracts import UsageSample
 from fracpilot_libs.usage.attribution import GpuInventory, Observation, Rejection, observe_points
 from fracpilot_libs.usage.range_queries import points_by_instant
@@ -35,7 +37,7 @@ from fracpilot_libs.usage.range_queries import points_by_instant
 PHASES = ("parse", "observe", "to_sample", "encode", "acked")
 
 
-async def cycle(body: str, workloads: int) -> list[float]:
+async def cycle(body: bytes, workloads: int) -> list[float]:
     settings = IngestSettings(
         nats={"url": "nats://127.0.0.1:4222"}, sources="prometheus", cluster="bench",
         interval_s=15, usage_view=False,
@@ -45,7 +47,8 @@ async def cycle(body: str, workloads: int) -> list[float]:
     gc.disable()
     try:
         marks = [time.process_time()]
-        instants = points_by_instant(json.loads(body)["data"]["result"])
+        # As the prometheus source parses it (RangeQueryClient.query_range, then fetch).
+        instants = points_by_instant(range_result(body), owned=True)
         marks.append(time.process_time())
         points = next(iter(instants.values()))
         observations, _ = observe_points(points, service.table, inventory)
@@ -77,7 +80,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     result = prometheus_response(args.workloads, float(int(time.time())))
-    body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}})
+    envelope = {"status": "success", "data": {"resultType": "matrix", "result": result}}
+    body = json.dumps(envelope).encode()  # the bytes of the HTTP answer
     runs = [asyncio.run(cycle(body, args.workloads)) for _ in range(args.repeat)]
     print(f"{args.workloads} GPUs, CPU µs per GPU (process time, collector off), each run:")
     print("".join(f"{p:>11}" for p in (*PHASES, "total")))

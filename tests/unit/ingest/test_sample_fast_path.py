@@ -114,3 +114,23 @@ def test_a_common_sample_takes_the_typed_path_and_a_nan_does_not() -> None:
     assert isinstance(bad, Rejection)
     assert bad.reason == "invalid"
     assert "compute" in bad.detail
+
+
+def test_samples_of_the_typed_path_share_a_fields_set_no_copy_changes() -> None:
+    """The typed path's samples share one fields set: frozen, nothing adds to it, and a copy
+    with an update gets a set of its own."""
+    pod = PodKey("inference", "chat-7c9d5f8b6d-x2k4p", "vllm")
+    one, two = (
+        convert(Observation(pod, f"GPU-{i}", "node-a", T, 0.42, GIB, 80 * GIB, True), None, "p")
+        for i in (1, 2)
+    )
+    assert isinstance(one, UsageSample)
+    assert isinstance(two, UsageSample)
+    fields_set = set(one.model_fields_set)
+    copied = one.model_copy(update={"schema_version": 1})
+    assert copied.model_fields_set == fields_set | {"schema_version"}
+    assert one.model_fields_set == two.model_fields_set == fields_set
+    assert "schema_version" not in fields_set
+    with pytest.raises(ValueError, match="frozen"):
+        one.pod = "other"  # type: ignore[misc]
+    assert one.model_fields_set == fields_set

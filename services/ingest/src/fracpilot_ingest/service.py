@@ -283,12 +283,16 @@ class IngestService:
         workload the actuator knows); any other pod is resolved by its owners."""
         ready: list[tuple[UsageSample, Observation | None]] = []
         mark, workloads, resolve = self.signals.mark, inventory.workloads, self.owners.resolve
+        # The tracker's own set (a kill noted meanwhile is seen): with none pending, only a
+        # sample with a preemption counter has anything to mark (no call for the others).
+        pending_oom = self.signals.pending_oom
         # Owners by pod name need no coroutine per sample (nothing there waits).
         owner_of = self.owners.owner_of if isinstance(self.owners, PodNameOwners) else None
         fractions, max_age = inventory.fractions, self.settings.max_sample_age_s
         published, new_tuple = self.published_series, tuple.__new__
         for obs in observations:
-            obs = mark(obs)
+            if pending_oom or obs.preemptions_total is not None:
+                obs = mark(obs)
             namespace, name, _ = obs.pod
             pod = new_tuple(PodKey, (namespace, name, ""))
             if (workload := workloads.get(pod)) is None:
