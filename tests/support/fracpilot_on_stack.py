@@ -290,10 +290,15 @@ async def chat_and_other_sharing_a_gpu(
     stack: GpuStack, namespace: str
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Deployment ``chat`` and pod ``other`` at 0.5 GPU each, both Running: their pods (KAI
-    puts them on one GPU when a node has only one free)."""
+    puts them on one GPU when a node has only one free).
+
+    ``other`` is created once ``chat`` runs: two pods bound at once into one new GPU group race
+    in KAI v0.12.0's binder, which can delete the group's reservation pod and later the
+    co-tenant (kai-scheduler/KAI-Scheduler#1103, fixed after v0.12.0;
+    test_actuator_placement_on_kai.py says how)."""
     await in_thread(stack.create, kai_deployment("chat", "0.5"), namespace)
-    await in_thread(stack.create, kai_pod_body("other", "0.5"), namespace)
     [chat] = await in_thread(wait_running, stack, namespace, "chat")
+    await in_thread(stack.create, kai_pod_body("other", "0.5"), namespace)
     [other] = await in_thread(wait_running, stack, namespace, "other")
     return chat, other
 
