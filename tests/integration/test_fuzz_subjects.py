@@ -18,6 +18,7 @@ per subject. Each test prints its numbers (pytest -s).
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import nats
@@ -232,6 +233,26 @@ async def test_junk_policy_requests_are_refused_and_dead_lettered(nats_url: str,
     assert len(get_letters) == len(gets)
     assert await dead_letters(nats_url, "decision", subjects.POLICY_LIST) == []
     assert all(d.reason.startswith("invalid policy") for d in set_letters + get_letters)
+
+
+async def test_a_policy_with_thousands_of_errors_is_refused_in_one_reply(nats_url: str) -> None:
+    """The fuzzer's rare draw made deterministic: 50,000 bad items gave a 2.5 MB reason, whose
+    reply nats-py refused to send (over max_payload), so the requester timed out."""
+    await reset_nats(nats_url)
+    body = json.loads(POLICY.to_json())
+    body["grid_levels"] = [0] * 50_000  # each item below the bound: one error each
+    service = DecisionService(DecisionSettings(nats={"url": nats_url}))
+    async with running(service):
+        nc = await nats.connect(nats_url)
+        try:
+            answer = await nc.request(subjects.POLICY_SET, json.dumps(body).encode(), timeout=10)
+        finally:
+            await nc.close()
+    reply = PolicyReply.model_validate_json(answer.data)
+    assert not reply.ok
+    assert reply.error is not None
+    assert "grid_levels.0: Input should be greater than 0" in reply.error
+    assert "and 49980 more" in reply.error
 
 
 # --- KV values -------------------------------------------------------------------------------

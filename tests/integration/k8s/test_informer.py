@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -105,3 +107,34 @@ async def test_a_miss_is_read_once_and_remembered(
         assert found is not None  # read from the API, or already delivered by the watch
         assert found["metadata"]["name"] == "real"
         assert "managedFields" not in found["metadata"]
+
+
+async def test_a_stop_while_the_watch_request_is_in_flight_closes_the_watch(
+    kube_admin: client.ApiClient, kube_namespace: str
+) -> None:
+    """stop() finds no response to shut down while the watch request is on its way; the watch
+    thread must close the response itself once it comes, not block on the open watch (seen:
+    an owners informer's watch held the session's kube-apiserver up to its SIGKILL)."""
+    core = client.CoreV1Api(kube_admin)
+    asked, stopped = threading.Event(), threading.Event()
+    responses: list[Any] = []
+
+    def lister(**kw: Any) -> Any:
+        if not kw.get("watch"):
+            return core.list_namespaced_pod(kube_namespace, **kw)
+        asked.set()
+        stopped.wait(10)  # the request is sent only after stop() ran
+        responses.append(core.list_namespaced_pod(kube_namespace, **kw))
+        return responses[-1]
+
+    informer = Informer("pods", lister)
+    informer.start()
+    assert await informer.wait_synced(30)
+    await wait_for(asked.is_set, timeout=10)
+    informer.stop()
+    stopped.set()
+    await asyncio.to_thread(informer.join, 10)  # the namespace is quiet: no event would wake it
+    assert informer._thread is not None
+    assert not informer._thread.is_alive()
+    [response] = responses
+    assert response.closed  # not handed back to the pool with the watch still open

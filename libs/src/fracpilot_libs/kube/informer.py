@@ -299,7 +299,9 @@ class Informer:
             )
             self._response = response
             try:
-                for line in iter_resp_lines(response):  # type: ignore[no-untyped-call]
+                # A stop() while the request was in flight found no response to shut down.
+                lines = () if self._stopping else iter_resp_lines(response)  # type: ignore[no-untyped-call]
+                for line in lines:
                     if self._stopping:
                         break
                     event = parse_event(line, self._project)
@@ -307,6 +309,8 @@ class Informer:
                         return
             finally:
                 self._response = None
+                if self._stopping:  # the watch is still open: never hand it back to the pool
+                    response.close()
                 response.release_conn()
         except BaseException as exc:
             hand_over(loop, partial(put, exc))
