@@ -10,9 +10,11 @@ response: keep the series of its shards' GPUs (``FRACPILOT_INGEST_SHARDS``, each
 holding an equal share: the leases are not timed), parse them, attribute, validate, encode
 each shard's batches and publish them through the publish window. As in bench/ingest.py the
 timing starts from the decoded response: each replica still downloads and decodes the whole
-of it (JSON), which is not timed. The replicas start together (a barrier before each cycle);
-a cycle's time is the slowest replica's, its rate all samples stored over that time. Rows,
-each on a fresh nats-server (``--cluster``: three routed on loopback, R3 streams):
+of it (JSON, decoded before the clock as the source decodes it, by ``range_result``, or
+``json.loads`` for a commit before it), which is not timed. The replicas start together (a
+barrier before each cycle); a cycle's time is the slowest replica's, its rate all samples
+stored over that time. Rows, each on a fresh nats-server (``--cluster``: three routed on
+loopback, R3 streams):
 
 - one ingest, unsharded (today);
 - one replica holding every shard (what sharding costs a replica: smaller batches);
@@ -60,7 +62,10 @@ async def replica_path(
 ) -> list[Cycle]:  # fmt: skip
     """One replica's reading of the whole response, ``cycles`` times (an interval apart):
     each cycle's samples sent, seconds, CPU seconds."""
-    from ingest import prometheus_response
+    import inspect
+    import json
+
+    from ingest import prometheus_response, range_result
 
     from fracpilot_ingest.service import IngestService
     from fracpilot_ingest.settings import IngestSettings
@@ -78,17 +83,23 @@ async def replica_path(
     plan = plan_cycle(shards, mine, {}, fallback=0.0)
     keep = plan.kept if shards > 1 else None
     labels = gpu_uuid_labels(service.table)
+    # As the source hands the decoded response over (a commit before ``owned``: copied).
+    owned = {"owned": True} if "owned" in inspect.signature(points_by_instant).parameters else {}
     timed = []
     for k in range(cycles):
         # Made before each cycle (not timed), the last one dropped: one response alive, as in
         # a replica between its readings (a collection's work grows with what is alive).
         response = None
-        response = prometheus_response(workloads, at + k * INTERVAL)
+        envelope = {"data": {"result": prometheus_response(workloads, at + k * INTERVAL)}}
+        # Decoded from its bytes as the source decodes them (range_result; json.loads for a
+        # commit before it), so its strings are the objects the source's are.
+        response = range_result(json.dumps(envelope).encode())
+        del envelope
         await asyncio.to_thread(barrier.wait)
         start, cpu = time.perf_counter(), time.process_time()
         sent = 0
         series = plan.of_shards(response, labels) if shards > 1 else response  # as the source
-        for points in points_by_instant(series).values():
+        for points in points_by_instant(series, **owned).values():
             sent += await service.publish_instant("prometheus", points, GpuInventory(), keep=keep)
         timed.append((sent, time.perf_counter() - start, time.process_time() - cpu))
     await service.runtime.bus.close()
