@@ -99,7 +99,8 @@ async def replica_path(
         start, cpu = time.perf_counter(), time.process_time()
         sent = 0
         series = plan.of_shards(response, labels) if shards > 1 else response  # as the source
-        for points in points_by_instant(series, **owned).values():
+        # As the source: the labels handed over only unsharded (sharded: copied, compact).
+        for points in points_by_instant(series, **(owned if shards == 1 else {})).values():
             sent += await service.publish_instant("prometheus", points, GpuInventory(), keep=keep)
         timed.append((sent, time.perf_counter() - start, time.process_time() - cpu))
     await service.runtime.bus.close()
