@@ -509,6 +509,8 @@ async def test_scale_up_asks_for_capacity_and_evicts_only_once_it_exists(
         assert cluster.read_pod(placeholder.metadata.name) is not None
         cluster.kai_pod("chat-1", new, owner, "0.75", "g2")
         *_, third = await apply(nats_url, made, count=3, publish=False)
+        # The placeholder goes after the final result is out: waited for before the stop.
+        await wait_for(lambda: not service.backend.recreates, timeout=10)  # type: ignore[union-attr]
     assert (third.plan, third.outcome) == (PlanKind.SCALE_UP, Outcome.APPLIED), third.detail
     assert third.node_after == f"new-{cluster.ns}"
     allocation = await allocation_of(nats_url, made.workload)

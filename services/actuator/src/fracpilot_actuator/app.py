@@ -292,6 +292,8 @@ class ActuatorService:
             await self.recommendations.stop()
         if self.webhook is not None:
             await self.webhook.stop()
+        if self.handler is not None:
+            self.handler.stop()  # ends the reconcile loop even if a library loses the cancel
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

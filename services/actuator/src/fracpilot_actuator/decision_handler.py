@@ -35,6 +35,7 @@ from fracpilot_actuator.kube.errors import PermanentKubeError
 from fracpilot_actuator.metrics import ActuatorMetrics
 from fracpilot_actuator.settings import ActuatorSettings
 from fracpilot_libs.contracts import ActuationResult, FractionDecision, Outcome, PlanKind, utcnow
+from fracpilot_libs.deadlines import event_set
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.bus import Bus
 from fracpilot_libs.nats.client_types import Msg
@@ -73,11 +74,20 @@ class DecisionHandler:
         self.elector = elector
         self.on_result = on_result
         self.lock = asyncio.Lock()
+        self.stopping = asyncio.Event()
+
+    def stop(self) -> None:
+        """End the reconcile loop once the round in hand is done. Cancelling its task alone
+        may not end it: nats-py awaits every reply (KV writes, JetStream publishes) through
+        ``asyncio.wait_for``, which on Python 3.11 swallows a cancel that comes with the reply
+        (nats-py 2.16.0, nats/aio/client.py ``_request_new_style``; see
+        :mod:`fracpilot_libs.deadlines`), and the loop then ran on."""
+        self.stopping.set()
 
     async def reconcile_loop(self) -> None:
-        """Carry on with actions that wait (a scale-up waiting for capacity)."""
-        while True:
-            await asyncio.sleep(self.settings.capacity.poll_s)
+        """Carry on with actions that wait (a scale-up waiting for capacity), until
+        :meth:`stop`."""
+        while not await event_set(self.stopping, self.settings.capacity.poll_s):
             try:
                 async with self.lock:
                     await self.backend.reconcile(utcnow())

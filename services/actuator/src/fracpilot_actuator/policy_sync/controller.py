@@ -68,6 +68,7 @@ class PolicySync:
         self.metrics = PolicySyncMetrics(registry)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self.passes = 0
         self.last_plan: SyncPlan | None = None
         self.informers = {
@@ -83,11 +84,16 @@ class PolicySync:
         }
 
     def start(self) -> None:
+        self._stopping = False
         for informer in self.informers.values():
             informer.start()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="policy-sync")
 
     async def stop(self) -> None:
+        # The flag ends the loop after the pass in hand even if the cancel is lost (nats-py's
+        # replies come through asyncio.wait_for: see DecisionHandler.stop).
+        self._stopping = True
+        self._wake.set()
         for informer in self.informers.values():
             informer.stop()
         if self._task is not None:
@@ -103,9 +109,11 @@ class PolicySync:
                     extra={"resource": informer.name},
                 )
         log.info("policy sync started")
-        while True:
+        while not self._stopping:
             await event_set(self._wake, self.settings.resync_s)
             self._wake.clear()
+            if self._stopping:
+                return
             try:
                 await self.sync_once()
             except Exception as exc:  # NATS or the API away: the next pass tries again
