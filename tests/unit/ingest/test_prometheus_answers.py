@@ -7,10 +7,9 @@ A real HTTP server on loopback (the stdlib's) answers with what each test sets."
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -30,6 +29,7 @@ from fracpilot_ingest.sources.prometheus import (
 )
 from fracpilot_libs.pricing import GpuPrices
 from fracpilot_libs.usage.samples import PublishedSeries
+from support.serving_thread import QuietHandler, ServingThread
 
 RESULT = [
     {
@@ -53,26 +53,14 @@ class Answers:
 def server() -> Iterator[tuple[str, Answers]]:
     answers = Answers()
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
+    class Handler(QuietHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
             answers.requests.append((self.path, dict(self.headers)))
-            self.send_response(answers.status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(answers.body)))
-            self.end_headers()
-            self.wfile.write(answers.body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
+            self.answer(answers.status, answers.body, "application/json")
 
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with ServingThread(httpd, "prometheus-answers"):
         yield f"http://127.0.0.1:{httpd.server_address[1]}", answers
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
 
 
 def client(url: str, step_s: float = 15.0) -> RangeQueryClient:
