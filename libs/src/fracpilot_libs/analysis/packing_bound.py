@@ -47,7 +47,7 @@ Two parts (HAMi): HAMi fits a pod on a GPU by two sums, ``nvidia.com/gpumem`` (o
 ``gpumem-percentage``) and ``nvidia.com/gpucores``, each at most 100 % per GPU
 (:mod:`fracpilot_libs.hami.fit`); fracpilot writes both from one fraction. :func:`two_part_bound`
 repacks per-pod (memory, compute) shares in whole percents on those two sums (first-fit-
-decreasing, see :func:`ffd_cards_two_part`), so that a memory-heavy, compute-light pod may share
+decreasing, see :func:`ffd_cards_2d`), so that a memory-heavy, compute-light pod may share
 a card with a compute-heavy, memory-light one, which one number per pod forbids.
 :func:`engine_parts` says what the engine's two parts are: it sizes them apart and holds only
 the larger.
@@ -103,17 +103,29 @@ def ffd_cards(sizes: Sequence[float]) -> int:
     return len(free)
 
 
-def ffd_cards_2d(items: Sequence[tuple[float, float]]) -> int:
-    """FFD for (memory, compute) pairs, sorted by memory then compute: a card holds at most
-    1.0 of each."""
+def ffd_cards_2d(
+    items: Sequence[tuple[float, float]], order: str = "pair", capacity: float = 1.0
+) -> int:
+    """FFD for (memory, compute) pairs: a card holds at most ``capacity`` of each (1.0; 100 for
+    HAMi's whole percents, whose ``Fit`` refuses either sum above it:
+    ``CardInsufficientMemory``, ``CardInsufficientCore``). ``order``: decreasing by the pair
+    (memory, then compute), by the larger of the two ("max") or by their sum ("sum"), ties by
+    the pair."""
+    if order not in ("pair", "max", "sum"):
+        raise ValueError(f"order must be 'pair', 'max' or 'sum', not {order!r}")
+
+    def key(item: tuple[float, float]) -> tuple[float, float, float]:
+        first = 0.0 if order == "pair" else max(item) if order == "max" else item[0] + item[1]
+        return (first, *item)
+
     free: list[tuple[float, float]] = []
-    for mem, comp in sorted(items, reverse=True):
+    for mem, comp in sorted(items, key=key, reverse=True):
         for i, (room_m, room_c) in enumerate(free):
             if mem <= room_m + EPS and comp <= room_c + EPS:
                 free[i] = (room_m - mem, room_c - comp)
                 break
         else:
-            free.append((1.0 - mem, 1.0 - comp))
+            free.append((capacity - mem, capacity - comp))
     return len(free)
 
 
@@ -507,29 +519,6 @@ def held_fractions(
     return {k: [row[3] for row in rows] for k, rows in timelines.items()}
 
 
-def ffd_cards_two_part(items: Sequence[tuple[int, int]], order: str = "max") -> int:
-    """Cards first-fit-decreasing needs for (memory, cores) requests in HAMi's whole percents,
-    a card holding at most 100 of each (HAMi's ``Fit``: ``CardInsufficientMemory``,
-    ``CardInsufficientCore``). ``order``: decreasing by the larger of the two ("max") or by
-    their sum ("sum"), ties by the pair."""
-    if order not in ("max", "sum"):
-        raise ValueError(f"order must be 'max' or 'sum', not {order!r}")
-
-    def key(item: tuple[int, int]) -> tuple[int, int, int]:
-        first = max(item) if order == "max" else item[0] + item[1]
-        return (first, *item)
-
-    free: list[tuple[int, int]] = []
-    for mem, cores in sorted(items, key=key, reverse=True):
-        for i, (room_m, room_c) in enumerate(free):
-            if mem <= room_m and cores <= room_c:
-                free[i] = (room_m - mem, room_c - cores)
-                break
-        else:
-            free.append((100 - mem, 100 - cores))
-    return len(free)
-
-
 @dataclass
 class TwoPartBound:
     """Card-hours of (memory, compute) shares repacked from scratch at every instant, on
@@ -556,8 +545,8 @@ def two_part_bound(
 ) -> TwoPartBound:
     """``shares`` maps a workload key to its (memory, compute) share of a card at each of its
     samples; each becomes HAMi's whole percents (rounded up, as fracpilot writes them) and is
-    repacked by :func:`ffd_cards_two_part` in every slice. One number per pod is the case
-    (f, f): the same as :func:`ffd_cards` of f."""
+    repacked by :func:`ffd_cards_2d` on cards of 100 in every slice. One number per pod is the
+    case (f, f), in whole percents."""
     bound = TwoPartBound(card_hours=dict.fromkeys(orders, 0.0))
     for seconds, on in slices(groups):
         hours = seconds / HOUR_S
@@ -566,7 +555,7 @@ def two_part_bound(
         bound.whole_card_hours += hours * len(on)
         bound.fraction_hours += hours * sum(max(m, c) for m, c in items) / 100
         for order in orders:
-            bound.card_hours[order] += hours * ffd_cards_two_part(items, order)
+            bound.card_hours[order] += hours * ffd_cards_2d(items, order, capacity=100)
     return bound
 
 

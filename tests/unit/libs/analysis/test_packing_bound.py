@@ -15,7 +15,6 @@ from fracpilot_libs.analysis.packing_bound import (
     engine_parts,
     ffd_cards,
     ffd_cards_2d,
-    ffd_cards_two_part,
     held_parts,
     lower_bound_cards,
     pack_bound,
@@ -142,8 +141,8 @@ def test_two_parts_pair_a_memory_heavy_pod_with_a_compute_heavy_one() -> None:
     two = {keys["a"]: [(0.7, 0.2)] * 2, keys["b"]: [(0.2, 0.7)] * 2}
     one = {k: [(max(p), max(p)) for p in pairs] for k, pairs in two.items()}
     for order in ("max", "sum"):
-        assert ffd_cards_two_part([(70, 20), (20, 70)], order) == 1
-        assert ffd_cards_two_part([(70, 70), (70, 70)], order) == 2
+        assert ffd_cards_2d([(70, 20), (20, 70)], order, capacity=100) == 1
+        assert ffd_cards_2d([(70, 70), (70, 70)], order, capacity=100) == 2
     two_d, one_d = two_part_bound(trace, two), two_part_bound(trace, one)
     hours = 2 * 2 / 60  # both pods, two one-minute samples each
     assert two_d.whole_card_hours == one_d.whole_card_hours == pytest.approx(hours)
@@ -156,14 +155,14 @@ def test_two_parts_pair_a_memory_heavy_pod_with_a_compute_heavy_one() -> None:
 
 def test_two_parts_are_hamis_whole_percents_rounded_up() -> None:
     # 0.375 and 0.625 of memory are 38 % and 63 %: over 100, so two cards (hami/fit.py)
-    assert ffd_cards_two_part([(38, 10), (63, 10)]) == 2
-    assert ffd_cards_two_part([(37, 50), (63, 50)]) == 1
+    assert ffd_cards_2d([(38, 10), (63, 10)], "max", capacity=100) == 2
+    assert ffd_cards_2d([(37, 50), (63, 50)], "max", capacity=100) == 1
     trace = {k: v for k, v in hand_trace().items() if not k.endswith("/c")}
     keys = sorted(trace)
     bound = two_part_bound(trace, {keys[0]: [(0.375, 0.1)] * 2, keys[1]: [(0.625, 0.1)] * 2})
     assert bound.saved_pct(bound.best()) == pytest.approx(0.0)
     with pytest.raises(ValueError, match="order"):
-        ffd_cards_two_part([(1, 1)], "min")
+        ffd_cards_2d([(1, 1)], "min")
 
 
 def test_the_engines_parts_are_its_memory_need_and_compute_need_on_the_grid() -> None:
