@@ -42,7 +42,7 @@ from fracpilot_libs.sizing.engine import need_of
 from fracpilot_libs.sizing.need import Need
 from fracpilot_libs.sizing.state import WorkloadState
 
-DATA = Path("/work/shared/data/genai_public.csv.gz")
+DATA = Path(__file__).resolve().parents[1].parent / "shared/data/genai_public.csv.gz"
 LOW = 0.01  # HAMi's least request: 1 %
 
 
