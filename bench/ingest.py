@@ -59,6 +59,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -87,11 +88,17 @@ except ImportError:  # a commit before it: requests' .json() in prometheus-api-c
         return json.loads(body)["data"]["result"]
 
 
+def _gpu_uuid(i: int) -> str:
+    """GPU ``i``'s UUID, as NVIDIA's look (128 bits in hex): distinct, their last hex digits
+    (an ingest shard, fracpilot_ingest.shard_plan) spread evenly."""
+    return f"GPU-{uuid.UUID(int=(i * 0x9E3779B97F4A7C15F39CC0605CEDC835 + 1) % 2**128)}"
+
+
 def prometheus_response(workloads: int, at: float) -> list[dict[str, Any]]:
     series = []
     for i in range(workloads):
         gpu = {
-            "UUID": f"GPU-{i:08d}",
+            "UUID": _gpu_uuid(i),
             "gpu": "0",
             "Hostname": f"node-{i // 8}",
             "modelName": "NVIDIA H100 80GB HBM3",
