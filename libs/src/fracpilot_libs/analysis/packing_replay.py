@@ -57,12 +57,9 @@ from fracpilot_libs.analysis.packed_workload import (
 from fracpilot_libs.analysis.packing import PackedAccount
 from fracpilot_libs.analysis.replay import Progress, ReplayReport
 from fracpilot_libs.analysis.replay_cluster import MAX_MOVES_PER_CHECK, ReplayCluster
-from fracpilot_libs.analysis.shared_packing import (
-    SharedCluster,
-    TenantSizer,
-    shared_policy,
-)
+from fracpilot_libs.analysis.shared_packing import SharedCluster
 from fracpilot_libs.analysis.tenant_forecasts import YOUNG_MARGIN, YOUNG_SPARE, TenantForecasts
+from fracpilot_libs.analysis.tenant_sizing import TenantSizer, shared_policy
 from fracpilot_libs.analysis.trace import TracePoint
 from fracpilot_libs.contracts import PlanKind
 from fracpilot_libs.placement.card_budget import CardRules, Isolation

@@ -9,7 +9,7 @@ with at least the population's prior as its jump. Pure: the replay sets the inst
 from __future__ import annotations
 
 from fracpilot_libs.analysis.packed_workload import PackedWorkload
-from fracpilot_libs.analysis.shared_packing import TenantState
+from fracpilot_libs.analysis.tenant_sizing import TenantState
 from fracpilot_libs.contracts import Policy
 from fracpilot_libs.placement.card_budget import TenantForecast
 from fracpilot_libs.sizing.engine import need_of
