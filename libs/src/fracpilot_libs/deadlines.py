@@ -30,3 +30,13 @@ async def event_set(event: asyncio.Event, timeout_s: float | None) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+def cancel_requested() -> bool:
+    """Whether the running task was asked to cancel, though the ``CancelledError`` may never
+    have come: a library's ``asyncio.wait_for`` (nats-py awaits every reply through one)
+    swallows it with the reply, but ``Task.cancelling()`` still counts the request. A loop
+    that only a cancel ends checks this after each awaited round; a loop with a stop flag of
+    its own checks that."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

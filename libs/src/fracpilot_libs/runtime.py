@@ -102,7 +102,7 @@ class ServiceRuntime:
         ``jetstream_every_s``."""
         was_problem: str | None = None
         jetstream_up, asked_at = True, loop_time()
-        while True:
+        while not self.stop_requested.is_set():
             await asyncio.sleep(every_s)
             connected = self.bus.connected
             if not connected:
@@ -110,6 +110,10 @@ class ServiceRuntime:
             elif not jetstream_up or loop_time() - asked_at >= jetstream_every_s:
                 jetstream_up, asked_at = await self._jetstream_up(), loop_time()
                 connected = self.bus.connected  # a lost connection is the reason given first
+            if self.stop_requested.is_set():
+                # Shutting down, though the cancel may be lost in the replies awaited just
+                # now (nats-py's asyncio.wait_for: see fracpilot_libs.deadlines).
+                return
             problem = readiness_problem(connected, jetstream_up)
             if problem != was_problem:
                 was_problem = problem

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fracpilot_libs.deadlines import event_set, within
+from fracpilot_libs.deadlines import cancel_requested, event_set, within
 
 ROOT = Path(__file__).resolve().parents[3]
 SOURCES = [ROOT / "libs" / "src", *sorted((ROOT / "services").glob("*/src")), ROOT / "src"]
@@ -54,6 +54,18 @@ async def test_asyncio_wait_for_loses_the_cancellation_here() -> None:
 )
 async def test_a_cancellation_as_the_wait_completes_is_kept(waiter: object) -> None:
     assert await _cancelled_as_it_completes(waiter) == "cancelled"
+
+
+async def test_a_cancellation_lost_in_wait_for_is_still_requested() -> None:
+    seen: list[bool] = []
+
+    async def loses_the_cancel(fut: asyncio.Future[None], _e: asyncio.Event) -> None:
+        seen.append(cancel_requested())
+        await asyncio.wait_for(fut, 5)
+        seen.append(cancel_requested())
+
+    assert await _cancelled_as_it_completes(loses_the_cancel) == "went on"
+    assert seen == [False, True]
 
 
 async def test_deadlines_time_out_and_return() -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fracpilot_libs.analysis.shared_packing import with_resize_budget
+from fracpilot_libs.analysis.tenant_sizing import with_resize_budget
 from fracpilot_libs.contracts import MemoryHeadroom, MemoryHeadroomMode, Policy, UsageSample
 from fracpilot_libs.sizing.engine import decide
 from fracpilot_libs.sizing.forecast import population_prior

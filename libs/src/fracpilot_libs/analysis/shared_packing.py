@@ -3,8 +3,9 @@
 The replay loop is :func:`fracpilot_libs.analysis.packing_replay.replay_packed`; with
 ``shared`` isolation it places workloads through :class:`SharedCluster` instead of the
 actuator's fraction planner. Each workload's engine sizes its own *need* (the policy's fraction
-without per-pod memory headroom: the :data:`SHARED_HEADROOM` fields) and keeps its jump
-statistic (:class:`TenantSizer`); the card planner
+without per-pod memory headroom: the
+:data:`~fracpilot_libs.analysis.tenant_sizing.SHARED_HEADROOM` fields) and keeps its jump
+statistic (:class:`~fracpilot_libs.analysis.tenant_sizing.TenantSizer`); the card planner
 (:mod:`fracpilot_libs.placement.card_budget`) decides which cards hold which tenants (their
 needs plus the card's one pooled headroom and burst budget fit in 1.0) and divides each card
 into accounted fractions that sum to at most 1.0.
@@ -29,11 +30,19 @@ Pure: no clock, no I/O.
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from fracpilot_libs.contracts import PlanKind, Policy, UsageSample, WorkloadRef
+from fracpilot_libs.analysis.tenant_sizing import (
+    MODE_RESIZE_BUDGET,
+    SHARED_HEADROOM,
+    SHARED_RESIZE_BUDGET,
+    TenantSizer,
+    TenantState,
+    shared_policy,
+    with_resize_budget,
+)
+from fracpilot_libs.contracts import PlanKind, WorkloadRef
 from fracpilot_libs.placement.card_budget import (
     EPS,
     CardRules,
@@ -47,83 +56,22 @@ from fracpilot_libs.placement.card_budget import (
 from fracpilot_libs.placement.consolidation import SAFE_TO_EVICT, consolidation_plan
 from fracpilot_libs.placement.consolidation_limits import pooled_card_budget
 from fracpilot_libs.placement.planner import ClusterState, Gpu, Placement
-from fracpilot_libs.sizing.engine import decide
-from fracpilot_libs.sizing.forecast import jump_after
-from fracpilot_libs.sizing.peak_profile import NO_PROFILE, in_window, profile_period, with_peak
-from fracpilot_libs.sizing.state import WorkloadState
+
+# the tenant's engine has a module of its own (tenant_sizing); its names stay importable here
+__all__ = [
+    "MODE_RESIZE_BUDGET",
+    "SHARED_HEADROOM",
+    "SHARED_RESIZE_BUDGET",
+    "Forecasts",
+    "MoveRules",
+    "SharedCluster",
+    "TenantSizer",
+    "TenantState",
+    "shared_policy",
+    "with_resize_budget",
+]
 
 HOUR_S = 3600.0
-
-# The policy fields a shared-isolation engine sizes with: no per-pod memory headroom (the
-# card's pooled headroom replaces it).
-SHARED_HEADROOM = {"memory_margin": 0.0, "memory_min_headroom": 0.0}
-
-
-# The resize budget a mode applies when the policy sets none (resizes per workload in 24 h).
-MODE_RESIZE_BUDGET = 4.0
-# Shared isolation's: one below the target of 4, room for the memory upsizes the budget never
-# withholds (without per-pod headroom a workload's new memory peak is an upsize; with 4, the
-# GenAI trace averaged 4.05 a workload-day). Resizes are counted whole: 3.5 would mean 3.
-SHARED_RESIZE_BUDGET = 3.0
-
-
-def with_resize_budget(policy: Policy, budget: float = MODE_RESIZE_BUDGET) -> Policy:
-    """``policy`` with the mode's resize budget, unless it sets its own."""
-    if "resize_budget_per_day" in policy.model_fields_set:
-        return policy
-    return policy.model_copy(update={"resize_budget_per_day": budget})
-
-
-def shared_policy(policy: Policy) -> Policy:
-    """``policy`` as a tenant's engine uses it under shared isolation: no per-pod headroom,
-    and shared isolation's resize budget unless it sets one."""
-    return with_resize_budget(policy.model_copy(update=SHARED_HEADROOM), SHARED_RESIZE_BUDGET)
-
-
-@dataclass
-class TenantState:
-    """A workload's engine state, its jump statistic and its peak profile (updated in place,
-    for speed)."""
-
-    engine: WorkloadState = field(default_factory=WorkloadState)
-    jump: float = 0.0
-    first_seen: float | None = None
-    # memory peak per period of the shared clock (fracpilot_libs.sizing.peak_profile, as the
-    # decision service keeps it), the periods of the memory window only
-    profile: array[float] = field(default_factory=lambda: NO_PROFILE)
-
-    def peak_profile(self, now: float, policy: Policy) -> tuple[tuple[int, float], ...]:
-        """The profile over the memory window before ``now``, oldest period first: exact, as
-        every sample is seen on the clock all tenants share (the engine's slots start where
-        a workload's samples fell, so a profile read from them counts each slot's peak in the
-        two periods it overlaps)."""
-        return in_window(self.profile, now, policy)
-
-
-@dataclass(frozen=True)
-class TenantSizer:
-    """The engine under ``policy`` (as :func:`shared_policy` makes it), keeping each workload's
-    jump statistic beside its state (:func:`fracpilot_libs.sizing.forecast.jump_after`)."""
-
-    policy: Policy
-    name: str = "fracpilot"
-
-    def initial(self, requested: float | None) -> float:
-        return requested or 1.0
-
-    def start(self) -> TenantState:
-        return TenantState()
-
-    def step(self, state: TenantState, sample: UsageSample) -> tuple[TenantState, float | None]:
-        now = sample.timestamp.timestamp()
-        share = sample.memory_share
-        state.jump = jump_after(state.jump, state.engine, share, now, self.policy)
-        if state.first_seen is None:
-            state.first_seen = now
-        state.profile = with_peak(state.profile, share, now, profile_period(self.policy))
-        state.engine, decision = decide(state.engine, sample, self.policy)
-        return state, decision.new_fraction if decision else None
-
 
 Forecasts = Callable[[str], TenantForecast]
 
@@ -165,7 +113,7 @@ class SharedCluster:
 
     ``forecast(key)`` is the workload's forecast as it stands (its need is the fraction its
     engine decided). The interface is the fraction cluster's
-    (:class:`fracpilot_libs.analysis.packing_replay.ReplayCluster`) that the replay loop uses;
+    (:class:`fracpilot_libs.analysis.replay_cluster.ReplayCluster`) that the replay loop uses;
     :attr:`fraction_of` holds each tenant's accounted fraction after every change. Time comes
     from :meth:`at` (the move budget's 24 h).
 

@@ -38,6 +38,7 @@ import uuid
 from collections import defaultdict
 from typing import Protocol
 
+from fracpilot_libs.deadlines import event_set
 from fracpilot_libs.leases.balance import Moves
 from fracpilot_libs.leases.core import (
     MEMBER,
@@ -163,6 +164,7 @@ class Ownership:
         self._stopping = False
         self._tasks: list[asyncio.Task[None]] = []
         self._renewer: asyncio.Task[None] | None = None  # runs on until the hand-overs are done
+        self._renewals_end = asyncio.Event()
         self._forgetting: set[asyncio.Task[None]] = set()
 
     @property
@@ -209,11 +211,12 @@ class Ownership:
 
     async def _renewing(self) -> None:
         """Renew ``lease_s / 4`` after the last renewal began, every ``RETRY_S`` while one
-        goes unanswered (:meth:`LeaseTiming.pause_after_renewal`). Runs until cancelled: the
-        leases are renewed while the partitions are handed over."""
+        goes unanswered (:meth:`LeaseTiming.pause_after_renewal`). Runs until
+        ``_renewals_end`` (the leases are renewed while the partitions are handed over), which
+        ends it after the renewal in hand even when its cancel is lost (nats-py awaits each
+        reply through ``asyncio.wait_for``: see :mod:`fracpilot_libs.deadlines`)."""
         pause = self.renew_s
-        while True:
-            await asyncio.sleep(pause)
+        while not await event_set(self._renewals_end, pause):
             began = time.monotonic()
             answered = await self.renew()
             pause = self.timing.pause_after_renewal(began, time.monotonic(), answered=answered)
@@ -401,6 +404,7 @@ class Ownership:
                     await self._hand_over(p)
         finally:
             if self._renewer is not None:
+                self._renewals_end.set()
                 self._renewer.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._renewer

@@ -27,7 +27,7 @@ from nats.js.errors import NotFoundError
 from opentelemetry import trace
 from pydantic import BaseModel
 
-from fracpilot_libs.deadlines import within
+from fracpilot_libs.deadlines import cancel_requested, within
 from fracpilot_libs.nats.bus_metrics import BusMetrics
 from fracpilot_libs.nats.decoding import DecodeError, ErrorKind, decode
 from fracpilot_libs.nats.pull_feed import PullFeed
@@ -188,6 +188,8 @@ async def watch_lag(
             else:
                 gauges[0].labels(stream, durable).set(info.num_pending or 0)
                 gauges[1].labels(stream, durable).set(info.num_ack_pending or 0)
+            if cancel_requested():  # cancelled (a hand-over), the cancel lost in the ask
+                raise asyncio.CancelledError
             with contextlib.suppress(TimeoutError):
                 await within(stopping.wait(), LAG_INTERVAL_S)
     except asyncio.CancelledError:

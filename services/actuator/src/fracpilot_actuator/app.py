@@ -72,6 +72,8 @@ class ActuatorService:
         self.handler: DecisionHandler | None = None
         self._kube_api = kube_api
         self._tasks: list[asyncio.Task[None]] = []
+        self._standby: asyncio.Task[None] | None = None
+        self._stopping = False  # a standby that has not begun acting never does
         self.webhook: WebhookServer | None = None
         self.elector: LeaderElector | None = None
         self.policy_sync: PolicySync | None = None
@@ -123,7 +125,7 @@ class ActuatorService:
         self.handler = DecisionHandler(s, bus, claims, backend, self.metrics, self.elector)
         if self.elector is not None:
             await self.elector.start()
-            self._tasks.append(asyncio.create_task(self._act_once_leading(), name="standby"))
+            self._standby = asyncio.create_task(self._act_once_leading(), name="standby")
         else:
             await self._begin_acting()
 
@@ -145,6 +147,10 @@ class ActuatorService:
         # What it read at its start is out of date: the old leader went on acting since.
         try:
             await self.backend.resume(utcnow())
+            # The stop's cancel may be lost in resume's KV reads (nats-py's wait_for: see
+            # DecisionHandler.stop); a stopped standby must not start acting.
+            if self._stopping:
+                return
             await self._begin_acting()
         except Exception:
             # A leader that cannot take up its predecessor's work must not sit on the lease
@@ -286,6 +292,11 @@ class ActuatorService:
         await self.handler.report(decision, actuation, actuation.stage or "finished")
 
     async def stop(self) -> None:
+        self._stopping = True
+        if self._standby is not None:  # first: it would start the loops stopped below
+            self._standby.cancel()
+            await asyncio.gather(self._standby, return_exceptions=True)
+            self._standby = None
         if self.policy_sync is not None:
             await self.policy_sync.stop()
         if self.recommendations is not None:

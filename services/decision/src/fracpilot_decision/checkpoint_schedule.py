@@ -81,11 +81,15 @@ class CheckpointScheduler:
         self.partition_count = partition_count
         self._now = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="checkpoints")
 
     async def stop(self) -> None:
+        # The flag ends the loop after the write in hand even if the cancel is lost (nats-py
+        # awaits each KV reply through asyncio.wait_for: see fracpilot_libs.deadlines).
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -104,7 +108,7 @@ class CheckpointScheduler:
         spacing = interval / max(1, self.partition_count)
         tick = min(spacing, idle / 2 if idle else interval)
         last_due = 0.0
-        while True:
+        while not self._stopping:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(tick):
                     await self._now.wait()
@@ -120,6 +124,8 @@ class CheckpointScheduler:
             )
             last_due = plan.last_due
             for part in plan.chosen:
+                if self._stopping:
+                    return
                 # The busy partition due now spreads its writes over half a slot; a quiet one
                 # or an urgent round writes at once.
                 spread = spacing / 2 if part is plan.overdue else 0.0

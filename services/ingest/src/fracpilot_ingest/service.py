@@ -36,7 +36,7 @@ from fracpilot_ingest.sources import make_sources
 from fracpilot_ingest.sources.base import Source, SourceContext
 from fracpilot_ingest.supervision import SourceSupervisor
 from fracpilot_libs.contracts import Allocation, UsageSample
-from fracpilot_libs.deadlines import within
+from fracpilot_libs.deadlines import event_set, within
 from fracpilot_libs.gc_pause import gc_paused
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.publish_window import OnAcked, PublishWindow
@@ -110,6 +110,9 @@ class IngestService:
         self.finished = asyncio.Event()  # a source produced all it will (the simulator's span)
         self.cycles = 0  # completed reads of the sources
         self._tasks: list[asyncio.Task[None]] = []
+        # Ends the sources' loops after the reading in hand even if the stop's cancel is lost
+        # (nats-py awaits each reply through asyncio.wait_for: see fracpilot_libs.deadlines).
+        self._stopping = asyncio.Event()
         self.windows: dict[str, PublishWindow] = {}  # by source
         # The usage partition count batches are grouped by: read before each reading.
         self.partitions = settings.decision_partitions
@@ -132,6 +135,7 @@ class IngestService:
             )
 
     async def stop(self) -> None:
+        self._stopping.set()
         for task in self._tasks:
             task.cancel()
         if self.shards is not None:
@@ -182,10 +186,12 @@ class IngestService:
         (Run by :attr:`supervisor`, which restarts it when it raises.) The source moves on
         only once every batch of the reading is acknowledged: one that failed raises, and the
         restarted source reads the same instants again (the same batch ids: stored once)."""
+        if self._stopping.is_set():  # restarted after a crash during the stop
+            return
         await source.open()
         window = self._window(source.name)
         try:
-            while (reading := await source.read()) is not None:
+            while not self._stopping.is_set() and (reading := await source.read()) is not None:
                 if self.settings.usage_wire == "batch":
                     self.partitions = await self.runtime.bus.usage_partitions()
                 # The reading's objects, paused over until acknowledged: resumed earlier, the
@@ -211,10 +217,11 @@ class IngestService:
                 self.supervisor.progressed(source)
                 delay = source.next_read_in()
                 if delay > 0:
-                    await asyncio.sleep(delay)
+                    await event_set(self._stopping, delay)
         finally:
             await window.cancel()  # what a failed or stopped reading left: read again
-        self.finished.set()
+        if not self._stopping.is_set():
+            self.finished.set()
 
     def note_oom_kills(self) -> None:
         """OOM kills in the pods cache (owners=kubernetes) become pending events."""

@@ -2,15 +2,17 @@
 
 Called from :meth:`~fracpilot_actuator.kube.backend.KubernetesBackend.reconcile` (the leader's
 reconcile loop). Every ``interval_s`` (every call while a node is being emptied) it reads the
-cluster (nodes and pods from the inventory cache when it is current, KAI's BindRequests and
-PodGroups, PodDisruptionBudgets, the namespaces' labels), asks the round what to do, and:
+cluster (:mod:`.consolidation_read`: nodes and pods from the inventory cache when it is current,
+KAI's BindRequests and PodGroups, PodDisruptionBudgets, the namespaces' labels), asks the round
+what to do, and:
 
 - sets the gauges ``fracpilot_consolidation_would_free_gpus`` / ``_nodes``, and logs the
   plan's summary and publishes it (a ``ConsolidationReport``, when the backend was given a
   publisher) when it changed (recommend and auto alike);
 - auto: marks the node to empty (the NoSchedule taint ``fracpilot.io/consolidating=true``, the
-  annotation ``fracpilot.io/consolidating-reason`` and an Event on the node), then moves its
-  pods one at a time, make before break: a move is allowed by the guardrails (the disruption
+  annotation ``fracpilot.io/consolidating-reason``: :mod:`.consolidation_marks`'s patches, and an
+  Event on the node), then moves its pods one at a time, make before break: a move is allowed
+  by the guardrails (the disruption
   budget, a workload in flight) and recorded as a disruption before the eviction, which goes
   through the Eviction API (PDBs hold: a 429 is retried, then the node is given up), with an
   Event on the pod saying why; the next move waits until the replacement is bound
@@ -40,11 +42,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Protocol
 
 from fracpilot_actuator.guardrails import Disruption, GuardState, Subject, check
 from fracpilot_actuator.kube.api import KubeApi
 from fracpilot_actuator.kube.cache import Fence
+from fracpilot_actuator.kube.consolidation_marks import mark_patch, unmark_patch
 from fracpilot_actuator.kube.consolidation_moves import MoveInFlight, move_verdict
 from fracpilot_actuator.kube.consolidation_notices import ConsolidationNotices, Publish
 from fracpilot_actuator.kube.consolidation_pods import card_forecasts
@@ -54,15 +57,10 @@ from fracpilot_actuator.kube.consolidation_progress import (
     progress_of,
     resume_refusal,
 )
-from fracpilot_actuator.kube.consolidation_round import (
-    MARK_REASON,
-    MARK_TAINT,
-    consolidation_round,
-    marked_nodes,
-)
-from fracpilot_actuator.kube.consolidation_view import ConsolidationView, disruption_budgets
+from fracpilot_actuator.kube.consolidation_read import read_consolidation_view
+from fracpilot_actuator.kube.consolidation_round import consolidation_round, marked_nodes
+from fracpilot_actuator.kube.consolidation_view import ConsolidationView
 from fracpilot_actuator.kube.executor import StepExecutor
-from fracpilot_actuator.kube.inventory import build_inventory
 from fracpilot_actuator.kube.namespaces import NamespaceLabels
 from fracpilot_actuator.kube.reader import ClusterReader
 from fracpilot_actuator.kube.settings import KubeBackendSettings
@@ -294,46 +292,14 @@ class Consolidator:
 
     async def _read(self) -> ConsolidationView:
         backend = self.backend
-        api, settings = backend.api, backend.settings
-        nodes, pods = await backend.reader.nodes_and_pods()
-        kai = await backend.reader.kai.read()
-        inventory = build_inventory(
-            nodes,
-            pods,
-            cluster=settings.cluster,
-            default_gpu_memory_mib=settings.default_gpu_memory_mib,
-            kai=settings.kai,
-            bound=kai.bound,
-            hami_memory_factor=settings.hami_memory_factor,
-        )
-        pdbs = await api.list_disruption_budgets()
-        namespaces = sorted({p.namespace for p in inventory.pods.values()})
-        labels: dict[str, dict[str, Any]] = {}
-        if backend.namespaces is not None:
-            for namespace in namespaces:
-                labels[namespace] = await backend.namespaces.labels_of(namespace)
-        return ConsolidationView(
-            inventory=inventory,
-            nodes={str((n.get("metadata") or {}).get("name", "")): n for n in nodes},
-            budgets=disruption_budgets(pdbs, inventory.pods.values()),
-            pod_groups=kai.pod_groups,
-            namespace_labels=labels,
+        return await read_consolidation_view(
+            backend.api, backend.reader, backend.settings, backend.namespaces
         )
 
     async def _mark(self, view: ConsolidationView, node: str, reason: str) -> bool:
         raw = view.nodes[node]
-        meta = raw.get("metadata") or {}
-        taints = list((raw.get("spec") or {}).get("taints") or [])
-        taints.append({"key": MARK_TAINT, "value": "true", "effect": "NoSchedule"})
-        patch = {
-            "metadata": {
-                "annotations": {MARK_REASON: reason},
-                "resourceVersion": meta.get("resourceVersion"),
-            },
-            "spec": {"taints": taints},
-        }
         try:
-            version = await self.backend.api.patch_node(node, patch)
+            version = await self.backend.api.patch_node(node, mark_patch(raw, reason))
         except Exception as exc:  # tried again next round, on the node as it then is
             log.warning("node not marked", extra={"node": node, "error": str(exc)[:300]})
             return False
@@ -348,19 +314,8 @@ class Consolidator:
         raw = view.nodes.get(node)
         if raw is None:
             return
-        meta = raw.get("metadata") or {}
-        taints = [
-            t for t in (raw.get("spec") or {}).get("taints") or () if t.get("key") != MARK_TAINT
-        ]
-        patch = {
-            "metadata": {
-                "annotations": {MARK_REASON: None},
-                "resourceVersion": meta.get("resourceVersion"),
-            },
-            "spec": {"taints": taints},
-        }
         try:
-            version = await self.backend.api.patch_node(node, patch)
+            version = await self.backend.api.patch_node(node, unmark_patch(raw))
         except Exception as exc:  # the next round sees the mark and tries again
             log.warning("mark not taken off", extra={"node": node, "error": str(exc)[:300]})
             return
