@@ -60,7 +60,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -170,28 +170,50 @@ async def service_path(
     # A commit before usage batches (--baseline-rev): no window, each sample awaited.
     takes_wait = "wait" in inspect.signature(service.publish_instant).parameters
     left = {"wait": False} if takes_wait else {}
+    # Since 2026-12-05 (evening) the service keeps the collector paused over a reading's
+    # whole life and frees it inside; before, the parse and the publishing were paused apart,
+    # and a collection between them walked the parsed response (the one after the publishing,
+    # also walking it, fell between cycles, outside this clock).
+    one_pause = hasattr(service, "_publish_reading")
     cycles = []
     for response in responses:
         envelope = {"status": "success", "data": {"resultType": "matrix", "result": response}}
         body = json.dumps(envelope).encode()  # the bytes of the HTTP answer
         start = time.perf_counter()
-        sent = 0
-        with gc_paused():  # as the prometheus source parses it (RangeQueryClient.fetch)
-            result = range_result(body)
-            # The decoded response handed over, as the prometheus source does (a commit before
-            # ``owned``, under --compare: copied, as it did then).
-            instants = points_by_instant(result, **OWNED)
-        # As the service's reading loop: every instant into the window, then one drain.
-        with gc_paused():
-            for points in instants.values():
-                inventory = GpuInventory()
-                sent += await service.publish_instant("prometheus", points, inventory, **left)
-            windows = getattr(service, "windows", {})
-            if (window := windows.get("prometheus")) is not None:  # none: one at a time
-                await window.drain()
+        if one_pause:  # as the service's reading loop: one pause, the reading freed inside
+            with gc_paused():
+                sent = await _publish_response(service, body, left)
+        else:  # a commit before: paused over the parse, then over the publishing
+            sent = await _publish_response(service, body, left, paused=gc_paused)
         cycles.append((sent, time.perf_counter() - start))
     await service.runtime.bus.close()
     return cycles
+
+
+async def _publish_response(
+    service: IngestService,
+    body: bytes,
+    left: dict[str, bool],
+    paused: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext,
+) -> int:
+    """The body parsed (as the prometheus source does, ``RangeQueryClient.fetch``), every
+    instant into the window, then one drain (as the service's reading loop); samples sent.
+    ``paused``: the pauses of a commit before one pause over the reading."""
+    with gc_paused():
+        result = range_result(body)
+        # The decoded response handed over, as the prometheus source does (a commit before
+        # ``owned``, under --compare: copied, as it did then).
+        instants = points_by_instant(result, **OWNED)
+    del result
+    sent = 0
+    with paused():
+        for points in instants.values():
+            inventory = GpuInventory()
+            sent += await service.publish_instant("prometheus", points, inventory, **left)
+        windows = getattr(service, "windows", {})
+        if (window := windows.get("prometheus")) is not None:  # none: one at a time
+            await window.drain()
+    return sent
 
 
 async def raw_path(url: str, sent: int, size: int) -> float:

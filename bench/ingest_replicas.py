@@ -64,6 +64,7 @@ async def replica_path(
 ) -> list[Cycle]:  # fmt: skip
     """One replica's reading of the whole response, ``cycles`` times (an interval apart):
     each cycle's samples sent, seconds, CPU seconds."""
+    import contextlib
     import inspect
     import json
     import re
@@ -73,6 +74,7 @@ async def replica_path(
     from fracpilot_ingest.service import IngestService
     from fracpilot_ingest.settings import IngestSettings
     from fracpilot_ingest.shard_plan import gpu_uuid_labels, plan_cycle
+    from fracpilot_libs.gc_pause import gc_paused
     from fracpilot_libs.usage.attribution import GpuInventory
     from fracpilot_libs.usage.range_queries import points_by_instant
 
@@ -89,6 +91,7 @@ async def replica_path(
     # This build asks Prometheus for its shards' series (None: it holds every shard); a
     # commit before that asked for all and cut them.
     by_query = hasattr(plan, "uuid_regex")
+    one_pause = hasattr(service, "_publish_reading")
     regex = re.compile(plan.uuid_regex()) if by_query and not plan.holds_all else None
     # As the source hands the decoded response over (a commit before ``owned``: copied).
     owned = {"owned": True} if "owned" in inspect.signature(points_by_instant).parameters else {}
@@ -105,16 +108,30 @@ async def replica_path(
         await asyncio.to_thread(barrier.wait)
         start, cpu = time.perf_counter(), time.process_time()
         sent = 0
-        # Decoded from its bytes as the source decodes them (range_result; json.loads for a
-        # commit before it), so its strings are the objects the source's are.
-        response = range_result(body)
-        if by_query or shards <= 1:  # as the source: the answer's own labels handed over
-            instants = points_by_instant(response, **owned)
-        else:  # a commit before: the whole answer cut, the share's labels copied
-            instants = points_by_instant(plan.of_shards(response, labels))
-        for points in instants.values():
-            sent += await service.publish_instant("prometheus", points, GpuInventory(), keep=keep)
+        # The collector paused as the service pauses it: over the whole reading, freed inside
+        # (this build); a commit before: over the parse (the source's fetch), then over the
+        # publishing, the reading freed after the cycle (its collections then outside this
+        # clock).
+        with gc_paused() if one_pause else contextlib.nullcontext():
+            with gc_paused():
+                # Decoded from its bytes as the source decodes them (range_result; json.loads
+                # for a commit before it), so its strings are the objects the source's are.
+                response = range_result(body)
+                if by_query or shards <= 1:  # as the source: the answer's own labels
+                    instants = points_by_instant(response, **owned)
+                else:  # a commit before: the whole answer cut, the share's labels copied
+                    instants = points_by_instant(plan.of_shards(response, labels))
+                response = None
+            with gc_paused():
+                for points in instants.values():
+                    inventory = GpuInventory()
+                    sent += await service.publish_instant(
+                        "prometheus", points, inventory, keep=keep
+                    )
+            if one_pause:
+                instants = points = None
         timed.append((sent, time.perf_counter() - start, time.process_time() - cpu))
+        instants = points = None
     await service.runtime.bus.close()
     return timed
 
