@@ -29,7 +29,12 @@ class WatchedSource:
 
     def __init__(self, inner: Source) -> None:
         self.inner, self.name = inner, inner.name
-        self.collector_on: dict[str, list[bool]] = {"read": [], "published": [], "released": []}
+        self.collector_on: dict[str, list[bool]] = {
+            "read": [],
+            "published": [],
+            "released": [],
+            "between": [],  # asked how long to wait: the reading is over
+        }
 
     async def open(self) -> None:
         await self.inner.open()
@@ -48,6 +53,7 @@ class WatchedSource:
         await self.inner.published(reading)
 
     def next_read_in(self) -> float:
+        self.collector_on["between"].append(gc.isenabled())
         return self.inner.next_read_in()
 
 
@@ -63,12 +69,14 @@ async def test_the_collector_is_paused_from_a_readings_query_to_its_release(
     watched = WatchedSource(service.sources[0])
     service.sources = [watched]
     async with running(service):
-        await wait_for(lambda: len(watched.collector_on["released"]) >= 3, timeout=30)
-        assert gc.isenabled()  # between readings the collector runs (cycles made meanwhile)
-    on = watched.collector_on
+        await wait_for(lambda: len(watched.collector_on["between"]) >= 3, timeout=30)
+        # Copied now: a reading the stop cuts short is freed after its pause has ended.
+        on = {what: list(seen) for what, seen in watched.collector_on.items()}
     assert on["read"]
     assert not any(on["read"])
     assert on["published"]
     assert not any(on["published"])
+    assert len(on["released"]) >= 3
     assert not any(on["released"])  # freed by reference counting, inside the pause
+    assert all(on["between"])  # between readings the collector runs (cycles made meanwhile)
     assert gc.isenabled()

@@ -26,8 +26,10 @@ from fracpilot_ingest.shard_plan import (
     shard_of,
     shard_regex,
 )
+from fracpilot_ingest.sources.prometheus import PrometheusSource
 from fracpilot_libs.contracts import UsageSample
 from fracpilot_libs.nats import subjects
+from fracpilot_libs.usage.attribution import MetricPoint
 from fracpilot_libs.usage.mappings import MappingTable
 from fracpilot_libs.usage.range_queries import gpu_selector, selector
 from helpers import read_usage, reset_nats, running, wait_for
@@ -95,6 +97,29 @@ def sharded(nats_url: str, prom_url: str, replica: str) -> IngestService:
     )
 
 
+def answers_of(
+    source: PrometheusSource,
+) -> list[tuple[str | None, frozenset[int], set[str]]]:
+    """What the source asks Prometheus each cycle: the query (None: every mapped series), the
+    shards its cycle holds, the GPUs the answer names (a recorder around its client's fetch,
+    the real request to the real Prometheus)."""
+    asked: list[tuple[str | None, frozenset[int], set[str]]] = []
+    fetch = source.client.fetch
+
+    def recorded(
+        start: float, end: float, query: str | None = None
+    ) -> dict[float, list[MetricPoint]]:
+        instants = fetch(start, end, query)
+        plan = source._plan
+        held = frozenset(plan.cursors) if plan is not None else frozenset()
+        gpus = {p.labels["UUID"] for points in instants.values() for p in points}
+        asked.append((query, held, gpus))
+        return instants
+
+    source.client.fetch = recorded  # type: ignore[method-assign]
+    return asked
+
+
 async def stored(url: str) -> list[UsageSample]:
     return [UsageSample.model_validate_json(d) for _, d in await read_usage(url)]
 
@@ -142,6 +167,7 @@ async def test_two_replicas_store_every_sample_once_and_the_union_is_one_ingests
     await reset_nats(nats_url)
     a = sharded(nats_url, prom.url, "ingest-a")
     b = sharded(nats_url, prom.url, "ingest-b")
+    asked = answers_of(a.sources[0])  # type: ignore[arg-type]
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(running(a))
         await wait_for(lambda: a.cycles >= 2, timeout=30)  # alone: every shard
@@ -151,6 +177,13 @@ async def test_two_replicas_store_every_sample_once_and_the_union_is_one_ingests
         await wait_for(lambda: b.sources[0].cursor >= since + 6 * STEP, 30)  # type: ignore[attr-defined]
     assert published(a) > 0
     assert published(b) > 0
+    # Alone, a asked for every series; beside b, only for its shards' GPUs.
+    assert asked[0] == (None, frozenset(range(SHARDS)), {g.uuid for g in GPUS})
+    shared_cycles = [(q, held, gpus) for q, held, gpus in asked if len(held) < SHARDS]
+    assert shared_cycles
+    for query, held, gpus in shared_cycles:
+        assert query is not None
+        assert gpus == {g.uuid for g in GPUS if shard_of(g.uuid, SHARDS) in held}
     # Every shard has its cursor; the unsharded one is their floor (where another layout, or
     # one ingest, goes on from).
     cursors = await state_cursors(nats_url)

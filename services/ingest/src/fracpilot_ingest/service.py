@@ -138,8 +138,9 @@ class IngestService:
         self._stopping.set()
         for task in self._tasks:
             task.cancel()
-        # Awaited, so that a reading's pause of the collector ends with its task (a task
-        # cancelled and never resumed would leave the collector off in this process).
+        # Awaited: the loops have ended, and their pauses of the collector with them, before
+        # the shards are handed over and before the caller goes on (a task cancelled and never
+        # resumed, its event loop closed, would leave the collector off in this process).
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.shards is not None:
             await self.shards.stop()  # hand the shards over, their cursors as they are
@@ -202,7 +203,8 @@ class IngestService:
                     if (reading := await source.read()) is None:
                         break
                     await self._publish_reading(source, reading, window)
-                    del reading  # freed by reference counting, inside the pause
+                    del reading  # freed by reference counting, inside the pause (a failed
+                    # reading goes with its traceback, the collector on again)
                 self.metrics.usage.expire(time.time())  # gone workloads leave no frozen series
                 self.cycles += 1
                 self.supervisor.progressed(source)

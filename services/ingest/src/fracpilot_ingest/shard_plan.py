@@ -43,10 +43,9 @@ _MEMO_LIMIT = 1 << 20
 
 class _ShardMemo(dict[str, int]):
     """GPU -> shard for one shard count, kept across cycles (the same GPUs every cycle): asked
-    per series, per sample and per batch, a hit is a dict lookup and a miss hashes once. (An
-    ``lru_cache`` of 65,536 missed every time at 100,000 GPUs, each cycle passing over all.)
-    With ``cards``: keyed by a sample's device, whose shard is its card's (a MIG instance's
-    parent), looked up there (found there when the card's series were cut this cycle)."""
+    per sample and per batch, a hit is one dict lookup. (An ``lru_cache`` of 65,536 missed
+    every time at 100,000 GPUs, each cycle passing over all.) With ``cards``: keyed by a
+    sample's device, whose shard is its card's (a MIG instance's parent), looked up there."""
 
     __slots__ = ("cards", "shards")
 
@@ -103,20 +102,22 @@ def _char_class(values: set[int]) -> str:
     as 0)."""
     if 0 not in values:
         return "[" + "".join(_HEX_CHARS[v] for v in sorted(values)) + "]"
-    others = "".join(_HEX_CHARS[v] for v in range(16) if v not in values)
-    return f"[^{others}]" if others else "."
+    others = "".join(_HEX_CHARS[v] for v in range(16) if v not in values)  # never all 16
+    return f"[^{others}]"
 
 
 def shard_regex(held: Iterable[int], shards: int) -> str:
     """The regex (RE2 and Python's alike, matched whole as Prometheus anchors a label
     matcher's) that a GPU UUID matches exactly when its :func:`shard_of` is in ``held``
     (not empty, not every shard: those need no matcher). At most 16 alternatives: one per last
-    digit held."""
+    digit held. In ``(?s:…)``, so that ``.`` takes a newline too: Prometheus 3 compiles a label
+    regex so (``model/labels/regexp.go``, ``NewFastRegexMatcher``), Prometheus 2 without it,
+    which would leave a UUID with a newline to no replica."""
     held = set(held)
     if not held or len(held) >= shards or shards not in SHARD_COUNTS:
         raise ValueError(f"a regex for {sorted(held)} of {shards} shards")
     if shards <= 16:
-        return ".*" + _char_class({v for v in range(16) if v % shards in held})
+        return "(?s:.*" + _char_class({v for v in range(16) if v % shards in held}) + ")"
     high = shards // 16  # the second-last digit's residues, modulo this
     alternatives = []
     for last in range(16):
@@ -130,7 +131,7 @@ def shard_regex(held: Iterable[int], shards: int) -> str:
             alternatives.append(f"(.*{_char_class(before)})?{_char_class({last})}")
         else:
             alternatives.append(f".*{_char_class(before)}{_char_class({last})}")
-    return "|".join(alternatives)
+    return "(?s:" + "|".join(alternatives) + ")"
 
 
 def gpu_shard(gpu_uuid: str, shards: int) -> int:
