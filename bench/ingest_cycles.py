@@ -28,7 +28,6 @@ import logging
 import multiprocessing as mp
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -102,18 +101,6 @@ def _process(code: list[str], cluster: bool, workloads: int, cycles: int, at: fl
         return asyncio.run(cycles_of(url, workloads, cycles, at))
 
 
-def unpacked(rev: str, into: str) -> list[str]:
-    """Commit ``rev``'s libs and services, unpacked into ``into``: the paths to import."""
-    repo = Path(__file__).resolve().parents[1]
-    archive = subprocess.run(
-        ["git", "-C", str(repo), "archive", rev, "libs/src", "services"],
-        check=True,
-        capture_output=True,
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", into], input=archive, check=True)
-    return [f"{into}/libs/src", *(str(p) for p in sorted(Path(into, "services").glob("*/src")))]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", type=int, default=100_000)
@@ -127,6 +114,8 @@ def main() -> None:
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     runs: dict[str, list[list[Cycle]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-cycles-") as tmp:
+        from ingest_replicas import unpacked  # this script's folder is first on the path
+
         builds = [("this build", [])]
         if args.compare:
             builds.append((args.compare, unpacked(args.compare, tmp)))
