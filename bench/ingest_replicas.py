@@ -6,12 +6,14 @@ Usage: python bench/ingest_replicas.py [--workloads 100000] [--replicas 2] [--sh
 The response is bench/ingest.py's (a Prometheus range-query response of N GPUs, dcgm-exporter
 device series, one pod per GPU, one instant). Each replica is its own process (as in a
 deployment: one Python process uses one core) running the real service path on the whole
-response: keep the series of its shards' GPUs (``FRACPILOT_INGEST_SHARDS``, each replica
-holding an equal share: the leases are not timed), parse them, attribute, validate, encode
-each shard's batches and publish them through the publish window. As in bench/ingest.py the
-timing starts from the decoded response: each replica still downloads and decodes the whole
-of it (JSON, decoded before the clock as the source decodes it, by ``range_result``, or
-``json.loads`` for a commit before it), which is not timed. The replicas start together (a
+response: decode the body of its query's answer (``range_result``, as the source decodes it;
+``json.loads`` for a commit before it), parse it, attribute, validate, encode each shard's
+batches and publish them through the publish window. The decode is timed (bench/ingest.py
+starts from the decoded response): what a replica's answer holds is what sharding changes. A
+replica (``FRACPILOT_INGEST_SHARDS``, each holding an equal share: the leases are not timed)
+gets the series Prometheus answers its query with, those whose UUID matches its shards'
+regex (``CyclePlan.uuid_regex``); a commit before the query carried it gets the whole response
+and cuts it (``CyclePlan.of_shards``), as that code did. The replicas start together (a
 barrier before each cycle); a cycle's time is the slowest replica's, its rate all samples
 stored over that time. Rows, each on a fresh nats-server (``--cluster``: three routed on
 loopback, R3 streams):
@@ -62,14 +64,17 @@ async def replica_path(
 ) -> list[Cycle]:  # fmt: skip
     """One replica's reading of the whole response, ``cycles`` times (an interval apart):
     each cycle's samples sent, seconds, CPU seconds."""
+    import contextlib
     import inspect
     import json
+    import re
 
     from ingest import prometheus_response, range_result
 
     from fracpilot_ingest.service import IngestService
     from fracpilot_ingest.settings import IngestSettings
     from fracpilot_ingest.shard_plan import gpu_uuid_labels, plan_cycle
+    from fracpilot_libs.gc_pause import gc_paused
     from fracpilot_libs.usage.attribution import GpuInventory
     from fracpilot_libs.usage.range_queries import points_by_instant
 
@@ -83,6 +88,11 @@ async def replica_path(
     plan = plan_cycle(shards, mine, {}, fallback=0.0)
     keep = plan.kept if shards > 1 else None
     labels = gpu_uuid_labels(service.table)
+    # This build asks Prometheus for its shards' series (None: it holds every shard); a
+    # commit before that asked for all and cut them.
+    by_query = hasattr(plan, "uuid_regex")
+    one_pause = hasattr(service, "_publish_reading")
+    regex = re.compile(plan.uuid_regex()) if by_query and not plan.holds_all else None
     # As the source hands the decoded response over (a commit before ``owned``: copied).
     owned = {"owned": True} if "owned" in inspect.signature(points_by_instant).parameters else {}
     timed = []
@@ -90,19 +100,38 @@ async def replica_path(
         # Made before each cycle (not timed), the last one dropped: one response alive, as in
         # a replica between its readings (a collection's work grows with what is alive).
         response = None
-        envelope = {"data": {"result": prometheus_response(workloads, at + k * INTERVAL)}}
-        # Decoded from its bytes as the source decodes them (range_result; json.loads for a
-        # commit before it), so its strings are the objects the source's are.
-        response = range_result(json.dumps(envelope).encode())
-        del envelope
+        result = prometheus_response(workloads, at + k * INTERVAL)
+        if regex is not None:  # what Prometheus answers this replica's query with
+            result = [s for s in result if regex.fullmatch(s["metric"]["UUID"])]
+        body = json.dumps({"data": {"result": result}}).encode()
+        del result
         await asyncio.to_thread(barrier.wait)
         start, cpu = time.perf_counter(), time.process_time()
         sent = 0
-        series = plan.of_shards(response, labels) if shards > 1 else response  # as the source
-        # As the source: the labels handed over only unsharded (sharded: copied, compact).
-        for points in points_by_instant(series, **(owned if shards == 1 else {})).values():
-            sent += await service.publish_instant("prometheus", points, GpuInventory(), keep=keep)
+        # The collector paused as the service pauses it: over the whole reading, freed inside
+        # (this build); a commit before: over the parse (the source's fetch), then over the
+        # publishing, the reading freed after the cycle (its collections then outside this
+        # clock).
+        with gc_paused() if one_pause else contextlib.nullcontext():
+            with gc_paused():
+                # Decoded from its bytes as the source decodes them (range_result; json.loads
+                # for a commit before it), so its strings are the objects the source's are.
+                response = range_result(body)
+                if by_query or shards <= 1:  # as the source: the answer's own labels
+                    instants = points_by_instant(response, **owned)
+                else:  # a commit before: the whole answer cut, the share's labels copied
+                    instants = points_by_instant(plan.of_shards(response, labels))
+                response = None
+            with gc_paused():
+                for points in instants.values():
+                    inventory = GpuInventory()
+                    sent += await service.publish_instant(
+                        "prometheus", points, inventory, keep=keep
+                    )
+            if one_pause:
+                instants = points = None
         timed.append((sent, time.perf_counter() - start, time.process_time() - cpu))
+        instants = points = None
     await service.runtime.bus.close()
     return timed
 

@@ -45,7 +45,7 @@ STEP = 1.0
 # Enough GPUs that a cycle (query, attribute, publish) takes a good part of the interval.
 GPUS = [
     GpuState(
-        f"GPU-{i:05d}-c4a0",
+        f"GPU-c4a0-{i:05x}",  # the last hex digits spread them over the shards
         f"gpu-node-{i // 8}",
         "NVIDIA H100 80GB HBM3",
         81_920,

@@ -708,7 +708,7 @@ def test_ingest_replicas_share_the_gpus_by_shards(
 ) -> None:
     """ingest.shards reaches IngestSettings and lets ingest.replicas go above one, rolled one
     pod at a time (a pod hands its shards over on SIGTERM); unsharded, one pod, Recreate."""
-    docs = helm.template("default", "fracpilot", "--set", "ingest.replicas=3,ingest.shards=12")
+    docs = helm.template("default", "fracpilot", "--set", "ingest.replicas=3,ingest.shards=16")
     deployment = find(docs, "Deployment", "fracpilot-ingest")
     assert deployment["spec"]["replicas"] == 3
     assert deployment["spec"]["strategy"] == {
@@ -720,7 +720,7 @@ def test_ingest_replicas_share_the_gpus_by_shards(
         for name, value in env.items():
             patch.setenv(name, value)
         settings = IngestSettings()
-    assert (settings.ingest.shards, settings.ingest.shard_lease_s) == (12, 10.0)
+    assert (settings.ingest.shards, settings.ingest.shard_lease_s) == (16, 10.0)
     default = find(rendered["default"], "Deployment", "fracpilot-ingest")
     assert default["spec"]["strategy"] == {"type": "Recreate"}
     assert "FRACPILOT_INGEST_SHARDS" not in container_env(rendered["default"], "ingest")

@@ -6,6 +6,8 @@ instant) at least once, never as two different batches."""
 from __future__ import annotations
 
 import random
+import re
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -18,37 +20,74 @@ from tests.factories import sample
 
 from fracpilot_ingest.settings import IngestSettings
 from fracpilot_ingest.shard_plan import (
+    SHARD_COUNTS,
     CyclePlan,
     advanced,
     by_shard,
     cursor_key,
     encode_by_shard,
     gpu_shard,
-    gpu_uuid_labels,
     parse_cursor,
     plan_cycle,
     shard_of,
+    shard_regex,
 )
 from fracpilot_libs.nats.usage_batch import encode_samples
 from fracpilot_libs.usage.attribution import Observation, PodKey
-from fracpilot_libs.usage.mappings import MappingTable
 
-GPUS = [f"GPU-{i:04d}-{i * 7919 % 10007:05d}" for i in range(64)]
+GPUS = [f"GPU-{i:04d}-{i * 7919 % 65536:04x}" for i in range(64)]
 STEP = 15.0
 
 
-def test_a_gpus_shard_is_a_stable_hash_not_pythons_salted_one() -> None:
+def test_a_gpus_shard_is_its_uuids_last_hex_digits_modulo_the_count() -> None:
     # Pinned: every replica and every release must put a GPU in the same shard.
-    assert [shard_of(g, 16) for g in GPUS[:6]] == [shard_of(g, 16) for g in GPUS[:6]]
-    assert shard_of("GPU-0f5e1c2a-8c4b-4d1e-9a3f-1b2c3d4e5f60", 16) == 5
-    assert shard_of("GPU-0f5e1c2a-8c4b-4d1e-9a3f-1b2c3d4e5f60", 7) == 2
+    uuid = "GPU-0f5e1c2a-8c4b-4d1e-9a3f-1b2c3d4e5f6b"
+    assert [shard_of(uuid, n) for n in (2, 4, 8, 16, 32, 64, 128, 256)] == [
+        1, 3, 11 % 8, 11, 0x6B % 32, 0x6B % 64, 0x6B % 128, 0x6B
+    ]  # fmt: skip
+    assert shard_of(uuid.upper(), 256) == 0x6B  # either case
+    assert shard_of("GPU-x9", 256) == 9  # a character not a hex digit counts as 0
+    assert shard_of("9", 256) == 9  # and a missing one
+    assert gpu_shard(f"{uuid}/GI2", 16) == 11  # a MIG instance: its card's
 
 
-def test_gpus_spread_over_the_shards() -> None:
-    counts = Counter(shard_of(f"GPU-{i}", 8) for i in range(8000))
-    assert set(counts) == set(range(8))
-    assert min(counts.values()) > 850
-    assert max(counts.values()) < 1150
+def test_nvidia_uuids_spread_over_the_shards() -> None:
+    rng = random.Random(7)  # NVIDIA's UUIDs: 128 bits printed in hex
+    gpus = [f"GPU-{uuid.UUID(int=rng.getrandbits(128))}" for _ in range(16_000)]
+    for shards in (8, 64):
+        counts = Counter(shard_of(g, shards) for g in gpus)
+        assert set(counts) == set(range(shards))
+        per_shard = len(gpus) / shards  # 250 at 64: 4 standard deviations is +-25%
+        assert per_shard * 0.75 < min(counts.values()) <= max(counts.values()) < per_shard * 1.25
+
+
+@given(
+    gpu=st.text(alphabet="0123456789abcdefABCDEF-GPUx/\né", max_size=12).filter(bool),
+    shards=st.sampled_from(SHARD_COUNTS),
+    held=st.sets(st.integers(0, 255), min_size=1),
+)
+def test_a_shards_regex_matches_exactly_the_uuids_of_its_shards(
+    gpu: str, shards: int, held: set[int]
+) -> None:
+    """What Prometheus selects by the label matcher is what :func:`shard_of` assigns: no GPU
+    read by two replicas, none by no replica (tests/integration/test_ingest_shards.py asks a
+    real Prometheus)."""
+    held = {k % shards for k in held}
+    if len(held) == shards:
+        with pytest.raises(ValueError, match="a regex for"):
+            shard_regex(held, shards)
+        return
+    regex = shard_regex(held, shards)
+    assert (re.fullmatch(regex, gpu) is not None) == (shard_of(gpu, shards) in held)
+    assert regex.count("|") < 16
+
+
+def test_a_shard_regex_is_asked_only_of_a_power_of_two_and_a_share() -> None:
+    assert shard_regex({1, 3}, 4) == "(?s:.*[13579BbDdFf])"  # odd last digits
+    assert shard_regex({0}, 2) == "(?s:.*[^13579BbDdFf])"  # 0: any other character too
+    for held, shards in (({0}, 6), (set(), 8), (set(range(8)), 8)):
+        with pytest.raises(ValueError, match="a regex for"):
+            shard_regex(held, shards)
 
 
 def test_cursor_keys_name_the_shard_count_and_the_cursor_moves_only_forward() -> None:
@@ -232,35 +271,13 @@ def test_the_shard_settings_come_from_fracpilot_ingest_and_need_prometheus_alone
     monkeypatch.setenv("FRACPILOT_SOURCES", "prometheus,simulator")
     with pytest.raises(ValidationError, match="needs FRACPILOT_SOURCES=prometheus"):
         IngestSettings()
+    monkeypatch.setenv("FRACPILOT_SOURCES", "prometheus")
+    for count in ("12", "512"):  # a shard must be a set of the UUID's last hex digits
+        monkeypatch.setenv("FRACPILOT_INGEST_SHARDS", count)
+        with pytest.raises(ValidationError, match="shards"):
+            IngestSettings()
 
 
 def test_a_mig_instance_is_on_its_cards_shard() -> None:
     card = GPUS[5]
     assert gpu_shard(f"{card}/GI2", 16) == gpu_shard(card, 16) == shard_of(card, 16)
-
-
-@given(
-    owned=st.sets(st.integers(0, 7)),
-    gpus=st.lists(st.sampled_from(GPUS), min_size=1, max_size=20),
-)
-def test_the_series_a_replica_parses_give_every_sample_its_cycle_keeps(
-    owned: set[int], gpus: list[str]
-) -> None:
-    """Cutting the response before parsing loses nothing :meth:`CyclePlan.keeps` would keep:
-    a GPU's series stay when its shard is the cycle's, a series naming no GPU always."""
-    plan = plan_cycle(8, owned, {}, fallback=0.0)
-    labels = gpu_uuid_labels(MappingTable.of())
-    assert "UUID" in labels
-    series = [{"metric": {"__name__": "DCGM_FI_DEV_FB_USED", "UUID": g}} for g in gpus]
-    app = {"metric": {"__name__": "vllm:num_requests_waiting", "pod": "chat-0"}}
-    # Named by a later label of the table when the first is missing or not a string.
-    later = [{"metric": {"UUID": 7, labels[-1]: g}} for g in gpus]
-    malformed = ["junk", None, {"values": []}, {"metric": ["UUID"]}, {"metric": "UUID"}]
-    kept = plan.of_shards([*series, *later, app, *malformed], labels)
-    assert app in kept
-    for bad in malformed:  # left to the parser, which counts it
-        assert bad in kept
-    for s in series:
-        assert (s in kept) == plan.keeps(s["metric"]["UUID"], 1.0)
-    for s in later:
-        assert (s in kept) == plan.keeps(s["metric"][labels[-1]], 1.0)

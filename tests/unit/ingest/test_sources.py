@@ -161,7 +161,8 @@ async def test_prometheus_moves_its_cursor_only_once_published(
     )
     asked: list[tuple[float, float]] = []
 
-    def fetch(start: float, end: float) -> dict[float, list[Any]]:
+    def fetch(start: float, end: float, query: str | None = None) -> dict[float, list[Any]]:
+        assert query is None  # unsharded: every mapped metric's selector
         asked.append((start, end))
         return {start: [], end: []}
 

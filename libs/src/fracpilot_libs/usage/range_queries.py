@@ -32,6 +32,23 @@ def selector(metric_names: Sequence[str], matchers: str = "") -> str:
     return f'{{__name__=~"{names}"{extra}}}'
 
 
+def gpu_selector(
+    metric_names: Sequence[str], matchers: str, gpu_labels: Sequence[str], uuid_regex: str
+) -> str:
+    """:func:`selector` for the series of the GPUs whose UUID matches ``uuid_regex``, and the
+    series naming no GPU (an application's, joined to its pod's GPU later). A series' GPU is
+    its first of ``gpu_labels`` that is set, so one selector per label, each with the labels
+    before it empty, and one with all of them empty, joined by ``or`` (the parts are disjoint:
+    ``or`` keeps each series whole, its name too)."""
+    base = [matchers.strip()] if matchers.strip() else []
+    parts = []
+    for i, label in enumerate(gpu_labels):
+        unset = [f'{name}=""' for name in gpu_labels[:i]]
+        parts.append(selector(metric_names, ", ".join([*base, *unset, f'{label}=~"{uuid_regex}"'])))
+    parts.append(selector(metric_names, ", ".join([*base, *(f'{n}=""' for n in gpu_labels)])))
+    return " or ".join(parts)
+
+
 def aligned(ts: float, step_s: float) -> float:
     return math.floor(ts / step_s) * step_s
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Literal
 
-from pydantic import BaseModel, Field, TypeAdapter, model_validator
+from pydantic import BaseModel, Field, TypeAdapter, field_validator, model_validator
 
+from fracpilot_ingest.shard_plan import SHARD_COUNTS
 from fracpilot_libs.config import ServiceSettings
 from fracpilot_libs.kai import KaiSettings
 from fracpilot_libs.prometheus_access import PrometheusAccess
@@ -67,9 +68,11 @@ class ShardSettings(BaseModel):
     shards: int = Field(
         default=0,
         ge=0,
-        le=4096,
-        description="split the prometheus source's GPUs into this many shards, shared among "
-        "the ingest replicas by leases in KV; 0 or 1: one ingest publishes every GPU",
+        le=256,
+        description="split the prometheus source's GPUs into this many shards (a power of two "
+        "up to 256: a shard is a set of values of the GPU UUID's last hex digits, which "
+        "Prometheus selects), shared among the ingest replicas by leases in KV; 0 or 1: one "
+        "ingest publishes every GPU",
     )
     shard_lease_s: float = Field(
         default=10.0,
@@ -80,6 +83,13 @@ class ShardSettings(BaseModel):
     replica_id: str | None = Field(
         default=None, description="this replica's name in the shard leases; unique"
     )
+
+    @field_validator("shards")
+    @classmethod
+    def _a_power_of_two(cls, shards: int) -> int:
+        if shards > 1 and shards not in SHARD_COUNTS:
+            raise ValueError(f"{shards} shards: 0, 1 or a power of two up to 256")
+        return shards
 
     @property
     def sharded(self) -> bool:

@@ -3,11 +3,13 @@ publishes given the shards it owns and their cursors. No I/O, no clock: the adap
 :mod:`fracpilot_ingest.shards`, holds the leases (:mod:`fracpilot_libs.leases`) and the
 cursors (NATS KV).
 
-Several ingest replicas read one Prometheus source; the GPUs are split into ``shards`` by a
-stable hash of their UUID (:func:`shard_of`: the same on every replica and every run), and
-each replica publishes only the samples of GPUs in shards it holds a lease on. Each shard has
-its own cursor, the last instant of it that is on NATS (:func:`cursor_key`), so a shard taken
-over from a replica that died is published by its new owner from where the dead one stopped.
+Several ingest replicas read one Prometheus source; the GPUs are split into ``shards`` by the
+last hex digits of their UUID (:func:`shard_of`: the same on every replica and every run), and
+each replica asks Prometheus only for the series of GPUs in shards it holds a lease on (a
+label matcher, :func:`shard_regex`), so each downloads and decodes its share, not the whole.
+Each shard has its own cursor, the last instant of it that is on NATS (:func:`cursor_key`), so
+a shard taken over from a replica that died is published by its new owner from where the dead
+one stopped.
 
 No sample is counted twice: a shard's samples are encoded apart from every other shard's
 (:func:`by_shard`), so the batches of one (shard, partition, instant) are the same whoever
@@ -21,10 +23,8 @@ a cursor moves only past instants whose batches are all acknowledged, and only f
 from __future__ import annotations
 
 import functools
-import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from fracpilot_libs.contracts import UsageSample
 from fracpilot_libs.nats.subjects import usage_partition
@@ -43,10 +43,9 @@ _MEMO_LIMIT = 1 << 20
 
 class _ShardMemo(dict[str, int]):
     """GPU -> shard for one shard count, kept across cycles (the same GPUs every cycle): asked
-    per series, per sample and per batch, a hit is a dict lookup and a miss hashes once. (An
-    ``lru_cache`` of 65,536 missed every time at 100,000 GPUs, each cycle passing over all.)
-    With ``cards``: keyed by a sample's device, whose shard is its card's (a MIG instance's
-    parent), looked up there (found there when the card's series were cut this cycle)."""
+    per sample and per batch, a hit is one dict lookup. (An ``lru_cache`` of 65,536 missed
+    every time at 100,000 GPUs, each cycle passing over all.) With ``cards``: keyed by a
+    sample's device, whose shard is its card's (a MIG instance's parent), looked up there."""
 
     __slots__ = ("cards", "shards")
 
@@ -60,8 +59,7 @@ class _ShardMemo(dict[str, int]):
         if self.cards is not None:
             shard = self[gpu_uuid] = self.cards[card_of(gpu_uuid)]
             return shard
-        digest = hashlib.blake2b(gpu_uuid.encode(), digest_size=8).digest()
-        shard = self[gpu_uuid] = int.from_bytes(digest, "big") % self.shards
+        shard = self[gpu_uuid] = _suffix_value(gpu_uuid) % self.shards
         return shard
 
 
@@ -73,10 +71,67 @@ def _memos(shards: int) -> tuple[_ShardMemo, _ShardMemo]:
     return cards, _ShardMemo(shards, cards)
 
 
+# Shard counts: powers of two up to 256, so that a shard is a set of values of the UUID's last
+# two hex digits and a regex a Prometheus label matcher can hold (:func:`shard_regex`).
+SHARD_COUNTS = tuple(2**b for b in range(1, 9))
+_HEX = {c: int(c, 16) for c in "0123456789abcdefABCDEF"}
+_HEX_CHARS = {v: "".join(sorted({f"{v:x}", f"{v:X}"})) for v in range(16)}
+
+
+def _suffix_value(gpu_uuid: str) -> int:
+    """The UUID's last two hex digits as a number (0-255): a character that is not a hex
+    digit, or is missing (a UUID of one character), counts as 0."""
+    last = _HEX.get(gpu_uuid[-1], 0) if gpu_uuid else 0
+    before = _HEX.get(gpu_uuid[-2], 0) if len(gpu_uuid) > 1 else 0
+    return before << 4 | last
+
+
 def shard_of(gpu_uuid: str, shards: int) -> int:
-    """The shard of a GPU: a stable hash of its UUID (BLAKE2b, not Python's ``hash``: salted
-    per process), modulo ``shards``."""
+    """The shard of a GPU: the value of its UUID's last two hex digits modulo ``shards`` (one
+    of :data:`SHARD_COUNTS`; up to 16 the last digit alone decides). Not a hash: Prometheus
+    must be able to select a shard's series by a regex on the UUID label. NVIDIA's UUIDs are
+    128-bit values printed in hex (``GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448``), so their last
+    digits spread the GPUs evenly; UUIDs named by hand (``GPU-1``, ``GPU-2``) spread as their
+    last characters do."""
     return _memos(shards)[0][gpu_uuid]
+
+
+def _char_class(values: set[int]) -> str:
+    """A regex character class of the hex digits with these values, either case; with 0, any
+    character that is not a hex digit of another value (:func:`_suffix_value` counts those
+    as 0)."""
+    if 0 not in values:
+        return "[" + "".join(_HEX_CHARS[v] for v in sorted(values)) + "]"
+    others = "".join(_HEX_CHARS[v] for v in range(16) if v not in values)  # never all 16
+    return f"[^{others}]"
+
+
+def shard_regex(held: Iterable[int], shards: int) -> str:
+    """The regex (RE2 and Python's alike, matched whole as Prometheus anchors a label
+    matcher's) that a GPU UUID matches exactly when its :func:`shard_of` is in ``held``
+    (not empty, not every shard: those need no matcher). At most 16 alternatives: one per last
+    digit held. In ``(?s:…)``, so that ``.`` takes a newline too: Prometheus 3 compiles a label
+    regex so (``model/labels/regexp.go``, ``NewFastRegexMatcher``), Prometheus 2 without it,
+    which would leave a UUID with a newline to no replica."""
+    held = set(held)
+    if not held or len(held) >= shards or shards not in SHARD_COUNTS:
+        raise ValueError(f"a regex for {sorted(held)} of {shards} shards")
+    if shards <= 16:
+        return "(?s:.*" + _char_class({v for v in range(16) if v % shards in held}) + ")"
+    high = shards // 16  # the second-last digit's residues, modulo this
+    alternatives = []
+    for last in range(16):
+        residues = {k // 16 for k in held if k % 16 == last}
+        if not residues:
+            continue
+        before = {v for v in range(16) if v % high in residues}
+        if len(before) == 16:  # any second-last digit, or none
+            alternatives.append(".*" + _char_class({last}))
+        elif 0 in before:  # a missing second-last digit counts as 0
+            alternatives.append(f"(.*{_char_class(before)})?{_char_class({last})}")
+        else:
+            alternatives.append(f".*{_char_class(before)}{_char_class({last})}")
+    return "(?s:" + "|".join(alternatives) + ")"
 
 
 def gpu_shard(gpu_uuid: str, shards: int) -> int:
@@ -138,33 +193,14 @@ class CyclePlan:
             if (cursor := cursors.get(shard[obs.gpu_uuid])) is not None and obs.timestamp > cursor
         ]
 
-    def of_shards(self, series: list[Any], gpu_labels: Sequence[str]) -> list[Any]:
-        """The series of a range-query response that can give this cycle a sample, before
-        they are parsed (each replica then parses only its share): those of a GPU in one of
-        the cycle's shards, and those naming no GPU (an application's, joined to its pod's
-        GPU later) or malformed (the parser counts them). :meth:`keeps` still decides per
-        sample and instant."""
-        shard, held = _memos(self.shards)[0], self.cursors
-        first, others = gpu_labels[0] if gpu_labels else "", gpu_labels[1:]
-        kept: list[Any] = []
-        keep = kept.append
-        for one in series:  # once per series of the whole response, on every replica: inline
-            try:
-                labels = one["metric"]
-                gpu = labels.get(first) if first else None
-            except (TypeError, KeyError, AttributeError):  # not a series, no labels: kept
-                keep(one)
-                continue
-            if not (gpu and isinstance(gpu, str)):
-                gpu = None
-                for name in others:
-                    uuid = labels.get(name)
-                    if uuid and isinstance(uuid, str):
-                        gpu = uuid
-                        break
-            if gpu is None or shard[gpu] in held:
-                keep(one)
-        return kept
+    @property
+    def holds_all(self) -> bool:
+        """Whether the cycle publishes every shard (then its query needs no shard matcher)."""
+        return len(self.cursors) >= self.shards
+
+    def uuid_regex(self) -> str:
+        """The regex of the GPU UUIDs of the cycle's shards (:func:`shard_regex`)."""
+        return shard_regex(self.cursors, self.shards)
 
 
 def plan_cycle(

@@ -16,10 +16,9 @@ cursors of those shards; the unsharded cursor is then the floor, the earliest of
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic_core import from_json
@@ -33,7 +32,13 @@ from fracpilot_ingest.sources.http_auth import prometheus_session
 from fracpilot_libs.gc_pause import gc_paused
 from fracpilot_libs.nats.kv import KvBucket
 from fracpilot_libs.usage.attribution import MetricPoint
-from fracpilot_libs.usage.range_queries import aligned, chunks, points_by_instant, selector
+from fracpilot_libs.usage.range_queries import (
+    aligned,
+    chunks,
+    gpu_selector,
+    points_by_instant,
+    selector,
+)
 
 log = logging.getLogger(__name__)
 CURSOR_KEY = CURSOR_PREFIX  # the unsharded cursor (shard_plan: a shard's adds .<N>.<k>)
@@ -91,6 +96,7 @@ class RangeQueryClient:
         timeout_s: float = 30.0,
     ) -> None:
         self.url = settings.url
+        self.metric_names, self.matchers = tuple(metric_names), settings.matchers
         self.query = selector(metric_names, settings.matchers)
         self.step_s = step_s
         self.timeout_s = timeout_s
@@ -103,11 +109,12 @@ class RangeQueryClient:
             settings.url, HTTPAdapter(max_retries=Retry(total=1, backoff_factor=0.1))
         )
 
-    def query_range(self, start: float, end: float) -> Any:
-        """One range query's ``data.result``, decoded (:func:`range_result`)."""
+    def query_range(self, start: float, end: float, query: str | None = None) -> Any:
+        """One range query's ``data.result``, decoded (:func:`range_result`); ``query``: in
+        place of every mapped metric's selector."""
         session = self._session
         params: dict[str, str | int] = {
-            "query": self.query,
+            "query": self.query if query is None else query,
             "start": round(start),
             "end": round(end),
             "step": f"{self.step_s:g}s",
@@ -129,26 +136,24 @@ class RangeQueryClient:
             raise PrometheusQueryError(f"HTTP status {response.status_code}: {error}")
         return range_result(body)
 
+    def shard_query(self, gpu_labels: Sequence[str], uuid_regex: str) -> str:
+        """The query of a sharded cycle: the series of the GPUs whose UUID matches
+        ``uuid_regex`` (:func:`fracpilot_ingest.shard_plan.shard_regex`), and those naming no
+        GPU, which every replica reads (:func:`gpu_selector`)."""
+        return gpu_selector(self.metric_names, self.matchers, gpu_labels, uuid_regex)
+
     def fetch(
-        self,
-        start: float,
-        end: float,
-        series: Callable[[list[Any]], list[Any]] | None = None,
+        self, start: float, end: float, query: str | None = None
     ) -> dict[float, list[MetricPoint]]:
-        """Every instant on the step grid in [start, end], in order; ``series``: the series
-        of each response to parse (sharded: those of this replica's GPUs)."""
+        """Every instant on the step grid in [start, end], in order; ``query``: in place of
+        every mapped metric's selector (sharded: the series of this replica's GPUs)."""
         merged: dict[float, list[MetricPoint]] = {}
         # The response decoded and made points: a burst without cycles.
         with gc_paused():
             grid = chunks(aligned(start, self.step_s), aligned(end, self.step_s), self.step_s)
             for lo, hi in grid:
-                result = self.query_range(lo, hi)
-                parsed = series(result) if series else result  # this call's own objects
-                # Sharded, the labels are copied: a replica's share lies scattered through
-                # the whole response, and fresh dicts made in order are what the later phases
-                # walk (bench/ingest_replicas.py, 100,000 GPUs at R3, two replicas: 1.79
-                # against 2.15 CPU s a replica); whole, the response's own are cheaper.
-                merged.update(points_by_instant(parsed, owned=series is None))
+                # The response's own label dicts handed over: this call made them.
+                merged.update(points_by_instant(self.query_range(lo, hi, query), owned=True))
         return dict(sorted(merged.items()))
 
 
@@ -187,22 +192,22 @@ class PrometheusSource:
     async def read(self) -> Reading:
         step = self.interval_s
         self._end = end = aligned(time.time() - self.delay_s, step)
-        keep, series = None, None
+        keep, query = None, None
         if (shards := self.context.shards) is not None and self._kv is not None:
             self._plan = plan = await shards.begin_cycle(self._kv, self._first)
             if (start := plan.start) is None:
                 return Reading(step)  # no shard held (yet)
             self.cursor, keep = start, plan.kept
-            series = functools.partial(plan.of_shards, gpu_labels=shards.gpu_labels)
+            if not plan.holds_all:  # only this replica's GPUs (and series naming none)
+                query = self.client.shard_query(shards.gpu_labels, plan.uuid_regex())
         if end <= self.cursor:
             return Reading(step)
         metrics = self.context.metrics
         try:
             with metrics.query_seconds.labels(self.name).time():
-                fetch = self.client.fetch
-                if series is not None:
-                    fetch = functools.partial(fetch, series=series)
-                instants = await asyncio.to_thread(fetch, self.cursor + step, end)
+                instants = await asyncio.to_thread(
+                    self.client.fetch, self.cursor + step, end, query
+                )
         except Exception as exc:  # Prometheus down or broken: keep the cursor
             metrics.source_errors.labels(self.name).inc()
             log.warning(
