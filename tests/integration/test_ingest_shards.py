@@ -241,13 +241,17 @@ def test_a_shards_query_selects_its_gpus_series_and_every_series_naming_none() -
         exporter.set_metrics(hami_metrics(gpus), "/hami")  # device_uuid
         exporter.set_metrics(hami_metrics(gpus, names="legacy"), "/hami-legacy")  # deviceuuid
         exporter.set_metrics(vllm_metrics(gpus), "/vllm")  # no GPU label
-        targets = [
-            ScrapeTarget(job, exporter.address, f"/{job}")
-            for job in ("dcgm", "hami", "hami-legacy", "vllm")
-        ]
+        # A series naming two GPUs: it is the first label's (the table's order), in that
+        # GPU's shard alone.
+        first, second = gpus[0].uuid, next(g.uuid for g in gpus if g.uuid[-2:] != gpus[0].uuid[-2:])
+        exporter.set_metrics(
+            f'DCGM_FI_DEV_FB_USED{{UUID="{first}",deviceuuid="{second}"}} 1\n', "/two"
+        )
+        jobs = ("dcgm", "hami", "hami-legacy", "vllm", "two")
+        targets = [ScrapeTarget(job, exporter.address, f"/{job}") for job in jobs]
         with PrometheusServer(targets, scrape_interval=1.0) as prom:
             prom.wait_for_targets_up(timeout=30)
-            for job in ("dcgm", "hami", "hami-legacy", "vllm"):
+            for job in jobs:
                 prom.wait_for_series(f'{{job="{job}"}}', timeout=30)
             at = time.time()
             names = sorted({s["metric"]["__name__"] for s in prom.query('{job=~".+"}', at)})
@@ -269,6 +273,8 @@ def test_a_shards_query_selects_its_gpus_series_and_every_series_naming_none() -
             assert all(by_label.values()), by_label  # every kind of GPU label is there
             naming_none = {k for k, gpu in whole.items() if gpu is None}
             assert naming_none  # vLLM's
+            two = next(k for k in whole if ("job", "two") in k)
+            assert whole[two] == first
             for shards, held_sets in (
                 (8, [{k} for k in range(8)] + [{0, 5, 6}]),
                 (32, [{k} for k in range(32)] + [{1, 17, 30}, {0, 16}]),

@@ -26,6 +26,7 @@ from fracpilot_ingest.shard_plan import (
     by_shard,
     cursor_key,
     encode_by_shard,
+    gpu_label_groups,
     gpu_shard,
     parse_cursor,
     plan_cycle,
@@ -34,6 +35,7 @@ from fracpilot_ingest.shard_plan import (
 )
 from fracpilot_libs.nats.usage_batch import encode_samples
 from fracpilot_libs.usage.attribution import Observation, PodKey
+from fracpilot_libs.usage.mappings import MappingTable
 
 GPUS = [f"GPU-{i:04d}-{i * 7919 % 65536:04x}" for i in range(64)]
 STEP = 15.0
@@ -281,3 +283,24 @@ def test_the_shard_settings_come_from_fracpilot_ingest_and_need_prometheus_alone
 def test_a_mig_instance_is_on_its_cards_shard() -> None:
     card = GPUS[5]
     assert gpu_shard(f"{card}/GI2", 16) == gpu_shard(card, 16) == shard_of(card, 16)
+
+
+def test_a_shards_query_asks_each_rows_metrics_by_that_rows_gpu_labels() -> None:
+    """Rows trying the GPU labels in other orders are asked apart: a series naming two GPUs is
+    fetched for the shard its own row keeps it for."""
+    default = MappingTable.of()
+    assert gpu_label_groups(default) == (
+        (("UUID", "device_uuid", "deviceuuid"), default.metric_names),
+    )
+    row = default.rows[0]
+    reordered = row.model_copy(
+        update={
+            "metric": "custom_gpu_util",
+            "roles": row.roles.model_copy(update={"gpu_uuid": ("deviceuuid", "UUID")}),
+        }
+    )
+    table = MappingTable(rows=(*default.rows, reordered))
+    assert gpu_label_groups(table) == (
+        (("UUID", "device_uuid", "deviceuuid"), default.metric_names),
+        (("deviceuuid", "UUID"), ("custom_gpu_util",)),
+    )

@@ -30,7 +30,7 @@ from fracpilot_ingest.node_facts import hami_device_memory
 from fracpilot_ingest.owners import KubernetesOwners, OwnerResolver, PodNameOwners, make_owners
 from fracpilot_ingest.pod_facts import kai_shared_gpus, oom_kills
 from fracpilot_ingest.settings import IngestSettings, mapping_table
-from fracpilot_ingest.shard_plan import encode_by_shard, gpu_uuid_labels
+from fracpilot_ingest.shard_plan import encode_by_shard, gpu_label_groups
 from fracpilot_ingest.shards import IngestShards
 from fracpilot_ingest.sources import make_sources
 from fracpilot_ingest.sources.base import Reading, Source, SourceContext
@@ -82,7 +82,7 @@ class IngestService:
         self.published_series = PublishedSeries()
         # Sharded: this replica publishes the GPUs of the shards it holds a lease on.
         self.shards = (
-            IngestShards(settings.ingest, self.runtime.registry, gpu_uuid_labels(self.table))
+            IngestShards(settings.ingest, self.runtime.registry, gpu_label_groups(self.table))
             if settings.ingest.sharded
             else None
         )

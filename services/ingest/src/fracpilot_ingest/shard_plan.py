@@ -145,6 +145,21 @@ def gpu_uuid_labels(table: MappingTable) -> tuple[str, ...]:
     return tuple(dict.fromkeys(name for row in table.rows for name in row.roles.gpu_uuid))
 
 
+LabelGroup = tuple[tuple[str, ...], tuple[str, ...]]  # GPU labels in a row's order, metrics
+
+
+def gpu_label_groups(table: MappingTable) -> tuple[LabelGroup, ...]:
+    """The mapping table's rows grouped by the GPU labels they try, in their order (a series'
+    GPU is the first of its row's labels it carries), with the metrics of each group: a
+    shard's query asks each group's metrics by that group's labels, so a series carrying two
+    GPU labels is fetched for the shard its row will keep it for (one order for all rows would
+    fetch it for the other's where two rows disagree)."""
+    groups: dict[tuple[str, ...], dict[str, None]] = {}
+    for row in table.rows:
+        groups.setdefault(row.roles.gpu_uuid, {})[row.metric] = None
+    return tuple((labels, tuple(metrics)) for labels, metrics in groups.items())
+
+
 def cursor_key(shard: int, shards: int) -> str:
     """A shard's cursor key in the ingest state bucket. The shard count is part of it: shard
     ``k`` of 8 is not the same GPUs as shard ``k`` of 16."""

@@ -27,6 +27,7 @@ from fracpilot_ingest.settings import ShardSettings
 from fracpilot_ingest.shard_plan import (
     CURSOR_PREFIX,
     CyclePlan,
+    LabelGroup,
     advanced,
     cursor_key,
     parse_cursor,
@@ -46,10 +47,13 @@ class IngestShards:
     """The shards this replica publishes; the holder its :class:`Ownership` calls."""
 
     def __init__(
-        self, settings: ShardSettings, registry: CollectorRegistry, gpu_labels: Sequence[str]
+        self,
+        settings: ShardSettings,
+        registry: CollectorRegistry,
+        label_groups: Sequence[LabelGroup],
     ) -> None:
         self.count = settings.shards
-        self.gpu_labels = tuple(gpu_labels)  # the labels naming a series' GPU
+        self.label_groups = tuple(label_groups)  # the labels naming a series' GPU, by metric
         self.lease_s = settings.shard_lease_s
         self.replica = settings.replica_id or default_replica_id()
         self.metrics = LeaseMetrics(

@@ -26,7 +26,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from fracpilot_ingest.settings import PrometheusSettings
-from fracpilot_ingest.shard_plan import CURSOR_PREFIX, CyclePlan
+from fracpilot_ingest.shard_plan import CURSOR_PREFIX, CyclePlan, LabelGroup
 from fracpilot_ingest.sources.base import Reading, SourceContext
 from fracpilot_ingest.sources.http_auth import prometheus_session
 from fracpilot_libs.gc_pause import gc_paused
@@ -136,11 +136,15 @@ class RangeQueryClient:
             raise PrometheusQueryError(f"HTTP status {response.status_code}: {error}")
         return range_result(body)
 
-    def shard_query(self, gpu_labels: Sequence[str], uuid_regex: str) -> str:
+    def shard_query(self, label_groups: Sequence[LabelGroup], uuid_regex: str) -> str:
         """The query of a sharded cycle: the series of the GPUs whose UUID matches
         ``uuid_regex`` (:func:`fracpilot_ingest.shard_plan.shard_regex`), and those naming no
-        GPU, which every replica reads (:func:`gpu_selector`)."""
-        return gpu_selector(self.metric_names, self.matchers, gpu_labels, uuid_regex)
+        GPU, which every replica reads (:func:`gpu_selector`), each group of metrics by its
+        rows' GPU labels (:func:`fracpilot_ingest.shard_plan.gpu_label_groups`)."""
+        return " or ".join(
+            gpu_selector(metrics, self.matchers, labels, uuid_regex)
+            for labels, metrics in label_groups
+        )
 
     def fetch(
         self, start: float, end: float, query: str | None = None
@@ -199,7 +203,7 @@ class PrometheusSource:
                 return Reading(step)  # no shard held (yet)
             self.cursor, keep = start, plan.kept
             if not plan.holds_all:  # only this replica's GPUs (and series naming none)
-                query = self.client.shard_query(shards.gpu_labels, plan.uuid_regex())
+                query = self.client.shard_query(shards.label_groups, plan.uuid_regex())
         if end <= self.cursor:
             return Reading(step)
         metrics = self.context.metrics
