@@ -84,7 +84,7 @@ def test_the_typed_path_makes_the_sample_pydantic_makes_or_the_same_rejection(
 ) -> None:
     typed = convert(*drawn)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(samples, "_plainly_valid", lambda _fields: False)  # pydantic alone
+        patch.setattr(samples, "_typed_path", False)  # pydantic alone
         validated = convert(*drawn)
     if isinstance(validated, Rejection):
         assert typed == validated
@@ -99,18 +99,19 @@ def test_the_typed_path_makes_the_sample_pydantic_makes_or_the_same_rejection(
 def test_a_common_sample_takes_the_typed_path_and_a_nan_does_not() -> None:
     pod = PodKey("inference", "chat-7c9d5f8b6d-x2k4p", "vllm")
     ok = Observation(pod, "GPU-1", "node-a", T, 0.42, 10 * GIB, 80 * GIB, True)
-    taken: list[bool] = []
-    plainly_valid = samples._plainly_valid
+    taken: list[str] = []
+    checked = samples._checked
 
-    def spy(fields: dict[str, object]) -> bool:
-        taken.append(plainly_valid(fields))
-        return taken[-1]
+    def spy(fields: dict[str, object]) -> UsageSample:
+        taken.append(str(fields["sample_id"]))
+        return checked(fields)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(samples, "_plainly_valid", spy)
-        assert isinstance(convert(ok, 0.5, "prometheus"), UsageSample)
+        patch.setattr(samples, "_checked", spy)
+        good = convert(ok, 0.5, "prometheus")
         bad = convert(Observation(pod, "GPU-1", "node-a", T, math.nan, 1, 2, True), None, "p")
-    assert taken == [True, False]
+    assert isinstance(good, UsageSample)
+    assert taken == [good.sample_id]  # the typed path, and the NaN not on it
     assert isinstance(bad, Rejection)
     assert bad.reason == "invalid"
     assert "compute" in bad.detail

@@ -35,6 +35,7 @@ import hashlib
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 
 from pydantic import ValidationError
 
@@ -55,6 +56,9 @@ DEFLATE_LEVEL = 1  # zlib's fastest: 6 makes it 20% smaller for twice the CPU
 _DEFLATED = 0x78  # the first byte of a zlib stream (deflate, 32 KiB window); text starts with {
 _MAX_INFLATED = 64 * 1024 * 1024  # far above a batch's text (500 samples of at most ~2 KiB)
 _SERIALIZER = UsageSample.__pydantic_serializer__  # what UsageSample.to_json calls
+# A row's sample id and its JSON, taken in C (a generator or a lambda per sample was a tenth of
+# the batches' own work, past the JSON and the deflate).
+_ID, _BODY = itemgetter(0), itemgetter(1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +83,7 @@ class DecodedBatch:
 def batch_id(partition: int, sample_ids: Iterable[str]) -> str:
     """SHA-256 of the partition, then of ``"\\n" + id`` for each sample id: hashed as one
     text (the digest of a stream is that of its parts fed one by one, two calls a sample)."""
-    ids = "".join(["\n" + sample_id for sample_id in sample_ids])
-    digest = hashlib.sha256(f"{partition}{ids}".encode())
+    digest = hashlib.sha256("\n".join([str(partition), *sample_ids]).encode())
     return f"b{USAGE_BATCH_FORMAT}-{partition}-{digest.hexdigest()[:32]}"
 
 
@@ -94,12 +97,12 @@ def encode_batch(
     """The batch of ``samples`` (``(sample_id, UsageSample JSON)``, in the order they are to
     be decided) of ``partition``; its payload deflated unless ``deflate`` is false (the text
     as readers before 2026-12-05 read it)."""
-    ids = tuple(sample_id for sample_id, _ in samples)
+    ids = tuple(map(_ID, samples))
     bid = batch_id(partition, ids)
     header = UsageBatchHeader(
         batch_id=bid, partition=partition, partitions=partitions, samples=len(samples)
     )
-    text = b"\n".join([header.to_json(), *(body for _, body in samples)])
+    text = b"\n".join([header.to_json(), *map(_BODY, samples)])
     payload = zlib.compress(text, DEFLATE_LEVEL) if deflate else text
     return EncodedBatch(subjects.usage_batch_subject(partition), bid, payload, ids, text)
 
@@ -154,7 +157,7 @@ def encode_partitions(
     serializes in one pass, in the order the samples lie in memory)."""
     batches = []
     for p in sorted(by_partition):
-        rows = sorted(by_partition[p], key=lambda row: row[0])
+        rows = sorted(by_partition[p], key=_ID)
         for start in range(0, len(rows), max_samples):
             batches.extend(_cut(p, partitions, rows[start : start + max_samples], deflate))
     return batches

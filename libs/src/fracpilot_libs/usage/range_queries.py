@@ -94,6 +94,7 @@ def points_by_instant(result: Any, *, owned: bool = False) -> dict[float, list[M
     # the point before kept at hand (a series' points are in time order, and most responses
     # hold one instant).
     isfinite, new_tuple, point_type = math.isfinite, tuple.__new__, MetricPoint
+    join = "".join
     last_ts, bucket = math.nan, []
     for series in result if isinstance(result, list) else [result]:
         if type(series) is not dict and not isinstance(series, dict):
@@ -108,9 +109,9 @@ def points_by_instant(result: Any, *, owned: bool = False) -> dict[float, list[M
             malformed += 1
             continue
         try:  # every key and value a string: str.join checks them in C (a generator over the
-            # labels of 100,000 series was a tenth of the ingest cycle)
-            "".join(metric)
-            "".join(metric.values())
+            # labels of 100,000 series was a tenth of the ingest cycle), one join of a list of
+            # both (two joins cost a fifth more)
+            join([*metric, *metric.values()])
         except TypeError:
             malformed += 1
             continue

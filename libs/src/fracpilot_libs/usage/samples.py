@@ -113,61 +113,34 @@ def to_sample(
             kv_pool_tokens=obs.kv_pool_tokens,
             kv_max_sequence_tokens=obs.kv_max_sequence_tokens,
         )
+    pod, node, uuid, model = obs.pod.pod, obs.node, obs.gpu_uuid, obs.gpu_model
+    container = obs.pod.container or "main"
+    compute, used, total = obs.compute, obs.memory_used_bytes, obs.memory_total_bytes
+    sid = sample_id(source, workload, obs, workload_key)
     fields: dict[str, object] = {
         "schema_version": SCHEMA_VERSION,  # the model's __dict__ as validation leaves it
-        "sample_id": sample_id(source, workload, obs, workload_key),
+        "sample_id": sid,
         "workload": workload,
-        "pod": obs.pod.pod,
-        "container": obs.pod.container or "main",
-        "node": obs.node,
-        "gpu_uuid": obs.gpu_uuid,
-        "gpu_model": obs.gpu_model,
+        "pod": pod,
+        "container": container,
+        "node": node,
+        "gpu_uuid": uuid,
+        "gpu_model": model,
         "timestamp": _utc(obs.timestamp),
-        "compute": obs.compute,
-        "memory_used_bytes": obs.memory_used_bytes,
-        "memory_total_bytes": obs.memory_total_bytes,
+        "compute": compute,
+        "memory_used_bytes": used,
+        "memory_total_bytes": total,
         "allocated_fraction": allocated_fraction,
         "source": source,
         "attribution": Attribution.EXACT if obs.exact else Attribution.ESTIMATED,
         "signals": signals,
     }
-    if signals is None and _plainly_valid(fields):
-        sample = _checked(fields)
-    else:
-        try:
-            del fields["schema_version"]  # its default: not among the fields set
-            sample = UsageSample(**fields)
-        except ValidationError as exc:
-            return Rejection("invalid", f"{_where(obs)}: {describe_validation_error(exc)}")
-    published.newest[key] = obs.timestamp
-    return sample
-
-
-# --- the typed path ----------------------------------------------------------------------------
-# Validating a UsageSample with pydantic took 2.8 µs of an ingest cycle's ~50 per GPU. The
-# values an observation gives are of known types, so the common sample (no application signals)
-# is checked here against the contract's constraints, field by field, and made as
-# ``UsageSample.model_construct`` makes a model, without its per-field Python loop. Anything
-# this check does not plainly accept goes through pydantic, which accepts it or says why not
-# (tests/unit/ingest/test_sample_fast_path.py holds the two paths equal).
-
-_FIELDS_SET = frozenset(UsageSample.model_fields) - {"schema_version"}
-# One set of the fields set, shared by every sample of the typed path: a set of 16 names per
-# sample was 0.7 KB (past pymalloc's small objects: malloc and free) and a copy each. A
-# sample is frozen, so pydantic never adds to it; ``model_copy`` copies it before an update.
-_SHARED_FIELDS_SET = set(_FIELDS_SET)
-_new_object = object.__new__
-_set_attribute = object.__setattr__
-
-
-def _plainly_valid(f: dict[str, object]) -> bool:
-    """Every field of the exact type the contract stores and within its bounds."""
-    sid, pod, container = f["sample_id"], f["pod"], f["container"]
-    node, uuid, model, source = f["node"], f["gpu_uuid"], f["gpu_model"], f["source"]
-    compute, used, total = f["compute"], f["memory_used_bytes"], f["memory_total_bytes"]
-    fraction = f["allocated_fraction"]
-    return (
-        type(f["workload"]) is WorkloadRef
+    # Every field of the exact type the contract stores and within its bounds (checked on the
+    # values at hand, not read back from the dict: 16 lookups and a call a sample).
+    if (
+        _typed_path
+        and signals is None
+        and type(workload) is WorkloadRef
         and type(sid) is str
         and 0 < len(sid) <= 200
         and type(pod) is str
@@ -188,12 +161,42 @@ def _plainly_valid(f: dict[str, object]) -> bool:
         and type(total) is int
         and 0 <= used <= total
         and total > 0
-        and (fraction is None or (type(fraction) is float and 0.0 < fraction <= 1.0))
-    )
+        and (
+            allocated_fraction is None
+            or (type(allocated_fraction) is float and 0.0 < allocated_fraction <= 1.0)
+        )
+    ):
+        sample = _checked(fields)
+    else:
+        try:
+            del fields["schema_version"]  # its default: not among the fields set
+            sample = UsageSample(**fields)
+        except ValidationError as exc:
+            return Rejection("invalid", f"{_where(obs)}: {describe_validation_error(exc)}")
+    published.newest[key] = obs.timestamp
+    return sample
+
+
+# --- the typed path ----------------------------------------------------------------------------
+# Validating a UsageSample with pydantic took 2.8 µs of an ingest cycle's ~50 per GPU. The
+# values an observation gives are of known types, so the common sample (no application signals)
+# is checked here against the contract's constraints, field by field, and made as
+# ``UsageSample.model_construct`` makes a model, without its per-field Python loop. Anything
+# this check does not plainly accept goes through pydantic, which accepts it or says why not
+# (tests/unit/ingest/test_sample_fast_path.py holds the two paths equal, turning this one off).
+_typed_path = True
+
+_FIELDS_SET = frozenset(UsageSample.model_fields) - {"schema_version"}
+# One set of the fields set, shared by every sample of the typed path: a set of 16 names per
+# sample was 0.7 KB (past pymalloc's small objects: malloc and free) and a copy each. A
+# sample is frozen, so pydantic never adds to it; ``model_copy`` copies it before an update.
+_SHARED_FIELDS_SET = set(_FIELDS_SET)
+_new_object = object.__new__
+_set_attribute = object.__setattr__
 
 
 def _checked(fields: dict[str, object]) -> UsageSample:
-    """The model of fields :func:`_plainly_valid` accepted: what ``model_construct`` does
+    """The model of fields :func:`to_sample` plainly accepted: what ``model_construct`` does
     (its ``__dict__``, the fields set, no extra, no private attributes)."""
     sample: UsageSample = _new_object(UsageSample)
     _set_attribute(sample, "__dict__", fields)
