@@ -73,7 +73,7 @@ async def replica_path(
 
     from fracpilot_ingest.service import IngestService
     from fracpilot_ingest.settings import IngestSettings
-    from fracpilot_ingest.shard_plan import gpu_uuid_labels, plan_cycle
+    from fracpilot_ingest.shard_plan import plan_cycle
     from fracpilot_libs.gc_pause import gc_paused
     from fracpilot_libs.usage.attribution import GpuInventory
     from fracpilot_libs.usage.range_queries import points_by_instant
@@ -87,11 +87,15 @@ async def replica_path(
     await service.runtime.bus.ensure_streams()
     plan = plan_cycle(shards, mine, {}, fallback=0.0)
     keep = plan.kept if shards > 1 else None
-    labels = gpu_uuid_labels(service.table)
     # This build asks Prometheus for its shards' series (None: it holds every shard); a
     # commit before that asked for all and cut them.
     by_query = hasattr(plan, "uuid_regex")
     one_pause = hasattr(service, "_publish_reading")
+    labels: tuple[str, ...] = ()
+    if not by_query:  # the labels a commit before cut the answer by
+        from fracpilot_ingest.shard_plan import gpu_uuid_labels
+
+        labels = gpu_uuid_labels(service.table)
     regex = re.compile(plan.uuid_regex()) if by_query and not plan.holds_all else None
     # As the source hands the decoded response over (a commit before ``owned``: copied).
     owned = {"owned": True} if "owned" in inspect.signature(points_by_instant).parameters else {}

@@ -10,12 +10,9 @@ here the reply is the mark's write, held by the test and given right before the 
 
 from __future__ import annotations
 
-import asyncio
-
 import nats
 import pytest
 from nats.aio.msg import Msg
-from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry
 
 from fracpilot_decision.checkpoint_schedule import CheckpointScheduler
@@ -24,6 +21,7 @@ from fracpilot_decision.partition_state import Partition
 from fracpilot_decision.settings import CheckpointSettings
 from fracpilot_libs.deadlines import within
 from helpers import reset_nats, wait_for
+from support.held_kv_put import HeldKvPut
 
 pytestmark = pytest.mark.integration
 
@@ -31,28 +29,6 @@ pytestmark = pytest.mark.integration
 def handled(nc: nats.NATS, seq: int) -> Msg:
     """A message as the partition's consumer got it: the mark is its stream position."""
     return Msg(nc, subject="usage", reply=f"$JS.ACK.usage.decision.1.{seq}.{seq}.0.0")
-
-
-class HeldMarkWrite:
-    """The next mark's write waits for a reply the test gives, as nats-py waits for one; the
-    real server stores it. Each write hands the partition a newer message, so that every
-    round of the schedule has a mark to write; the writes are counted."""
-
-    def __init__(self, kv: KeyValue, part: Partition, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.put = kv.put
-        self.part = part
-        self.nc = kv._js._nc
-        self.reply: asyncio.Future[None] | None = None
-        self.writes = 0
-        monkeypatch.setattr(kv, "put", self._put)
-
-    async def _put(self, key: str, value: bytes) -> int:
-        self.writes += 1
-        self.part.last_msg = handled(self.nc, 10 + self.writes)
-        if self.reply is None:
-            self.reply = asyncio.get_running_loop().create_future()
-            await asyncio.wait_for(self.reply, 60)  # as nats-py's request
-        return int(await self.put(key, value))
 
 
 async def test_stop_ends_the_schedule_though_its_cancel_comes_with_a_reply(
@@ -64,7 +40,12 @@ async def test_stop_ends_the_schedule_though_its_cancel_comes_with_a_reply(
         checkpoints = Checkpointer(nc, CollectorRegistry())
         await checkpoints.open()
         part = Partition(0, last_msg=handled(nc, 10), uncommitted=1)
-        held = HeldMarkWrite(checkpoints.kv.raw, part, monkeypatch)
+        # Each write hands the partition a newer message: every round has a mark to write.
+        held = HeldKvPut(
+            checkpoints.kv.raw,
+            monkeypatch,
+            lambda writes: setattr(part, "last_msg", handled(nc, 10 + writes)),
+        )
         # A round every 0.05 s, each writing the partition's mark.
         scheduler = CheckpointScheduler(
             checkpoints,

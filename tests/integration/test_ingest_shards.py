@@ -22,7 +22,7 @@ from fracpilot_ingest.settings import IngestSettings
 from fracpilot_ingest.shard_plan import (
     CURSOR_PREFIX,
     cursor_key,
-    gpu_uuid_labels,
+    gpu_label_groups,
     shard_of,
     shard_regex,
 )
@@ -255,7 +255,7 @@ def test_a_shards_query_selects_its_gpus_series_and_every_series_naming_none() -
                 prom.wait_for_series(f'{{job="{job}"}}', timeout=30)
             at = time.time()
             names = sorted({s["metric"]["__name__"] for s in prom.query('{job=~".+"}', at)})
-            labels = gpu_uuid_labels(MappingTable.of())
+            ((labels, _),) = gpu_label_groups(MappingTable.of())  # one order for all rows
             assert labels == ("UUID", "device_uuid", "deviceuuid")
 
             def answer(query: str) -> dict[frozenset[tuple[str, str]], str | None]:

@@ -17,13 +17,13 @@ import uuid
 
 import nats
 import pytest
-from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry
 
 from fracpilot_decision.metrics import ownership_metrics
 from fracpilot_libs.deadlines import within
 from fracpilot_libs.leases.ownership import Ownership
 from helpers import wait_for
+from support.held_kv_put import HeldKvPut
 
 pytestmark = pytest.mark.integration
 
@@ -37,24 +37,6 @@ class Holder:
 
     async def drop(self, partition: int) -> None:
         pass
-
-
-class HeldMemberWrite:
-    """The next member-key write waits for a reply the test gives, as nats-py waits for one;
-    the real server stores it. The writes after it go through at once, counted."""
-
-    def __init__(self, kv: KeyValue, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.put = kv.put
-        self.reply: asyncio.Future[None] | None = None
-        self.writes = 0
-        monkeypatch.setattr(kv, "put", self._put)
-
-    async def _put(self, key: str, value: bytes) -> int:
-        self.writes += 1
-        if self.reply is None:
-            self.reply = asyncio.get_running_loop().create_future()
-            await asyncio.wait_for(self.reply, 60)  # as nats-py's request
-        return int(await self.put(key, value))
 
 
 async def test_stop_ends_the_renewals_though_their_cancel_comes_with_a_reply(
@@ -80,7 +62,7 @@ async def test_stop_ends_the_renewals_though_their_cancel_comes_with_a_reply(
         await asyncio.gather(*own._tasks, return_exceptions=True)
         own._tasks.clear()
         assert own.kv is not None
-        held = HeldMemberWrite(own.kv.raw, monkeypatch)
+        held = HeldKvPut(own.kv.raw, monkeypatch)  # the member key's next write
         await wait_for(lambda: held.reply is not None)  # a renewal awaits its reply
         assert held.reply is not None
         held.reply.set_result(None)

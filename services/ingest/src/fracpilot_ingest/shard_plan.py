@@ -140,11 +140,6 @@ def gpu_shard(gpu_uuid: str, shards: int) -> int:
     return _memos(shards)[1][gpu_uuid]
 
 
-def gpu_uuid_labels(table: MappingTable) -> tuple[str, ...]:
-    """The labels that name a series' GPU, in any row of the mapping table."""
-    return tuple(dict.fromkeys(name for row in table.rows for name in row.roles.gpu_uuid))
-
-
 LabelGroup = tuple[tuple[str, ...], tuple[str, ...]]  # GPU labels in a row's order, metrics
 
 
