@@ -383,7 +383,10 @@ def observe_points(
             gpu.seen_pods.add(pod)
 
     observations: list[Observation] = []
-    for uuid, gpu in sorted(gpus.items()):
+    # In the order the GPUs first came (the source's order): not sorted by UUID, which at
+    # 100,000 GPUs visited them scattered in memory (4.5 of ~13 µs a GPU, bench/ingest_phases).
+    # Batches sort their samples by id, so what is published does not depend on it.
+    for uuid, gpu in gpus.items():
         observations.extend(_split_gpu(uuid, gpu, inventory, timestamp, rejections))
     if not app:  # no application series: nothing to add
         return observations, rejections

@@ -784,15 +784,21 @@ def test_inventory_pods_of_a_gpu_without_series_make_nothing() -> None:
     assert rejections == []
 
 
-def test_gpus_are_attributed_independently_and_in_uuid_order() -> None:
-    points = dcgm(GPU_A, CHAT, gr=0.2, used_mib=2048, free_mib=2048) + dcgm(
-        GPU_B, CODE, gr=0.1, used_mib=1024, free_mib=1024
-    )
-    observations, _ = observe_points(points, TABLE, GpuInventory())
+def test_gpus_are_attributed_independently_in_the_order_the_source_gave_them() -> None:
+    # Not sorted by UUID (a scattered walk over 100,000 GPUs): the source's order, which is
+    # deterministic for a given response; batches sort their samples by id in any case.
+    a = dcgm(GPU_A, CHAT, gr=0.2, used_mib=2048, free_mib=2048)
+    b = dcgm(GPU_B, CODE, gr=0.1, used_mib=1024, free_mib=1024)
     assert GPU_B < GPU_A
+    observations, _ = observe_points(a + b, TABLE, GpuInventory())
+    assert [(o.gpu_uuid, o.pod) for o in observations] == [(GPU_A, CHAT), (GPU_B, CODE)]
+    assert [o.compute for o in observations] == pytest.approx([0.2, 0.1])
+    assert all(o.exact for o in observations)
+    # A GPU is placed where its first point is, its later points interleaved or not.
+    mixed = [b[0], *a, *b[1:]]
+    observations, _ = observe_points(mixed, TABLE, GpuInventory())
     assert [(o.gpu_uuid, o.pod) for o in observations] == [(GPU_B, CODE), (GPU_A, CHAT)]
     assert [o.compute for o in observations] == pytest.approx([0.1, 0.2])
-    assert all(o.exact for o in observations)
 
 
 def test_observation_time_is_the_instant_of_the_points() -> None:

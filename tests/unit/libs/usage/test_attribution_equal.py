@@ -8,7 +8,14 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fracpilot_libs.usage.attribution import GpuInventory, MetricPoint, PodKey, observe_points
+from fracpilot_libs.usage.attribution import (
+    GpuInventory,
+    MetricPoint,
+    Observation,
+    PodKey,
+    Rejection,
+    observe_points,
+)
 from fracpilot_libs.usage.mappings import Level, MappingTable, MetricMapping, Quantity
 from support.attribution_reference import reference_observe_points
 
@@ -96,6 +103,18 @@ def inventories(draw: st.DrawFn) -> GpuInventory:
 def test_observe_points_says_what_the_loop_before_said(
     instant: list[MetricPoint], inventory: GpuInventory, table: MappingTable
 ) -> None:
-    assert observe_points(instant, table, inventory) == reference_observe_points(
-        instant, table, inventory
-    )
+    observations, rejections = observe_points(instant, table, inventory)
+    before, rejected_before = reference_observe_points(instant, table, inventory)
+    # The loop before gave GPUs in UUID order, this one in the order they first came
+    # (test_attribution's order test): the same observations, each GPU's pods in the same
+    # order, and the same rejections.
+    assert sorted(observations, key=_gpu) == before
+    assert sorted(rejections, key=_text) == sorted(rejected_before, key=_text)
+
+
+def _gpu(obs: Observation) -> str:
+    return obs.gpu_uuid
+
+
+def _text(rejection: Rejection) -> tuple[str, str]:
+    return rejection.reason, rejection.detail
