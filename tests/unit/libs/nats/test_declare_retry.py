@@ -48,3 +48,23 @@ async def test_the_last_error_is_raised_once_the_deadline_passes() -> None:
             declare, "streams", deadline_s=0.2, first_delay_s=0.01, max_delay_s=0.02
         )
     assert 2 <= declare.calls < 10_000
+
+
+async def test_a_stream_its_peers_cannot_place_yet_is_retried() -> None:
+    # As nats-py raises JetStream's "no suitable peers for placement" (error 10005), seen at a
+    # 3-node cluster's start-up: a peer not yet current in the meta group.
+    refused = nats.js.errors.BadRequestError(
+        code=400, err_code=10005, description="no suitable peers for placement, peer offline"
+    )
+    declare = Declaration(refused, refused)
+    result = await declare_patiently(declare, "streams", first_delay_s=0.001, max_delay_s=0.01)
+    assert (result, declare.calls) == ("declared", 3)
+
+
+async def test_any_other_refusal_of_the_api_is_raised_at_once() -> None:
+    declare = Declaration(
+        nats.js.errors.BadRequestError(code=400, err_code=10058, description="stream name in use")
+    )
+    with pytest.raises(nats.js.errors.BadRequestError):
+        await declare_patiently(declare, "streams", first_delay_s=0.001)
+    assert declare.calls == 1
