@@ -2,8 +2,10 @@
 
 Each node has its own client, route and monitoring ports (free ones) and its own store; the
 routes name all three nodes. :meth:`NatsCluster.start` returns once the JetStream meta leader
-is elected. One node can be killed (SIGKILL), restarted on the same ports and store, or
-frozen (SIGSTOP, a partition that looks like a hung machine) and thawed (SIGCONT).
+is elected and knows every other node as a current peer (before that, a replicated stream can
+be refused "no suitable peers for placement"). One node can be killed (SIGKILL), restarted on
+the same ports and store, or frozen (SIGSTOP, a partition that looks like a hung machine) and
+thawed (SIGCONT).
 """
 
 from __future__ import annotations
@@ -145,7 +147,25 @@ class NatsCluster:
         for n in self.nodes:
             n.start(self.routes)
         self.wait_for_meta_leader(timeout_s)
+        wait_until_ready(
+            self.peers_current,
+            [n.server for n in self.nodes],
+            timeout=timeout_s,
+            what=f"every JetStream peer current (nodes in {self.base_dir})",
+        )
         return self
+
+    def peers_current(self) -> bool | None:
+        """True once the meta leader knows every other node as a current peer, else None (what
+        ``wait_until_ready`` waits on)."""
+        for node in self.nodes:
+            meta = (node.jsz() or {}).get("meta_cluster") or {}
+            peers = meta.get("replicas")
+            if meta.get("leader") == node.name and peers is not None:
+                others = len(self.nodes) - 1
+                if len(peers) == others and all(p.get("current") for p in peers):
+                    return True
+        return None
 
     def restart(self, node: ClusterNode, timeout_s: float = 30.0) -> None:
         """Start a killed node again on its ports and store; return once it has a meta leader."""
