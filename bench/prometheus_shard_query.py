@@ -23,7 +23,10 @@ Each is sent as ``RangeQueryClient.query_range`` sends it (GET ``/api/v1/query_r
 
 Layouts, the shards split among the replicas as bench/ingest_replicas.py splits them (replica
 r holds r, r + R, ...): one ingest, unsharded (the baseline); for each ``--owned k``,
-``shards / k`` replicas holding k shards each. Each round sends every replica's query of a
+``shards / k`` replicas holding k shards each; and, not a query the ingest sends, the first
+``--owned``'s replicas asking by the UUID regex alone (``selector`` with the matcher of
+gpu_selector's first part, no ``or``, no part for the series naming no GPU): what the regex
+costs against the rest of the query. Each round sends every replica's query of a
 layout ``--batch`` times, then once more with ``stats=all``; rounds interleave the layouts
 (the box is shared), ``--repeat`` rounds, medians printed. Per layout, summed over its
 replicas (one query each, what one ingest cycle of the layout asks):
@@ -115,6 +118,7 @@ def ingest_queries(url: str, step: float, shards: int, owned: Sequence[int]) -> 
     from fracpilot_ingest.settings import IngestSettings
     from fracpilot_ingest.shard_plan import plan_cycle
     from fracpilot_ingest.sources.prometheus import PrometheusSource
+    from fracpilot_libs.usage.range_queries import selector
 
     settings = IngestSettings(
         nats={"url": "nats://127.0.0.1:1"}, sources="prometheus", cluster="bench",
@@ -127,13 +131,20 @@ def ingest_queries(url: str, step: float, shards: int, owned: Sequence[int]) -> 
     client = source.client
     layouts = [Layout("one ingest, unsharded", [client.query])]
     every = list(range(shards))
+    regexes = {
+        k: [
+            plan_cycle(shards, every[r :: shards // k], {}, fallback=0.0).uuid_regex()
+            for r in range(shards // k)
+        ]
+        for k in owned
+    }
     for k in owned:
-        replicas = shards // k
-        queries = []
-        for r in range(replicas):
-            plan = plan_cycle(shards, every[r::replicas], {}, fallback=0.0)
-            queries.append(client.shard_query(plan_shards.label_groups, plan.uuid_regex()))
-        layouts.append(Layout(f"{replicas} replicas x {k}/{shards} shards", queries))
+        queries = [client.shard_query(plan_shards.label_groups, regex) for regex in regexes[k]]
+        layouts.append(Layout(f"{shards // k} replicas x {k}/{shards} shards", queries))
+    # Not the ingest's query: the first layout's replicas asking by their UUID regex alone (the
+    # first of gpu_selector's parts, no ``or``), to tell the regex's cost from the other parts'.
+    alone = [selector(client.metric_names, f'UUID=~"{regex}"') for regex in regexes[owned[0]]]
+    layouts.append(Layout(f"{len(alone)} x {owned[0]}/{shards}, UUID regex alone*", alone))
     return layouts
 
 
@@ -270,7 +281,8 @@ def report(
     print(
         f"CPU ms: Prometheus' utime + stime (1/{os.sysconf('SC_CLK_TCK')} s ticks) per pass "
         "over the layout's queries; 'idle ms': the same over as long with no query; "
-        "'replica CPU': one replica's share of the layout's CPU against the unsharded query's"
+        "'replica CPU': one replica's share of the layout's CPU against the unsharded query's; "
+        "*: not a query the ingest sends (its first part alone)"
     )
 
 
