@@ -32,12 +32,13 @@ layout ``--batch`` times, then once more with ``stats=all``; rounds interleave t
 replicas (one query each, what one ingest cycle of the layout asks):
 
 - Prometheus' CPU: its process's utime + stime (``/proc/<pid>/stat``) over the batch, per
-  query; an idle stretch as long, measured the same way between rounds, is printed beside;
+  pass over the layout's queries; an idle stretch as long, measured the same way after each
+  batch, is printed beside;
 - server time: Prometheus' own ``execTotalTime`` (and ``queryPreparationTime``, the series'
   selection, where the matchers are applied) from ``stats=all``; and the HTTP request's wall
   time as the client sees it (the JSON encoding and transfer included);
-- response bytes and series returned (the replicas' series add up to the unsharded query's:
-  checked).
+- response bytes and series returned (a layout whose series do not add up to the unsharded
+  query's is flagged).
 
 The machine's load average is printed with them (/proc/loadavg).
 """
