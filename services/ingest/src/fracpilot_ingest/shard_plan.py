@@ -99,38 +99,45 @@ def shard_of(gpu_uuid: str, shards: int) -> int:
 def _char_class(values: set[int]) -> str:
     """A regex character class of the hex digits with these values, either case; with 0, any
     character that is not a hex digit of another value (:func:`_suffix_value` counts those
-    as 0)."""
+    as 0); with all 16, any character (``.``, in :func:`shard_regex`'s ``(?s:…)``)."""
+    if len(values) == 16:
+        return "."
     if 0 not in values:
         return "[" + "".join(_HEX_CHARS[v] for v in sorted(values)) + "]"
-    others = "".join(_HEX_CHARS[v] for v in range(16) if v not in values)  # never all 16
+    others = "".join(_HEX_CHARS[v] for v in range(16) if v not in values)
     return f"[^{others}]"
 
 
 def shard_regex(held: Iterable[int], shards: int) -> str:
     """The regex (RE2 and Python's alike, matched whole as Prometheus anchors a label
     matcher's) that a GPU UUID matches exactly when its :func:`shard_of` is in ``held``
-    (not empty, not every shard: those need no matcher). At most 16 alternatives: one per last
-    digit held. In ``(?s:…)``, so that ``.`` takes a newline too: Prometheus 3 compiles a label
-    regex so (``model/labels/regexp.go``, ``NewFastRegexMatcher``), Prometheus 2 without it,
-    which would leave a UUID with a newline to no replica."""
+    (not empty, not every shard: those need no matcher). One alternative per set of
+    second-last digits: the last digits that share one are a character class together (two
+    replicas of 32 shards: at most three alternatives where one per last digit made 16, which
+    cost Prometheus twice the selection time; docs/performance.md). In ``(?s:…)``, so that
+    ``.`` takes a newline too: Prometheus 3 compiles a label regex so
+    (``model/labels/regexp.go``, ``NewFastRegexMatcher``), Prometheus 2 without it, which would
+    leave a UUID with a newline to no replica."""
     held = set(held)
     if not held or len(held) >= shards or shards not in SHARD_COUNTS:
         raise ValueError(f"a regex for {sorted(held)} of {shards} shards")
     if shards <= 16:
         return "(?s:.*" + _char_class({v for v in range(16) if v % shards in held}) + ")"
     high = shards // 16  # the second-last digit's residues, modulo this
-    alternatives = []
+    lasts_by_before: dict[frozenset[int], set[int]] = {}
     for last in range(16):
         residues = {k // 16 for k in held if k % 16 == last}
-        if not residues:
-            continue
-        before = {v for v in range(16) if v % high in residues}
+        if residues:
+            before = frozenset(v for v in range(16) if v % high in residues)
+            lasts_by_before.setdefault(before, set()).add(last)
+    alternatives = []
+    for before, lasts in sorted(lasts_by_before.items(), key=lambda item: sorted(item[0])):
         if len(before) == 16:  # any second-last digit, or none
-            alternatives.append(".*" + _char_class({last}))
+            alternatives.append(".*" + _char_class(lasts))
         elif 0 in before:  # a missing second-last digit counts as 0
-            alternatives.append(f"(.*{_char_class(before)})?{_char_class({last})}")
+            alternatives.append(f"(.*{_char_class(set(before))})?{_char_class(lasts)}")
         else:
-            alternatives.append(f".*{_char_class(before)}{_char_class({last})}")
+            alternatives.append(f".*{_char_class(set(before))}{_char_class(lasts)}")
     return "(?s:" + "|".join(alternatives) + ")"
 
 
