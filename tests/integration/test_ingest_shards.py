@@ -277,7 +277,11 @@ def test_a_shards_query_selects_its_gpus_series_and_every_series_naming_none() -
             assert whole[two] == first
             for shards, held_sets in (
                 (8, [{k} for k in range(8)] + [{0, 5, 6}]),
-                (32, [{k} for k in range(32)] + [{1, 17, 30}, {0, 16}]),
+                (
+                    32,
+                    [{k} for k in range(32)]
+                    + [{1, 17, 30}, {0, 16}, set(range(16)), set(range(0, 32, 3))],
+                ),
             ):
                 read = set()
                 for held in held_sets:
