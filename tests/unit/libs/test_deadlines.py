@@ -2,7 +2,7 @@
 :mod:`fracpilot_libs.deadlines` (Python 3.11's ``asyncio.wait_for`` loses a cancellation that
 arrives in the same loop pass as the inner result; see that module). A stop that cancels a
 background task and waits for it keeps a cancel aimed at the stopping task
-(``cancel_and_wait``)."""
+(``cancel_and_wait``), and no service swallows one under ``suppress(CancelledError)``."""
 
 from __future__ import annotations
 
@@ -197,3 +197,24 @@ async def test_an_error_of_the_task_propagates() -> None:
     await asyncio.sleep(0)
     with pytest.raises(RuntimeError, match="clean-up failed"):
         await cancel_and_wait(task)
+
+
+def _name(node: ast.expr) -> str | None:
+    """``x`` of ``x`` or of ``module.x``."""
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def test_no_service_suppresses_a_cancellation() -> None:
+    found = []
+    for source in SOURCES:
+        for path in sorted(source.rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if (
+                    isinstance(node, ast.Call)
+                    and _name(node.func) == "suppress"
+                    and any(_name(arg) == "CancelledError" for arg in node.args)
+                ):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == [], f"use fracpilot_libs.deadlines.cancel_and_wait: {found}"
