@@ -2,7 +2,8 @@
 :mod:`fracpilot_libs.deadlines` (Python 3.11's ``asyncio.wait_for`` loses a cancellation that
 arrives in the same loop pass as the inner result; see that module). A stop that cancels a
 background task and waits for it keeps a cancel aimed at the stopping task
-(``cancel_and_wait``), and no service swallows one under ``suppress(CancelledError)``."""
+(``cancel_and_wait``), and no service swallows one under ``suppress(CancelledError)`` (nor
+``suppress(BaseException)``)."""
 
 from __future__ import annotations
 
@@ -214,7 +215,7 @@ def test_no_service_suppresses_a_cancellation() -> None:
                 if (
                     isinstance(node, ast.Call)
                     and _name(node.func) == "suppress"
-                    and any(_name(arg) == "CancelledError" for arg in node.args)
+                    and any(_name(a) in {"CancelledError", "BaseException"} for a in node.args)
                 ):
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert found == [], f"use fracpilot_libs.deadlines.cancel_and_wait: {found}"
