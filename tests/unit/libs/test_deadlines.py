@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -82,22 +83,32 @@ async def test_deadlines_time_out_and_return() -> None:
     assert await event_set(event, 0.01) is True
 
 
-def test_no_service_awaits_through_asyncio_wait_for() -> None:
+def _places(matches: Callable[[ast.AST], bool]) -> list[str]:
+    """``path:line`` of each node of the sources that ``matches``."""
     found = []
     for source in SOURCES:
         for path in sorted(source.rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                if (
-                    isinstance(node, ast.Attribute)
-                    and node.attr == "wait_for"
-                    and isinstance(node.value, ast.Name)
-                    and node.value.id == "asyncio"
-                ) or (
-                    isinstance(node, ast.ImportFrom)
-                    and node.module == "asyncio"
-                    and any(a.name == "wait_for" for a in node.names)
-                ):
-                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+                if matches(node):
+                    found.append(f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}")
+    return found
+
+
+def _is_wait_for(node: ast.AST) -> bool:
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr == "wait_for"
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "asyncio"
+    ) or (
+        isinstance(node, ast.ImportFrom)
+        and node.module == "asyncio"
+        and any(a.name == "wait_for" for a in node.names)
+    )
+
+
+def test_no_service_awaits_through_asyncio_wait_for() -> None:
+    found = _places(_is_wait_for)
     assert found == [], f"use fracpilot_libs.deadlines instead of asyncio.wait_for: {found}"
 
 
@@ -207,15 +218,14 @@ def _name(node: ast.expr) -> str | None:
     return node.id if isinstance(node, ast.Name) else None
 
 
+def _suppresses_a_cancellation(node: ast.AST) -> bool:
+    return (
+        isinstance(node, ast.Call)
+        and _name(node.func) == "suppress"
+        and any(_name(a) in {"CancelledError", "BaseException"} for a in node.args)
+    )
+
+
 def test_no_service_suppresses_a_cancellation() -> None:
-    found = []
-    for source in SOURCES:
-        for path in sorted(source.rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                if (
-                    isinstance(node, ast.Call)
-                    and _name(node.func) == "suppress"
-                    and any(_name(a) in {"CancelledError", "BaseException"} for a in node.args)
-                ):
-                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    found = _places(_suppresses_a_cancellation)
     assert found == [], f"use fracpilot_libs.deadlines.cancel_and_wait: {found}"
