@@ -38,7 +38,7 @@ import uuid
 from collections import defaultdict
 from typing import Protocol
 
-from fracpilot_libs.deadlines import event_set
+from fracpilot_libs.deadlines import cancel_and_wait, event_set
 from fracpilot_libs.leases.balance import Moves
 from fracpilot_libs.leases.core import (
     MEMBER,
@@ -405,9 +405,7 @@ class Ownership:
         finally:
             if self._renewer is not None:
                 self._renewals_end.set()
-                self._renewer.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._renewer
+                await cancel_and_wait(self._renewer)
                 self._renewer = None
         if self.kv is not None:  # after the last renewal: the others see it gone
             with contextlib.suppress(NatsError):

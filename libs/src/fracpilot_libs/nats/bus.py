@@ -34,7 +34,7 @@ from pydantic import BaseModel
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from fracpilot_libs.config import ServiceSettings
-from fracpilot_libs.deadlines import within
+from fracpilot_libs.deadlines import cancel_and_wait
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.bus_metrics import BusMetrics, subject_prefix
 from fracpilot_libs.nats.connect import client_options, connect_options, open_connection
@@ -268,8 +268,10 @@ class Bus:
             with contextlib.suppress(Exception):  # new requests now go to other replicas
                 await self._sync_with_server()
         for task in self._tasks:
-            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-                await within(task, 10)
+            try:
+                await asyncio.wait({task}, timeout=10)  # 10 s to finish the message in hand
+            finally:
+                await cancel_and_wait(task)
         self._tasks.clear()
 
     async def close(self) -> None:

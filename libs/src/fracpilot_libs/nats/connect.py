@@ -23,6 +23,7 @@ import nats.errors
 from nats.aio.client import Client as NatsClient
 
 from fracpilot_libs.config import ServiceSettings
+from fracpilot_libs.deadlines import cancel_and_wait
 from fracpilot_libs.nats.errors import NatsUnreachableError, PermanentNatsError
 
 # What a connection attempt fails with while the server cannot be reached (yet).
@@ -205,9 +206,8 @@ async def open_connection(settings: ServiceSettings, **options: Any) -> NatsClie
     finally:
         waiting.cancel()
     if not connecting.done():  # a permanent error while nats-py would go on retrying
-        connecting.cancel()
-        with contextlib.suppress(BaseException):
-            await connecting
+        with contextlib.suppress(Exception):  # the refusal is the error to raise
+            await cancel_and_wait(connecting)
         with contextlib.suppress(Exception):
             await nc.close()
         raise NatsSecurityError(refused[0])

@@ -27,7 +27,7 @@ from nats.js.errors import NotFoundError
 from opentelemetry import trace
 from pydantic import BaseModel
 
-from fracpilot_libs.deadlines import cancel_requested, within
+from fracpilot_libs.deadlines import cancel_and_wait, cancel_requested, within
 from fracpilot_libs.nats.bus_metrics import BusMetrics
 from fracpilot_libs.nats.decoding import DecodeError, ErrorKind, decode
 from fracpilot_libs.nats.pull_feed import PullFeed
@@ -97,9 +97,8 @@ class DurableConsumer(Generic[M]):
         finally:
             stop.cancel()
         if not batch.done():  # stopping: what was fetched comes again after the ack wait
-            batch.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await batch
+            with contextlib.suppress(Exception):  # a fetch that failed as it was given up
+                await cancel_and_wait(batch)
             return []
         return batch.result()
 
@@ -118,9 +117,7 @@ class DurableConsumer(Generic[M]):
         try:
             await work
         finally:
-            keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keeper
+            await cancel_and_wait(keeper)
 
     async def _handle_one(self, msg: Msg) -> None:
         headers = dict(msg.headers or {})

@@ -17,7 +17,6 @@ slow), 413 (body too large, also once inflated), 415 (not ``application/json``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -41,6 +40,7 @@ from fracpilot_actuator.metrics import WebhookMetrics
 from fracpilot_actuator.settings import OptInSettings, WebhookSettings
 from fracpilot_actuator.stores.targets import TargetCache
 from fracpilot_libs.contracts import WorkloadTarget
+from fracpilot_libs.deadlines import cancel_and_wait
 from fracpilot_libs.nats.bus import Bus
 
 log = logging.getLogger(__name__)
@@ -202,9 +202,7 @@ class WebhookServer:
     async def stop(self) -> None:
         """Stop listening, finish the requests in flight and close the open connections."""
         if self._reloader is not None:
-            self._reloader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reloader
+            await cancel_and_wait(self._reloader)
             self._reloader = None
         if self._server is not None:
             self._server.close()

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from fracpilot_decision.checkpoints import Checkpointer
 from fracpilot_decision.partition_state import Partition
 from fracpilot_decision.settings import CheckpointSettings
+from fracpilot_libs.deadlines import cancel_and_wait
 from fracpilot_libs.nats import subjects
 
 log = logging.getLogger(__name__)
@@ -91,9 +92,7 @@ class CheckpointScheduler:
         # awaits each KV reply through asyncio.wait_for: see fracpilot_libs.deadlines).
         self._stopping = True
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
 
     def urge(self) -> None:
         """Checkpoint every partition at the next turn (one has decided many samples)."""

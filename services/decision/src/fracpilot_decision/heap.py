@@ -21,7 +21,6 @@ list (36 ms at 100,000 workloads; counted every second it cost 3% of a core, 6 Â
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import time
@@ -30,6 +29,7 @@ from prometheus_client import CollectorRegistry
 
 from fracpilot_decision.metrics import HeapMetrics
 from fracpilot_decision.settings import HeapSettings
+from fracpilot_libs.deadlines import cancel_and_wait
 
 log = logging.getLogger(__name__)
 COUNT_EVERY_S = 60.0  # how often the frozen objects are counted (a walk over them all)
@@ -58,9 +58,7 @@ class HeapFreezer:
     async def stop(self) -> None:
         """Stop freezing and give everything back to the collector."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         gc.unfreeze()
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import logging
 import socket
 import time
@@ -50,7 +49,7 @@ from fracpilot_actuator.election.core import (
     RoundResult,
 )
 from fracpilot_actuator.metrics import LeaderMetrics
-from fracpilot_libs.deadlines import within
+from fracpilot_libs.deadlines import cancel_and_wait, within
 
 log = logging.getLogger(__name__)
 
@@ -207,9 +206,7 @@ class LeaderElector:
         self._stopped = True
         self._stop_leading("stopping")
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         if release:
             loop = asyncio.get_running_loop()

@@ -12,7 +12,6 @@ it (see ``ActuatorService``); a pass is idempotent, so a new leader just runs on
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -30,7 +29,7 @@ from fracpilot_actuator.policy_sync.objects import PolicyObject
 from fracpilot_actuator.policy_sync.plan import SyncPlan, plan_sync, status_patch
 from fracpilot_actuator.settings import PolicySyncSettings
 from fracpilot_libs.contracts import Policy, utcnow
-from fracpilot_libs.deadlines import event_set
+from fracpilot_libs.deadlines import cancel_and_wait, event_set
 from fracpilot_libs.kube.client import in_thread
 from fracpilot_libs.kube.informer import Informer
 from fracpilot_libs.kube.policy_crd import (
@@ -97,9 +96,7 @@ class PolicySync:
         for informer in self.informers.values():
             informer.stop()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
 
     async def _run(self) -> None:
         for informer in self.informers.values():

@@ -38,7 +38,6 @@ owner's uid with the reads the backend already has (:meth:`KubeApi.read_owner`,
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -55,7 +54,7 @@ from fracpilot_actuator.kube.api import KubeApi
 from fracpilot_actuator.opt_in import Automation, selector_mode
 from fracpilot_actuator.settings import OptInSettings
 from fracpilot_libs.contracts import FractionDecision
-from fracpilot_libs.deadlines import event_set
+from fracpilot_libs.deadlines import cancel_and_wait, event_set
 from fracpilot_libs.kube.client import in_thread
 from fracpilot_libs.kube.policy_crd import GROUP, VERSION
 from fracpilot_libs.kube.recommendation_crd import KIND, MANAGED_BY, PLURAL, object_name
@@ -248,9 +247,7 @@ class RecommendationWriter:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
 
     @property
     def writing(self) -> bool:
