@@ -85,9 +85,9 @@ def test_a_shards_regex_matches_exactly_the_uuids_of_its_shards(
     assert regex.count("|") < (3 if shards == 32 else 16)
 
 
-def test_a_replica_of_two_asks_prometheus_with_a_short_regex() -> None:
-    # Every other shard of 32 (as leases may hand them): one class per second-last digit's
-    # parity, not an alternative per last digit (which cost Prometheus twice the selection).
+def test_a_shard_regex_has_an_alternative_per_second_last_digit_set() -> None:
+    # Not an alternative per last digit (which cost Prometheus up to twice the selection): the
+    # last digits that share a set of second-last digits are one class.
     assert shard_regex(set(range(0, 32, 3)), 32).count("|") == 1  # 11 shards, 2 alternatives
     # Last digit 0 under any second-last digit, 1 under an even one, 2 under an odd one.
     assert shard_regex({0, 16, 1, 18}, 32) == (

@@ -206,10 +206,12 @@ async def open_connection(settings: ServiceSettings, **options: Any) -> NatsClie
     finally:
         waiting.cancel()
     if not connecting.done():  # a permanent error while nats-py would go on retrying
-        with contextlib.suppress(Exception):  # the refusal is the error to raise
-            await cancel_and_wait(connecting)
-        with contextlib.suppress(Exception):
-            await nc.close()
+        try:
+            with contextlib.suppress(Exception):  # the refusal is the error to raise
+                await cancel_and_wait(connecting)
+        finally:  # closed though the caller is cancelled meanwhile
+            with contextlib.suppress(Exception):
+                await nc.close()
         raise NatsSecurityError(refused[0])
     if (exc := connecting.exception()) is not None:
         if (why := permanent_error(exc, settings)) is not None:

@@ -19,6 +19,7 @@ from fracpilot_libs.contracts import UsageSample, WorkloadRef
 from fracpilot_libs.usage.attribution import (
     GpuInventory,
     MetricPoint,
+    Observation,
     PodKey,
     Rejection,
     observe_points,
@@ -52,6 +53,10 @@ class History:
         """The points of one instant (instants in time order)."""
         self._note_families(points)
         observations, rejections = observe_points(points, self.table, self.inventory)
+        # In UUID order, as attribution gave them before it kept the source's order: a
+        # workload's samples of one instant are weighed, sized and summed in this order
+        # (analysis.accounting), so a report does not move with Prometheus' series order.
+        observations.sort(key=_gpu_uuid)
         for obs in observations:
             now = obs.timestamp
             obs = self._signals.mark(obs)
@@ -99,3 +104,7 @@ class History:
         for r in rejections:
             self.rejected[r.reason] += 1
             self.first_rejection.setdefault(r.reason, r.detail)
+
+
+def _gpu_uuid(obs: Observation) -> str:
+    return obs.gpu_uuid

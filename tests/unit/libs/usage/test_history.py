@@ -82,3 +82,23 @@ def test_vllm_preemptions_become_a_contention_event_once() -> None:
     (series,) = h.samples.values()
     events = [bool(s.signals and s.signals.contention_event) for s in series]
     assert events == [False, False, True, False]
+
+
+def test_a_workloads_samples_of_an_instant_are_in_gpu_uuid_order_whatever_the_sources() -> None:
+    # Two pods of one StatefulSet on two GPUs: the report weighs and sizes a workload's samples
+    # of one instant in order (analysis.accounting), so it must not follow Prometheus' order.
+    def gpu_points(gpu: str, pod: str, active: float) -> list[MetricPoint]:
+        return [
+            MetricPoint(p.metric, {**p.labels, "UUID": gpu, "pod": pod}, p.value, p.timestamp)
+            for p in dcgm(T0, active, 1024)
+        ]
+
+    low, high = "GPU-00000000-0000-0000-0000-00000000000a", GPU
+    first, second = gpu_points(high, "chat-0", 0.5), gpu_points(low, "chat-1", 0.25)
+    orders = []
+    for points in (first + second, second + first):
+        h = history()
+        h.add(points)
+        (series,) = h.samples.values()
+        orders.append([(s.gpu_uuid, s.pod, s.compute) for s in series])
+    assert orders[0] == orders[1] == [(low, "chat-1", 0.25), (high, "chat-0", 0.5)]
