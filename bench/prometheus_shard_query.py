@@ -1,6 +1,7 @@
 """What sharded ingest replicas cost Prometheus: their range queries against one unsharded query.
 
 Usage: python bench/prometheus_shard_query.py [--gpus 10000] [--shards 32] [--owned 16 8 2]
+                                              [--contiguous]
                                               [--repeat 7] [--batch 3] [--steps 1]
                                               [--scrape-interval 5] [--scrapes 4]
 
@@ -22,9 +23,11 @@ Each is sent as ``RangeQueryClient.query_range`` sends it (GET ``/api/v1/query_r
 (``--steps`` instants, 1: a cycle in the steady state).
 
 Layouts, the shards split among the replicas as bench/ingest_replicas.py splits them (replica
-r holds r, r + R, ...): one ingest, unsharded (the baseline); for each ``--owned k``,
-``shards / k`` replicas holding k shards each; and, not a query the ingest sends, the first
-``--owned``'s replicas asking by the UUID regex alone (``selector`` with the matcher of
+r holds r, r + R, ..., as leases hand them to replicas that start together; ``--contiguous``:
+r·k to r·k + k - 1, as a replica that joins a running one is handed its half): one ingest,
+unsharded (the baseline); for each ``--owned k``, ``shards / k`` replicas holding k shards
+each; and, not a query the ingest sends, the first ``--owned``'s replicas asking by the UUID
+regex alone (``selector`` with the matcher of
 gpu_selector's first part, no ``or``, no part for the series naming no GPU): what the regex
 costs against the rest of the query. Each round sends every replica's query of a
 layout ``--batch`` times, then once more with ``stats=all``; rounds interleave the layouts
@@ -113,8 +116,12 @@ class Layout:
     series: int = 0
 
 
-def ingest_queries(url: str, step: float, shards: int, owned: Sequence[int]) -> list[Layout]:
-    """The layouts' queries, made by the ingest's own code (a service built, not run)."""
+def ingest_queries(
+    url: str, step: float, shards: int, owned: Sequence[int], contiguous: bool = False
+) -> list[Layout]:
+    """The layouts' queries, made by the ingest's own code (a service built, not run).
+    ``contiguous``: replica r holds shards r·k to r·k + k - 1 (what a replica joining a running
+    one is handed: ``balance.rebalance`` keeps each member's lowest-numbered), else r, r + R, …."""
     from fracpilot_ingest.service import IngestService
     from fracpilot_ingest.settings import IngestSettings
     from fracpilot_ingest.shard_plan import plan_cycle
@@ -134,8 +141,12 @@ def ingest_queries(url: str, step: float, shards: int, owned: Sequence[int]) -> 
     every = list(range(shards))
     regexes = {
         k: [
-            plan_cycle(shards, every[r :: shards // k], {}, fallback=0.0).uuid_regex()
-            for r in range(shards // k)
+            plan_cycle(shards, held, {}, fallback=0.0).uuid_regex()
+            for held in (
+                [every[r * k : r * k + k] for r in range(shards // k)]
+                if contiguous
+                else [every[r :: shards // k] for r in range(shards // k)]
+            )
         ]
         for k in owned
     }
@@ -232,7 +243,9 @@ def run(args: argparse.Namespace) -> None:
             time.sleep(2 * args.scrape_interval)
             pid = prom.pid
             assert pid is not None
-            layouts = ingest_queries(prom.url, args.interval, args.shards, args.owned)
+            layouts = ingest_queries(
+                prom.url, args.interval, args.shards, args.owned, args.contiguous
+            )
             session = requests.Session()
             load_before = Path("/proc/loadavg").read_text().strip()
             for _ in range(args.repeat):
@@ -300,6 +313,9 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=15.0, help="the ingest interval")
     parser.add_argument("--scrape-interval", type=float, default=5.0)
     parser.add_argument("--scrapes", type=int, default=4, help="stored before the queries")
+    parser.add_argument(
+        "--contiguous", action="store_true", help="replica r holds shards r*k..r*k+k-1"
+    )
     args = parser.parse_args()
     if any(args.shards % k or k >= args.shards for k in args.owned):
         parser.error("--owned: each a divisor of --shards, below it")
