@@ -159,8 +159,7 @@ class ClusterPipeline:
         return ",".join(n.url for n in self.cluster.nodes if n.running)
 
     async def start(self) -> None:
-        self.cluster.start()
-        await self._wait_peers()
+        self.cluster.start()  # returns once every JetStream peer is current
         envs = self.config.service_env(self.cluster.url)
         common = {
             "FRACPILOT_ACK_WAIT_S": "3",
@@ -184,20 +183,6 @@ class ClusterPipeline:
                 self.procs[key] = ServiceProcess(name, env, log_dir)
         for key in sorted(self.procs, key=lambda k: ORDER.index(k.split("-")[0])):
             await asyncio.to_thread(self.procs[key].start().wait_for_log, "service ready", 90)
-
-    async def _wait_peers(self, timeout_s: float = 30.0) -> None:
-        """Until the meta group knows all three peers as current (before that a stream of
-        three replicas finds "no suitable peers for placement")."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            metas = [(n.jsz() or {}).get("meta_cluster") or {} for n in self.cluster.nodes]
-            leaders = [m for m in metas if m.get("replicas") is not None and m.get("leader")]
-            for meta in leaders:
-                peers = meta.get("replicas") or []
-                if len(peers) == 2 and all(p.get("current") for p in peers):
-                    return
-            await asyncio.sleep(0.2)
-        raise TimeoutError("the cluster's peers were not all current in time")
 
     async def ready_after(self, ports: list[int] | None = None) -> float:
         return await seconds_until_ready(ports or list(self.ports.values()))
