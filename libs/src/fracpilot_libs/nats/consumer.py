@@ -94,6 +94,10 @@ class DurableConsumer(Generic[M]):
         stop = asyncio.ensure_future(self.stopping.wait())
         try:
             await asyncio.wait({batch, stop}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # cancelled here: the fetch must not outlive the consumer
+            with contextlib.suppress(Exception):
+                await cancel_and_wait(batch)
+            raise
         finally:
             stop.cancel()
         if not batch.done():  # stopping: what was fetched comes again after the ack wait
