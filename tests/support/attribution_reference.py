@@ -1,29 +1,22 @@
 """Attribution's point loop as it was at commit 39f36e8 (before its rows were read at hand and
-``_pod_of`` inlined): what tests/unit/libs/usage/test_attribution_equal.py holds
-``observe_points`` to. Test-only; it calls the module's own helpers, which did not change."""
+``pod_of`` inlined): what tests/unit/libs/usage/test_attribution_equal.py holds
+``observe_points`` to. Test-only; it calls attribution's own helpers (point_reading, gpu_split,
+app_series), which did not change."""
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
 
-from fracpilot_libs.usage.attribution import (
-    _MAX_SHARE,
-    _SHARES,
+from fracpilot_libs.usage.app_series import observe_app_point, with_app_signals
+from fracpilot_libs.usage.attribution_types import (
+    GatheredGpu,
     GpuInventory,
     MetricPoint,
     Observation,
     Rejection,
-    _checked_value,
-    _describe,
-    _Gpu,
-    _observe_app,
-    _pod_of,
-    _renamed_instances,
-    _role,
-    _split_gpu,
-    _with_signals,
 )
+from fracpilot_libs.usage.gpu_split import split_gpu
 from fracpilot_libs.usage.mappings import Level, MappingTable, Quantity, gpu_model_name
 from fracpilot_libs.usage.mig import (
     INSTANCE_ID_LABEL,
@@ -32,6 +25,15 @@ from fracpilot_libs.usage.mig import (
     memory_share,
     mig_instance,
 )
+from fracpilot_libs.usage.point_reading import (
+    MAX_SHARE,
+    SHARE_QUANTITIES,
+    checked_value,
+    describe_point,
+    pod_of,
+    renamed_targets,
+    role_value,
+)
 
 
 def reference_observe_points(
@@ -39,8 +41,8 @@ def reference_observe_points(
 ) -> tuple[list[Observation], list[Rejection]]:
     """Turn the points of one instant into per-pod observations (see the module docstring)."""
     rejections: list[Rejection] = []
-    renamed = _renamed_instances(points)
-    gpus: dict[str, _Gpu] = defaultdict(_Gpu)
+    renamed = renamed_targets(points)
+    gpus: dict[str, GatheredGpu] = defaultdict(GatheredGpu)
     app: dict[tuple[str, str], dict[Quantity, float]] = defaultdict(dict)
     servers: dict[tuple[str, str], str] = {}  # pod -> the LLM server whose KV metrics it has
     timestamp = max((p.timestamp for p in points), default=0.0)
@@ -48,7 +50,7 @@ def reference_observe_points(
     priority = {id(row): i for i, row in enumerate(table.rows)}
 
     by_metric = table.rows_by_metric
-    exporters: dict[tuple[str, tuple[str, ...]], bool] = {}  # what _pod_of found of each pod
+    exporters: dict[tuple[str, tuple[str, ...]], bool] = {}  # what pod_of found of each pod
     for point in points:
         labels = point.labels
         # table.match, inline (once per point)
@@ -59,17 +61,19 @@ def reference_observe_points(
             continue
         if mapping.level is Level.APP:
             rows = table.app_rows(point.metric, labels)
-            _observe_app(point, rows, renamed, app, servers, rejections)
+            observe_app_point(point, rows, renamed, app, servers, rejections)
             continue
         scaled = point.value * mapping.scale
         # A finite, non-negative number (at most 1 for a share) passes without a call; any
         # other is checked again for its reason.
         value: float | None = scaled
         rejection = None
-        if not 0.0 <= scaled < math.inf or (scaled > _MAX_SHARE and mapping.quantity in _SHARES):
-            value, rejection = _checked_value(point, mapping)
+        if not 0.0 <= scaled < math.inf or (
+            scaled > MAX_SHARE and mapping.quantity in SHARE_QUANTITIES
+        ):
+            value, rejection = checked_value(point, mapping)
         uuid = ""
-        for name in mapping.roles.gpu_uuid:  # _role, inline
+        for name in mapping.roles.gpu_uuid:  # role_value, inline
             if uuid := labels.get(name, ""):
                 break
         # mig_instance, called only for a series that names an instance (one in many)
@@ -84,19 +88,19 @@ def reference_observe_points(
                 gpus[device].rejected = True
             continue
         assert value is not None
-        pod = _pod_of(point, mapping, renamed, exporters)
+        pod = pod_of(point, mapping, renamed, exporters)
         if pod is None and mapping.level is not Level.DEVICE:  # nobody to attribute it to
-            rejections.append(Rejection("no_pod", f"no pod label: {_describe(point)}"))
+            rejections.append(Rejection("no_pod", f"no pod label: {describe_point(point)}"))
             continue
         if not device:
-            rejections.append(Rejection("no_gpu", f"no GPU UUID label: {_describe(point)}"))
+            rejections.append(Rejection("no_gpu", f"no GPU UUID label: {describe_point(point)}"))
             continue
         gpu = gpus[device]
-        gpu.node = gpu.node or _role(point.labels, mapping.roles.node)
-        gpu.model = gpu.model or gpu_model_name(_role(point.labels, mapping.roles.model))
+        gpu.node = gpu.node or role_value(point.labels, mapping.roles.node)
+        gpu.model = gpu.model or gpu_model_name(role_value(point.labels, mapping.roles.model))
         if instance is not None:
             # One scale, the card's (usage.mig): compute times the compute slices here, memory
-            # by the instance's share of the card's memory in _split_gpu.
+            # by the instance's share of the card's memory in split_gpu.
             compute = compute_share(instance.profile, gpu.model)
             memory = memory_share(
                 instance.profile,
@@ -106,7 +110,9 @@ def reference_observe_points(
             if compute is None or memory is None:
                 if not gpu.unknown_profile:  # once per instance
                     rejections.append(
-                        Rejection("unknown_mig_profile", f"MIG profile unknown: {_describe(point)}")
+                        Rejection(
+                            "unknown_mig_profile", f"MIG profile unknown: {describe_point(point)}"
+                        )
                     )
                 gpu.unknown_profile = gpu.rejected = True
                 continue
@@ -132,11 +138,11 @@ def reference_observe_points(
 
     observations: list[Observation] = []
     for uuid, gpu in sorted(gpus.items()):
-        observations.extend(_split_gpu(uuid, gpu, inventory, timestamp, rejections))
+        observations.extend(split_gpu(uuid, gpu, inventory, timestamp, rejections))
     if not app:  # no application series: nothing to add
         return observations, rejections
     return [
-        _with_signals(
+        with_app_signals(
             obs,
             app.get((obs.pod.namespace, obs.pod.pod)),
             servers.get((obs.pod.namespace, obs.pod.pod)),

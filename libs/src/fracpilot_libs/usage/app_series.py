@@ -1,6 +1,6 @@
 """Applications' own series (Level.APP: an LLM server's KV cache, queue and preemptions),
-which name a pod but no GPU: gathered per pod by the point loop (:func:`_observe_app`), then
-set on each of the pod's observations (:func:`_with_signals`)."""
+which name a pod but no GPU: gathered per pod by the point loop (:func:`observe_app_point`), then
+set on each of the pod's observations (:func:`with_app_signals`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from fracpilot_libs.usage.attribution_types import MetricPoint, Observation, Rejection
 from fracpilot_libs.usage.mappings import LLM_SERVER_FAMILIES, MetricMapping, Quantity
-from fracpilot_libs.usage.point_reading import _checked_value, _describe, _pod_of
+from fracpilot_libs.usage.point_reading import checked_value, describe_point, pod_of
 
 # Several series of one pod (vLLM's engines, SGLang's ranks): the fullest pool speaks for it.
 _LARGEST = frozenset(
@@ -23,7 +23,7 @@ _LARGEST = frozenset(
 )
 
 
-def _observe_app(
+def observe_app_point(
     point: MetricPoint,
     rows: tuple[MetricMapping, ...],
     renamed: set[tuple[str, str]],
@@ -36,14 +36,14 @@ def _observe_app(
         raw = row.value_of(point.value, point.labels)
         if raw is None:  # an info label the server has not filled (vLLM's "None"): no value
             continue
-        value, rejection = _checked_value(point, row, raw)
+        value, rejection = checked_value(point, row, raw)
         if rejection is not None:
             rejections.append(rejection)
             return
         assert value is not None
-        pod = _pod_of(point, row, renamed)
+        pod = pod_of(point, row, renamed)
         if pod is None:  # nobody to attribute it to
-            rejections.append(Rejection("no_pod", f"no pod label: {_describe(point)}"))
+            rejections.append(Rejection("no_pod", f"no pod label: {describe_point(point)}"))
             return
         ref = (pod.namespace, pod.pod)
         own = app[ref]
@@ -69,7 +69,7 @@ def _kv_usage(signals: dict[Quantity, float]) -> float | None:
     return min(1.0, used / capacity)
 
 
-def _with_signals(
+def with_app_signals(
     obs: Observation, signals: dict[Quantity, float] | None, server: str | None
 ) -> Observation:
     if not signals:

@@ -23,14 +23,14 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from fracpilot_libs.contracts import WorkloadRef
-from fracpilot_libs.usage.app_series import _observe_app, _with_signals
+from fracpilot_libs.usage.app_series import observe_app_point, with_app_signals
+from fracpilot_libs.usage.attribution_types import GatheredGpu
 from fracpilot_libs.usage.attribution_types import GpuInventory as GpuInventory
 from fracpilot_libs.usage.attribution_types import MetricPoint as MetricPoint
 from fracpilot_libs.usage.attribution_types import Observation as Observation
 from fracpilot_libs.usage.attribution_types import PodKey as PodKey
 from fracpilot_libs.usage.attribution_types import Rejection as Rejection
-from fracpilot_libs.usage.attribution_types import _Gpu
-from fracpilot_libs.usage.gpu_split import _split_gpu
+from fracpilot_libs.usage.gpu_split import split_gpu
 from fracpilot_libs.usage.mappings import (
     Level,
     MappingTable,
@@ -46,17 +46,14 @@ from fracpilot_libs.usage.mig import (
     mig_instance,
 )
 from fracpilot_libs.usage.point_reading import (
-    _MAX_SHARE,
-    _SHARES,
-    _checked_value,
-    _describe,
-    _is_exporter_pod,
-    _renamed_instances,
-    _role,
-    _target,
-)
-from fracpilot_libs.usage.point_reading import (
-    _pod_of as _pod_of,  # unused here; tests/support/attribution_reference.py imports it from here
+    MAX_SHARE,
+    SHARE_QUANTITIES,
+    checked_value,
+    describe_point,
+    is_exporter_pod,
+    renamed_targets,
+    role_value,
+    scrape_target,
 )
 
 
@@ -94,7 +91,7 @@ def _rows(table: MappingTable) -> dict[str, tuple[_Row, ...]]:
                 m.level,
                 m.quantity,
                 m.scale,
-                m.quantity in _SHARES,
+                m.quantity in SHARE_QUANTITIES,
                 m.roles.gpu_uuid,
                 m.roles.pod,
                 m.roles.namespace,
@@ -115,7 +112,7 @@ def observe_points(
     # Targets whose exporter labels were renamed: looked for only once a point's pod comes
     # from the plain ``pod`` label (a pass over every point; with ``exported_pod``, never).
     renamed: set[tuple[str, str]] | None = None
-    gpus: dict[str, _Gpu] = defaultdict(_Gpu)
+    gpus: dict[str, GatheredGpu] = defaultdict(GatheredGpu)
     app: dict[tuple[str, str], dict[Quantity, float]] = defaultdict(dict)
     servers: dict[tuple[str, str], str] = {}  # pod -> the LLM server whose KV metrics it has
     timestamp = max((p.timestamp for p in points), default=0.0)
@@ -138,18 +135,18 @@ def observe_points(
         if level is app_level:
             rows = table.app_rows(metric, labels)
             if renamed is None:
-                renamed = _renamed_instances(points)
-            _observe_app(point, rows, renamed, app, servers, rejections)
+                renamed = renamed_targets(points)
+            observe_app_point(point, rows, renamed, app, servers, rejections)
             continue
         scaled = raw * row.scale
         # A finite, non-negative number (at most 1 for a share) passes without a call; any
         # other is checked again for its reason.
         value: float | None = scaled
         rejection = None
-        if not 0.0 <= scaled < math.inf or (scaled > _MAX_SHARE and row.share):
-            value, rejection = _checked_value(point, mapping)
+        if not 0.0 <= scaled < math.inf or (scaled > MAX_SHARE and row.share):
+            value, rejection = checked_value(point, mapping)
         uuid = ""
-        for name in row.gpu_uuid:  # _role, inline
+        for name in row.gpu_uuid:  # role_value, inline
             if uuid := labels.get(name, ""):
                 break
         # mig_instance, called only for a series that names an instance (one in many)
@@ -164,7 +161,7 @@ def observe_points(
                 gpus[device].rejected = True
             continue
         assert value is not None
-        # _pod_of, inline
+        # pod_of, inline
         pod: PodKey | None = None
         name = ""
         for pod_label in row.pod:
@@ -173,11 +170,11 @@ def observe_points(
         if name:
             if pod_label == "pod":
                 if renamed is None:
-                    renamed = _renamed_instances(points)
-                if renamed and _target(point) in renamed:
+                    renamed = renamed_targets(points)
+                if renamed and scrape_target(point) in renamed:
                     name = ""  # this target's exporter labels were renamed: it is the exporter's
             if name and (exporter := row.exporters.get(name)) is None:
-                exporter = row.exporters[name] = _is_exporter_pod(
+                exporter = row.exporters[name] = is_exporter_pod(
                     name, mapping.roles.exporter_pod_prefixes
                 )
             if name and not exporter:  # else the exporter's own pod: nobody uses this GPU
@@ -191,18 +188,18 @@ def observe_points(
                         pod = new_tuple(pod_type, (namespace, name, container))
                         break
         if pod is None and level is not device_level:  # nobody to attribute it to
-            rejections.append(Rejection("no_pod", f"no pod label: {_describe(point)}"))
+            rejections.append(Rejection("no_pod", f"no pod label: {describe_point(point)}"))
             continue
         if not device:
-            rejections.append(Rejection("no_gpu", f"no GPU UUID label: {_describe(point)}"))
+            rejections.append(Rejection("no_gpu", f"no GPU UUID label: {describe_point(point)}"))
             continue
         gpu = gpus[device]
-        gpu.node = gpu.node or _role(labels, mapping.roles.node)
-        gpu.model = gpu.model or gpu_model_name(_role(labels, mapping.roles.model))
+        gpu.node = gpu.node or role_value(labels, mapping.roles.node)
+        gpu.model = gpu.model or gpu_model_name(role_value(labels, mapping.roles.model))
         quantity = row.quantity
         if instance is not None:
             # One scale, the card's (usage.mig): compute times the compute slices here, memory
-            # by the instance's share of the card's memory in _split_gpu.
+            # by the instance's share of the card's memory in split_gpu.
             compute = compute_share(instance.profile, gpu.model)
             memory = memory_share(
                 instance.profile,
@@ -212,7 +209,9 @@ def observe_points(
             if compute is None or memory is None:
                 if not gpu.unknown_profile:  # once per instance
                     rejections.append(
-                        Rejection("unknown_mig_profile", f"MIG profile unknown: {_describe(point)}")
+                        Rejection(
+                            "unknown_mig_profile", f"MIG profile unknown: {describe_point(point)}"
+                        )
                     )
                 gpu.unknown_profile = gpu.rejected = True
                 continue
@@ -241,11 +240,11 @@ def observe_points(
     # the cycle 38.6-40.3 -> 32.0-36.0 µs a GPU, observe 11.3-13.0 -> 8.3-10.3). Batches sort
     # their samples by id; History sorts by UUID for the reports.
     for uuid, gpu in gpus.items():
-        observations.extend(_split_gpu(uuid, gpu, inventory, timestamp, rejections))
+        observations.extend(split_gpu(uuid, gpu, inventory, timestamp, rejections))
     if not app:  # no application series: nothing to add
         return observations, rejections
     return [
-        _with_signals(
+        with_app_signals(
             obs,
             app.get((obs.pod.namespace, obs.pod.pod)),
             servers.get((obs.pod.namespace, obs.pod.pod)),

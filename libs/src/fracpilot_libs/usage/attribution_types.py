@@ -1,6 +1,6 @@
 """The data attribution reads and makes: a source's metric points, the pods they name, the
 observations and rejections made of them, what the cluster says about GPUs (the inventory), and
-what the point loop gathers of one device (:class:`_Gpu`). Re-exported by
+what the point loop gathers of one device (:class:`GatheredGpu`). Re-exported by
 :mod:`fracpilot_libs.usage.attribution`; here so that the point loop, the per-GPU split and the
 application series share them without importing one another."""
 
@@ -79,7 +79,10 @@ class GpuInventory:
 
 
 @dataclass(slots=True)
-class _Gpu:
+class GatheredGpu:
+    """What the point loop gathers of one device (a GPU, or a MIG instance), from which
+    :func:`~fracpilot_libs.usage.gpu_split.split_gpu` makes its pods' observations."""
+
     node: str = ""
     model: str = ""
     profile: str = ""  # a MIG instance's profile ("" for a whole GPU)

@@ -9,17 +9,17 @@ import math
 
 from fracpilot_libs.mig.profiles import instance_model
 from fracpilot_libs.usage.attribution_types import (
+    GatheredGpu,
     GpuInventory,
     Observation,
     PodKey,
     Rejection,
-    _Gpu,
 )
 from fracpilot_libs.usage.mappings import Quantity
 from fracpilot_libs.usage.mig import card_memory_bytes, profile_memory_bytes
 
 
-def _device_total(uuid: str, gpu: _Gpu, inventory: GpuInventory) -> tuple[int | None, bool]:
+def _device_total(uuid: str, gpu: GatheredGpu, inventory: GpuInventory) -> tuple[int | None, bool]:
     """The device's memory and whether it is measured (False: a MIG profile's nominal size).
 
     dcgm-exporter: FB_TOTAL when exported, else used + free + reserved (the driver's reserve
@@ -46,8 +46,12 @@ def _pod_order(pod: PodKey) -> tuple[str, str, str]:
 _NO_FRACTIONS: dict[PodKey, float | None] = {}  # a GPU no allocation names (never written)
 
 
-def _split_gpu(
-    uuid: str, gpu: _Gpu, inventory: GpuInventory, timestamp: float, rejections: list[Rejection]
+def split_gpu(
+    uuid: str,
+    gpu: GatheredGpu,
+    inventory: GpuInventory,
+    timestamp: float,
+    rejections: list[Rejection],
 ) -> list[Observation]:
     if gpu.unknown_profile:
         return []
@@ -138,7 +142,7 @@ def _incomplete(uuid: str, pod: PodKey, no_compute: bool, timestamp: float) -> R
 
 
 def _per_pod(
-    quantity: Quantity, pods: list[PodKey], gpu: _Gpu, allocated: dict[PodKey, float | None]
+    quantity: Quantity, pods: list[PodKey], gpu: GatheredGpu, allocated: dict[PodKey, float | None]
 ) -> dict[PodKey, tuple[float, bool]]:
     """Each pod's value and whether it is exact: its own number when it has one; otherwise
     its share (by allocated fraction, equal when unknown) of what the device number leaves

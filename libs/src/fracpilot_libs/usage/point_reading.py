@@ -13,11 +13,11 @@ from fracpilot_libs.usage.attribution_types import MetricPoint, PodKey, Rejectio
 from fracpilot_libs.usage.mappings import MetricMapping, Quantity
 
 _EPS = 1e-9
-_SHARES = frozenset({Quantity.COMPUTE, Quantity.KV_CACHE})  # 0..1
-_MAX_SHARE = 1 + _EPS
+SHARE_QUANTITIES = frozenset({Quantity.COMPUTE, Quantity.KV_CACHE})  # 0..1
+MAX_SHARE = 1 + _EPS
 
 
-def _role(labels: Mapping[str, str], names: tuple[str, ...]) -> str:
+def role_value(labels: Mapping[str, str], names: tuple[str, ...]) -> str:
     for name in names:
         value = labels.get(name)
         if value:
@@ -25,16 +25,16 @@ def _role(labels: Mapping[str, str], names: tuple[str, ...]) -> str:
     return ""
 
 
-def _describe(point: MetricPoint) -> str:
+def describe_point(point: MetricPoint) -> str:
     shown = ",".join(f'{k}="{v}"' for k, v in sorted(point.labels.items()))
     return f"{point.metric}{{{shown}}}={point.value!r}@{point.timestamp:.0f}"
 
 
-def _target(point: MetricPoint) -> tuple[str, str]:
+def scrape_target(point: MetricPoint) -> tuple[str, str]:
     return point.labels.get("job", ""), point.labels.get("instance", "")
 
 
-def _renamed_instances(points: Iterable[MetricPoint]) -> set[tuple[str, str]]:
+def renamed_targets(points: Iterable[MetricPoint]) -> set[tuple[str, str]]:
     """Scrape targets whose exporter labels Prometheus renamed to ``exported_*``."""
     return {
         (labels.get("job", ""), labels.get("instance", ""))
@@ -43,7 +43,7 @@ def _renamed_instances(points: Iterable[MetricPoint]) -> set[tuple[str, str]]:
     }
 
 
-def _pod_of(
+def pod_of(
     point: MetricPoint,
     mapping: MetricMapping,
     renamed: set[tuple[str, str]],
@@ -58,12 +58,12 @@ def _pod_of(
             break
     else:
         return None
-    if renamed and pod_label == "pod" and _target(point) in renamed:
+    if renamed and pod_label == "pod" and scrape_target(point) in renamed:
         return None  # this target's exporter labels were renamed: ``pod`` is the exporter's
     prefixes = roles.exporter_pod_prefixes
     exporter = exporters.get((pod, prefixes)) if exporters is not None else None
     if exporter is None:
-        exporter = _is_exporter_pod(pod, prefixes)
+        exporter = is_exporter_pod(pod, prefixes)
         if exporters is not None:
             exporters[pod, prefixes] = exporter
     if exporter:
@@ -79,7 +79,7 @@ def _pod_of(
     return PodKey(namespace, pod, "")
 
 
-def _is_exporter_pod(pod: str, names: tuple[str, ...]) -> bool:
+def is_exporter_pod(pod: str, names: tuple[str, ...]) -> bool:
     """``dcgm-exporter-x7k2p`` and a Helm release's ``gpu-mon-dcgm-exporter-x7k2p`` alike."""
     return _exporter_pod_pattern(names).search(pod) is not None
 
@@ -90,14 +90,14 @@ def _exporter_pod_pattern(names: tuple[str, ...]) -> re.Pattern[str]:
     return re.compile(f"(?:^|-)(?:{alternatives})-")
 
 
-def _checked_value(
+def checked_value(
     point: MetricPoint, mapping: MetricMapping, raw: float | None = None
 ) -> tuple[float | None, Rejection | None]:
     value = (point.value if raw is None else raw) * mapping.scale
     if math.isnan(value) or math.isinf(value):
-        return None, Rejection("nan", f"not a finite number: {_describe(point)}")
+        return None, Rejection("nan", f"not a finite number: {describe_point(point)}")
     if value < 0:
-        return None, Rejection("negative", f"negative value: {_describe(point)}")
-    if mapping.quantity in _SHARES and value > _MAX_SHARE:
-        return None, Rejection("above_100_percent", f"above 100%: {_describe(point)}")
+        return None, Rejection("negative", f"negative value: {describe_point(point)}")
+    if mapping.quantity in SHARE_QUANTITIES and value > MAX_SHARE:
+        return None, Rejection("above_100_percent", f"above 100%: {describe_point(point)}")
     return value, None

@@ -1,4 +1,4 @@
-"""``observe_points`` reads its rows at hand and has ``_pod_of`` inline (a third of its time
+"""``observe_points`` reads its rows at hand and has ``pod_of`` inline (a third of its time
 per GPU): it must say exactly what the loop before it said, for any points."""
 
 from __future__ import annotations
