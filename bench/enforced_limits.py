@@ -69,6 +69,10 @@ VARIANTS = (
         policy={"memory_window_s": 6 * 3600.0, "downsize_min_change": 0.125},
     ),
     Variant(
+        "window 8 h, band 0.125",
+        policy={"memory_window_s": 8 * 3600.0, "downsize_min_change": 0.125},
+    ),
+    Variant(
         "window 4 h, band 0.05, warm-up 2 h",
         headroom={"warmup": 2 * 3600.0},
         policy={"memory_window_s": 4 * 3600.0, "downsize_min_change": 0.05},
