@@ -94,7 +94,7 @@ class DurableConsumer(Generic[M]):
         stop = asyncio.ensure_future(self.stopping.wait())
         try:
             await asyncio.wait({batch, stop}, return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:  # cancelled here: the fetch must not outlive the consumer
+        except asyncio.CancelledError:  # the fetch must not outlive the consumer
             with contextlib.suppress(Exception):
                 await cancel_and_wait(batch)
             raise

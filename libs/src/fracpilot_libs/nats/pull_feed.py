@@ -37,6 +37,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from fracpilot_libs.deadlines import cancel_requested
 from fracpilot_libs.nats.errors import PermanentNatsError
 
 log = logging.getLogger(__name__)
@@ -163,6 +164,8 @@ class PullFeed:
         if not self._busy:
             while not self._buffer:
                 await self._check_unanswered()
+                if cancel_requested():  # the consumer's info came with a cancel and kept it
+                    raise asyncio.CancelledError
                 if self._gone:
                     raise ConsumerGoneError(self._next_subject)
                 if self._refused:
