@@ -1,7 +1,7 @@
 """Attribution's point loop as it was at commit 39f36e8 (before its rows were read at hand and
 ``pod_of`` inlined): what tests/unit/libs/usage/test_attribution_equal.py holds
 ``observe_points`` to. Test-only; it calls attribution's own helpers (point_reading, gpu_split,
-app_series), which did not change."""
+app_series), renamed since but not changed."""
 
 from __future__ import annotations
 

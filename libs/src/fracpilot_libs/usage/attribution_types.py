@@ -1,8 +1,9 @@
 """The data attribution reads and makes: a source's metric points, the pods they name, the
 observations and rejections made of them, what the cluster says about GPUs (the inventory), and
-what the point loop gathers of one device (:class:`GatheredGpu`). Re-exported by
-:mod:`fracpilot_libs.usage.attribution`; here so that the point loop, the per-GPU split and the
-application series share them without importing one another."""
+what the point loop gathers of one device (:class:`GatheredGpu`). The public ones (all but
+:class:`GatheredGpu`) are re-exported by :mod:`fracpilot_libs.usage.attribution`; here so
+that the point loop, the per-GPU split and the application series share them without importing
+one another."""
 
 from __future__ import annotations
 

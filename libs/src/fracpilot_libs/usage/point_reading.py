@@ -14,7 +14,7 @@ from fracpilot_libs.usage.mappings import MetricMapping, Quantity
 
 _EPS = 1e-9
 SHARE_QUANTITIES = frozenset({Quantity.COMPUTE, Quantity.KV_CACHE})  # 0..1
-MAX_SHARE = 1 + _EPS
+MAX_SHARE = 1 + _EPS  # a share just above 1 is float noise, not a bad point
 
 
 def role_value(labels: Mapping[str, str], names: tuple[str, ...]) -> str:
