@@ -14,6 +14,7 @@ import nats
 import pytest
 
 from factories import sample, workload
+from fracpilot_decision import deciding
 from fracpilot_decision.service import DecisionService, DecisionSettings
 from fracpilot_libs.contracts import (
     DeadLetter,
@@ -27,6 +28,7 @@ from fracpilot_libs.contracts import (
     ReasonCode,
 )
 from fracpilot_libs.nats import subjects
+from fracpilot_libs.sizing.isolation_policies import ENFORCED_HEADROOM, MODE_RESIZE_BUDGET
 from helpers import counter, read_stream, reset_nats, running, wait_for
 
 pytestmark = pytest.mark.integration
@@ -258,6 +260,49 @@ async def test_a_live_policy_change_alters_the_next_decision(
     assert second.reason is ReasonCode.POLICY_BOUNDS
     assert second.new_fraction == 0.12
     assert second.isolation is MemoryIsolation.SHARED  # the policy's, for the actuator
+
+
+async def test_an_enforced_policy_sizes_with_the_modes_headroom_and_the_partitions_prior(
+    nats_url: str, service: DecisionService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``isolation: enforced`` with no headroom of its own: the engine sizes with the mode's
+    learned headroom and resize budget (as ``replay --isolation enforced``), and a young
+    workload starts from the prior of its partition's warm workloads, not the uniform rule."""
+    monkeypatch.setattr(deciding, "PRIOR_EVERY_S", 0.0)  # the test's hours pass in a second
+    stored = await set_policy(nats_url, Policy(scope=INFERENCE, isolation=MemoryIsolation.ENFORCED))
+    chat = workload("chat")
+    sizing = service.policies.for_workload(chat)
+    assert sizing.memory_headroom == ENFORCED_HEADROOM
+    assert sizing.resize_budget_per_day == MODE_RESIZE_BUDGET
+    assert service.policies.stored[INFERENCE.key] == stored  # what `policy get` shows
+    n = service.partition_count
+    young = next(
+        name
+        for name in (f"young-{i}" for i in range(1000))
+        if subjects.usage_partition(workload(name), n) == subjects.usage_partition(chat, n)
+    )
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    sent = 0
+    # chat: 5 h, its memory 0.2 above its peak for ten minutes of the second hour; warm (4 h)
+    # by the time young starts, with a jump statistic of 0.2.
+    for minute in range(0, 300, 5):
+        share = 0.5 if 100 <= minute < 110 else 0.3
+        s = sample(memory_share=share, allocated=1.0, minute=minute)
+        await js.publish(subjects.usage_subject(s.workload), s.to_json())
+        sent += 1
+    # young: steady at 0.3 from the fifth hour; its first downsize comes after 30 min.
+    for minute in range(300, 340, 5):
+        s = sample(memory_share=0.3, allocated=1.0, minute=minute, name=young)
+        await js.publish(subjects.usage_subject(s.workload), s.to_json())
+        sent += 1
+    await wait_for(lambda: service.samples._value.get() >= sent)
+    await nc.close()
+    [first] = [d for d in await decisions(nats_url) if d.workload.owner_name == young]
+    assert first.direction is Direction.DOWN
+    # 0.3 + chat's jump as the prior (0.5); the uniform rule would hold 0.3 + 0.1.
+    assert first.new_fraction > 0.45
+    assert "learned headroom" in first.explanation
 
 
 async def test_replicas_share_the_requests_and_see_each_others_changes(nats_url: str) -> None:

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from fracpilot_libs.contracts import Policy, UsageSample
 from fracpilot_libs.sizing.engine import decide
 from fracpilot_libs.sizing.forecast import jump_after
+from fracpilot_libs.sizing.isolation_policies import MODE_RESIZE_BUDGET as MODE_RESIZE_BUDGET
+from fracpilot_libs.sizing.isolation_policies import with_resize_budget as with_resize_budget
 from fracpilot_libs.sizing.peak_profile import NO_PROFILE, in_window, profile_period, with_peak
 from fracpilot_libs.sizing.state import WorkloadState
 
@@ -24,19 +26,10 @@ from fracpilot_libs.sizing.state import WorkloadState
 SHARED_HEADROOM = {"memory_margin": 0.0, "memory_min_headroom": 0.0}
 
 
-# The resize budget a mode applies when the policy sets none (resizes per workload in 24 h).
-MODE_RESIZE_BUDGET = 4.0
 # Shared isolation's: one below the target of 4, room for the memory upsizes the budget never
 # withholds (without per-pod headroom a workload's new memory peak is an upsize; with 4, the
 # GenAI trace averaged 4.05 a workload-day). Resizes are counted whole: 3.5 would mean 3.
 SHARED_RESIZE_BUDGET = 3.0
-
-
-def with_resize_budget(policy: Policy, budget: float = MODE_RESIZE_BUDGET) -> Policy:
-    """``policy`` with the mode's resize budget, unless it sets its own."""
-    if "resize_budget_per_day" in policy.model_fields_set:
-        return policy
-    return policy.model_copy(update={"resize_budget_per_day": budget})
 
 
 def shared_policy(policy: Policy) -> Policy:

@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from fracpilot_libs.contracts import Policy, PolicyLevel, PolicyScope, WorkloadRef
 from fracpilot_libs.nats.decoding import DecodeError, decode
+from fracpilot_libs.sizing.isolation_policies import policy_in_force
 
 _NAMESPACE = re.compile(r"[-/_=A-Za-z0-9]+")
 _WORKLOAD = re.compile(r"[-/_=A-Za-z0-9]+(\.[-/_=A-Za-z0-9]+)*")
@@ -142,12 +143,17 @@ def next_revision(policy: Policy, previous: Policy | None) -> Policy:
 
 class LivePolicies:
     """The stored policies as last seen (the decision service keeps them current from the KV
-    watch; ``fracpilot status`` reads them once); resolves per workload."""
+    watch; ``fracpilot status`` reads them once); resolves per workload, to the policy the
+    engine sizes with (:func:`~fracpilot_libs.sizing.isolation_policies.policy_in_force`: an
+    ``isolation: enforced`` policy with the mode's headroom and resize budget where it sets
+    none), made once per stored policy, not per sample."""
 
     def __init__(self, default: Policy) -> None:
         self.default = default
         self.stored: dict[str, Policy] = {}  # scope key -> the policy in force there
         self._by_source: tuple[dict[str, Policy], dict[str, Policy]] = ({}, {})  # kube, NATS
+        self._sized: dict[str, Policy] = {}  # scope key -> policy_in_force(the stored one)
+        self._default_sized = (default, policy_in_force(default))
 
     def apply(self, key: str, policy: Policy | None) -> None:
         """A KV entry changed (``policy`` None: deleted); a ``kubernetes.`` key wins over the
@@ -165,11 +171,17 @@ class LivePolicies:
             in_force = nats_.get(scope_key)
         if in_force is None:
             self.stored.pop(scope_key, None)
+            self._sized.pop(scope_key, None)
         else:
             self.stored[scope_key] = in_force
+            self._sized[scope_key] = policy_in_force(in_force)
 
     def for_workload(self, workload: WorkloadRef) -> Policy:
-        if not self.stored:
-            return self.default
+        """The policy ``workload``'s engine sizes with."""
+        if self._default_sized[0] is not self.default:  # replaced (tests, a settings reload)
+            self._default_sized = (self.default, policy_in_force(self.default))
+        default = self._default_sized[1]
+        if not self._sized:
+            return default
         keys = workload_chain_keys(workload.namespace, workload.owner_name, workload.owner_kind)
-        return resolve(self.stored, keys, self.default)
+        return resolve(self._sized, keys, default)

@@ -32,7 +32,13 @@ from fracpilot_decision.routing import (
     route,
     route_batched,
 )
-from fracpilot_libs.contracts import FractionDecision, Policy, UsageSample
+from fracpilot_libs.contracts import (
+    FractionDecision,
+    MemoryHeadroomMode,
+    MemoryIsolation,
+    Policy,
+    UsageSample,
+)
 from fracpilot_libs.nats import subjects
 from fracpilot_libs.nats.bus import Bus
 from fracpilot_libs.nats.client_types import Msg
@@ -45,11 +51,14 @@ from fracpilot_libs.nats.usage_batch import (
     decode_sample,
 )
 from fracpilot_libs.sizing.engine import decide
+from fracpilot_libs.sizing.isolation_policies import engine_prior
 from fracpilot_libs.sizing.policies import LivePolicies
 from fracpilot_libs.sizing.state import WorkloadState
 
 log = logging.getLogger(__name__)
 EXPIRE_EVERY_S = 30.0  # how often stale recommendation series are looked for
+_ENFORCED = MemoryIsolation.ENFORCED
+_LEARNED = MemoryHeadroomMode.LEARNED
 PRIOR_EVERY_S = 300.0  # how often a partition's population prior (forecasts.py) is recomputed
 _YIELD_EVERY = 100  # samples of a batch decided between two turns of the event loop
 _EMPTY = WorkloadState()  # the engine never mutates a state: one empty one serves all
@@ -80,6 +89,8 @@ class Decider:
         self.max_unacked = max_unacked
         self.urge_checkpoint = urge_checkpoint
         self._priors: dict[int, tuple[float, float]] = {}  # partition: (computed at, prior)
+        # (partition, warm-up): (computed at, the engine's prior under enforced isolation)
+        self._engine_priors: dict[tuple[int, float], tuple[float, float | None]] = {}
 
     async def handle_batch(self, part: Partition, msgs: list[Msg]) -> None:
         """Decide a fetched batch of messages, each in either wire format: one sample
@@ -214,8 +225,11 @@ class Decider:
             counts[1] += 1  # already in the history (delivered again after a move)
             return
         policy = self.policies.for_workload(wl)
+        prior = None
+        if policy.isolation is _ENFORCED and policy.memory_headroom.mode is _LEARNED:
+            prior = self._engine_prior(part, sample.timestamp.timestamp(), policy)
         try:
-            new, decision = decide(state or _EMPTY, sample, policy, seq)
+            new, decision = decide(state or _EMPTY, sample, policy, seq, prior)
         except Exception as exc:  # a bug on one sample must not stop the partition
             log.exception("the engine failed on a sample", extra={"subject": msg.subject})
             await self._refuse_sample(msg, batch_item, "processing", repr(exc)[:2000])
@@ -236,6 +250,24 @@ class Decider:
         latest[key] = (sample, held, new)
         kept[key] = new
         counts[0] += 1
+
+    def _engine_prior(self, part: Partition, now: float, policy: Policy) -> float | None:
+        """The population prior a warming-up workload's learned headroom starts from under
+        enforced isolation (the replay's, ``isolation_policies.engine_prior``), over the
+        partition's workloads, recomputed at most every PRIOR_EVERY_S (the replay: at every
+        instant)."""
+        key = (part.number, policy.memory_headroom.warmup)
+        clock = time.monotonic()
+        at, prior = self._engine_priors.get(key, (-PRIOR_EVERY_S, None))
+        if clock - at >= PRIOR_EVERY_S:
+            jumps = (
+                (s.first_seen, s.memory_jump)
+                for s in part.states.values()
+                if s.first_seen is not None
+            )
+            prior = engine_prior(jumps, now, policy)
+            self._engine_priors[key] = (clock, prior)
+        return prior
 
     def _prior(self, part: Partition, now: float, policy: Policy) -> float:
         """The partition's population prior for young workloads' jumps, recomputed at most
