@@ -43,6 +43,7 @@ from fracpilot_libs.analysis.trace import TraceError, TracePoint, group_by_workl
 from fracpilot_libs.contracts import Policy
 from fracpilot_libs.placement.card_budget import Isolation
 from fracpilot_libs.pricing import GpuPrices
+from fracpilot_libs.sizing.isolation_policies import sizing_policy
 
 EXIT_USAGE = 2
 LONG_TRACE = 20_000  # samples: from here on progress is shown even when stderr is no terminal
@@ -358,7 +359,7 @@ def replay_command(
     except ValidationError as exc:
         _fail(f"invalid price settings: {exc.errors(include_url=False)[0]['msg']}")
     groups = read_groups(trace, err, gpu_model)
-    sizers: list[Sizer] = [EngineSizer(policy)]
+    sizers: list[Sizer] = [EngineSizer(sizing_policy(policy))]  # as the decision service does
     if base_sizer is not None:
         sizers.append(base_sizer)
     packed = None

@@ -14,7 +14,6 @@ import nats
 import pytest
 
 from factories import sample, workload
-from fracpilot_decision import deciding
 from fracpilot_decision.service import DecisionService, DecisionSettings
 from fracpilot_libs.contracts import (
     DeadLetter,
@@ -263,12 +262,13 @@ async def test_a_live_policy_change_alters_the_next_decision(
 
 
 async def test_an_enforced_policy_sizes_with_the_modes_headroom_and_the_partitions_prior(
-    nats_url: str, service: DecisionService, monkeypatch: pytest.MonkeyPatch
+    nats_url: str, service: DecisionService
 ) -> None:
     """``isolation: enforced`` with no headroom of its own: the engine sizes with the mode's
     learned headroom and resize budget (as ``replay --isolation enforced``), and a young
-    workload starts from the prior of its partition's warm workloads, not the uniform rule."""
-    monkeypatch.setattr(deciding, "PRIOR_EVERY_S", 0.0)  # the test's hours pass in a second
+    workload starts from the prior of its partition's warm workloads, not the uniform rule.
+    The test's hours pass in a second: the prior follows the samples' time, not the clock's
+    (deciding.PRIOR_EVERY_S of either)."""
     stored = await set_policy(nats_url, Policy(scope=INFERENCE, isolation=MemoryIsolation.ENFORCED))
     chat = workload("chat")
     sizing = service.policies.for_workload(chat)
@@ -291,8 +291,8 @@ async def test_an_enforced_policy_sizes_with_the_modes_headroom_and_the_partitio
         s = sample(memory_share=share, allocated=1.0, minute=minute)
         await js.publish(subjects.usage_subject(s.workload), s.to_json())
         sent += 1
-    # young: steady at 0.3 from the fifth hour; its first downsize comes after 30 min.
-    for minute in range(300, 340, 5):
+    # young: steady at 0.3 from 5 h 10 min; its first downsize comes after 30 min.
+    for minute in range(310, 350, 5):
         s = sample(memory_share=0.3, allocated=1.0, minute=minute, name=young)
         await js.publish(subjects.usage_subject(s.workload), s.to_json())
         sent += 1
@@ -303,6 +303,7 @@ async def test_an_enforced_policy_sizes_with_the_modes_headroom_and_the_partitio
     # 0.3 + chat's jump as the prior (0.5); the uniform rule would hold 0.3 + 0.1.
     assert first.new_fraction > 0.45
     assert "learned headroom" in first.explanation
+    assert "population's prior" in first.explanation
 
 
 async def test_replicas_share_the_requests_and_see_each_others_changes(nats_url: str) -> None:

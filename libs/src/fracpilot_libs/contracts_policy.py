@@ -119,7 +119,8 @@ BACKEND_GRID_STEPS = 100  # KAI's GPU_PORTION "%.2f" and HAMi's whole percents: 
 
 HEADROOM_DOC = (
     "the headroom above a workload's memory peak: mode uniform (the default: memory_margin "
-    "and memory_min_headroom) or learned per workload (experimental; docs/sizing.md)"
+    "and memory_min_headroom) or learned per workload (experimental; the default under "
+    "isolation enforced; docs/sizing.md)"
 )
 
 
@@ -285,7 +286,8 @@ class Policy(WireModel):
     resize_budget_per_day: Annotated[float, Field(ge=0.0, le=1440.0)] | None = Field(
         default=None,
         description="most resizes per workload in any 24 h; a resize beyond it waits, except an "
-        "upsize for memory (never withheld, but counted). None: no budget (docs/sizing.md)",
+        "upsize for memory (never withheld, but counted). None: no budget (under isolation "
+        "enforced: 4; docs/sizing.md)",
     )
     enforcement: EnforcementMode = Field(
         default=EnforcementMode.NEXT_RESTART,
@@ -299,7 +301,8 @@ class Policy(WireModel):
         description="whether a pod's GPU memory is held to its share: auto detects it per pod "
         "(KAI without HAMi-core: shared; HAMi, KAI with HAMi-core: enforced); shared: the "
         "actuator divides each card among its KAI gpu-fraction tenants; enforced: each pod "
-        "is sized on its own (docs/sizing.md)",
+        "is sized on its own, with a learned headroom and 4 resizes a day where the policy "
+        "keeps the defaults (docs/sizing.md)",
     )
 
     @model_validator(mode="before")

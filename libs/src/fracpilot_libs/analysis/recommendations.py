@@ -26,6 +26,7 @@ from fracpilot_libs.analysis.replay import Progress, ReplayReport, replay
 from fracpilot_libs.analysis.trace import TracePoint
 from fracpilot_libs.contracts import Policy, UsageSample, WorkloadRef
 from fracpilot_libs.pricing import GpuPrices
+from fracpilot_libs.sizing.isolation_policies import sizing_policy
 
 HOURS_PER_MONTH = 730.0
 
@@ -126,7 +127,7 @@ def recommend(
     """Each workload's samples (in time order) replayed through the engine under ``policy``."""
     prices = prices or GpuPrices()
     groups = {key: trace_points(series) for key, series in history.items() if series}
-    sizer = EngineSizer(policy)
+    sizer = EngineSizer(sizing_policy(policy))  # as the decision service sizes with it
     report = replay(groups, lambda: sizer, progress=progress, prices=prices)
     out = []
     last_gpus: set[str] = set()

@@ -88,7 +88,8 @@ def headroom_rule(policy: Policy) -> str:
     if rule.mode is _LEARNED:
         return (
             f"learned headroom ({rule.factor:g} x the largest jump above its peak, within "
-            f"[{rule.floor:g}, {rule.cap:g}]; uniform for the first {rule.warmup / 3600:g} h)"
+            f"[{rule.floor:g}, {rule.cap:g}]; for the first {rule.warmup / 3600:g} h the "
+            "population's prior where there is one, else uniform)"
         )
     return f"max({policy.memory_margin:g} x peak, {policy.memory_min_headroom:g})"
 

@@ -9,8 +9,10 @@ leaves a setting to the mode (docs/sizing.md, "Memory isolation").
   (``analysis/tenant_sizing.py``) drops the per-pod headroom because its card planner adds a
   pooled one, which the live actuator does only where it divides a card.
 
-The decision service (through :class:`fracpilot_libs.sizing.policies.LivePolicies`) and
-``fracpilot replay --isolation enforced`` size with the same :func:`policy_in_force`. Pure.
+The decision service (through :class:`fracpilot_libs.sizing.policies.LivePolicies`), ``fracpilot
+recommend`` and ``fracpilot replay`` size a policy that says ``isolation: enforced`` with
+:func:`sizing_policy`; the packed replay applies :func:`enforced_policy` (what it adds) by its
+``--isolation enforced`` flag or trace column, whatever the policy says. Pure.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def enforced_policy(policy: Policy) -> Policy:
     return with_resize_budget(policy)
 
 
-def policy_in_force(policy: Policy) -> Policy:
+def sizing_policy(policy: Policy) -> Policy:
     """The policy a workload's engine sizes with: enforced isolation's settings where the
     policy says ``isolation: enforced`` and leaves them to the mode; any other policy as it
     is (``auto``: the mode of each pod is the actuator's to detect, the engine does not know

@@ -5,9 +5,11 @@ Policies are stored under their scope's key: ``cluster``, ``namespace.<ns>`` or
 whole*: workload > namespace > cluster > the configured cluster default
 (``FRACPILOT_POLICY_JSON``, :func:`cluster_default`) > the built-in defaults of
 :class:`~fracpilot_libs.contracts.Policy`. Fields are never merged across levels, so the policy
-``fracpilot policy get`` shows is exactly the one the engine uses, and its ``scope`` says where
-it came from. The decision service keeps the store (KV) and answers requests; ``fracpilot
-status`` resolves with the same :class:`LivePolicies`.
+``fracpilot policy get`` shows is the one the engine uses, and its ``scope`` says where it came
+from; under ``isolation: enforced`` the engine adds the mode's headroom and resize budget where
+the policy keeps the defaults (:mod:`fracpilot_libs.sizing.isolation_policies`). The decision
+service keeps the store (KV) and answers requests; ``fracpilot status`` resolves with the same
+:class:`LivePolicies`.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from fracpilot_libs.contracts import Policy, PolicyLevel, PolicyScope, WorkloadRef
 from fracpilot_libs.nats.decoding import DecodeError, decode
-from fracpilot_libs.sizing.isolation_policies import policy_in_force
+from fracpilot_libs.sizing.isolation_policies import sizing_policy
 
 _NAMESPACE = re.compile(r"[-/_=A-Za-z0-9]+")
 _WORKLOAD = re.compile(r"[-/_=A-Za-z0-9]+(\.[-/_=A-Za-z0-9]+)*")
@@ -144,7 +146,7 @@ def next_revision(policy: Policy, previous: Policy | None) -> Policy:
 class LivePolicies:
     """The stored policies as last seen (the decision service keeps them current from the KV
     watch; ``fracpilot status`` reads them once); resolves per workload, to the policy the
-    engine sizes with (:func:`~fracpilot_libs.sizing.isolation_policies.policy_in_force`: an
+    engine sizes with (:func:`~fracpilot_libs.sizing.isolation_policies.sizing_policy`: an
     ``isolation: enforced`` policy with the mode's headroom and resize budget where it sets
     none), made once per stored policy, not per sample."""
 
@@ -152,8 +154,8 @@ class LivePolicies:
         self.default = default
         self.stored: dict[str, Policy] = {}  # scope key -> the policy in force there
         self._by_source: tuple[dict[str, Policy], dict[str, Policy]] = ({}, {})  # kube, NATS
-        self._sized: dict[str, Policy] = {}  # scope key -> policy_in_force(the stored one)
-        self._default_sized = (default, policy_in_force(default))
+        self._sized: dict[str, Policy] = {}  # scope key -> sizing_policy(the stored one)
+        self._default_sized = (default, sizing_policy(default))
 
     def apply(self, key: str, policy: Policy | None) -> None:
         """A KV entry changed (``policy`` None: deleted); a ``kubernetes.`` key wins over the
@@ -174,12 +176,12 @@ class LivePolicies:
             self._sized.pop(scope_key, None)
         else:
             self.stored[scope_key] = in_force
-            self._sized[scope_key] = policy_in_force(in_force)
+            self._sized[scope_key] = sizing_policy(in_force)
 
     def for_workload(self, workload: WorkloadRef) -> Policy:
         """The policy ``workload``'s engine sizes with."""
-        if self._default_sized[0] is not self.default:  # replaced (tests, a settings reload)
-            self._default_sized = (self.default, policy_in_force(self.default))
+        if self._default_sized[0] is not self.default:  # replaced (a test sets another)
+            self._default_sized = (self.default, sizing_policy(self.default))
         default = self._default_sized[1]
         if not self._sized:
             return default

@@ -57,13 +57,21 @@ from fracpilot_libs.sizing.state import WorkloadState
 
 log = logging.getLogger(__name__)
 EXPIRE_EVERY_S = 30.0  # how often stale recommendation series are looked for
+# How often a partition's population priors (the forecasts' and the engine's) are recomputed:
+# after this long on the clock or in sample time (a backlog replays hours in minutes).
+PRIOR_EVERY_S = 300.0
 _ENFORCED = MemoryIsolation.ENFORCED
 _LEARNED = MemoryHeadroomMode.LEARNED
-PRIOR_EVERY_S = 300.0  # how often a partition's population prior (forecasts.py) is recomputed
 _YIELD_EVERY = 100  # samples of a batch decided between two turns of the event loop
 _EMPTY = WorkloadState()  # the engine never mutates a state: one empty one serves all
 # The last sample of each workload fetched: (sample, fraction held, new state).
 Latest = dict[str, tuple[UsageSample, float, WorkloadState]]
+
+
+def _stale(clock_at: float, sample_at: float, clock: float, now: float) -> bool:
+    """Whether a prior computed at ``clock_at`` (monotonic) for samples of ``sample_at`` is
+    due again at ``clock`` for a sample of ``now``."""
+    return clock - clock_at >= PRIOR_EVERY_S or abs(now - sample_at) >= PRIOR_EVERY_S
 
 
 class Decider:
@@ -88,9 +96,9 @@ class Decider:
         self.partition_count = partition_count
         self.max_unacked = max_unacked
         self.urge_checkpoint = urge_checkpoint
-        self._priors: dict[int, tuple[float, float]] = {}  # partition: (computed at, prior)
-        # (partition, warm-up): (computed at, the engine's prior under enforced isolation)
-        self._engine_priors: dict[tuple[int, float], tuple[float, float | None]] = {}
+        # (partition, warm-up): (computed at on the clock, at in sample time, prior)
+        self._priors: dict[tuple[int, float], tuple[float, float, float]] = {}
+        self._engine_priors: dict[tuple[int, float], tuple[float, float, float | None]] = {}
 
     async def handle_batch(self, part: Partition, msgs: list[Msg]) -> None:
         """Decide a fetched batch of messages, each in either wire format: one sample
@@ -227,7 +235,10 @@ class Decider:
         policy = self.policies.for_workload(wl)
         prior = None
         if policy.isolation is _ENFORCED and policy.memory_headroom.mode is _LEARNED:
-            prior = self._engine_prior(part, sample.timestamp.timestamp(), policy)
+            at = sample.timestamp.timestamp()
+            first = state.first_seen if state is not None else None
+            if first is None or at - first < policy.memory_headroom.warmup:  # a warm one's own
+                prior = self._engine_prior(part, at, policy)
         try:
             new, decision = decide(state or _EMPTY, sample, policy, seq, prior)
         except Exception as exc:  # a bug on one sample must not stop the partition
@@ -258,25 +269,26 @@ class Decider:
         instant)."""
         key = (part.number, policy.memory_headroom.warmup)
         clock = time.monotonic()
-        at, prior = self._engine_priors.get(key, (-PRIOR_EVERY_S, None))
-        if clock - at >= PRIOR_EVERY_S:
-            jumps = (
-                (s.first_seen, s.memory_jump)
-                for s in part.states.values()
-                if s.first_seen is not None
-            )
-            prior = engine_prior(jumps, now, policy)
-            self._engine_priors[key] = (clock, prior)
+        cached = self._engine_priors.get(key)
+        if cached is not None and not _stale(cached[0], cached[1], clock, now):
+            return cached[2]
+        jumps = (
+            (s.first_seen, s.memory_jump) for s in part.states.values() if s.first_seen is not None
+        )
+        prior = engine_prior(jumps, now, policy)
+        self._engine_priors[key] = (clock, now, prior)
         return prior
 
     def _prior(self, part: Partition, now: float, policy: Policy) -> float:
         """The partition's population prior for young workloads' jumps, recomputed at most
         every PRIOR_EVERY_S (decisions are rare; the partition may hold many workloads)."""
-        at, prior = self._priors.get(part.number, (-PRIOR_EVERY_S, 0.0))
+        key = (part.number, policy.memory_headroom.warmup)
         clock = time.monotonic()
-        if clock - at >= PRIOR_EVERY_S:
-            prior = prior_of(part.states.values(), now, policy)
-            self._priors[part.number] = (clock, prior)
+        cached = self._priors.get(key)
+        if cached is not None and not _stale(cached[0], cached[1], clock, now):
+            return cached[2]
+        prior = prior_of(part.states.values(), now, policy)
+        self._priors[key] = (clock, now, prior)
         return prior
 
     async def _publish_decision(self, decision: FractionDecision, policy: Policy, msg: Msg) -> None:

@@ -24,7 +24,7 @@ from fracpilot_libs.sizing.isolation_policies import (
     ENFORCED_HEADROOM,
     MODE_RESIZE_BUDGET,
     engine_prior,
-    policy_in_force,
+    sizing_policy,
 )
 from fracpilot_libs.sizing.policies import LivePolicies
 from fracpilot_libs.sizing.state import WorkloadState
@@ -34,33 +34,36 @@ ENFORCED = MemoryIsolation.ENFORCED
 
 
 def test_an_enforced_policy_sizes_with_the_modes_headroom_and_budget_where_it_sets_none() -> None:
-    sized = policy_in_force(Policy(isolation=ENFORCED, max_fraction=0.8))
+    sized = sizing_policy(Policy(isolation=ENFORCED, max_fraction=0.8))
     assert sized.memory_headroom == ENFORCED_HEADROOM
     assert sized.resize_budget_per_day == MODE_RESIZE_BUDGET
     assert sized.max_fraction == 0.8  # the rest as the policy says
     own = MemoryHeadroom(mode=MemoryHeadroomMode.LEARNED, floor=0.08)
-    kept = policy_in_force(
-        Policy(isolation=ENFORCED, memory_headroom=own, resize_budget_per_day=2.0)
-    )
+    kept = sizing_policy(Policy(isolation=ENFORCED, memory_headroom=own, resize_budget_per_day=2.0))
     assert kept.memory_headroom == own
     assert kept.resize_budget_per_day == 2.0
-    assert policy_in_force(sized) == sized  # applying it again changes nothing
+    assert sizing_policy(sized) == sized  # applying it again changes nothing
+    # As stored (KV, FractionPolicy): the JSON writes every field, the built-in values say
+    # the user chose nothing.
+    stored = Policy.model_validate_json(Policy(isolation=ENFORCED).to_json())
+    assert sizing_policy(stored).memory_headroom == ENFORCED_HEADROOM
+    assert sizing_policy(stored).resize_budget_per_day == MODE_RESIZE_BUDGET
 
 
 def test_auto_and_shared_policies_size_as_they_are() -> None:
     for isolation in (MemoryIsolation.AUTO, MemoryIsolation.SHARED):
         policy = Policy(isolation=isolation)
-        assert policy_in_force(policy) is policy
+        assert sizing_policy(policy) is policy
 
 
-def test_live_policies_resolve_to_the_policy_in_force_and_keep_the_stored_one() -> None:
+def test_live_policies_resolve_to_the_sizing_policy_and_keep_the_stored_one() -> None:
     live = LivePolicies(Policy())
     stored = Policy(scope=NAMESPACE, isolation=ENFORCED)
     live.apply(NAMESPACE.key, stored)
     chat, other = workload("chat"), workload("chat", namespace="batch")
-    assert live.for_workload(chat) == policy_in_force(stored)
+    assert live.for_workload(chat) == sizing_policy(stored)
     assert live.for_workload(chat).memory_headroom == ENFORCED_HEADROOM
-    assert live.stored[NAMESPACE.key] is stored  # what `policy get` and status show
+    assert live.stored[NAMESPACE.key] is stored  # what `policy get` shows
     assert live.for_workload(other) is live.default
     live.apply(NAMESPACE.key, None)
     assert live.for_workload(chat) is live.default
@@ -69,7 +72,7 @@ def test_live_policies_resolve_to_the_policy_in_force_and_keep_the_stored_one() 
 
 
 def test_the_prior_is_a_quantile_of_the_warm_workloads_jumps() -> None:
-    policy = policy_in_force(Policy(isolation=ENFORCED))
+    policy = sizing_policy(Policy(isolation=ENFORCED))
     warm = policy.memory_headroom.warmup
     jumps = [(0.0, 0.02), (0.0, 0.04), (0.0, 0.06), (0.0, 0.08), (warm, 0.5)]
     assert engine_prior(jumps, warm - 1, policy) is None  # none warm yet: the uniform rule
@@ -91,8 +94,8 @@ def _sized(points: list[TracePoint], policy: Policy) -> tuple[int, float]:
     return resizes, held
 
 
-def test_the_enforced_replay_sizes_with_the_policy_in_force() -> None:
-    """The enforced replay and an engine under policy_in_force decide alike (one workload: no
+def test_the_enforced_replay_sizes_with_the_sizing_policy() -> None:
+    """The enforced replay and an engine under sizing_policy decide alike (one workload: no
     population, so no prior); a jump of 0.2 in the first hours makes the learned headroom
     upsize at the end of the warm-up, which the uniform rule does not."""
     points = [
@@ -113,7 +116,7 @@ def test_the_enforced_replay_sizes_with_the_policy_in_force() -> None:
         EngineSizer(Policy()),  # as `fracpilot replay --pack --isolation enforced` gives it
         isolation=Isolation.ENFORCED,
     )
-    resizes, held = _sized(points, policy_in_force(Policy(isolation=ENFORCED)))
+    resizes, held = _sized(points, sizing_policy(Policy(isolation=ENFORCED)))
     assert (report.replay.totals.resizes, report.replay.workloads[0].final_fraction) == (
         resizes,
         held,
