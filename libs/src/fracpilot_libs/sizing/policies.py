@@ -155,7 +155,14 @@ class LivePolicies:
         self.stored: dict[str, Policy] = {}  # scope key -> the policy in force there
         self._by_source: tuple[dict[str, Policy], dict[str, Policy]] = ({}, {})  # kube, NATS
         self._sized: dict[str, Policy] = {}  # scope key -> sizing_policy(the stored one)
-        self._default_sized = (default, sizing_policy(default))
+
+    @property
+    def default(self) -> Policy:
+        return self._default
+
+    @default.setter
+    def default(self, policy: Policy) -> None:
+        self._default, self._default_sized = policy, sizing_policy(policy)
 
     def apply(self, key: str, policy: Policy | None) -> None:
         """A KV entry changed (``policy`` None: deleted); a ``kubernetes.`` key wins over the
@@ -180,10 +187,7 @@ class LivePolicies:
 
     def for_workload(self, workload: WorkloadRef) -> Policy:
         """The policy ``workload``'s engine sizes with."""
-        if self._default_sized[0] is not self.default:  # replaced (a test sets another)
-            self._default_sized = (self.default, sizing_policy(self.default))
-        default = self._default_sized[1]
         if not self._sized:
-            return default
+            return self._default_sized
         keys = workload_chain_keys(workload.namespace, workload.owner_name, workload.owner_kind)
-        return resolve(self._sized, keys, default)
+        return resolve(self._sized, keys, self._default_sized)

@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Callable
 from itertools import repeat
+from typing import TypeVar
 
 from pydantic import ValidationError
 
@@ -56,6 +57,7 @@ from fracpilot_libs.sizing.policies import LivePolicies
 from fracpilot_libs.sizing.state import WorkloadState
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 EXPIRE_EVERY_S = 30.0  # how often stale recommendation series are looked for
 # How often a partition's population priors (the forecasts' and the engine's) are recomputed:
 # after this long on the clock or in sample time (a backlog replays hours in minutes).
@@ -68,10 +70,25 @@ _EMPTY = WorkloadState()  # the engine never mutates a state: one empty one serv
 Latest = dict[str, tuple[UsageSample, float, WorkloadState]]
 
 
-def _stale(clock_at: float, sample_at: float, clock: float, now: float) -> bool:
-    """Whether a prior computed at ``clock_at`` (monotonic) for samples of ``sample_at`` is
-    due again at ``clock`` for a sample of ``now``."""
-    return clock - clock_at >= PRIOR_EVERY_S or abs(now - sample_at) >= PRIOR_EVERY_S
+# (partition, warm-up) -> (computed at on the clock, at in sample time, prior)
+PriorCache = dict[tuple[int, float], tuple[float, float, T]]
+
+
+def _cached(
+    cache: PriorCache[T], part: Partition, now: float, policy: Policy, compute: Callable[[], T]
+) -> T:
+    """A partition's prior from ``cache``, computed anew once PRIOR_EVERY_S has passed on the
+    clock or in sample time since it was."""
+    key = (part.number, policy.memory_headroom.warmup)
+    clock = time.monotonic()
+    cached = cache.get(key)
+    if cached is not None:
+        clock_at, sample_at, prior = cached
+        if clock - clock_at < PRIOR_EVERY_S and abs(now - sample_at) < PRIOR_EVERY_S:
+            return prior
+    prior = compute()
+    cache[key] = (clock, now, prior)
+    return prior
 
 
 class Decider:
@@ -96,9 +113,8 @@ class Decider:
         self.partition_count = partition_count
         self.max_unacked = max_unacked
         self.urge_checkpoint = urge_checkpoint
-        # (partition, warm-up): (computed at on the clock, at in sample time, prior)
-        self._priors: dict[tuple[int, float], tuple[float, float, float]] = {}
-        self._engine_priors: dict[tuple[int, float], tuple[float, float, float | None]] = {}
+        self._priors: PriorCache[float] = {}  # the forecasts'
+        self._engine_priors: PriorCache[float | None] = {}  # the engine's, enforced isolation
 
     async def handle_batch(self, part: Partition, msgs: list[Msg]) -> None:
         """Decide a fetched batch of messages, each in either wire format: one sample
@@ -267,29 +283,20 @@ class Decider:
         enforced isolation (the replay's, ``isolation_policies.engine_prior``), over the
         partition's workloads, recomputed at most every PRIOR_EVERY_S (the replay: at every
         instant)."""
-        key = (part.number, policy.memory_headroom.warmup)
-        clock = time.monotonic()
-        cached = self._engine_priors.get(key)
-        if cached is not None and not _stale(cached[0], cached[1], clock, now):
-            return cached[2]
-        jumps = (
-            (s.first_seen, s.memory_jump) for s in part.states.values() if s.first_seen is not None
-        )
-        prior = engine_prior(jumps, now, policy)
-        self._engine_priors[key] = (clock, now, prior)
-        return prior
+
+        def compute() -> float | None:
+            states = part.states.values()
+            jumps = ((s.first_seen, s.memory_jump) for s in states if s.first_seen is not None)
+            return engine_prior(jumps, now, policy)
+
+        return _cached(self._engine_priors, part, now, policy, compute)
 
     def _prior(self, part: Partition, now: float, policy: Policy) -> float:
         """The partition's population prior for young workloads' jumps, recomputed at most
         every PRIOR_EVERY_S (decisions are rare; the partition may hold many workloads)."""
-        key = (part.number, policy.memory_headroom.warmup)
-        clock = time.monotonic()
-        cached = self._priors.get(key)
-        if cached is not None and not _stale(cached[0], cached[1], clock, now):
-            return cached[2]
-        prior = prior_of(part.states.values(), now, policy)
-        self._priors[key] = (clock, now, prior)
-        return prior
+        return _cached(
+            self._priors, part, now, policy, lambda: prior_of(part.states.values(), now, policy)
+        )
 
     async def _publish_decision(self, decision: FractionDecision, policy: Policy, msg: Msg) -> None:
         bus = self.bus
